@@ -1,0 +1,23 @@
+"""Shared fixtures: an in-process app (engine + Quart app + gate) on the test's Trio loop.
+
+Timed tests take `autojump_clock` (pytest-trio) so virtual time jumps whenever every task
+is blocked; the engine's wall clock is a `FakeWallClock` derived from Trio's clock, so
+TTLs and idempotency windows follow the same virtual time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from topicd.testing.harness import AppHarness, open_app
+
+
+@pytest.fixture
+async def harness():
+    async with open_app() as h:
+        yield h
+
+
+@pytest.fixture
+def client(harness: AppHarness):
+    return harness.app.test_client()

@@ -1,0 +1,237 @@
+"""The `topicd` command (api-ops §6).
+
+    topicd serve [--config FILE] [--host H] [--port P] [--data-dir DIR] [--log-level L]
+    topicd check-config [--config FILE] [--print]
+    topicd print-default-config
+    topicd hash-key
+    topicd version | --version
+
+Exit codes: 0 clean, 1 runtime failure (bind error, second signal), 2 usage or
+configuration error, 3 refused by the no-auth startup guard, 5 data directory locked,
+70 unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import trio
+
+from topicd import __version__
+from topicd.config import (
+    DEFAULT,
+    Config,
+    ConfigError,
+    contract_warnings,
+    hash_secret,
+    is_loopback_host,
+    load_config,
+    parse_log_level,
+    render_toml,
+    resolve_config_path,
+)
+from topicd.http.auth import KeyStore
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+EXIT_INSECURE = 3
+EXIT_LOCKED = 5
+EXIT_SOFTWARE = 70
+
+TRACE = 5
+_LEVELS = {
+    "error": logging.ERROR,
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+    "trace": TRACE,
+}
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        obj: dict[str, object] = {
+            "ts": int(record.created * 1000),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            obj["exc"] = self.formatException(record.exc_info)
+        return json.dumps(obj, ensure_ascii=False)
+
+
+def setup_logging(cfg: Config) -> None:
+    logging.addLevelName(TRACE, "TRACE")
+    root_level, per = parse_log_level(cfg.logging.level)
+    handler = logging.StreamHandler(sys.stderr)
+    if cfg.logging.format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS[root_level])
+    for name, level in per.items():
+        logging.getLogger(name).setLevel(_LEVELS[level])
+    if cfg.logging.access_log:
+        logging.getLogger("topicd.access").setLevel(logging.INFO)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="topicd", description="topicd: a persistent event engine")
+    p.add_argument("--version", action="version", version=f"topicd {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server")
+    serve.add_argument("--config", metavar="FILE")
+    serve.add_argument("--host", metavar="H")
+    serve.add_argument("--port", metavar="P", type=int)
+    serve.add_argument("--data-dir", metavar="DIR")
+    serve.add_argument("--log-level", metavar="L")
+
+    check = sub.add_parser("check-config", help="validate the configuration and exit")
+    check.add_argument("--config", metavar="FILE")
+    check.add_argument("--print", action="store_true", help="print the effective config")
+
+    sub.add_parser("print-default-config", help="print the default TOML with comments")
+    sub.add_parser("hash-key", help="read a secret on stdin, print its SHA-256 for [[auth.key]]")
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, KeyStore]:
+    flags: dict[str, object] = {}
+    for attr, path in (
+        ("host", "server.host"),
+        ("port", "server.port"),
+        ("data_dir", "storage.data_dir"),
+        ("log_level", "logging.level"),
+    ):
+        value = getattr(args, attr, None)
+        if value is not None:
+            flags[path] = value
+    cfg = load_config(resolve_config_path(args.config, os.environ), os.environ, flags)
+    keys = KeyStore.from_config(cfg.auth)
+    return cfg, keys
+
+
+def _insecure(cfg: Config, keys: KeyStore) -> bool:
+    """The no-auth startup guard (README §2.6)."""
+    return (
+        not keys.enabled
+        and not cfg.auth.allow_insecure_no_auth
+        and not is_loopback_host(cfg.server.host)
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from topicd.daemon import SecondSignal, run_daemon
+    from topicd.storage.datadir import DataDirError, DataDirLocked
+
+    try:
+        cfg, keys = _load(args)
+    except ConfigError as exc:
+        print(f"topicd: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(cfg)
+    log = logging.getLogger("topicd")
+    if _insecure(cfg, keys):
+        print(
+            f"topicd: refusing to start: bind address {cfg.server.host} is not loopback and no "
+            "API keys are configured (set auth.api_keys, or auth.allow_insecure_no_auth = true "
+            "on a trusted network)",
+            file=sys.stderr,
+        )
+        return EXIT_INSECURE
+    if not keys.enabled:
+        log.warning("no API keys configured: DEV MODE, every request has full access")
+        if not is_loopback_host(cfg.server.host):
+            log.warning(
+                "!!! allow_insecure_no_auth on a non-loopback bind: anyone who can reach "
+                "%s has full access !!!",
+                cfg.server.host,
+            )
+    code = EXIT_OK
+    try:
+        trio.run(run_daemon, cfg, keys)
+    except* DataDirLocked as eg:
+        print(f"topicd: {eg.exceptions[0]}", file=sys.stderr)
+        code = EXIT_LOCKED
+    except* DataDirError as eg:
+        print(f"topicd: {eg.exceptions[0]}", file=sys.stderr)
+        code = EXIT_RUNTIME
+    except* (SecondSignal, KeyboardInterrupt):
+        code = EXIT_RUNTIME
+    except* OSError as eg:
+        print(f"topicd: {eg.exceptions[0]}", file=sys.stderr)
+        code = EXIT_RUNTIME
+    except* Exception:
+        log.exception("topicd: unexpected internal error")
+        code = EXIT_SOFTWARE
+    return code
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg, keys = _load(args)
+    except ConfigError as exc:
+        print(f"topicd: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    for warning in contract_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
+    if _insecure(cfg, keys):
+        print(
+            f"topicd: serve would refuse to start: {cfg.server.host} is not loopback and no "
+            "API keys are configured",
+            file=sys.stderr,
+        )
+        return EXIT_INSECURE
+    if args.print:
+        sys.stdout.write(render_toml(cfg, redact=True))
+    else:
+        print(f"configuration OK ({len(keys)} keys{'' if keys.enabled else ', dev mode'})")
+    return EXIT_OK
+
+
+def _hash_key() -> int:
+    if sys.stdin.isatty():
+        secret = getpass.getpass("secret: ")
+    else:
+        secret = sys.stdin.readline().rstrip("\r\n")
+    secret = secret.strip()
+    if not secret or ":" in secret:
+        print("topicd: a secret must be non-empty and contain no ':'", file=sys.stderr)
+        return EXIT_CONFIG
+    print(hash_secret(secret))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help/--version exit 0, usage errors exit 2
+        return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_CONFIG
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check-config":
+        return _check_config(args)
+    if args.command == "print-default-config":
+        sys.stdout.write(render_toml(DEFAULT, redact=False))
+        return EXIT_OK
+    if args.command == "hash-key":
+        return _hash_key()
+    if args.command == "version":
+        print(f"topicd {__version__}")
+        return EXIT_OK
+    raise AssertionError(args.command)

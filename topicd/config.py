@@ -1,0 +1,703 @@
+"""The configuration registry: one frozen tree, loaded once, validated at start.
+
+Every setting is a field of a frozen dataclass section. Its metadata (made by `key()`)
+carries the one-line comment, the unit-bearing name, the environment variable names and the
+bounds, so loading, validation, `topicd print-default-config`, `check-config --print` and
+`conf/topicd.toml` all come from this single table (api-ops §5).
+
+Precedence, highest first: command-line flags, `TOPICD_*` variables, legacy `TOPICS_*`
+variables, the TOML file, the built-in default. The file is `--config FILE`, else
+`$TOPICD_CONFIG`, else `conf/topicd.toml` if it exists, else none. Unknown sections or keys,
+wrong types, out-of-range values and unparsable environment values raise `ConfigError`
+naming the key (the command exits 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import ipaddress
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+_T = TypeVar("_T")
+
+LOG_LEVELS = ("error", "warn", "info", "debug", "trace")
+DURABILITY_CLASSES = ("ephemeral", "memory", "disk", "fsync")
+
+
+class ConfigError(Exception):
+    """A configuration value is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    comment: str
+    env: tuple[str, ...] | None  # explicit names (canonical first); None = derived name
+    min: int | float | None
+    max: int | float | None
+    choices: tuple[str, ...] | None
+    secret: bool
+    contract: bool  # a protocol default that *is* the /v0 contract (check-config warns)
+
+
+def key(
+    default: _T,
+    comment: str,
+    *,
+    env: tuple[str, ...] | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    secret: bool = False,
+    contract: bool = False,
+) -> _T:
+    """Declare one setting of a section (see module docstring)."""
+    spec = KeySpec(comment, env, min, max, choices, secret, contract)
+    if isinstance(default, tuple | list):
+        frozen = tuple(default)
+        return field(default_factory=lambda: frozen, metadata={"key": spec})  # type: ignore[return-value]
+    return field(default=default, metadata={"key": spec})
+
+
+def section(factory: type[_T], comment: str) -> _T:
+    """Declare a nested section (a table inside a table)."""
+    return field(default_factory=factory, metadata={"section": comment})
+
+
+def _env2(name: str) -> tuple[str, str]:
+    return (f"TOPICD_{name}", f"TOPICS_{name}")
+
+
+# --------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = key(
+        "127.0.0.1",
+        "Bind host. `host:port` or `[v6]:port` also sets the port; a bare IPv6 literal is a host.",
+        env=_env2("HOST"),
+    )
+    port: int = key(4000, "Bind port; 0 = ephemeral.", env=_env2("PORT"), min=0, max=65535)
+    port_file: str = key(
+        "", "If set, the bound port is written here once listening.", env=_env2("PORT_FILE")
+    )
+    drain_timeout_ms: int = key(
+        10000,
+        "Max graceful drain on SIGINT/SIGTERM (ms).",
+        env=("TOPICD_DRAIN_TIMEOUT_MS",),
+        min=0,
+        max=3_600_000,
+    )
+    header_read_timeout_ms: int = key(
+        60000,
+        "Time a connection may sit without a complete request head (ms).",
+        env=("TOPICD_HEADER_READ_TIMEOUT_MS",),
+        min=100,
+        max=3_600_000,
+    )
+    http2: bool = key(True, "Accept h2c (HTTP/2 over cleartext).", env=("TOPICD_HTTP2",))
+
+
+@dataclass(frozen=True)
+class HashedKey:
+    """One `[[auth.key]]` table: a pre-hashed bearer key (api-ops §5.3)."""
+
+    sha256: str
+    scopes: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    api_keys: tuple[str, ...] = key(
+        (),
+        "Bearer key entries `secret[:scopes[:prefixes]]`; empty everywhere = dev mode (no auth).",
+        env=_env2("API_KEYS"),
+        secret=True,
+    )
+    api_keys_file: str = key(
+        "", "File with one key entry per line (`#` comments).", env=("TOPICD_API_KEYS_FILE",)
+    )
+    allow_insecure_no_auth: bool = key(
+        False, "Permit a non-loopback bind without keys.", env=_env2("ALLOW_INSECURE_NO_AUTH")
+    )
+    probe_auth: bool = key(
+        False, "Require a valid key on health/ready probes.", env=_env2("PROBE_AUTH")
+    )
+    key: tuple[HashedKey, ...] = field(default_factory=tuple, metadata={"tables": True})
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    data_dir: str = key(
+        "./topicd-data",
+        "Data directory (locked: one process per directory).",
+        env=_env2("DATA_DIR"),
+    )
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_topics: int = key(
+        100000, "Topics existing at once; 0 = unlimited.", env=_env2("MAX_TOPICS"), min=0
+    )
+    max_inflight_per_key: int = key(
+        1000,
+        "Concurrent non-streaming requests per key (auth on only); 0 = unlimited.",
+        env=_env2("MAX_INFLIGHT_PER_KEY"),
+        min=0,
+    )
+    max_total_bytes: int = key(
+        0,
+        "Live record bytes across all topics; 0 = unlimited.",
+        env=_env2("MAX_TOTAL_BYTES"),
+        min=0,
+    )
+    max_idempotency_entries: int = key(
+        1000000,
+        "Unexpired idempotency entries across topics; 0 = unlimited.",
+        env=("TOPICD_MAX_IDEMPOTENCY_ENTRIES",),
+        min=0,
+    )
+    max_body_bytes: int = key(
+        67108864,
+        "Raw (decoded) request body bound, checked before parsing (413).",
+        env=_env2("MAX_BODY_BYTES"),
+        min=1024,
+    )
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    max_batch_records: int = key(
+        10000,
+        "Records per write (400 batch_too_large).",
+        env=_env2("MAX_BATCH_RECORDS"),
+        min=1,
+        contract=True,
+    )
+    max_record_bytes: int = key(
+        1048576,
+        "Minified data+meta bytes per record (400 record_too_large).",
+        env=_env2("MAX_RECORD_BYTES"),
+        min=1,
+        contract=True,
+    )
+    max_meta_bytes: int = key(
+        16384,
+        "Minified meta bytes per record.",
+        env=_env2("MAX_META_BYTES"),
+        min=1,
+        contract=True,
+    )
+    max_meta_keys: int = key(
+        64, "Keys of an object meta.", env=("TOPICD_MAX_META_KEYS",), min=1, contract=True
+    )
+    max_tag_bytes: int = key(
+        256, "UTF-8 bytes of a tag.", env=_env2("MAX_TAG_BYTES"), min=1, contract=True
+    )
+    max_node_bytes: int = key(
+        128, "UTF-8 bytes of a node id.", env=_env2("MAX_NODE_BYTES"), min=1, contract=True
+    )
+    max_idempotency_key_bytes: int = key(
+        256,
+        "UTF-8 bytes of an idempotency key.",
+        env=("TOPICD_MAX_IDEMPOTENCY_KEY_BYTES",),
+        min=1,
+        contract=True,
+    )
+    default_limit: int = key(
+        256, "Diff `limit` when 0 or absent.", env=("TOPICD_DEFAULT_LIMIT",), min=1, contract=True
+    )
+    max_limit: int = key(
+        1000,
+        "Diff `limit` clamp.",
+        env=("TOPICD_MAX_LIMIT", "TOPICS_MAX_LIMIT"),
+        min=1,
+        contract=True,
+    )
+    max_wait_ms: int = key(
+        30000, "Diff `wait_ms` clamp.", env=("TOPICD_MAX_WAIT_MS",), min=0, contract=True
+    )
+    default_max_batch_bytes: int = key(
+        1048576,
+        "Diff response byte budget when 0 or absent.",
+        env=("TOPICD_DEFAULT_MAX_BATCH_BYTES",),
+        min=1,
+        contract=True,
+    )
+    max_batch_bytes: int = key(
+        8388608,
+        "Diff response byte budget clamp.",
+        env=("TOPICD_MAX_BATCH_BYTES",),
+        min=1,
+        contract=True,
+    )
+    max_scan_per_read: int = key(
+        100000,
+        "Seqs one read may examine before returning early (caught_up:false).",
+        env=("TOPICD_MAX_SCAN_PER_READ",),
+        min=1,
+        contract=True,
+    )
+    default_page_size: int = key(
+        100, "List page size when absent.", env=("TOPICD_DEFAULT_PAGE_SIZE",), min=1, contract=True
+    )
+    max_page_size: int = key(
+        1000, "List page size clamp.", env=("TOPICD_MAX_PAGE_SIZE",), min=1, contract=True
+    )
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    min_lease_ms: int = key(
+        100, "Lower clamp of a topic's `lease_ms`.", env=("TOPICD_MIN_LEASE_MS",), min=1
+    )
+    max_lease_ms: int = key(
+        86400000, "Upper clamp of a topic's `lease_ms`.", env=("TOPICD_MAX_LEASE_MS",), min=1
+    )
+    max_claim_jitter_ms: int = key(
+        5000, "Upper clamp of a topic's `claim_jitter_ms`.", env=("TOPICD_MAX_CLAIM_JITTER_MS",)
+    )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    priority_min: int = key(-1000, "Lower clamp of a topic's manual `priority`.")
+    priority_max: int = key(1000, "Upper clamp of a topic's manual `priority`.")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    housekeeping_interval_ms: int = key(
+        1000,
+        "Period of the retention sweep that expires TTL records of idle topics (ms).",
+        min=10,
+        max=60000,
+    )
+    gc_threshold0: int = key(
+        50000,
+        "Generation-0 GC threshold after start-up (start-up objects are gc.freeze()-d).",
+        min=100,
+    )
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = key(
+        "info",
+        "error|warn|info|debug|trace, or per-logger `name=level,...` filters.",
+        env=("TOPICD_LOG",),
+    )
+    format: str = key(
+        "text",
+        "text, or json (one object per line).",
+        env=("TOPICD_LOG_FORMAT",),
+        choices=("text", "json"),
+    )
+    access_log: bool = key(
+        False,
+        "Per-request lines: method, path template, status, ms (never tokens or queries).",
+        env=("TOPICD_ACCESS_LOG",),
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig = section(ServerConfig, "HTTP listener")
+    auth: AuthConfig = section(AuthConfig, "Bearer-key authentication (README §2)")
+    storage: StorageConfig = section(StorageConfig, "Data directory")
+    limits: LimitsConfig = section(LimitsConfig, "Resource caps (api-ops §4.1): over ⇒ 429")
+    protocol: ProtocolConfig = section(
+        ProtocolConfig,
+        "Protocol limits (api-ops §4.2). The defaults ARE the /v0 contract; "
+        "check-config warns on any change.",
+    )
+    queue: QueueConfig = section(QueueConfig, "Queue topic clamps")
+    scheduler: SchedulerConfig = section(SchedulerConfig, "Delivery scheduling")
+    engine: EngineConfig = section(EngineConfig, "Engine housekeeping")
+    logging: LoggingConfig = section(LoggingConfig, "Logging")
+
+
+DEFAULT = Config()
+
+
+# --------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------
+
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+_BOOL_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _fields(cls: type[object]) -> tuple[dataclasses.Field[object], ...]:
+    assert dataclasses.is_dataclass(cls)
+    return dataclasses.fields(cls)
+
+
+def env_names(path: str, spec: KeySpec) -> tuple[str, ...]:
+    """Environment variables for `path` (e.g. `server.host`), canonical first."""
+    if spec.env is not None:
+        return spec.env
+    return ("TOPICD_" + path.upper().replace(".", "_"),)
+
+
+def _check_type(path: str, value: object, default: object) -> object:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a boolean, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{path}: expected a list of strings, got {value!r}")
+        return tuple(value)
+    raise AssertionError(f"unsupported default type for {path}")
+
+
+def _parse_env(path: str, var: str, raw: str, default: object) -> object:
+    if isinstance(default, bool):
+        low = raw.strip().lower()
+        if low in _BOOL_TRUE:
+            return True
+        if low in _BOOL_FALSE:
+            return False
+        raise ConfigError(f"{path}: {var}={raw!r} is not a boolean (1/true/yes/on, 0/false/no/off)")
+    if isinstance(default, int):
+        try:
+            return int(raw.strip(), 10)
+        except ValueError:
+            raise ConfigError(f"{path}: {var}={raw!r} is not an integer") from None
+    if isinstance(default, float):
+        try:
+            return float(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{path}: {var}={raw!r} is not a number") from None
+    if isinstance(default, str):
+        return raw
+    if isinstance(default, tuple):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    raise AssertionError(f"unsupported default type for {path}")
+
+
+def _check_bounds(path: str, value: object, spec: KeySpec) -> None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if spec.min is not None and value < spec.min:
+            raise ConfigError(f"{path}: {value} is below the minimum {spec.min:g}")
+        if spec.max is not None and value > spec.max:
+            raise ConfigError(f"{path}: {value} is above the maximum {spec.max:g}")
+    if spec.choices is not None and value not in spec.choices:
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(spec.choices)}")
+
+
+def _load_hashed_keys(path: str, value: object) -> tuple[HashedKey, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{path}: expected an array of tables ([[auth.key]])")
+    out: list[HashedKey] = []
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where}: expected a table")
+        unknown = set(item) - {"sha256", "scopes", "prefixes"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        digest = item.get("sha256")
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise ConfigError(f"{where}.sha256: expected 64 hex characters")
+        try:
+            bytes.fromhex(digest)
+        except ValueError:
+            raise ConfigError(f"{where}.sha256: expected 64 hex characters") from None
+        scopes = _check_type(f"{where}.scopes", item.get("scopes", []), ())
+        prefixes = _check_type(f"{where}.prefixes", item.get("prefixes", []), ())
+        assert isinstance(scopes, tuple)
+        assert isinstance(prefixes, tuple)
+        out.append(HashedKey(digest.lower(), scopes, prefixes))
+    return tuple(out)
+
+
+def _build(
+    cls: type[_T],
+    prefix: str,
+    table: Mapping[str, object],
+    env: Mapping[str, str],
+    flags: Mapping[str, object],
+) -> _T:
+    known = {f.name for f in _fields(cls)}
+    for name in table:
+        if name not in known:
+            what = "section" if isinstance(table[name], dict) else "key"
+            raise ConfigError(f"unknown {what} {prefix}{name!s}")
+    kwargs: dict[str, object] = {}
+    for f in _fields(cls):
+        path = prefix + f.name
+        if "section" in f.metadata:
+            sub = table.get(f.name, {})
+            if not isinstance(sub, dict):
+                raise ConfigError(f"{path}: expected a table")
+            assert callable(f.default_factory)
+            sub_cls = type(f.default_factory())
+            kwargs[f.name] = _build(sub_cls, path + ".", sub, env, flags)
+            continue
+        if "tables" in f.metadata:
+            kwargs[f.name] = _load_hashed_keys(path, table.get(f.name, []))
+            continue
+        spec = f.metadata["key"]
+        assert isinstance(spec, KeySpec)
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        value: object = default
+        if f.name in table:
+            value = _check_type(path, table[f.name], default)
+        for var in reversed(env_names(path, spec)):  # legacy first, canonical overrides
+            if var in env:
+                value = _parse_env(path, var, env[var], default)
+        if path in flags:
+            value = _check_type(path, flags[path], default)
+        _check_bounds(path, value, spec)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def resolve_config_path(explicit: str | None, env: Mapping[str, str]) -> Path | None:
+    """The file `serve` and `check-config` read (api-ops §5.1)."""
+    if explicit:
+        return Path(explicit)
+    if env.get("TOPICD_CONFIG"):
+        return Path(env["TOPICD_CONFIG"])
+    default = Path("conf/topicd.toml")
+    return default if default.is_file() else None
+
+
+def load_config(
+    path: Path | None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Config:
+    """Load, merge and validate. Raises `ConfigError` naming the offending key.
+
+    Args:
+        path: TOML file, or None for defaults + env only.
+        env: environment (defaults to `os.environ`).
+        flags: command-line overrides by key path, e.g. `{"server.port": 0}`.
+    """
+    env = os.environ if env is None else env
+    flags = {} if flags is None else flags
+    table: dict[str, object] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                table = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    cfg = _build(Config, "", table, env, flags)
+    return _post_process(cfg)
+
+
+def split_host_port(host: str) -> tuple[str, int | None]:
+    """`host:port` / `[v6]:port` → (host, port); a bare IPv6 literal is a host."""
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            raise ConfigError(f"server.host: {host!r} has an unclosed '['")
+        inner, rest = host[1:end], host[end + 1 :]
+        if not rest:
+            return inner, None
+        if not rest.startswith(":"):
+            raise ConfigError(f"server.host: {host!r} is not [v6]:port")
+        return inner, _port(rest[1:], host)
+    if host.count(":") == 1:
+        name, port = host.split(":")
+        return name, _port(port, host)
+    return host, None
+
+
+def _port(text: str, whole: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise ConfigError(f"server.host: bad port in {whole!r}")
+    return int(text)
+
+
+def _post_process(cfg: Config) -> Config:
+    host, port = split_host_port(cfg.server.host)
+    if not host:
+        raise ConfigError("server.host: empty host")
+    server = dataclasses.replace(
+        cfg.server, host=host, port=cfg.server.port if port is None else port
+    )
+    parse_log_level(cfg.logging.level)
+    if cfg.queue.min_lease_ms > cfg.queue.max_lease_ms:
+        raise ConfigError("queue.min_lease_ms: above queue.max_lease_ms")
+    if cfg.scheduler.priority_min > cfg.scheduler.priority_max:
+        raise ConfigError("scheduler.priority_min: above scheduler.priority_max")
+    p = cfg.protocol
+    if p.default_limit > p.max_limit:
+        raise ConfigError("protocol.default_limit: above protocol.max_limit")
+    if p.default_max_batch_bytes > p.max_batch_bytes:
+        raise ConfigError("protocol.default_max_batch_bytes: above protocol.max_batch_bytes")
+    if p.default_page_size > p.max_page_size:
+        raise ConfigError("protocol.default_page_size: above protocol.max_page_size")
+    return dataclasses.replace(cfg, server=server)
+
+
+def parse_log_level(text: str) -> tuple[str, dict[str, str]]:
+    """`info` or `warn,topicd.http=debug` → (root level, {logger: level})."""
+    root = "info"
+    per: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" in part:
+            name, _, lvl = part.partition("=")
+            lvl = lvl.strip().lower()
+            if lvl not in LOG_LEVELS or not name.strip():
+                raise ConfigError(f"logging.level: bad filter {part!r}")
+            per[name.strip()] = lvl
+        else:
+            if part.lower() not in LOG_LEVELS:
+                raise ConfigError(f"logging.level: {part!r} is not one of {', '.join(LOG_LEVELS)}")
+            root = part.lower()
+    return root, per
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when `host` binds to loopback only (README §2.6)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    addrs = {info[4][0] for info in infos}
+    return bool(addrs) and all(
+        ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addrs
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Printing (print-default-config, check-config --print, conf/topicd.toml)
+# --------------------------------------------------------------------------------------
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise AssertionError(f"cannot render {value!r}")
+
+
+def render_toml(cfg: Config, *, redact: bool) -> str:
+    """The whole tree as commented TOML (every key, its value, env names)."""
+    lines = [
+        "# topicd configuration. Every key is shown with its default and a one-line comment.",
+        "# Precedence: flags > TOPICD_* env > legacy TOPICS_* env > this file > defaults.",
+        "# Sizes are bytes, durations milliseconds. Unknown keys are an error.",
+    ]
+    _render_section(lines, cfg, "", redact)
+    return "\n".join(lines) + "\n"
+
+
+def _render_section(lines: list[str], obj: object, prefix: str, redact: bool) -> None:
+    for f in _fields(type(obj)):
+        value = getattr(obj, f.name)
+        if "section" in f.metadata:
+            lines.append("")
+            lines.append(f"# {f.metadata['section']}")
+            lines.append(f"[{prefix}{f.name}]")
+            _render_section(lines, value, f"{prefix}{f.name}.", redact)
+            continue
+        if "tables" in f.metadata:
+            assert isinstance(value, tuple)
+            lines.append("")
+            lines.append("# Pre-hashed keys (api-ops §5.3); `topicd hash-key` prints a digest:")
+            if not value:
+                lines.append(f"# [[{prefix}{f.name}]]")
+                lines.append('# sha256 = "<64 hex chars>"')
+                lines.append('# scopes = ["read"]')
+                lines.append('# prefixes = ["tenant42:"]')
+            for hk in value:
+                assert isinstance(hk, HashedKey)
+                lines.append(f"[[{prefix}{f.name}]]")
+                lines.append(f"sha256 = {_toml_value(hk.sha256)}")
+                lines.append(f"scopes = {_toml_value(hk.scopes)}")
+                lines.append(f"prefixes = {_toml_value(hk.prefixes)}")
+            continue
+        spec = f.metadata["key"]
+        assert isinstance(spec, KeySpec)
+        path = prefix + f.name
+        if redact and spec.secret and isinstance(value, tuple):
+            value = tuple(_redact_entry(v) for v in value)
+        lines.append(f"# {spec.comment} Env: {', '.join(env_names(path, spec))}.")
+        lines.append(f"{f.name} = {_toml_value(value)}")
+
+
+def _redact_entry(entry: object) -> str:
+    text = str(entry)
+    _, sep, rest = text.partition(":")
+    return "<redacted>" + (sep + rest if sep else "")
+
+
+def contract_warnings(cfg: Config) -> list[str]:
+    """Warnings for `check-config`: changed /v0 contract limits and risky switches."""
+    out: list[str] = []
+    for f in _fields(ProtocolConfig):
+        spec = f.metadata["key"]
+        assert isinstance(spec, KeySpec)
+        value, default = getattr(cfg.protocol, f.name), getattr(DEFAULT.protocol, f.name)
+        if spec.contract and value != default:
+            out.append(
+                f"protocol.{f.name} = {value} differs from the /v0 contract default {default}; "
+                "clients that rely on the documented value may break"
+            )
+    if cfg.auth.allow_insecure_no_auth:
+        out.append(
+            "auth.allow_insecure_no_auth is on: without keys anyone who can reach the port "
+            "has full access"
+        )
+    if cfg.auth.api_keys or cfg.auth.key or cfg.auth.api_keys_file:
+        out.append(
+            "?token= on SSE URLs is a dev fallback: prefer the Authorization header "
+            "(query strings leak into logs and history)"
+        )
+    return out
+
+
+def hash_secret(secret: str) -> str:
+    """SHA-256 hex digest of a bearer secret (the only form kept at rest)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()

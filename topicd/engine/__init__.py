@@ -1,0 +1,1 @@
+"""The engine: topics, their logs and every topic operation (no HTTP, no files)."""

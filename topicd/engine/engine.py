@@ -1,0 +1,641 @@
+"""The engine: topic registry and every topic operation of the `/v0` surface.
+
+Handlers validate the wire shape, call one method here and render its result; all rules
+(validation order, lazy creation, idempotency, retention, caps, deletes, the diff walk and
+long-polls) live here. Mutations go through the `CommitPath` (see `engine.commit`), which
+publishes them; nothing else changes visible state.
+
+Concurrency: everything runs on the Trio loop thread. Every synchronous block between
+awaits is atomic, which is what makes seq reservation and publication race-free without
+locks. Waiting (long-polls, idempotency joins, commits) happens only at the marked awaits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+import trio
+
+from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
+from topicd.engine.idempotency import IdempotencyStore
+from topicd.engine.topic import ReadResult, Topic
+from topicd.engine.writes import PreparedWrite, build_records, prepare_write
+from topicd.errors import (
+    Forbidden,
+    InvalidRequest,
+    JsonValue,
+    RecordTooLarge,
+    Throttled,
+    TopicExistsIncompatible,
+    TopicFull,
+    TopicNotEmpty,
+    TopicNotFound,
+)
+from topicd.model import TopicConfig
+from topicd.sched.priority import base_priority
+from topicd.wire import (
+    DeleteIn,
+    DiffIn,
+    TopicConfigIn,
+    WriteIn,
+    check_topic_name,
+    valid_topic_name,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from topicd.clock import WallClock
+    from topicd.config import Config
+
+log = logging.getLogger("topicd.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    topic: str
+    first_seq: int
+    count: int
+    head_seq: int
+    created: bool
+    deduped: bool
+    fsync_ms: float
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + self.count - 1
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    topic: Topic
+    deleted: int
+
+
+class Engine:
+    """Owns every topic. Construct with `open_engine()` in production."""
+
+    def __init__(
+        self,
+        config: Config,
+        clock: WallClock,
+        commit: CommitPath | None = None,
+    ) -> None:
+        self.cfg = config
+        self.clock = clock
+        self.topics: dict[str, Topic] = {}
+        self._names: list[str] = []  # sorted (bytewise == code point order for ASCII names)
+        self._next_topic_id = 1
+        self._creating: dict[str, trio.Event] = {}
+        self._ttl_topics: set[Topic] = set()
+        self.total_bytes = 0
+        self.pending_bytes = 0
+        self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
+        self.commit: CommitPath = commit or InMemoryCommitPath(self._publish)
+        self.draining = False
+        self.pressure = 0.0
+
+    # ------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Housekeeping loop: TTL expiry of idle topics and idempotency pruning."""
+        task_status.started()
+        interval = self.cfg.engine.housekeeping_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            await self.housekeep()
+
+    async def housekeep(self) -> None:
+        now = self.clock.now_ms()
+        self.idem.prune(now)
+        for i, topic in enumerate(list(self._ttl_topics)):
+            if not topic.deleted:
+                self._enforce(topic, now)
+            if i % 512 == 511:
+                await trio.lowlevel.checkpoint()
+
+    def begin_drain(self) -> None:
+        """Shutdown started: parked long-polls return at once with what is readable."""
+        self.draining = True
+        for topic in self.topics.values():
+            topic.wake()
+
+    # ------------------------------------------------------------------------------------
+    # helpers
+    # ------------------------------------------------------------------------------------
+
+    def get(self, name: str) -> Topic:
+        """The live topic `name`; `400` for an invalid name, `404` if absent."""
+        topic = self.topics.get(name)
+        if topic is None:
+            check_topic_name(name)
+            raise TopicNotFound(name)
+        return topic
+
+    def _enforce(self, topic: Topic, now_ms: int) -> None:
+        freed = topic.enforce(now_ms)
+        if freed:
+            self.total_bytes -= freed
+
+    def resolve_config(self, name: str, cin: TopicConfigIn | None) -> TopicConfig:
+        """Resolve a config object (README §10) in the order of api-topics §2."""
+        c = cin if cin is not None else TopicConfigIn()
+        c.check()
+        q = self.cfg.queue
+        lease_ms = min(max(c.lease_ms, q.min_lease_ms), q.max_lease_ms)
+        jitter = min(c.claim_jitter_ms, q.max_claim_jitter_ms)
+        if c.dead_letter is not None and not valid_topic_name(c.dead_letter):
+            raise InvalidRequest(
+                f"dead_letter {c.dead_letter[:300]!r} is not a valid topic name",
+                {"dead_letter": c.dead_letter[:300]},
+            )
+        if isinstance(c.durability, str):
+            durability = c.durability
+        elif isinstance(c.durable, bool):
+            durability = "fsync" if c.durable else "disk"
+        else:
+            durability = "disk"
+        if c.type == "queue" and c.dead_letter == name:
+            raise InvalidRequest(
+                "dead_letter must differ from the queue itself", {"dead_letter": c.dead_letter}
+            )
+        s = self.cfg.scheduler
+        priority = (
+            None if c.priority is None else min(max(c.priority, s.priority_min), s.priority_max)
+        )
+        return TopicConfig(
+            type=c.type,
+            ttl_ms=c.ttl_ms,
+            cap_records=c.cap_records,
+            cap_bytes=c.cap_bytes,
+            discard=c.discard,
+            durability=durability,
+            priority=priority,
+            auto_priority=c.auto_priority,
+            auto_create=c.auto_create,
+            idempotency_window_ms=c.idempotency_window_ms,
+            dedupe_node=c.dedupe_node,
+            lease_ms=lease_ms,
+            claim_jitter_ms=jitter,
+            max_deliveries=c.max_deliveries,
+            dead_letter=c.dead_letter,
+            leases_durable=c.leases_durable,
+        )
+
+    async def _create(self, name: str, config: TopicConfig) -> Topic | None:
+        """Create `name` (control mutation). Returns None if someone else created it first."""
+        if name in self._creating or name in self.topics:
+            return None
+        cap = self.cfg.limits.max_topics
+        if cap and len(self.topics) + len(self._creating) >= cap:
+            raise Throttled.limit("max_topics", cap)
+        done = self._creating[name] = trio.Event()
+        topic = Topic(name, self._next_topic_id, config, name_json=orjson.dumps(name))
+        self._next_topic_id += 1
+
+        def apply() -> Topic:
+            self.topics[name] = topic
+            bisect.insort(self._names, name)
+            if config.ttl_ms > 0:
+                self._ttl_topics.add(topic)
+            return topic
+
+        try:
+            return await self.commit.control(None, apply)
+        finally:
+            del self._creating[name]
+            done.set()
+
+    async def _wait_creating(self, name: str) -> None:
+        ev = self._creating.get(name)
+        if ev is not None:
+            await ev.wait()
+
+    # ------------------------------------------------------------------------------------
+    # PUT / GET / DELETE /v0/topics/:topic, GET /v0/topics
+    # ------------------------------------------------------------------------------------
+
+    async def put_topic(self, name: str, cin: TopicConfigIn | None) -> tuple[Topic, bool]:
+        """Create or reconfigure (api-topics §2). Returns (topic, created)."""
+        check_topic_name(name)
+        config = self.resolve_config(name, cin)
+        while True:
+            await self._wait_creating(name)
+            existing = self.topics.get(name)
+            if existing is None:
+                created = await self._create(name, config)
+                if created is None:
+                    continue
+                return created, True
+            if existing.config.type != config.type:
+                raise TopicExistsIncompatible(
+                    f"topic {name!r} is a {existing.config.type}; its type cannot change",
+                    {
+                        "topic": name,
+                        "reason": "type_immutable",
+                        "existing_type": existing.config.type,
+                        "requested_type": config.type,
+                    },
+                )
+            if existing.config == config:
+                await trio.lowlevel.checkpoint()
+                return existing, False
+            topic = existing
+
+            def apply(topic: Topic = topic) -> None:
+                if topic.deleted:
+                    raise TopicNotFound(name)
+                topic.config = config
+                if config.ttl_ms > 0:
+                    self._ttl_topics.add(topic)
+                else:
+                    self._ttl_topics.discard(topic)
+                self._enforce(topic, self.clock.now_ms())
+
+            try:
+                await self.commit.control(topic, apply)
+            except TopicNotFound:
+                continue  # deleted meanwhile: create it
+            return topic, False
+
+    def topic_state(self, name: str, touch: bool) -> dict[str, JsonValue]:
+        topic = self.get(name)
+        now = self.clock.now_ms()
+        self._enforce(topic, now)
+        if touch:
+            topic.last_read_ts = now
+        cfg = topic.config
+        return {
+            "topic": topic.name,
+            "type": cfg.type,
+            "head_seq": topic.head_seq,
+            "earliest_seq": topic.earliest_seq,
+            "next_seq": topic.head_seq + 1,
+            "count": topic.count,
+            "bytes": topic.bytes,
+            "config": cfg.to_wire(),
+            "effective_priority": self.effective_priority(topic, now),
+            "last_write_ts": topic.last_write_ts,
+            "last_read_ts": topic.last_read_ts,
+        }
+
+    def effective_priority(self, topic: Topic, now_ms: int) -> int:
+        s = self.cfg.scheduler
+        cfg = topic.config
+        return base_priority(
+            cfg.priority,
+            cfg.auto_priority,
+            topic.last_read_ts,
+            now_ms,
+            s.priority_min,
+            s.priority_max,
+        )
+
+    def list_topics(
+        self,
+        prefix: str,
+        after: str | None,
+        page_size: int,
+        touch: bool,
+        allowed: Callable[[str], bool] | None = None,
+    ) -> tuple[list[dict[str, JsonValue]], str | None]:
+        """One page of topics by name (api-topics §4). Returns (items, last name if more)."""
+        names = self._names
+        start = bisect.bisect_left(names, prefix)
+        if after is not None and after >= prefix:
+            start = max(start, bisect.bisect_right(names, after))
+        now = self.clock.now_ms()
+        items: list[dict[str, JsonValue]] = []
+        last: str | None = None
+        i = start
+        while i < len(names):
+            name = names[i]
+            i += 1
+            if not name.startswith(prefix):
+                break
+            if allowed is not None and not allowed(name):
+                continue
+            if len(items) == page_size:
+                return items, last
+            topic = self.topics[name]
+            self._enforce(topic, now)
+            if touch:
+                topic.last_read_ts = now
+            items.append(
+                {
+                    "topic": name,
+                    "head_seq": topic.head_seq,
+                    "earliest_seq": topic.earliest_seq,
+                    "count": topic.count,
+                    "bytes": topic.bytes,
+                    "durable": topic.config.durable,
+                    "effective_priority": self.effective_priority(topic, now),
+                }
+            )
+            last = name
+        return items, None
+
+    async def delete_topic(self, name: str, if_empty: bool) -> bool:
+        """Delete a topic instance (api-topics §5). Returns whether one was deleted."""
+        check_topic_name(name)
+        await self._wait_creating(name)
+        topic = self.topics.get(name)
+        if topic is None:
+            await trio.lowlevel.checkpoint()
+            return False
+        self._check_empty(topic, if_empty)
+
+        def apply() -> bool:
+            if self.topics.get(name) is not topic:
+                return False
+            self._check_empty(topic, if_empty)
+            del self.topics[name]
+            del self._names[bisect.bisect_left(self._names, name)]
+            self._ttl_topics.discard(topic)
+            self.total_bytes -= topic.bytes
+            self.idem.drop_topic(topic.topic_id)
+            topic.deleted = True
+            topic.wake()
+            return True
+
+        return await self.commit.control(topic, apply)
+
+    def _check_empty(self, topic: Topic, if_empty: bool) -> None:
+        if not if_empty:
+            return
+        self._enforce(topic, self.clock.now_ms())
+        if topic.count:
+            raise TopicNotEmpty(
+                f"topic {topic.name!r} still holds {topic.count} live records",
+                {"topic": topic.name, "count": topic.count},
+            )
+
+    # ------------------------------------------------------------------------------------
+    # POST /v0/topics/:topic
+    # ------------------------------------------------------------------------------------
+
+    async def append(
+        self, name: str, req: WriteIn, *, header_key: str | None = None, can_admin: bool = True
+    ) -> WriteResult:
+        """Append a batch (api-topics §6), following the validation order of §6.2."""
+        if req.config is not None and not can_admin and name not in self.topics:
+            raise Forbidden(
+                "creating a topic with an inline config needs the admin scope", {"topic": name}
+            )
+        prepared = prepare_write(req, header_key, self.cfg.protocol)
+        key = prepared.idempotency_key
+        created = False
+        while True:
+            topic = self.topics.get(name)
+            if topic is None:
+                topic = await self._lazy_create(name, req)
+                if topic is None:
+                    continue
+                created = True
+            now = self.clock.now_ms()
+            if key is not None:
+                entry = self.idem.lookup(topic.topic_id, key, now)
+                if entry is not None:
+                    if entry.pending:
+                        await entry.wait()
+                        continue
+                    await trio.lowlevel.checkpoint()
+                    return WriteResult(
+                        name, entry.first_seq, entry.count, entry.head_seq, False, True, 0.0
+                    )
+            self._admit(topic, prepared, now)
+            batch = self._stage(topic, prepared, now)
+            break
+        await batch.completion.wait()
+        return WriteResult(
+            name,
+            batch.records[0].seq,
+            len(batch.records),
+            batch.head_after,
+            created,
+            False,
+            batch.fsync_ms,
+        )
+
+    async def _lazy_create(self, name: str, req: WriteIn) -> Topic | None:
+        """api-topics §6.3. Returns None when a concurrent creation won (caller retries)."""
+        if name in self._creating:
+            await self._wait_creating(name)
+            return None
+        check_topic_name(name)
+        if req.create is False:
+            raise TopicNotFound(name)
+        if req.create is None:
+            auto = req.config.auto_create if req.config is not None else True
+            if not auto:
+                raise TopicNotFound(name)
+        if req.config is not None:
+            try:
+                config = self.resolve_config(name, req.config)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"inline config: {exc.message}", exc.detail) from None
+        else:
+            config = self.resolve_config(name, None)
+        return await self._create(name, config)
+
+    def _admit(self, topic: Topic, prepared: PreparedWrite, now: int) -> None:
+        """Steps 7-8 of api-topics §6.2 (synchronous)."""
+        self._enforce(topic, now)
+        cfg = topic.config
+        n = len(prepared.records)
+        nbytes = prepared.nbytes
+        if cfg.discard == "reject" and (cfg.cap_records or cfg.cap_bytes):
+            if (cfg.cap_records and n > cfg.cap_records) or (
+                cfg.cap_bytes and nbytes > cfg.cap_bytes
+            ):
+                raise RecordTooLarge(
+                    f"this write alone ({n} records, {nbytes} bytes) exceeds the caps of "
+                    f'discard:"reject" topic {topic.name!r}',
+                    {
+                        "topic": topic.name,
+                        "cap_records": cfg.cap_records,
+                        "cap_bytes": cfg.cap_bytes,
+                    },
+                )
+            if (cfg.cap_records and topic.count + topic.pending_records + n > cfg.cap_records) or (
+                cfg.cap_bytes and topic.bytes + topic.pending_bytes + nbytes > cfg.cap_bytes
+            ):
+                raise TopicFull(
+                    f'topic {topic.name!r} is full (discard:"reject"); nothing was appended',
+                    {
+                        "topic": topic.name,
+                        "cap_records": cfg.cap_records,
+                        "cap_bytes": cfg.cap_bytes,
+                        "head_seq": topic.head_seq,
+                        "earliest_seq": topic.earliest_seq,
+                    },
+                )
+        quota = self.cfg.limits.max_total_bytes
+        if quota and self.total_bytes + self.pending_bytes + nbytes > quota:
+            raise Throttled.limit("max_total_bytes", quota)
+
+    def _stage(self, topic: Topic, prepared: PreparedWrite, now: int) -> AppendBatch:
+        """Step 11's synchronous part: reserve seqs, encode, hand to the commit path."""
+        key = prepared.idempotency_key
+        entry = self.idem.begin(topic.topic_id, key, now) if key is not None else None
+        first = topic.next_seq
+        n = len(prepared.records)
+        ts = topic.stamp(now)
+        records = build_records(prepared, first, ts)
+        topic.next_seq = first + n
+        topic.pending_records += n
+        topic.pending_bytes += prepared.nbytes
+        self.pending_bytes += prepared.nbytes
+        batch = AppendBatch(
+            topic, records, prepared.nbytes, key, entry, durability=topic.config.durability
+        )
+        self.commit.submit(batch)
+        return batch
+
+    def _publish(self, batch: AppendBatch) -> None:
+        """Commit-path callback: make a committed batch visible (in seq order)."""
+        topic = batch.topic
+        n = len(batch.records)
+        topic.pending_records -= n
+        topic.pending_bytes -= batch.nbytes
+        self.pending_bytes -= batch.nbytes
+        assert not topic.deleted
+        topic.publish(batch.records)
+        self.total_bytes += batch.nbytes
+        ts = batch.records[0].ts
+        topic.last_write_ts = ts
+        self._enforce(topic, self.clock.now_ms())
+        batch.head_after = topic.head_seq
+        if batch.idem is not None:
+            assert batch.idem_key is not None
+            self.idem.resolve(
+                topic.topic_id,
+                batch.idem_key,
+                batch.idem,
+                first_seq=batch.records[0].seq,
+                count=n,
+                head_seq=topic.head_seq,
+                expires_ms=ts + topic.config.idempotency_window_ms,
+                now_ms=self.clock.now_ms(),
+            )
+
+    # ------------------------------------------------------------------------------------
+    # POST /v0/topics/:topic/diff
+    # ------------------------------------------------------------------------------------
+
+    async def diff(self, name: str, req: DiffIn) -> tuple[Topic, ReadResult]:
+        """Read from a cursor (api-topics §7.2), with the `wait_ms` long-poll."""
+        req.check()
+        topic = self.get(name)
+        wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
+        res = self._read(topic, req)
+        if (
+            wait_ms > 0
+            and not res.records
+            and res.tombstone is None
+            and res.caught_up
+            and not self.draining
+        ):
+            woken = topic.waiter()
+            with trio.move_on_after(wait_ms / 1000):
+                await woken.wait()
+            if not woken.is_set():
+                return topic, res
+            if topic.deleted:
+                raise TopicNotFound(name)
+            res = self._read(topic, req)  # once, with the same request (step 9)
+        else:
+            await trio.lowlevel.checkpoint()
+        return topic, res
+
+    def _read(self, topic: Topic, req: DiffIn) -> ReadResult:
+        """Steps 3-8 of api-topics §7.2 against the topic's current state."""
+        p = self.cfg.protocol
+        now = self.clock.now_ms()
+        self._enforce(topic, now)
+        topic.last_read_ts = now
+        node_filter: frozenset[str] | None = None
+        if req.node is not None and topic.config.dedupe_node:
+            node_filter = frozenset([req.node] if isinstance(req.node, str) else req.node)
+        return topic.read(
+            req.from_seq,
+            min(req.limit or p.default_limit, p.max_limit),
+            min(req.max_batch_bytes or p.default_max_batch_bytes, p.max_batch_bytes),
+            node_filter,
+            req.include_tags,
+            req.include_meta,
+            p.max_scan_per_read,
+        )
+
+    # ------------------------------------------------------------------------------------
+    # POST /v0/topics/:topic/delete
+    # ------------------------------------------------------------------------------------
+
+    async def delete_records(self, name: str, req: DeleteIn) -> DeleteResult:
+        """Point-in-time record delete by seq bound and/or tag (api-topics §10)."""
+        req.check()
+        topic = self.get(name)
+        match = parse_match(req.match)
+        if req.before_seq is None and match is None:
+            raise InvalidRequest("give before_seq, match, or both", {"field": "before_seq"})
+        self._enforce(topic, self.clock.now_ms())
+        bound = topic.head_seq  # point in time: records existing now
+
+        def apply() -> int:
+            if topic.deleted:
+                raise TopicNotFound(name)
+            deleted, freed = topic.delete_records(req.before_seq, match, bound)
+            self.total_bytes -= freed
+            return deleted
+
+        deleted = await self.commit.control(topic, apply)
+        return DeleteResult(topic, deleted)
+
+
+def parse_match(match: str | list[str] | None) -> tuple[str, str] | None:
+    """The tag predicate of api-topics §10.1 → (op, value) with op `Eq` or `Glob`.
+
+    For `Glob` the value is the prefix (the trailing `*` removed).
+    """
+    if match is None:
+        return None
+    if isinstance(match, str):
+        if match.endswith("*"):
+            return "Glob", match[:-1]
+        return "Eq", match
+    if len(match) != 3 or match[0] != "tag" or match[1] not in ("Eq", "Glob"):
+        raise InvalidRequest(
+            'match must be ["tag", "Eq"|"Glob", "<value>"] or a bare string',
+            {"field": "match"},
+        )
+    if match[1] == "Glob":
+        if not match[2].endswith("*"):
+            raise InvalidRequest("a Glob value must end in '*'", {"field": "match"})
+        return "Glob", match[2][:-1]
+    return "Eq", match[2]
+
+
+def canonical_match(match: tuple[str, str]) -> list[str]:
+    op, value = match
+    return ["tag", op, value + "*" if op == "Glob" else value]
+
+
+@asynccontextmanager
+async def open_engine(
+    config: Config, clock: WallClock, commit: CommitPath | None = None
+) -> AsyncIterator[Engine]:
+    """Run an engine with its housekeeping task; cancelled when the block exits."""
+    engine = Engine(config, clock, commit)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        try:
+            yield engine
+        finally:
+            nursery.cancel_scope.cancel("engine closed")

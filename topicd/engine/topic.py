@@ -1,0 +1,407 @@
+"""One topic instance: its log, watermarks, tag index, retention and the diff walk.
+
+Everything here is synchronous and owned by the event-loop thread. The log is a Python list
+of slots indexed by `seq - base` (O(1) lookup by seq); a slot holds the `Record` or `None`
+once the record was deleted, evicted or expired. Slots below `earliest_seq` are all dead
+and are trimmed from the list in bulk (amortized O(1) per record).
+
+Watermarks (api-topics §1, §8.2):
+
+* `head_seq`: highest published seq (0 if none); `next_seq` = next seq to *reserve*
+  (equal to `head_seq + 1` unless submissions are in flight).
+* `earliest_seq`: first live seq, `head_seq + 1` when empty; never decreases.
+* `evict_floor`: `max(highest cap-evicted live seq, highest TTL-expired seq) + 1`; only
+  cap/TTL loss moves it, deletes never do. It alone decides tombstones.
+
+`$ts` is kept non-decreasing per topic (a backwards wall-clock jump re-uses the last
+stamp), so TTL expiry always removes a prefix of the log and every TTL-expired record
+lies below `evict_floor` (topicd decision; docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import trio
+
+if TYPE_CHECKING:
+    from topicd.errors import JsonValue
+    from topicd.model import Record, TopicConfig
+
+_RUNS_MAX: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """An in-band loss signal (api-topics §8). `reason` is informational."""
+
+    gap_from: int
+    gap_to: int
+    reason: str
+    earliest_seq: int
+    head_seq: int
+
+    def to_wire(self) -> dict[str, JsonValue]:
+        return {
+            "gap_from": self.gap_from,
+            "gap_to": self.gap_to,
+            "reason": self.reason,
+            "missed_estimate": max(0, self.gap_to - self.gap_from + 1),
+            "earliest_seq": self.earliest_seq,
+            "head_seq": self.head_seq,
+        }
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """The outcome of one diff walk (api-topics §7.2 steps 4-8)."""
+
+    records: list[bytes]
+    next_from_seq: int
+    head_seq: int
+    earliest_seq: int
+    tombstone: Tombstone | None
+    scanned: int
+
+    @property
+    def caught_up(self) -> bool:
+        return self.next_from_seq == self.head_seq
+
+    @property
+    def lag(self) -> int:
+        return self.head_seq - self.next_from_seq
+
+
+class EvictionRuns:
+    """Which reason (`cap`/`ttl`) evicted which seqs, as a bounded list of runs.
+
+    Each run `(lo, hi, reason)` covers consecutive evicted ranges with one reason; runs are
+    contiguous and ascending. Beyond `_RUNS_MAX` runs the two oldest merge (reason `mixed`
+    if they differ): the tombstone *range* stays exact, only the informational reason of a
+    very old range may coarsen.
+    """
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: list[list[int | str]] = []
+
+    def add(self, lo: int, hi: int, reason: str) -> None:
+        runs = self._runs
+        if runs and runs[-1][2] == reason:
+            runs[-1][1] = hi
+            return
+        runs.append([lo, hi, reason])
+        if len(runs) > _RUNS_MAX:
+            a, b = runs[0], runs[1]
+            runs[0:2] = [[a[0], b[1], a[2] if a[2] == b[2] else "mixed"]]
+
+    def reason_for(self, lo: int, hi: int) -> str:
+        found: set[str] = set()
+        for r_lo, r_hi, reason in self._runs:
+            assert isinstance(r_lo, int)
+            assert isinstance(r_hi, int)
+            assert isinstance(reason, str)
+            if r_hi < lo:
+                continue
+            if r_lo > hi:
+                break
+            found.add(reason)
+        if len(found) == 1:
+            return found.pop()
+        return "mixed" if found else "cap"
+
+
+class TagIndex:
+    """tag → ascending seqs, for point and prefix deletes without a log scan.
+
+    Entries of records that died are removed lazily: lookups filter through the log, and
+    the whole index is rebuilt from the live records once stale entries outnumber live
+    ones (amortized O(1) per removal). Prefix (glob) lookups use a sorted tag list that
+    absorbs newly seen tags in one merge when a glob query comes.
+    """
+
+    __slots__ = ("_by_tag", "_new_tags", "_sorted", "live", "stale")
+
+    def __init__(self) -> None:
+        self._by_tag: dict[str, list[int]] = {}
+        self._sorted: list[str] = []
+        self._new_tags: list[str] = []
+        self.live = 0
+        self.stale = 0
+
+    def add(self, tag: str, seq: int) -> None:
+        seqs = self._by_tag.get(tag)
+        if seqs is None:
+            self._by_tag[tag] = [seq]
+            self._new_tags.append(tag)
+        else:
+            seqs.append(seq)
+        self.live += 1
+
+    def removed(self) -> None:
+        self.live -= 1
+        self.stale += 1
+
+    def needs_rebuild(self) -> bool:
+        return self.stale > 1024 and self.stale > self.live
+
+    def rebuild(self, live: list[tuple[str, int]]) -> None:
+        self._by_tag = {}
+        self._sorted = []
+        self._new_tags = []
+        self.live = 0
+        self.stale = 0
+        for tag, seq in live:
+            self.add(tag, seq)
+
+    def exact(self, tag: str) -> list[int]:
+        return self._by_tag.get(tag, [])
+
+    def prefix(self, prefix: str) -> list[list[int]]:
+        """Seq lists of every tag starting with `prefix` (all tags for "")."""
+        if self._new_tags:
+            self._sorted.extend(sorted(self._new_tags))
+            self._sorted.sort()  # two sorted runs: timsort merges them in O(n)
+            self._new_tags = []
+        tags = self._sorted
+        out: list[list[int]] = []
+        i = bisect.bisect_left(tags, prefix)
+        while i < len(tags) and tags[i].startswith(prefix):
+            seqs = self._by_tag.get(tags[i])
+            if seqs is not None:
+                out.append(seqs)
+            i += 1
+        return out
+
+
+class Topic:
+    """One instance of a named topic (delete + recreate makes a new instance)."""
+
+    def __init__(self, name: str, topic_id: int, config: TopicConfig, *, name_json: bytes) -> None:
+        self.name = name
+        self.name_json = name_json
+        self.topic_id = topic_id
+        self.config = config
+        self.records: list[Record | None] = []
+        self.base = 1  # seq of records[0]
+        self.head_seq = 0
+        self.next_seq = 1
+        self.earliest_seq = 1
+        self.evict_floor = 1
+        self.count = 0
+        self.bytes = 0
+        self.last_ts = 0
+        self.last_write_ts: int | None = None
+        self.last_read_ts: int | None = None
+        self.pending_records = 0
+        self.pending_bytes = 0
+        self.tags = TagIndex()
+        self.evictions = EvictionRuns()
+        self.deleted = False
+        self._wakeup: trio.Event | None = None
+
+    # ---- lookup -------------------------------------------------------------------------
+
+    def get(self, seq: int) -> Record | None:
+        """The live record with this seq, or None."""
+        if seq < self.earliest_seq or seq > self.head_seq:
+            return None
+        return self.records[seq - self.base]
+
+    # ---- write side -------------------------------------------------------------------
+
+    def stamp(self, now_ms: int) -> int:
+        """The `$ts` for a new write: the wall clock, never below the previous stamp."""
+        ts = now_ms if now_ms > self.last_ts else self.last_ts
+        self.last_ts = ts
+        return ts
+
+    def publish(self, records: list[Record]) -> None:
+        """Make a committed batch visible (called only by the commit path, in seq order)."""
+        assert records
+        assert records[0].seq == self.head_seq + 1, (records[0].seq, self.head_seq)
+        self.records.extend(records)
+        added = 0
+        tags = self.tags
+        for rec in records:
+            added += rec.size
+            if rec.tag is not None:
+                tags.add(rec.tag, rec.seq)
+        self.head_seq = records[-1].seq
+        self.count += len(records)
+        self.bytes += added
+        self.wake()
+
+    # ---- retention --------------------------------------------------------------------
+
+    def enforce(self, now_ms: int) -> int:
+        """Apply TTL and caps (`discard:"old"`); return the payload bytes freed."""
+        cfg = self.config
+        freed = 0
+        if cfg.ttl_ms > 0 and self.count:
+            limit_ts = now_ms - cfg.ttl_ms  # expired iff now - ts > ttl  ⇔  ts < limit_ts
+            while self.count:
+                rec = self.records[self.earliest_seq - self.base]
+                assert rec is not None
+                if rec.ts >= limit_ts:
+                    break
+                freed += self._evict_front(rec, "ttl")
+        if cfg.cap_records > 0:
+            while self.count > cfg.cap_records:
+                rec = self.records[self.earliest_seq - self.base]
+                assert rec is not None
+                freed += self._evict_front(rec, "cap")
+        if cfg.cap_bytes > 0:
+            while self.bytes > cfg.cap_bytes and self.count:
+                rec = self.records[self.earliest_seq - self.base]
+                assert rec is not None
+                freed += self._evict_front(rec, "cap")
+        return freed
+
+    def _evict_front(self, rec: Record, reason: str) -> int:
+        seq = rec.seq
+        self.evictions.add(self.evict_floor, seq, reason)
+        self.evict_floor = seq + 1
+        self._kill(rec)
+        self._advance_earliest()
+        return rec.size
+
+    # ---- deletes ----------------------------------------------------------------------
+
+    def _kill(self, rec: Record) -> None:
+        self.records[rec.seq - self.base] = None
+        self.count -= 1
+        self.bytes -= rec.size
+        if rec.tag is not None:
+            self.tags.removed()
+
+    def _advance_earliest(self) -> None:
+        seq, head, base, records = self.earliest_seq, self.head_seq, self.base, self.records
+        while seq <= head and records[seq - base] is None:
+            seq += 1
+        self.earliest_seq = seq
+        dead = seq - base
+        if dead > 4096 and dead * 2 > len(records):
+            del records[:dead]
+            self.base = seq
+
+    def delete_records(
+        self, before_seq: int | None, match: tuple[str, str] | None, bound_head: int
+    ) -> tuple[int, int]:
+        """Point-in-time delete (api-topics §10.2). Returns (records deleted, bytes freed)."""
+        hi = bound_head
+        if before_seq is not None:
+            hi = min(hi, before_seq - 1)
+        deleted = 0
+        freed = 0
+        if match is None:
+            for seq in range(self.earliest_seq, hi + 1):
+                rec = self.records[seq - self.base]
+                if rec is not None:
+                    self._kill(rec)
+                    deleted += 1
+                    freed += rec.size
+        else:
+            op, value = match
+            lists = [self.tags.exact(value)] if op == "Eq" else self.tags.prefix(value)
+            for seqs in lists:
+                # seqs ascend: stop at the bound
+                end = bisect.bisect_right(seqs, hi)
+                for seq in seqs[bisect.bisect_left(seqs, self.earliest_seq) : end]:
+                    rec = self.records[seq - self.base]
+                    if rec is None or rec.tag is None:
+                        continue
+                    if op == "Eq" and rec.tag != value:
+                        continue
+                    self._kill(rec)
+                    deleted += 1
+                    freed += rec.size
+        if deleted:
+            self._advance_earliest()
+            self._maybe_rebuild_tags()
+        return deleted, freed
+
+    def _maybe_rebuild_tags(self) -> None:
+        if not self.tags.needs_rebuild():
+            return
+        live = [
+            (rec.tag, rec.seq)
+            for rec in self.records[self.earliest_seq - self.base :]
+            if rec is not None and rec.tag is not None
+        ]
+        self.tags.rebuild(live)
+
+    # ---- read side --------------------------------------------------------------------
+
+    def read(
+        self,
+        from_seq: int,
+        limit: int,
+        max_bytes: int,
+        node_filter: frozenset[str] | None,
+        include_tags: bool,
+        include_meta: bool,
+        max_scan: int,
+        include_data: bool = True,
+    ) -> ReadResult:
+        """The diff walk (api-topics §7.2 steps 4-8); retention must be enforced first."""
+        head = self.head_seq
+        earliest = self.earliest_seq
+        floor = self.evict_floor
+        tomb: Tombstone | None = None
+        if from_seq > head:
+            tomb = Tombstone(1, head, "recreated", earliest, head)
+            cursor = earliest - 1
+        elif from_seq + 1 < floor:
+            gap_to = floor - 1
+            reason = self.evictions.reason_for(from_seq + 1, gap_to)
+            tomb = Tombstone(from_seq + 1, gap_to, reason, floor, head)
+            cursor = max(earliest - 1, from_seq)
+        else:
+            cursor = from_seq
+        next_from = cursor
+        scanned = 0
+        if cursor < earliest - 1:
+            # everything below earliest_seq is dead: skip it in O(1)
+            scanned = earliest - 1 - cursor
+            next_from = cursor = earliest - 1
+        out: list[bytes] = []
+        if cursor >= head:
+            return ReadResult(out, next_from, head, earliest, tomb, scanned)
+        records = self.records
+        base = self.base
+        plain = include_meta and include_data and not include_tags
+        end = min(head, cursor + max_scan)
+        nbytes = 0
+        seq = cursor
+        for seq in range(cursor + 1, end + 1):
+            rec = records[seq - base]
+            if rec is None or (node_filter is not None and rec.node in node_filter):
+                continue
+            enc = rec.enc if plain else rec.render(include_tags, include_meta, include_data)
+            if out and nbytes + len(enc) > max_bytes:
+                seq -= 1
+                break
+            out.append(enc)
+            nbytes += len(enc)
+            if len(out) >= limit:
+                break
+        next_from = seq
+        scanned += seq - cursor
+        return ReadResult(out, next_from, head, earliest, tomb, scanned)
+
+    # ---- waiting ------------------------------------------------------------------------
+
+    def waiter(self) -> trio.Event:
+        """An event set by the next publish (or deletion) of this topic."""
+        if self._wakeup is None:
+            self._wakeup = trio.Event()
+        return self._wakeup
+
+    def wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None

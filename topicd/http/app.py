@@ -1,0 +1,397 @@
+"""The Quart-Trio application and the ASGI gate in front of it.
+
+`create_app()` builds the app: routes from `http.topics` and `http.ops`, one error handler
+that renders every `TopicdError` (and Quart/Werkzeug's own 404/405/413) as the canonical
+error body, and `Gate`, a small ASGI middleware that runs before Quart for every request:
+
+1. lifecycle: while starting every route but the probes and metrics answers
+   `503 not_ready`; while draining, `503 shutting_down` (api-ops §2, §6.2);
+2. authentication: resolves the bearer key to a `Principal` (`401` when auth is on and
+   the key is missing or unknown; probes are exempt unless `probe_auth`);
+3. per-key in-flight cap (`429 {limit:"max_inflight_per_key"}`, auth on only);
+4. stamps `X-Topicd-Pressure` on every response (README §6);
+5. counts in-flight requests for the graceful drain and writes the optional access log.
+
+Handlers only validate the wire shape, call the engine and render (STYLE §1).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Final, TypeVar, cast
+
+import msgspec
+import orjson
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import MethodNotAllowed as WzMethodNotAllowed
+
+from topicd.clock import perf_ms
+from topicd.errors import (
+    Internal,
+    InvalidRequest,
+    JsonValue,
+    MethodNotAllowed,
+    NotFound,
+    NotReady,
+    PayloadTooLarge,
+    ShuttingDown,
+    Throttled,
+    TopicdError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
+from topicd.lifecycle import Lifecycle, Phase
+
+if TYPE_CHECKING:
+    from topicd.config import Config
+    from topicd.engine.engine import Engine
+
+_T = TypeVar("_T")
+
+log = logging.getLogger("topicd.http")
+access_log = logging.getLogger("topicd.access")
+
+Scope = MutableMapping[str, object]
+Message = MutableMapping[str, object]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PROBE_PATHS: Final = frozenset({"/v0/health", "/healthz", "/v0/ready", "/readyz"})
+METRICS_PATH: Final = "/v0/metrics"
+JSON: Final = "application/json"
+
+
+# --------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------
+
+
+def error_parts(err: TopicdError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """(status, headers, body) of the canonical error body for `err`."""
+    body = orjson.dumps(err.body())
+    headers = [(b"content-type", b"application/json")]
+    retry = err.retry_after_s()
+    if retry is not None:
+        headers.append((b"retry-after", str(retry).encode()))
+    for name, value in err.extra_headers().items():
+        headers.append((name.lower().encode(), value.encode()))
+    return err.http_status, headers, body
+
+
+def performance(extra: dict[str, JsonValue] | None = None) -> dict[str, JsonValue]:
+    """The `performance` block (README §9) for the current request."""
+    t0 = request.scope.get("topicd.t0")
+    total = perf_ms() - t0 if isinstance(t0, float) else 0.0
+    block: dict[str, JsonValue] = {"server_total_ms": round(total, 3)}
+    if extra:
+        block.update(extra)
+    return block
+
+
+def json_response(
+    payload: dict[str, JsonValue], status: int = 200, perf: dict[str, JsonValue] | None = None
+) -> Response:
+    payload["performance"] = performance(perf)
+    return Response(orjson.dumps(payload), status=status, content_type=JSON)
+
+
+def raw_json_response(body: bytes, status: int = 200) -> Response:
+    return Response(body, status=status, content_type=JSON)
+
+
+def principal() -> Principal:
+    p = request.scope.get("topicd.principal")
+    return p if isinstance(p, Principal) else DEV_PRINCIPAL
+
+
+# --------------------------------------------------------------------------------------
+# Request bodies
+# --------------------------------------------------------------------------------------
+
+_JSON_CT: Final = re.compile(r"\s*application/json\s*(;.*)?$", re.IGNORECASE)
+
+
+def _is_json(content_type: str | None) -> bool:
+    return content_type is not None and _JSON_CT.match(content_type) is not None
+
+
+async def read_body(*, empty_ok: bool, max_bytes: int) -> bytes | None:
+    """The request body as validated UTF-8 JSON bytes (README §3).
+
+    Returns None for an empty body when `empty_ok`. Raises `415` for a missing or wrong
+    content type, `413` beyond `max_bytes` (also after gzip decoding) and `400` for an
+    empty body where one is required or for bytes that are not UTF-8.
+    """
+    headers = request.headers
+    ctype = headers.get("Content-Type")
+    body = await request.get_data(cache=False)
+    assert isinstance(body, bytes)
+    encoding = headers.get("Content-Encoding", "").strip().lower()
+    if encoding and encoding != "identity":
+        if encoding not in ("gzip", "x-gzip"):
+            raise UnsupportedMediaType(
+                f"Content-Encoding {encoding!r} is not supported (use gzip or none)"
+            )
+        body = _gunzip(body, max_bytes)
+    if not body:
+        if empty_ok:
+            return None
+        if not _is_json(ctype):
+            raise UnsupportedMediaType(
+                "this endpoint needs a JSON body (Content-Type: application/json)"
+            )
+        raise InvalidRequest("the request body is empty")
+    if not _is_json(ctype):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, got {ctype!r}"
+            if ctype
+            else "Content-Type: application/json is required"
+        )
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"body is not valid UTF-8 (byte {exc.start})") from None
+    return body
+
+
+def _gunzip(body: bytes, max_bytes: int) -> bytes:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, max_bytes + 1)
+    except zlib.error:
+        raise InvalidRequest("body is not valid gzip") from None
+    if len(out) > max_bytes or d.unconsumed_tail:
+        raise PayloadTooLarge(f"decoded body exceeds max_body_bytes {max_bytes}")
+    if not d.eof:
+        raise InvalidRequest("body is truncated gzip")
+    return out
+
+
+def decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
+    """Decode with a typed decoder; malformed JSON and type errors become `400`."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidRequest("body is not valid UTF-8") from None
+
+
+def query_bool(name: str, default: bool) -> bool:
+    """`true`/`1` and `false`/`0`; anything else (or absence) is the default (README §3)."""
+    value = request.args.get(name)
+    if value in ("true", "1"):
+        return True
+    if value in ("false", "0"):
+        return False
+    return default
+
+
+# --------------------------------------------------------------------------------------
+# The gate
+# --------------------------------------------------------------------------------------
+
+_TEMPLATES: Final = (
+    (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
+    (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
+)
+
+
+def path_template(path: str) -> str:
+    """The path with names replaced by placeholders (access logs never carry names)."""
+    for pattern, template in _TEMPLATES:
+        m = pattern.match(path)
+        if m:
+            return template.format(*m.groups())
+    return path if len(path) < 64 else path[:64] + "…"
+
+
+class Gate:
+    """ASGI middleware in front of the Quart app (see module docstring)."""
+
+    def __init__(
+        self,
+        app: AsgiApp,
+        *,
+        lifecycle: Lifecycle,
+        keys: KeyStore,
+        config: Config,
+        pressure: Callable[[], float],
+    ) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+        self.keys = keys
+        self.probe_auth = config.auth.probe_auth
+        self.http2 = config.server.http2
+        self.max_inflight = config.limits.max_inflight_per_key
+        self.access = config.logging.access_log
+        self.pressure = pressure
+        self._inflight: dict[str, int] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = perf_ms()
+        scope["topicd.t0"] = t0
+        path = cast("str", scope["path"])
+        status_box = [0]
+        pressure_value = b"%.3f" % min(max(self.pressure(), 0.0), 1.0)
+
+        async def send_stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(cast("list[tuple[bytes, bytes]]", message.get("headers", [])))
+                headers.append((b"x-topicd-pressure", pressure_value))
+                message["headers"] = headers
+                status_box[0] = cast("int", message["status"])
+            await send(message)
+
+        lifecycle = self.lifecycle
+        lifecycle.request_started()
+        key_id: str | None = None
+        try:
+            err = self._admit(scope, path)
+            if err is None and self.keys.enabled and path not in PROBE_PATHS and self.max_inflight:
+                p = scope["topicd.principal"]
+                assert isinstance(p, Principal)
+                count = self._inflight.get(p.key_id, 0)
+                if count >= self.max_inflight:
+                    err = Throttled.limit("max_inflight_per_key", self.max_inflight)
+                else:
+                    key_id = p.key_id
+                    self._inflight[key_id] = count + 1
+            if err is not None:
+                await send_error(send_stamped, err)
+            else:
+                await self.app(scope, receive, send_stamped)
+        finally:
+            if key_id is not None:
+                left = self._inflight[key_id] - 1
+                if left:
+                    self._inflight[key_id] = left
+                else:
+                    del self._inflight[key_id]
+            lifecycle.request_finished()
+            if self.access:
+                access_log.info(
+                    "%s %s %d %.2fms",
+                    scope.get("method"),
+                    path_template(path),
+                    status_box[0],
+                    perf_ms() - t0,
+                )
+
+    def _admit(self, scope: Scope, path: str) -> TopicdError | None:
+        probe = path in PROBE_PATHS
+        if not self.http2 and scope.get("http_version") == "2":
+            return InvalidRequest("HTTP/2 is disabled on this server (server.http2 = false)")
+        phase = self.lifecycle.phase.value
+        if phase is not Phase.SERVING and not probe and path != METRICS_PATH:
+            if phase is Phase.STARTING:
+                return NotReady(
+                    "recovery in progress",
+                    {"replay_progress": round(self.lifecycle.replay_progress, 4)},
+                )
+            return ShuttingDown("the server is shutting down")
+        if self.keys.enabled and (not probe or self.probe_auth):
+            auth = _header(scope, b"authorization")
+            p = self.keys.authenticate(auth)
+            if p is None:
+                return Unauthorized(
+                    "missing bearer key" if auth is None else "unknown or malformed bearer key"
+                )
+            scope["topicd.principal"] = p
+        else:
+            scope["topicd.principal"] = DEV_PRINCIPAL
+        return None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in cast("list[tuple[bytes, bytes]]", scope.get("headers", [])):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def send_error(send: Send, err: TopicdError) -> None:
+    status, headers, body = error_parts(err)
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------
+
+
+def _render_error(err: TopicdError) -> Response:
+    status, headers, body = error_parts(err)
+    resp = Response(body, status=status, content_type=JSON)
+    for name, value in headers[1:]:
+        resp.headers[name.decode()] = value.decode()
+    return resp
+
+
+def create_app(engine: Engine, config: Config, lifecycle: Lifecycle, keys: KeyStore) -> QuartTrio:
+    """The full `/v0` application, gate included."""
+    from topicd.http import ops, topics
+
+    app = QuartTrio("topicd")
+    app.config["MAX_CONTENT_LENGTH"] = config.limits.max_body_bytes
+    app.config["BODY_TIMEOUT"] = max(1, config.server.header_read_timeout_ms // 1000)
+    app.config["PROPAGATE_EXCEPTIONS"] = False
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["topicd"] = {"engine": engine, "config": config, "lifecycle": lifecycle}
+
+    topics.register(app, engine, config)
+    ops.register(app, engine, config, lifecycle)
+
+    @app.errorhandler(TopicdError)
+    async def _topicd_error(err: TopicdError) -> Response:
+        return _render_error(err)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        err: TopicdError
+        if code == 404:
+            err = NotFound(f"no route for {request.method} {request.path}")
+        elif code == 405:
+            allow = list(cast("WzMethodNotAllowed", exc).valid_methods or [])
+            err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}", allow)
+        elif code == 413:
+            err = PayloadTooLarge(
+                f"request body exceeds max_body_bytes {config.limits.max_body_bytes}"
+            )
+        elif code == 408:
+            err = InvalidRequest("the request body did not arrive in time")
+        elif 400 <= code < 500:
+            err = InvalidRequest(exc.description or "bad request")
+        else:
+            err = Internal("internal error")
+        return _render_error(err)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, path_template(request.path))
+        return _render_error(Internal("internal error (a bug; see the server log)"))
+
+    app.asgi_app = Gate(  # type: ignore[assignment,method-assign]
+        cast("AsgiApp", app.asgi_app),
+        lifecycle=lifecycle,
+        keys=keys,
+        config=config,
+        pressure=lambda: engine.pressure,
+    )
+    return app

@@ -1,0 +1,197 @@
+"""Routes of `/v0/topics` (api-topics §2-§10): validate, call the engine, render."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import TYPE_CHECKING, cast
+
+import msgspec
+import orjson
+from quart import Response, request
+
+from topicd.engine.engine import canonical_match, parse_match
+from topicd.errors import InvalidRequest, JsonValue
+from topicd.http.app import (
+    decode,
+    json_response,
+    performance,
+    principal,
+    query_bool,
+    raw_json_response,
+    read_body,
+)
+from topicd.wire import (
+    CONFIG_DECODER,
+    DELETE_DECODER,
+    DIFF_DECODER,
+    WRITE_DECODER,
+    DiffIn,
+    check_topic_name,
+)
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from topicd.config import Config
+    from topicd.engine.engine import Engine
+
+
+def encode_list_cursor(after: str) -> str:
+    raw = orjson.dumps({"after": after})
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def decode_list_cursor(cursor: str) -> str:
+    """Accepts base64url or standard base64, padded or not (README §7)."""
+    text = cursor.strip().replace("-", "+").replace("_", "/")
+    text += "=" * (-len(text) % 4)
+    try:
+        obj = orjson.loads(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("cursor does not decode", {"cursor": cursor[:200]}) from None
+    after = obj.get("after") if isinstance(obj, dict) else None
+    if not isinstance(after, str):
+        raise InvalidRequest("cursor does not decode", {"cursor": cursor[:200]})
+    return after
+
+
+def _page_size(default: int, maximum: int) -> int:
+    raw = request.args.get("page_size")
+    try:
+        value = int(raw) if raw is not None else default
+    except ValueError:
+        value = default
+    return min(max(value, 1), maximum)
+
+
+def register(app: QuartTrio, engine: Engine, config: Config) -> None:
+    max_body = config.limits.max_body_bytes
+    proto = config.protocol
+
+    @app.route("/v0/topics/<topic>", methods=["PUT"])
+    async def put_topic(topic: str) -> Response:
+        principal().require("admin", topic)
+        body = await read_body(empty_ok=True, max_bytes=max_body)
+        cin = None if body is None else decode(CONFIG_DECODER, body)
+        t, created = await engine.put_topic(topic, cin)
+        return json_response(
+            {"topic": t.name, "created": created, "config": t.config.to_wire()},
+            201 if created else 200,
+        )
+
+    @app.route("/v0/topics/<topic>", methods=["GET"])
+    async def get_topic(topic: str) -> Response:
+        principal().require("read", topic)
+        return json_response(engine.topic_state(topic, query_bool("touch", True)))
+
+    @app.route("/v0/topics", methods=["GET"])
+    async def list_topics() -> Response:
+        p = principal()
+        p.require("read")
+        cursor = request.args.get("cursor") or None
+        after = decode_list_cursor(cursor) if cursor is not None else None
+        items, last = engine.list_topics(
+            request.args.get("prefix", ""),
+            after,
+            _page_size(proto.default_page_size, proto.max_page_size),
+            query_bool("touch", False),
+            p.allows_name if p.prefixes else None,
+        )
+        payload: dict[str, JsonValue] = {"topics": cast("JsonValue", items)}
+        if last is not None:
+            payload["next_cursor"] = encode_list_cursor(last)
+        return json_response(payload)
+
+    @app.route("/v0/topics/<topic>", methods=["DELETE"])
+    async def delete_topic(topic: str) -> Response:
+        principal().require("delete", topic)
+        deleted = await engine.delete_topic(topic, query_bool("if_empty", False))
+        return json_response({"topic": topic, "deleted": deleted, "routers_removed": []})
+
+    @app.route("/v0/topics/<topic>", methods=["POST"])
+    async def write(topic: str) -> Response:
+        p = principal()
+        p.require("write", topic)
+        body = await read_body(empty_ok=False, max_bytes=max_body)
+        assert body is not None
+        try:
+            # minify once: every msgspec.Raw slice is then the stored, minified text
+            body = msgspec.json.format(body, indent=-1)
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"malformed JSON: {exc}") from None
+        req = decode(WRITE_DECODER, body)
+        res = await engine.append(
+            topic,
+            req,
+            header_key=request.headers.get("Idempotency-Key"),
+            can_admin=p.has("admin"),
+        )
+        payload: dict[str, JsonValue] = {
+            "topic": res.topic,
+            "first_seq": res.first_seq,
+            "last_seq": res.last_seq,
+        }
+        if query_bool("return_seqs", True):
+            payload["seqs"] = list(range(res.first_seq, res.last_seq + 1))
+        payload["head_seq"] = res.head_seq
+        payload["count"] = res.count
+        payload["created"] = res.created
+        payload["deduped"] = res.deduped
+        return json_response(
+            payload, 201 if res.created else 200, {"fsync_ms": round(res.fsync_ms, 3)}
+        )
+
+    @app.route("/v0/topics/<topic>/diff", methods=["POST"])
+    async def diff(topic: str) -> Response:
+        principal().require("read", topic)
+        body = await read_body(empty_ok=True, max_bytes=max_body)
+        req = DiffIn() if body is None else decode(DIFF_DECODER, body)
+        t, res = await engine.diff(topic, req)
+        tomb = b"null" if res.tombstone is None else orjson.dumps(res.tombstone.to_wire())
+        perf = orjson.dumps(performance({"records_scanned": res.scanned}))
+        out = b"".join(
+            (
+                b'{"topic":',
+                t.name_json,
+                b',"records":[',
+                b",".join(res.records),
+                b'],"next_from_seq":%d,"head_seq":%d,"earliest_seq":%d,"caught_up":%s,'
+                % (
+                    res.next_from_seq,
+                    res.head_seq,
+                    res.earliest_seq,
+                    b"true" if res.caught_up else b"false",
+                ),
+                b'"tombstone":',
+                tomb,
+                b',"lag":%d,"performance":' % res.lag,
+                perf,
+                b"}",
+            )
+        )
+        return raw_json_response(out)
+
+    @app.route("/v0/topics/<topic>/delete", methods=["POST"])
+    async def delete_records(topic: str) -> Response:
+        principal().require("delete", topic)
+        body = await read_body(empty_ok=False, max_bytes=max_body)
+        assert body is not None
+        req = decode(DELETE_DECODER, body)
+        check_topic_name(topic)
+        res = await engine.delete_records(topic, req)
+        t = res.topic
+        payload: dict[str, JsonValue] = {
+            "topic": t.name,
+            "deleted": res.deleted,
+            "earliest_seq": t.earliest_seq,
+            "head_seq": t.head_seq,
+            "count": t.count,
+            "bytes": t.bytes,
+        }
+        match = parse_match(req.match)
+        if match is not None:
+            payload["match"] = cast("JsonValue", canonical_match(match))
+        if req.before_seq is not None:
+            payload["before_seq"] = req.before_seq
+        return json_response(payload)

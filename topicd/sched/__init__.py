@@ -1,0 +1,1 @@
+"""Delivery scheduling: effective priority (and, later, the banded DWRR and the governor)."""

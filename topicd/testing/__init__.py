@@ -1,0 +1,1 @@
+"""Test doubles and harnesses shipped with topicd (used by tests/ and bench/)."""

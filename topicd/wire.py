@@ -1,0 +1,149 @@
+"""Typed request bodies of the `/v0` surface, decoded by msgspec.
+
+These structs are plain data shared by `http/` (which decodes them) and `engine/` (which
+acts on them); nothing here does I/O. Decoding rules (README §3):
+
+* unknown keys are skipped, wrong types are `400 invalid_request`;
+* integers are strict: a float, bool, negative (for unsigned) or out-of-type value fails;
+  u64 upper bounds are checked after decoding (`check_u64`), because msgspec constraints
+  stop at int64;
+* `data` and `meta` are kept as `msgspec.Raw`: the client's exact JSON text. The whole body
+  is minified once before decoding, so every `Raw` slice is already minified with every
+  literal untouched (big integers, `1.10`, `1e400`, string escapes).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from topicd.errors import InvalidRequest
+
+U64_MAX: Final = 2**64 - 1
+I32_MIN: Final = -(2**31)
+I32_MAX: Final = 2**31 - 1
+
+U64 = Annotated[int, msgspec.Meta(ge=0)]
+U32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
+I32 = Annotated[int, msgspec.Meta(ge=I32_MIN, le=I32_MAX)]
+
+UNSET = msgspec.UNSET
+UnsetType = msgspec.UnsetType
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
+_ROUTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:>-]{0,254}")
+
+
+def valid_topic_name(name: str) -> bool:
+    """`^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$`, case-sensitive, ASCII only."""
+    return _TOPIC_NAME.fullmatch(name) is not None
+
+
+def valid_router_name(name: str) -> bool:
+    return _ROUTER_NAME.fullmatch(name) is not None
+
+
+def check_topic_name(name: str, field: str = "topic") -> None:
+    if not valid_topic_name(name):
+        raise InvalidRequest(
+            f"invalid {field} name {name[:300]!r}: 1-255 characters of [A-Za-z0-9._:-], "
+            "starting with a letter or digit",
+            {field: name[:300]},
+        )
+
+
+def check_u64(value: int, path: str) -> int:
+    if value > U64_MAX:
+        raise InvalidRequest(f"{path}: {value} is out of the u64 range", {"field": path})
+    return value
+
+
+class TopicConfigIn(msgspec.Struct, omit_defaults=True):
+    """The Topic config object as sent (README §10). Omitted fields take defaults."""
+
+    type: Literal["log", "queue"] = "log"
+    ttl_ms: U64 = 0
+    cap_records: U64 = 0
+    cap_bytes: U64 = 0
+    discard: Literal["old", "reject"] = "old"
+    durable: bool | UnsetType = UNSET
+    durability: Literal["ephemeral", "memory", "disk", "fsync"] | UnsetType = UNSET
+    priority: I32 | None = None
+    auto_priority: bool = True
+    auto_create: bool = True
+    idempotency_window_ms: U64 = 120000
+    dedupe_node: bool = True
+    lease_ms: U64 = 30000
+    claim_jitter_ms: U64 = 0
+    max_deliveries: U64 = 0
+    dead_letter: str | None = None
+    leases_durable: bool = False
+
+    def check(self, path: str = "config") -> None:
+        for name in (
+            "ttl_ms",
+            "cap_records",
+            "cap_bytes",
+            "idempotency_window_ms",
+            "lease_ms",
+            "claim_jitter_ms",
+            "max_deliveries",
+        ):
+            check_u64(getattr(self, name), f"{path}.{name}")
+
+
+class RecordIn(msgspec.Struct, array_like=False):
+    """One element of `records` in `POST /v0/topics/:topic`."""
+
+    data: msgspec.Raw
+    tag: str | None = None
+    node: str | None = None
+    meta: msgspec.Raw | UnsetType = UNSET
+    priority: I32 | None = None
+
+
+class WriteIn(msgspec.Struct):
+    """`POST /v0/topics/:topic` body (api-topics §6.1)."""
+
+    records: list[RecordIn]
+    node: str | None = None
+    priority: I32 = 0
+    idempotency_key: str | None = None
+    create: bool | None = None
+    config: TopicConfigIn | None = None
+    disable_backpressure: bool = False
+
+
+class DiffIn(msgspec.Struct):
+    """`POST /v0/topics/:topic/diff` body (api-topics §7.1)."""
+
+    from_seq: U64 = 0
+    limit: U32 = 0
+    node: str | list[str] | None = None
+    include_tags: bool = False
+    include_meta: bool = True
+    wait_ms: U32 = 0
+    max_batch_bytes: U64 = 0
+
+    def check(self) -> None:
+        check_u64(self.from_seq, "from_seq")
+        check_u64(self.max_batch_bytes, "max_batch_bytes")
+
+
+class DeleteIn(msgspec.Struct):
+    """`POST /v0/topics/:topic/delete` body (api-topics §10.1)."""
+
+    before_seq: U64 | None = None
+    match: str | list[str] | None = None
+
+    def check(self) -> None:
+        if self.before_seq is not None:
+            check_u64(self.before_seq, "before_seq")
+
+
+WRITE_DECODER: Final = msgspec.json.Decoder(WriteIn)
+DIFF_DECODER: Final = msgspec.json.Decoder(DiffIn)
+DELETE_DECODER: Final = msgspec.json.Decoder(DeleteIn)
+CONFIG_DECODER: Final = msgspec.json.Decoder(TopicConfigIn)
