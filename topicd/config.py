@@ -667,6 +667,30 @@ def _render_section(lines: list[str], obj: object, prefix: str, redact: bool) ->
         lines.append(f"{f.name} = {_toml_value(value)}")
 
 
+def markdown_table() -> str:
+    """Every key as a Markdown table (embedded in docs/configuration.md; a test compares)."""
+    rows = ["| Key | Default | Environment | Meaning |", "|---|---|---|---|"]
+
+    def walk(obj: object, prefix: str) -> None:
+        for f in _fields(type(obj)):
+            value = getattr(obj, f.name)
+            if "section" in f.metadata:
+                walk(value, f"{prefix}{f.name}.")
+                continue
+            if "tables" in f.metadata:
+                rows.append(f"| `[[{prefix}{f.name}]]` | — | — | Pre-hashed key tables. |")
+                continue
+            spec = f.metadata["key"]
+            assert isinstance(spec, KeySpec)
+            path = prefix + f.name
+            env = ", ".join(f"`{e}`" for e in env_names(path, spec))
+            comment = spec.comment.replace("|", "\\|")
+            rows.append(f"| `{path}` | `{_toml_value(value)}` | {env} | {comment} |")
+
+    walk(DEFAULT, "")
+    return "\n".join(rows) + "\n"
+
+
 def _redact_entry(entry: object) -> str:
     text = str(entry)
     _, sep, rest = text.partition(":")
@@ -696,6 +720,17 @@ def contract_warnings(cfg: Config) -> list[str]:
             "(query strings leak into logs and history)"
         )
     return out
+
+
+def read_api_keys_file(auth: AuthConfig) -> list[str]:
+    """Lines of `auth.api_keys_file` (read once at start-up, before the event loop runs)."""
+    if not auth.api_keys_file:
+        return []
+    path = Path(auth.api_keys_file)
+    try:
+        return path.read_text("utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"auth.api_keys_file: cannot read {path}: {exc.strerror}") from None
 
 
 def hash_secret(secret: str) -> str:

@@ -238,7 +238,11 @@ class Topic:
     # ---- retention --------------------------------------------------------------------
 
     def enforce(self, now_ms: int) -> int:
-        """Apply TTL and caps (`discard:"old"`); return the payload bytes freed."""
+        """Apply TTL, and caps on `discard:"old"` topics; return the payload bytes freed.
+
+        Caps never evict on a `discard:"reject"` topic (a tightened cap refuses new writes
+        with `422 topic_full` instead: topicd decision, docs/decisions.md).
+        """
         cfg = self.config
         freed = 0
         if cfg.ttl_ms > 0 and self.count:
@@ -249,6 +253,8 @@ class Topic:
                 if rec.ts >= limit_ts:
                     break
                 freed += self._evict_front(rec, "ttl")
+        if cfg.discard != "old":
+            return freed
         if cfg.cap_records > 0:
             while self.count > cfg.cap_records:
                 rec = self.records[self.earliest_seq - self.base]

@@ -58,7 +58,8 @@ def prepare_write(req: WriteIn, header_key: str | None, limits: ProtocolConfig) 
             f"{n} records exceed max_batch_records {limits.max_batch_records}",
             {"count": n, "max": limits.max_batch_records},
         )
-    key = req.idempotency_key if req.idempotency_key is not None else header_key
+    # the body field wins over the header; an empty key identifies nothing (absent)
+    key = req.idempotency_key or header_key or None
     if key is not None and _utf8_len(key) > limits.max_idempotency_key_bytes:
         raise InvalidRequest(
             f"idempotency_key is longer than {limits.max_idempotency_key_bytes} bytes",

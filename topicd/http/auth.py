@@ -15,10 +15,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
-from topicd.config import AuthConfig, ConfigError
+from topicd.config import AuthConfig, ConfigError, read_api_keys_file
 from topicd.errors import Forbidden
 
 ALL_SCOPES: Final = frozenset({"read", "write", "delete", "admin"})
@@ -120,18 +119,10 @@ class KeyStore:
         for i, raw in enumerate(auth.api_keys):
             if raw.strip():
                 entries.append(parse_key_entry(raw, f"auth.api_keys[{i}]"))
-        if auth.api_keys_file:
-            path = Path(auth.api_keys_file)
-            try:
-                text = path.read_text("utf-8")
-            except OSError as exc:
-                raise ConfigError(
-                    f"auth.api_keys_file: cannot read {path}: {exc.strerror}"
-                ) from None
-            for lineno, line in enumerate(text.splitlines(), 1):
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    entries.append(parse_key_entry(line, f"auth.api_keys_file line {lineno}"))
+        for lineno, line in enumerate(read_api_keys_file(auth), 1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                entries.append(parse_key_entry(line, f"auth.api_keys_file line {lineno}"))
         for i, hk in enumerate(auth.key):
             where = f"auth.key[{i}]"
             scopes = parse_scopes("+".join(hk.scopes), where)

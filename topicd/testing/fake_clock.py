@@ -18,7 +18,7 @@ class FakeWallClock:
         self.offset_ms = 0
 
     def now_ms(self) -> int:
-        return self.epoch0_ms + int((trio.current_time() - self.t0) * 1000) + self.offset_ms
+        return self.epoch0_ms + round((trio.current_time() - self.t0) * 1000) + self.offset_ms
 
     def jump(self, ms: int) -> None:
         self.offset_ms += ms
