@@ -1,14 +1,20 @@
-"""Core value types: the resolved topic config and the stored record.
+"""Core value types: the resolved topic config and the stored record's encoding.
 
-A `Record` is immutable once published. It keeps the client's exact JSON text and one
-pre-encoded rendering of itself in the default read projection (`$seq`, `$ts`, `$node`,
-`$priority`, `meta`, `data`), built once at write time; every other projection (with
-`$tag`, without `meta`, without `data`) is a cheap splice of that rendering. Reads, watch
-frames and (later) WAL frames therefore never re-encode user JSON.
+A record is stored as one `bytes` object, its JSON rendering in the default read
+projection, built once at write time:
+
+    {"$seq":7,"$ts":1767225600000[,"$node":"a"][,"$priority":3][,"meta":{..}],"data":{..}}
+
+`data` and `meta` inside it are the client's exact minified JSON text. Every other
+projection (with `$tag`, without `meta`, without `data`) is spliced from that rendering
+with `project()`, using the record's *shape*: the length of its `$node`/`$priority` part
+and of its `meta` part (both 0 for a plain record). Reads, and later watch frames and WAL
+frames, therefore never re-encode user JSON.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -20,6 +26,9 @@ if TYPE_CHECKING:
 DATA_KEY: Final = b',"data":'
 META_KEY: Final = b',"meta":'
 TAG_KEY: Final = b',"$tag":'
+_HEAD: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":\d+')
+
+Shape = tuple[int, int]  # (length of the $node/$priority part, length of the meta part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,85 +78,35 @@ class TopicConfig:
         }
 
 
-class Record:
-    """One stored record.
-
-    Attributes:
-        seq, ts: `$seq` and `$ts`.
-        size: payload bytes for caps and quotas: len(minified data) + len(minified meta).
-        tag, node: writer's tag and origin node, or None.
-        priority: job priority (topicd extension), 0 when unset.
-        enc: the record object in the default projection, e.g.
-            `{"$seq":7,"$ts":1767225600000,"$node":"a","meta":{..},"data":{..}}`.
-        pre_len: length of the `{"$seq":..,"$ts":..[,"$node"][,"$priority"]` head of `enc`.
-        data_off: offset of `,"data":` in `enc` (== pre_len when there is no meta).
-    """
-
-    __slots__ = ("data_off", "enc", "node", "pre_len", "priority", "seq", "size", "tag", "ts")
-
-    def __init__(
-        self,
-        seq: int,
-        ts: int,
-        size: int,
-        tag: str | None,
-        node: str | None,
-        priority: int,
-        enc: bytes,
-        pre_len: int,
-        data_off: int,
-    ) -> None:
-        self.seq = seq
-        self.ts = ts
-        self.size = size
-        self.tag = tag
-        self.node = node
-        self.priority = priority
-        self.enc = enc
-        self.pre_len = pre_len
-        self.data_off = data_off
-
-    @property
-    def data(self) -> bytes:
-        """The stored `data` JSON text."""
-        return self.enc[self.data_off + len(DATA_KEY) : -1]
-
-    @property
-    def meta(self) -> bytes | None:
-        """The stored `meta` JSON text, or None."""
-        if self.data_off == self.pre_len:
-            return None
-        return self.enc[self.pre_len + len(META_KEY) : self.data_off]
-
-    def render(self, include_tags: bool, include_meta: bool, include_data: bool = True) -> bytes:
-        """The record object in the requested projection (api-topics §7.3)."""
-        enc = self.enc
-        if include_meta and include_data and (not include_tags or self.tag is None):
-            return enc
-        parts = [enc[: self.pre_len]]
-        if include_tags and self.tag is not None:
-            parts.append(TAG_KEY + orjson.dumps(self.tag))
-        if include_meta:
-            parts.append(enc[self.pre_len : self.data_off])
-        parts.append(enc[self.data_off :] if include_data else b"}")
-        return b"".join(parts)
+def offsets(enc: bytes, shape: Shape | None) -> tuple[int, int]:
+    """(end of the `$seq`/`$ts`/`$node`/`$priority` head, offset of `,"data":`)."""
+    m = _HEAD.match(enc)
+    assert m is not None
+    pre_len = m.end() + (shape[0] if shape else 0)
+    return pre_len, pre_len + (shape[1] if shape else 0)
 
 
-def encode_record(
-    seq: int,
-    ts: int,
-    node_json: bytes | None,
-    priority: int,
-    meta: bytes | None,
-    data: bytes,
-) -> tuple[bytes, int, int]:
-    """Build `(enc, pre_len, data_off)` for a record (see `Record`)."""
-    pre = b'{"$seq":%d,"$ts":%d' % (seq, ts)
-    if node_json is not None:
-        pre += b',"$node":' + node_json
-    if priority:
-        pre += b',"$priority":%d' % priority
-    if meta is None:
-        return pre + DATA_KEY + data + b"}", len(pre), len(pre)
-    head = pre + META_KEY + meta
-    return head + DATA_KEY + data + b"}", len(pre), len(head)
+def project(
+    enc: bytes,
+    shape: Shape | None,
+    tag: str | None,
+    include_tags: bool,
+    include_meta: bool,
+    include_data: bool = True,
+) -> bytes:
+    """A stored record in the requested projection (api-topics §7.3)."""
+    pre_len, data_off = offsets(enc, shape)
+    parts = [enc[:pre_len]]
+    if include_tags and tag is not None:
+        parts.append(TAG_KEY + orjson.dumps(tag))
+    if include_meta:
+        parts.append(enc[pre_len:data_off])
+    parts.append(enc[data_off:] if include_data else b"}")
+    return b"".join(parts)
+
+
+def split(enc: bytes, shape: Shape | None) -> tuple[bytes, bytes | None]:
+    """The stored `(data, meta)` JSON texts of a record."""
+    pre_len, data_off = offsets(enc, shape)
+    meta = enc[pre_len + len(META_KEY) : data_off] if data_off > pre_len else None
+    return enc[data_off + len(DATA_KEY) : -1], meta

@@ -26,25 +26,39 @@ if TYPE_CHECKING:
 
     from topicd.engine.idempotency import IdemEntry
     from topicd.engine.topic import Topic
+    from topicd.engine.writes import PreparedWrite
     from topicd.errors import TopicdError
-    from topicd.model import Record
 
 _T = TypeVar("_T")
 
 
 @dataclass(eq=False, slots=True)
 class AppendBatch:
-    """One write request's records: committed atomically or not at all."""
+    """One write request's records: committed atomically or not at all.
+
+    `encs` are the records' stored JSON texts for seqs `first_seq ..`; `prepared` keeps
+    their sizes and sparse extras (tags, nodes, priorities, shapes).
+    """
 
     topic: Topic
-    records: list[Record]
-    nbytes: int
+    first_seq: int
+    ts: int
+    encs: list[bytes]
+    prepared: PreparedWrite
     idem_key: str | None = None
     idem: IdemEntry | None = None
     durability: str = "disk"
     head_after: int = 0  # topic head right after this batch published
     fsync_ms: float = 0.0
     completion: Completion = field(default_factory=lambda: Completion())
+
+    @property
+    def count(self) -> int:
+        return len(self.encs)
+
+    @property
+    def nbytes(self) -> int:
+        return self.prepared.nbytes
 
 
 class Completion:

@@ -24,7 +24,7 @@ import trio
 from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
 from topicd.engine.idempotency import IdempotencyStore
 from topicd.engine.topic import ReadResult, Topic
-from topicd.engine.writes import PreparedWrite, build_records, prepare_write
+from topicd.engine.writes import PreparedWrite, encode_batch, prepare_write
 from topicd.errors import (
     Forbidden,
     InvalidRequest,
@@ -416,8 +416,8 @@ class Engine:
         await batch.completion.wait()
         return WriteResult(
             name,
-            batch.records[0].seq,
-            len(batch.records),
+            batch.first_seq,
+            batch.count,
             batch.head_after,
             created,
             False,
@@ -449,7 +449,7 @@ class Engine:
         """Steps 7-8 of api-topics §6.2 (synchronous)."""
         self._enforce(topic, now)
         cfg = topic.config
-        n = len(prepared.records)
+        n = prepared.count
         nbytes = prepared.nbytes
         if cfg.discard == "reject" and (cfg.cap_records or cfg.cap_bytes):
             if (cfg.cap_records and n > cfg.cap_records) or (
@@ -486,15 +486,21 @@ class Engine:
         key = prepared.idempotency_key
         entry = self.idem.begin(topic.topic_id, key, now) if key is not None else None
         first = topic.next_seq
-        n = len(prepared.records)
+        n = prepared.count
         ts = topic.stamp(now)
-        records = build_records(prepared, first, ts)
         topic.next_seq = first + n
         topic.pending_records += n
         topic.pending_bytes += prepared.nbytes
         self.pending_bytes += prepared.nbytes
         batch = AppendBatch(
-            topic, records, prepared.nbytes, key, entry, durability=topic.config.durability
+            topic,
+            first,
+            ts,
+            encode_batch(prepared, first, ts),
+            prepared,
+            key,
+            entry,
+            durability=topic.config.durability,
         )
         self.commit.submit(batch)
         return batch
@@ -502,16 +508,27 @@ class Engine:
     def _publish(self, batch: AppendBatch) -> None:
         """Commit-path callback: make a committed batch visible (in seq order)."""
         topic = batch.topic
-        n = len(batch.records)
+        p = batch.prepared
+        n = batch.count
         topic.pending_records -= n
-        topic.pending_bytes -= batch.nbytes
-        self.pending_bytes -= batch.nbytes
+        topic.pending_bytes -= p.nbytes
+        self.pending_bytes -= p.nbytes
         assert not topic.deleted
-        topic.publish(batch.records)
-        self.total_bytes += batch.nbytes
-        ts = batch.records[0].ts
-        topic.last_write_ts = ts
-        self._enforce(topic, self.clock.now_ms())
+        topic.publish(
+            batch.first_seq,
+            batch.ts,
+            batch.encs,
+            p.sizes,
+            p.nbytes,
+            p.tags,
+            p.nodes,
+            p.prios,
+            p.shapes,
+        )
+        self.total_bytes += p.nbytes
+        topic.last_write_ts = batch.ts
+        now = self.clock.now_ms()
+        self._enforce(topic, now)
         batch.head_after = topic.head_seq
         if batch.idem is not None:
             assert batch.idem_key is not None
@@ -519,11 +536,11 @@ class Engine:
                 topic.topic_id,
                 batch.idem_key,
                 batch.idem,
-                first_seq=batch.records[0].seq,
+                first_seq=batch.first_seq,
                 count=n,
                 head_seq=topic.head_seq,
-                expires_ms=ts + topic.config.idempotency_window_ms,
-                now_ms=self.clock.now_ms(),
+                expires_ms=batch.ts + topic.config.idempotency_window_ms,
+                now_ms=now,
             )
 
     # ------------------------------------------------------------------------------------

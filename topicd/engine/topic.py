@@ -1,9 +1,16 @@
 """One topic instance: its log, watermarks, tag index, retention and the diff walk.
 
-Everything here is synchronous and owned by the event-loop thread. The log is a Python list
-of slots indexed by `seq - base` (O(1) lookup by seq); a slot holds the `Record` or `None`
-once the record was deleted, evicted or expired. Slots below `earliest_seq` are all dead
-and are trimmed from the list in bulk (amortized O(1) per record).
+Everything here is synchronous and owned by the event-loop thread. The log is stored in
+columns indexed by `seq - base` (O(1) lookup by seq, no Python object per record):
+
+* `encs`: the record's stored JSON (`model` docstring), or `None` once the record was
+  deleted, evicted or expired;
+* `ts` / `sizes`: compact arrays of `$ts` and payload size;
+* sparse maps by seq for the extras only some records have: `tags`, `nodes`, `prios` and
+  `shapes` (see `model.project`).
+
+Slots below `earliest_seq` are all dead and are trimmed from the columns in bulk
+(amortized O(1) per record).
 
 Watermarks (api-topics §1, §8.2):
 
@@ -21,14 +28,19 @@ lies below `evict_floor` (topicd decision; docs/decisions.md).
 from __future__ import annotations
 
 import bisect
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import trio
 
+from topicd.model import project
+
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from topicd.errors import JsonValue
-    from topicd.model import Record, TopicConfig
+    from topicd.model import Shape, TopicConfig
 
 _RUNS_MAX: Final = 64
 
@@ -148,13 +160,14 @@ class TagIndex:
     def needs_rebuild(self) -> bool:
         return self.stale > 1024 and self.stale > self.live
 
-    def rebuild(self, live: list[tuple[str, int]]) -> None:
+    def rebuild(self, live: Iterable[tuple[int, str]]) -> None:
+        """Rebuild from the live `(seq, tag)` pairs, in ascending seq order."""
         self._by_tag = {}
         self._sorted = []
         self._new_tags = []
         self.live = 0
         self.stale = 0
-        for tag, seq in live:
+        for seq, tag in live:
             self.add(tag, seq)
 
     def exact(self, tag: str) -> list[int]:
@@ -185,8 +198,14 @@ class Topic:
         self.name_json = name_json
         self.topic_id = topic_id
         self.config = config
-        self.records: list[Record | None] = []
-        self.base = 1  # seq of records[0]
+        self.encs: list[bytes | None] = []
+        self.ts = array("q")
+        self.sizes = array("I")
+        self.tags: dict[int, str] = {}
+        self.nodes: dict[int, str] = {}
+        self.prios: dict[int, int] = {}
+        self.shapes: dict[int, Shape] = {}
+        self.base = 1  # seq of encs[0]
         self.head_seq = 0
         self.next_seq = 1
         self.earliest_seq = 1
@@ -198,18 +217,24 @@ class Topic:
         self.last_read_ts: int | None = None
         self.pending_records = 0
         self.pending_bytes = 0
-        self.tags = TagIndex()
+        self.tag_index = TagIndex()
         self.evictions = EvictionRuns()
         self.deleted = False
         self._wakeup: trio.Event | None = None
 
     # ---- lookup -------------------------------------------------------------------------
 
-    def get(self, seq: int) -> Record | None:
-        """The live record with this seq, or None."""
+    def live(self, seq: int) -> bool:
+        return self.earliest_seq <= seq <= self.head_seq and self.encs[seq - self.base] is not None
+
+    def enc(self, seq: int) -> bytes | None:
+        """The stored JSON of the live record `seq`, or None."""
         if seq < self.earliest_seq or seq > self.head_seq:
             return None
-        return self.records[seq - self.base]
+        return self.encs[seq - self.base]
+
+    def size(self, seq: int) -> int:
+        return self.sizes[seq - self.base]
 
     # ---- write side -------------------------------------------------------------------
 
@@ -219,20 +244,45 @@ class Topic:
         self.last_ts = ts
         return ts
 
-    def publish(self, records: list[Record]) -> None:
-        """Make a committed batch visible (called only by the commit path, in seq order)."""
-        assert records
-        assert records[0].seq == self.head_seq + 1, (records[0].seq, self.head_seq)
-        self.records.extend(records)
-        added = 0
-        tags = self.tags
-        for rec in records:
-            added += rec.size
-            if rec.tag is not None:
-                tags.add(rec.tag, rec.seq)
-        self.head_seq = records[-1].seq
-        self.count += len(records)
-        self.bytes += added
+    def publish(
+        self,
+        first_seq: int,
+        ts: int,
+        encs: list[bytes],
+        sizes: list[int],
+        nbytes: int,
+        tags: dict[int, str],
+        nodes: dict[int, str],
+        prios: dict[int, int],
+        shapes: dict[int, Shape],
+    ) -> None:
+        """Make a committed batch visible (called only by the commit path, in seq order).
+
+        The extras maps are keyed by the record's index in the batch.
+        """
+        n = len(encs)
+        assert n > 0
+        assert first_seq == self.head_seq + 1, (first_seq, self.head_seq)
+        self.encs.extend(encs)
+        self.ts.extend([ts] * n)
+        self.sizes.extend(sizes)
+        if tags:
+            index = self.tag_index
+            for i, tag in tags.items():
+                self.tags[first_seq + i] = tag
+                index.add(tag, first_seq + i)
+        if nodes:
+            for i, node in nodes.items():
+                self.nodes[first_seq + i] = node
+        if prios:
+            for i, prio in prios.items():
+                self.prios[first_seq + i] = prio
+        if shapes:
+            for i, shape in shapes.items():
+                self.shapes[first_seq + i] = shape
+        self.head_seq = first_seq + n - 1
+        self.count += n
+        self.bytes += nbytes
         self.wake()
 
     # ---- retention --------------------------------------------------------------------
@@ -247,51 +297,58 @@ class Topic:
         freed = 0
         if cfg.ttl_ms > 0 and self.count:
             limit_ts = now_ms - cfg.ttl_ms  # expired iff now - ts > ttl  ⇔  ts < limit_ts
-            while self.count:
-                rec = self.records[self.earliest_seq - self.base]
-                assert rec is not None
-                if rec.ts >= limit_ts:
-                    break
-                freed += self._evict_front(rec, "ttl")
-        if cfg.discard != "old":
-            return freed
-        if cfg.cap_records > 0:
-            while self.count > cfg.cap_records:
-                rec = self.records[self.earliest_seq - self.base]
-                assert rec is not None
-                freed += self._evict_front(rec, "cap")
-        if cfg.cap_bytes > 0:
-            while self.bytes > cfg.cap_bytes and self.count:
-                rec = self.records[self.earliest_seq - self.base]
-                assert rec is not None
-                freed += self._evict_front(rec, "cap")
+            ts = self.ts
+            while self.count and ts[self.earliest_seq - self.base] < limit_ts:
+                freed += self._evict_front("ttl")
+        if cfg.discard == "old":
+            if cfg.cap_records > 0:
+                while self.count > cfg.cap_records:
+                    freed += self._evict_front("cap")
+            if cfg.cap_bytes > 0:
+                while self.bytes > cfg.cap_bytes and self.count:
+                    freed += self._evict_front("cap")
+        if freed:
+            self._tidy_tag_index()
         return freed
 
-    def _evict_front(self, rec: Record, reason: str) -> int:
-        seq = rec.seq
+    def _evict_front(self, reason: str) -> int:
+        seq = self.earliest_seq
+        assert self.encs[seq - self.base] is not None
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
-        self._kill(rec)
+        size = self._kill(seq)
         self._advance_earliest()
-        return rec.size
+        return size
 
     # ---- deletes ----------------------------------------------------------------------
 
-    def _kill(self, rec: Record) -> None:
-        self.records[rec.seq - self.base] = None
+    def _kill(self, seq: int) -> int:
+        """Remove the live record `seq`; return its size."""
+        i = seq - self.base
+        self.encs[i] = None
+        size = self.sizes[i]
         self.count -= 1
-        self.bytes -= rec.size
-        if rec.tag is not None:
-            self.tags.removed()
+        self.bytes -= size
+        if self.tags and self.tags.pop(seq, None) is not None:
+            self.tag_index.removed()
+        if self.nodes:
+            self.nodes.pop(seq, None)
+        if self.prios:
+            self.prios.pop(seq, None)
+        if self.shapes:
+            self.shapes.pop(seq, None)
+        return size
 
     def _advance_earliest(self) -> None:
-        seq, head, base, records = self.earliest_seq, self.head_seq, self.base, self.records
-        while seq <= head and records[seq - base] is None:
+        seq, head, base, encs = self.earliest_seq, self.head_seq, self.base, self.encs
+        while seq <= head and encs[seq - base] is None:
             seq += 1
         self.earliest_seq = seq
         dead = seq - base
-        if dead > 4096 and dead * 2 > len(records):
-            del records[:dead]
+        if dead > 4096 and dead * 2 > len(encs):
+            del encs[:dead]
+            del self.ts[:dead]
+            del self.sizes[:dead]
             self.base = seq
 
     def delete_records(
@@ -303,42 +360,35 @@ class Topic:
             hi = min(hi, before_seq - 1)
         deleted = 0
         freed = 0
+        encs, base = self.encs, self.base
         if match is None:
             for seq in range(self.earliest_seq, hi + 1):
-                rec = self.records[seq - self.base]
-                if rec is not None:
-                    self._kill(rec)
+                if encs[seq - base] is not None:
+                    freed += self._kill(seq)
                     deleted += 1
-                    freed += rec.size
         else:
             op, value = match
-            lists = [self.tags.exact(value)] if op == "Eq" else self.tags.prefix(value)
+            index = self.tag_index
+            lists = [index.exact(value)] if op == "Eq" else index.prefix(value)
+            tags = self.tags
             for seqs in lists:
-                # seqs ascend: stop at the bound
-                end = bisect.bisect_right(seqs, hi)
-                for seq in seqs[bisect.bisect_left(seqs, self.earliest_seq) : end]:
-                    rec = self.records[seq - self.base]
-                    if rec is None or rec.tag is None:
+                # seqs ascend: only the part inside [earliest_seq, hi] can be live
+                lo_i = bisect.bisect_left(seqs, self.earliest_seq)
+                hi_i = bisect.bisect_right(seqs, hi)
+                for seq in seqs[lo_i:hi_i]:
+                    tag = tags.get(seq)
+                    if tag is None or (op == "Eq" and tag != value):
                         continue
-                    if op == "Eq" and rec.tag != value:
-                        continue
-                    self._kill(rec)
+                    freed += self._kill(seq)
                     deleted += 1
-                    freed += rec.size
         if deleted:
             self._advance_earliest()
-            self._maybe_rebuild_tags()
+            self._tidy_tag_index()
         return deleted, freed
 
-    def _maybe_rebuild_tags(self) -> None:
-        if not self.tags.needs_rebuild():
-            return
-        live = [
-            (rec.tag, rec.seq)
-            for rec in self.records[self.earliest_seq - self.base :]
-            if rec is not None and rec.tag is not None
-        ]
-        self.tags.rebuild(live)
+    def _tidy_tag_index(self) -> None:
+        if self.tag_index.needs_rebuild():
+            self.tag_index.rebuild(self.tags.items())  # insertion order is seq order
 
     # ---- read side --------------------------------------------------------------------
 
@@ -368,26 +418,36 @@ class Topic:
             cursor = max(earliest - 1, from_seq)
         else:
             cursor = from_seq
-        next_from = cursor
         scanned = 0
         if cursor < earliest - 1:
             # everything below earliest_seq is dead: skip it in O(1)
             scanned = earliest - 1 - cursor
-            next_from = cursor = earliest - 1
+            cursor = earliest - 1
         out: list[bytes] = []
         if cursor >= head:
-            return ReadResult(out, next_from, head, earliest, tomb, scanned)
-        records = self.records
+            return ReadResult(out, cursor, head, earliest, tomb, scanned)
+        encs = self.encs
         base = self.base
-        plain = include_meta and include_data and not include_tags
+        nodes = self.nodes if node_filter is not None and self.nodes else None
+        plain = include_meta and include_data and not (include_tags and self.tags)
         end = min(head, cursor + max_scan)
         nbytes = 0
         seq = cursor
         for seq in range(cursor + 1, end + 1):
-            rec = records[seq - base]
-            if rec is None or (node_filter is not None and rec.node in node_filter):
+            enc = encs[seq - base]
+            if enc is None:
                 continue
-            enc = rec.enc if plain else rec.render(include_tags, include_meta, include_data)
+            if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
+                continue
+            if not plain:
+                enc = project(
+                    enc,
+                    self.shapes.get(seq),
+                    self.tags.get(seq),
+                    include_tags,
+                    include_meta,
+                    include_data,
+                )
             if out and nbytes + len(enc) > max_bytes:
                 seq -= 1
                 break
@@ -395,9 +455,8 @@ class Topic:
             nbytes += len(enc)
             if len(out) >= limit:
                 break
-        next_from = seq
         scanned += seq - cursor
-        return ReadResult(out, next_from, head, earliest, tomb, scanned)
+        return ReadResult(out, seq, head, earliest, tomb, scanned)
 
     # ---- waiting ------------------------------------------------------------------------
 

@@ -1,46 +1,51 @@
-"""Write validation (api-topics §6.2 steps 3-4) and record construction (step 11).
+"""Write validation (api-topics §6.2 steps 3-4) and record encoding (step 11).
 
 `prepare_write` checks a decoded `WriteIn` against the protocol limits before any topic is
-touched, and turns each record into the exact bytes it will be stored as. `build_records`
-later stamps seqs and `$ts` and encodes each record once (`model.encode_record`).
-The per-record loop is the hot path of batched writes, so it avoids per-record function
-calls and encodes each distinct `node` once per batch.
+touched and renders each record's *tail* once: everything of its stored JSON after `$ts`
+(`[,"$node":..][,"$priority":..][,"meta":..],"data":..}`). `encode_batch` later prefixes
+each tail with its seq and the batch's `$ts`. This per-record loop is the hot path of
+batched writes: plain records (no tag, node, meta or priority) take a one-line fast path,
+and the per-record extras are kept in sparse maps (record index → value).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import msgspec
 import orjson
 
 from topicd.errors import BatchTooLarge, InvalidRequest, RecordTooLarge
-from topicd.model import Record, encode_record
-from topicd.wire import UNSET, WriteIn
+from topicd.model import DATA_KEY, META_KEY, Shape
+from topicd.wire import UNSET, RecordIn, WriteIn
 
 if TYPE_CHECKING:
     from topicd.config import ProtocolConfig
 
 _META_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-@dataclass(slots=True)
-class PreparedRecord:
-    data: bytes
-    meta: bytes | None
-    tag: str | None
-    node_json: bytes | None
-    node: str | None
-    priority: int
-    size: int
+_PLAIN_OVERHEAD: Final = len(DATA_KEY) + 1  # ,"data": ... }
 
 
 @dataclass(slots=True)
 class PreparedWrite:
-    records: list[PreparedRecord]
+    """A validated batch, ready to be stamped.
+
+    The extras are sparse: record index → value, only for records that have one.
+    """
+
+    tails: list[bytes]
+    sizes: list[int]
     nbytes: int
     idempotency_key: str | None
+    tags: dict[int, str] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    prios: dict[int, int] = field(default_factory=dict)
+    shapes: dict[int, Shape] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.tails)
 
 
 def _utf8_len(text: str) -> int:
@@ -65,64 +70,100 @@ def prepare_write(req: WriteIn, header_key: str | None, limits: ProtocolConfig) 
             f"idempotency_key is longer than {limits.max_idempotency_key_bytes} bytes",
             {"field": "idempotency_key", "max": limits.max_idempotency_key_bytes},
         )
-    max_tag = limits.max_tag_bytes
-    max_node = limits.max_node_bytes
-    max_meta = limits.max_meta_bytes
-    max_meta_keys = limits.max_meta_keys
     max_record = limits.max_record_bytes
     batch_node = req.node
     batch_prio = req.priority
-    node_cache: dict[str, bytes] = {}
-    out: list[PreparedRecord] = []
+    tails: list[bytes] = []
+    sizes: list[int] = []
+    out = PreparedWrite(tails, sizes, 0, key)
+    node_json: dict[str, bytes] = {}
     total = 0
     for i, r in enumerate(recs):
-        data = bytes(r.data)
-        meta: bytes | None = None
-        if r.meta is not UNSET:
-            meta = bytes(r.meta)
-            if meta == b"null":
-                meta = None
-        tag = r.tag
-        node = r.node if r.node is not None else batch_node
-        prio = r.priority if r.priority is not None else batch_prio
-        if tag is not None and len(tag) * 4 > max_tag and _utf8_len(tag) > max_tag:
-            raise _field_error(i, "tag", f"longer than {max_tag} bytes")
-        node_json: bytes | None = None
-        if node is not None:
-            node_json = node_cache.get(node)
-            if node_json is None:
-                if len(node) * 4 > max_node and _utf8_len(node) > max_node:
-                    raise _field_error(i, "node", f"longer than {max_node} bytes")
-                node_json = node_cache[node] = orjson.dumps(node)
-        size = len(data)
-        if meta is not None:
-            if len(meta) > max_meta:
-                raise _field_error(i, "meta", f"longer than {max_meta} bytes")
-            if meta[:1] == b"{" and meta.count(b":") > max_meta_keys:
-                keys = len(_META_OBJECT.decode(meta))
-                if keys > max_meta_keys:
-                    raise _field_error(i, "meta", f"has {keys} keys, more than {max_meta_keys}")
-            size += len(meta)
+        if (
+            r.tag is None
+            and r.meta is UNSET
+            and batch_node is None
+            and r.node is None
+            and not batch_prio
+            and not r.priority
+        ):
+            tail = b',"data":%b}' % r.data
+            size = len(tail) - _PLAIN_OVERHEAD
+        else:
+            tail, size = _special(out, i, r, batch_node, batch_prio, limits, node_json)
         if size > max_record:
             raise RecordTooLarge(
                 f"record {i}: data+meta is {size} bytes, over max_record_bytes {max_record}",
                 {"index": i, "bytes": size, "max": max_record},
             )
+        tails.append(tail)
+        sizes.append(size)
         total += size
-        out.append(PreparedRecord(data, meta, tag, node_json, node, prio, size))
-    return PreparedWrite(out, total, key)
+    out.nbytes = total
+    return out
+
+
+def _special(
+    out: PreparedWrite,
+    i: int,
+    r: RecordIn,
+    batch_node: str | None,
+    batch_prio: int,
+    limits: ProtocolConfig,
+    node_json: dict[str, bytes],
+) -> tuple[bytes, int]:
+    """The slow path of one record with a tag, node, meta or priority."""
+    tag = r.tag
+    node = r.node if r.node is not None else batch_node
+    prio = r.priority if r.priority is not None else batch_prio
+    if tag is not None:
+        if len(tag) * 4 > limits.max_tag_bytes and _utf8_len(tag) > limits.max_tag_bytes:
+            raise _field_error(i, "tag", f"longer than {limits.max_tag_bytes} bytes")
+        out.tags[i] = tag
+    head = b""
+    if node is not None:
+        if len(node) * 4 > limits.max_node_bytes and _utf8_len(node) > limits.max_node_bytes:
+            raise _field_error(i, "node", f"longer than {limits.max_node_bytes} bytes")
+        enc = node_json.get(node)
+        if enc is None:
+            enc = node_json[node] = b',"$node":' + orjson.dumps(node)
+        head = enc
+        out.nodes[i] = node
+    if prio:
+        head += b',"$priority":%d' % prio
+        out.prios[i] = prio
+    meta_part = b""
+    size = 0
+    if r.meta is not UNSET:
+        meta = bytes(r.meta)
+        if meta != b"null":
+            if len(meta) > limits.max_meta_bytes:
+                raise _field_error(i, "meta", f"longer than {limits.max_meta_bytes} bytes")
+            if meta[:1] == b"{" and meta.count(b":") > limits.max_meta_keys:
+                keys = len(_META_OBJECT.decode(meta))
+                if keys > limits.max_meta_keys:
+                    raise _field_error(
+                        i, "meta", f"has {keys} keys, more than {limits.max_meta_keys}"
+                    )
+            meta_part = META_KEY + meta
+            size = len(meta)
+    tail = b'%b%b,"data":%b}' % (head, meta_part, r.data)
+    size += len(tail) - len(head) - len(meta_part) - _PLAIN_OVERHEAD
+    if head or meta_part:
+        out.shapes[i] = (len(head), len(meta_part))
+    return tail, size
 
 
 def _field_error(index: int, field: str, what: str) -> InvalidRequest:
     return InvalidRequest(f"records[{index}].{field} is {what}", {"index": index, "field": field})
 
 
-def build_records(prepared: PreparedWrite, first_seq: int, ts: int) -> list[Record]:
-    """Stamp seqs and `$ts`, encode each record once in the default projection."""
-    out: list[Record] = []
-    seq = first_seq
-    for p in prepared.records:
-        enc, pre_len, data_off = encode_record(seq, ts, p.node_json, p.priority, p.meta, p.data)
-        out.append(Record(seq, ts, p.size, p.tag, p.node, p.priority, enc, pre_len, data_off))
-        seq += 1
-    return out
+def encode_batch(prepared: PreparedWrite, first_seq: int, ts: int) -> list[bytes]:
+    """Each record's stored JSON: `{"$seq":S,"$ts":T` + its prepared tail."""
+    ts_part = b',"$ts":%d' % ts
+    return [
+        b'{"$seq":%d%b%b' % (seq, ts_part, tail)
+        for seq, tail in zip(
+            range(first_seq, first_seq + len(prepared.tails)), prepared.tails, strict=True
+        )
+    ]
