@@ -14,6 +14,7 @@ configuration error, 3 refused by the no-auth startup guard, 5 data directory lo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import logging
@@ -28,6 +29,7 @@ from topicd.config import (
     DEFAULT,
     Config,
     ConfigError,
+    check_paths,
     contract_warnings,
     hash_secret,
     is_loopback_host,
@@ -126,6 +128,12 @@ def _load(args: argparse.Namespace) -> tuple[Config, KeyStore]:
     return cfg, keys
 
 
+def _without_secrets(cfg: Config) -> Config:
+    """The config the daemon keeps: plaintext key entries dropped once hashed."""
+    entries = tuple("<redacted>" for _ in cfg.auth.api_keys)
+    return dataclasses.replace(cfg, auth=dataclasses.replace(cfg.auth, api_keys=entries))
+
+
 def _insecure(cfg: Config, keys: KeyStore) -> bool:
     """The no-auth startup guard (README §2.6)."""
     return (
@@ -144,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"topicd: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    cfg = _without_secrets(cfg)
     setup_logging(cfg)
     log = logging.getLogger("topicd")
     if _insecure(cfg, keys):
@@ -185,6 +194,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace) -> int:
     try:
         cfg, keys = _load(args)
+        check_paths(cfg)
     except ConfigError as exc:
         print(f"topicd: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

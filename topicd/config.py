@@ -19,6 +19,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,18 +140,86 @@ class AuthConfig:
 
 
 @dataclass(frozen=True)
+class SegmentsConfig:
+    max_events: int = key(
+        10000, "Seal a segment after N records.", env=_env2("SEGMENT_MAX_EVENTS"), min=1
+    )
+    max_bytes: int = key(
+        67108864, "Seal a segment after N data bytes.", env=_env2("SEGMENT_MAX_BYTES"), min=1
+    )
+    max_age_ms: int = key(
+        3600000,
+        "Seal a partial segment after this age; 0 = never by age.",
+        env=_env2("SEGMENT_MAX_AGE_MS"),
+        min=0,
+    )
+
+
+@dataclass(frozen=True)
+class TieringConfig:
+    hot_retain_segments: int = key(
+        4,
+        "Newest sealed segments kept hot (cold tier, reserved).",
+        env=_env2("HOT_RETAIN_SEGMENTS"),
+        min=0,
+    )
+    hot_retain_bytes: int = key(
+        0,
+        "Optional hot byte bound; stricter bound wins (cold tier, reserved).",
+        env=_env2("HOT_RETAIN_BYTES"),
+        min=0,
+    )
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     data_dir: str = key(
         "./topicd-data",
         "Data directory (locked: one process per directory).",
         env=_env2("DATA_DIR"),
     )
+    cold_dir: str = key(
+        "", "Cold tier root; empty = tiering off (reserved).", env=_env2("COLD_DIR")
+    )
+    wal_shards: int = key(
+        0,
+        "WAL shard count 1..8; 0 = min(CPUs, 8). May change between restarts.",
+        env=_env2("WAL_SHARDS"),
+        min=0,
+        max=8,
+    )
+    segments: SegmentsConfig = section(SegmentsConfig, "Per-topic segment files")
+    tiering: TieringConfig = section(TieringConfig, "Cold tier (reserved)")
 
 
 @dataclass(frozen=True)
 class LimitsConfig:
     max_topics: int = key(
         100000, "Topics existing at once; 0 = unlimited.", env=_env2("MAX_TOPICS"), min=0
+    )
+    max_routers: int = key(
+        10000,
+        "Routers existing at once (routers, reserved); 0 = unlimited.",
+        env=_env2("MAX_ROUTERS"),
+        min=0,
+    )
+    max_watch_sessions: int = key(
+        10000,
+        "Live watch sessions (SSE watch, reserved); 0 = unlimited.",
+        env=_env2("MAX_WATCH_SESSIONS"),
+        min=0,
+    )
+    max_sse_connections: int = key(
+        10000,
+        "Open SSE/WebSocket streams (reserved); 0 = unlimited.",
+        env=_env2("MAX_SSE_CONNECTIONS"),
+        min=0,
+    )
+    max_sse_connections_per_key: int = key(
+        1000,
+        "Open streams per key, auth on only (reserved); 0 = unlimited.",
+        env=_env2("MAX_SSE_CONNECTIONS_PER_KEY"),
+        min=0,
     )
     max_inflight_per_key: int = key(
         1000,
@@ -260,15 +329,133 @@ class ProtocolConfig:
 
 
 @dataclass(frozen=True)
+class WatchConfig:
+    max_watch_topics: int = key(
+        256,
+        "Topics per watch session (400 beyond).",
+        env=_env2("MAX_WATCH_TOPICS"),
+        min=1,
+        contract=True,
+    )
+    session_ttl_ms: int = key(
+        300000,
+        "An idle session without a stream is reclaimed after this.",
+        env=("TOPICD_SESSION_TTL_MS",),
+        min=1000,
+        contract=True,
+    )
+    default_heartbeat_ms: int = key(
+        15000,
+        "Heartbeat period when the session gives none.",
+        env=("TOPICD_DEFAULT_HEARTBEAT_MS",),
+        min=1,
+        contract=True,
+    )
+    min_heartbeat_ms: int = key(
+        1000,
+        "Heartbeat clamp, lower bound (see TOPICD_TEST_MIN_HEARTBEAT_MS).",
+        env=("TOPICD_MIN_HEARTBEAT_MS",),
+        min=1000,
+        contract=True,
+    )
+    max_heartbeat_ms: int = key(
+        60000,
+        "Heartbeat clamp, upper bound.",
+        env=("TOPICD_MAX_HEARTBEAT_MS",),
+        min=1000,
+        contract=True,
+    )
+    sse_retry_ms: int = key(
+        2000, "The SSE `retry:` value.", env=("TOPICD_SSE_RETRY_MS",), min=0, contract=True
+    )
+    slow_consumer_timeout_ms: int = key(
+        30000,
+        "A single socket write blocked this long closes the stream.",
+        env=("TOPICD_SLOW_CONSUMER_TIMEOUT_MS",),
+        min=100,
+        contract=True,
+    )
+    ws_outbound_queue: int = key(
+        4,
+        "WebSocket outbound queue, messages (reserved).",
+        env=("TOPICD_WS_OUTBOUND_QUEUE",),
+        min=1,
+        contract=True,
+    )
+
+
+@dataclass(frozen=True)
 class QueueConfig:
+    max_claim: int = key(
+        1000,
+        "Claim `max` clamp; ack/nack/extend `seqs` bound (queues, reserved).",
+        env=_env2("MAX_CLAIM"),
+        min=1,
+        contract=True,
+    )
     min_lease_ms: int = key(
-        100, "Lower clamp of a topic's `lease_ms`.", env=("TOPICD_MIN_LEASE_MS",), min=1
+        100,
+        "Lower clamp of a topic's `lease_ms`.",
+        env=("TOPICD_MIN_LEASE_MS",),
+        min=1,
+        contract=True,
     )
     max_lease_ms: int = key(
-        86400000, "Upper clamp of a topic's `lease_ms`.", env=("TOPICD_MAX_LEASE_MS",), min=1
+        86400000,
+        "Upper clamp of a topic's `lease_ms`.",
+        env=("TOPICD_MAX_LEASE_MS",),
+        min=1,
+        contract=True,
     )
     max_claim_jitter_ms: int = key(
-        5000, "Upper clamp of a topic's `claim_jitter_ms`.", env=("TOPICD_MAX_CLAIM_JITTER_MS",)
+        5000,
+        "Upper clamp of a topic's `claim_jitter_ms`.",
+        env=("TOPICD_MAX_CLAIM_JITTER_MS",),
+        min=0,
+        contract=True,
+    )
+    max_nack_delay_ms: int = key(
+        86400000,
+        "Nack `delay_ms` clamp (queues, reserved).",
+        env=("TOPICD_MAX_NACK_DELAY_MS",),
+        min=0,
+        contract=True,
+    )
+    work_heartbeat_ms: int = key(
+        15000,
+        "`/work` stream heartbeat (queues, reserved).",
+        env=("TOPICD_WORK_HEARTBEAT_MS",),
+        min=1,
+        contract=True,
+    )
+    work_poll_ms: int = key(
+        250,
+        "`/work` refill poll (queues, reserved).",
+        env=("TOPICD_WORK_POLL_MS",),
+        min=1,
+        contract=True,
+    )
+
+
+@dataclass(frozen=True)
+class RoutersConfig:
+    tick_ms: int = key(
+        50,
+        "Background forwarding sweep interval (routers, reserved).",
+        env=("TOPICD_ROUTER_TICK_MS",),
+        min=1,
+    )
+    batch: int = key(
+        1024,
+        "Max source records per router per pass (routers, reserved).",
+        env=("TOPICD_ROUTER_BATCH",),
+        min=1,
+    )
+    max_hops: int = key(
+        8,
+        "Hop cap for allow_cycle graphs (routers, reserved).",
+        env=("TOPICD_ROUTER_MAX_HOPS",),
+        min=1,
     )
 
 
@@ -324,7 +511,11 @@ class Config:
         "Protocol limits (api-ops §4.2). The defaults ARE the /v0 contract; "
         "check-config warns on any change.",
     )
-    queue: QueueConfig = section(QueueConfig, "Queue topic clamps")
+    watch: WatchConfig = section(
+        WatchConfig, "SSE watch (api-routers-watch §2; reserved until the watch lands)"
+    )
+    queue: QueueConfig = section(QueueConfig, "Queue topics")
+    routers: RoutersConfig = section(RoutersConfig, "Routers")
     scheduler: SchedulerConfig = section(SchedulerConfig, "Delivery scheduling")
     engine: EngineConfig = section(EngineConfig, "Engine housekeeping")
     logging: LoggingConfig = section(LoggingConfig, "Logging")
@@ -337,6 +528,7 @@ DEFAULT = Config()
 # Loading
 # --------------------------------------------------------------------------------------
 
+_PLAIN_INT = re.compile(r"-?[0-9]+")
 _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off", ""}
 
@@ -386,10 +578,10 @@ def _parse_env(path: str, var: str, raw: str, default: object) -> object:
             return False
         raise ConfigError(f"{path}: {var}={raw!r} is not a boolean (1/true/yes/on, 0/false/no/off)")
     if isinstance(default, int):
-        try:
-            return int(raw.strip(), 10)
-        except ValueError:
-            raise ConfigError(f"{path}: {var}={raw!r} is not an integer") from None
+        text = raw.strip()
+        if not _PLAIN_INT.fullmatch(text):
+            raise ConfigError(f"{path}: {var}={raw!r} is not a plain integer")
+        return int(text)
     if isinstance(default, float):
         try:
             return float(raw.strip())
@@ -516,7 +708,7 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
     cfg = _build(Config, "", table, env, flags)
-    return _post_process(cfg)
+    return _post_process(cfg, port_flag="server.port" in flags)
 
 
 def split_host_port(host: str) -> tuple[str, int | None]:
@@ -543,13 +735,15 @@ def _port(text: str, whole: str) -> int:
     return int(text)
 
 
-def _post_process(cfg: Config) -> Config:
+def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
     host, port = split_host_port(cfg.server.host)
     if not host:
         raise ConfigError("server.host: empty host")
-    server = dataclasses.replace(
-        cfg.server, host=host, port=cfg.server.port if port is None else port
-    )
+    if port is None or port_flag:  # a --port flag beats a port inside server.host
+        port = cfg.server.port
+    server = dataclasses.replace(cfg.server, host=host, port=port)
+    if not cfg.storage.data_dir.strip():
+        raise ConfigError("storage.data_dir: empty path")
     parse_log_level(cfg.logging.level)
     if cfg.queue.min_lease_ms > cfg.queue.max_lease_ms:
         raise ConfigError("queue.min_lease_ms: above queue.max_lease_ms")
@@ -700,15 +894,17 @@ def _redact_entry(entry: object) -> str:
 def contract_warnings(cfg: Config) -> list[str]:
     """Warnings for `check-config`: changed /v0 contract limits and risky switches."""
     out: list[str] = []
-    for f in _fields(ProtocolConfig):
-        spec = f.metadata["key"]
-        assert isinstance(spec, KeySpec)
-        value, default = getattr(cfg.protocol, f.name), getattr(DEFAULT.protocol, f.name)
-        if spec.contract and value != default:
-            out.append(
-                f"protocol.{f.name} = {value} differs from the /v0 contract default {default}; "
-                "clients that rely on the documented value may break"
-            )
+    for name in ("protocol", "watch", "queue"):
+        current, default_section = getattr(cfg, name), getattr(DEFAULT, name)
+        for f in _fields(type(current)):
+            spec = f.metadata["key"]
+            assert isinstance(spec, KeySpec)
+            value, default = getattr(current, f.name), getattr(default_section, f.name)
+            if spec.contract and value != default:
+                out.append(
+                    f"{name}.{f.name} = {value} differs from the /v0 contract default "
+                    f"{default}; clients that rely on the documented value may break"
+                )
     if cfg.auth.allow_insecure_no_auth:
         out.append(
             "auth.allow_insecure_no_auth is on: without keys anyone who can reach the port "
@@ -720,6 +916,21 @@ def contract_warnings(cfg: Config) -> list[str]:
             "(query strings leak into logs and history)"
         )
     return out
+
+
+def check_paths(cfg: Config) -> None:
+    """Validate directory paths without creating anything (for `check-config`)."""
+    data_dir = Path(cfg.storage.data_dir)
+    if data_dir.exists() and not data_dir.is_dir():
+        raise ConfigError(f"storage.data_dir: {data_dir} exists and is not a directory")
+    if not data_dir.exists():
+        parent = next((p for p in data_dir.absolute().parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"storage.data_dir: {data_dir} cannot be created")
+    if cfg.server.port_file:
+        parent_dir = Path(cfg.server.port_file).absolute().parent
+        if not parent_dir.is_dir():
+            raise ConfigError(f"server.port_file: directory {parent_dir} does not exist")
 
 
 def read_api_keys_file(auth: AuthConfig) -> list[str]:

@@ -48,6 +48,22 @@ class SecondSignal(Exception):
     """A second SIGINT/SIGTERM arrived during the drain."""
 
 
+def caps_summary(cfg: Config) -> str:
+    """The active resource caps, for the start-up log (api-ops §6.1)."""
+    lim = cfg.limits
+    parts = [
+        f"{f}={getattr(lim, f) or 'unlimited'}"
+        for f in (
+            "max_topics",
+            "max_total_bytes",
+            "max_idempotency_entries",
+            "max_inflight_per_key",
+            "max_body_bytes",
+        )
+    ]
+    return " ".join(parts)
+
+
 def hypercorn_config(cfg: Config) -> HyperConfig:
     hc = HyperConfig()
     host = cfg.server.host
@@ -109,6 +125,7 @@ async def run_daemon(
                         cfg.storage.data_dir,
                         f"{len(keys)} keys" if keys.enabled else "dev mode: NO AUTH",
                     )
+                    log.info("caps: %s", caps_summary(cfg))
                     gc.collect()
                     gc.freeze()  # start-up objects never need scanning again
                     gc.set_threshold(cfg.engine.gc_threshold0, 20, 20)

@@ -67,16 +67,26 @@ DEV_PRINCIPAL: Final = Principal("dev", ALL_SCOPES, ())
 
 def parse_scopes(field: str, where: str) -> frozenset[str]:
     """`read+w` → {read, write}; empty = all four; unknown token ⇒ ConfigError (fail closed)."""
+    if not field.strip():
+        return ALL_SCOPES
     scopes: set[str] = set()
     tokens = [t.strip().lower() for t in field.split("+")]
     tokens = [t for t in tokens if t]
-    if not tokens:
-        return ALL_SCOPES
+    if not tokens:  # e.g. "+": not empty, yet names nothing — refuse rather than grant all
+        raise ConfigError(f"{where}: the scopes field {field!r} names no scope")
     for tok in tokens:
         if tok not in _SCOPE_TOKENS:
             raise ConfigError(f"{where}: unknown scope token {tok!r}")
         scopes |= _SCOPE_TOKENS[tok]
     return frozenset(scopes)
+
+
+def parse_prefixes(items: list[str], where: str) -> tuple[str, ...]:
+    """Empty items are dropped; a field of only separators refuses (it names nothing)."""
+    prefixes = tuple(p for p in items if p)
+    if not prefixes and len(items) > 1:  # e.g. "|"
+        raise ConfigError(f"{where}: the prefixes field names no prefix")
+    return prefixes
 
 
 def parse_key_entry(entry: str, where: str) -> tuple[bytes, Principal]:
@@ -89,7 +99,7 @@ def parse_key_entry(entry: str, where: str) -> tuple[bytes, Principal]:
     scopes = parse_scopes(parts[1], where) if len(parts) > 1 else ALL_SCOPES
     prefixes: tuple[str, ...] = ()
     if len(parts) > 2:
-        prefixes = tuple(p for p in parts[2].split("|") if p)
+        prefixes = parse_prefixes(parts[2].split("|"), where)
     digest = hashlib.sha256(secret.encode("utf-8")).digest()
     return digest, Principal(digest.hex()[:12], scopes, prefixes)
 
@@ -125,11 +135,13 @@ class KeyStore:
                 entries.append(parse_key_entry(line, f"auth.api_keys_file line {lineno}"))
         for i, hk in enumerate(auth.key):
             where = f"auth.key[{i}]"
+            if hk.scopes and not any(s.strip() for s in hk.scopes):
+                raise ConfigError(f"{where}.scopes: names no scope")
             scopes = parse_scopes("+".join(hk.scopes), where)
-            digest = bytes.fromhex(hk.sha256)
-            entries.append(
-                (digest, Principal(hk.sha256[:12], scopes, tuple(p for p in hk.prefixes if p)))
-            )
+            if hk.prefixes and not any(hk.prefixes):
+                raise ConfigError(f"{where}.prefixes: names no prefix")
+            prefixes = tuple(p for p in hk.prefixes if p)
+            entries.append((bytes.fromhex(hk.sha256), Principal(hk.sha256[:12], scopes, prefixes)))
         return cls(entries)
 
     def authenticate(self, authorization: str | None) -> Principal | None:
