@@ -244,9 +244,9 @@ async def test_reject_topic_caps(engine):
     await write(engine, "t", 1)
     topic = engine.get("t")
     assert (topic.count, topic.head_seq, topic.evict_floor) == (3, 3, 1)
-    # a tighter cap on a reject topic refuses writes but never evicts
+    # a tighter cap evicts at once, reject topic or not (README §10)
     await put(engine, "t", cap_records=1, discard="reject")
-    assert topic.count == 3
+    assert (topic.count, topic.evict_floor) == (1, 3)
     with pytest.raises(TopicFull):
         await write(engine, "t", 1)
 

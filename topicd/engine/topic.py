@@ -288,10 +288,11 @@ class Topic:
     # ---- retention --------------------------------------------------------------------
 
     def enforce(self, now_ms: int) -> int:
-        """Apply TTL, and caps on `discard:"old"` topics; return the payload bytes freed.
+        """Apply TTL and caps; return the payload bytes freed.
 
-        Caps never evict on a `discard:"reject"` topic (a tightened cap refuses new writes
-        with `422 topic_full` instead: topicd decision, docs/decisions.md).
+        On a `discard:"reject"` topic writes never push the log over its caps (they are
+        refused first), so caps evict there only after a config change tightened them
+        (README §10: a tighter cap evicts at once, tombstones follow).
         """
         cfg = self.config
         freed = 0
@@ -300,13 +301,12 @@ class Topic:
             ts = self.ts
             while self.count and ts[self.earliest_seq - self.base] < limit_ts:
                 freed += self._evict_front("ttl")
-        if cfg.discard == "old":
-            if cfg.cap_records > 0:
-                while self.count > cfg.cap_records:
-                    freed += self._evict_front("cap")
-            if cfg.cap_bytes > 0:
-                while self.bytes > cfg.cap_bytes and self.count:
-                    freed += self._evict_front("cap")
+        if cfg.cap_records > 0:
+            while self.count > cfg.cap_records:
+                freed += self._evict_front("cap")
+        if cfg.cap_bytes > 0:
+            while self.bytes > cfg.cap_bytes and self.count:
+                freed += self._evict_front("cap")
         if freed:
             self._tidy_tag_index()
         return freed

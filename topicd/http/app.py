@@ -201,6 +201,7 @@ def query_bool(name: str, default: bool) -> bool:
 # The gate
 # --------------------------------------------------------------------------------------
 
+_TOPIC_PATH: Final = re.compile(r"^/v0/topics/([^/]+)(?:/|$)")
 _TEMPLATES: Final = (
     (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
     (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
@@ -368,6 +369,13 @@ def create_app(engine: Engine, config: Config, lifecycle: Lifecycle, keys: KeySt
         if code == 404:
             err = NotFound(f"no route for {request.method} {request.path}")
         elif code == 405:
+            # fail closed (README §2.3): other methods on a topic path need `write`
+            m = _TOPIC_PATH.match(request.path)
+            if m is not None:
+                try:
+                    principal().require("write", m.group(1))
+                except TopicdError as denied:
+                    return _render_error(denied)
             allow = list(cast("WzMethodNotAllowed", exc).valid_methods or [])
             err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}", allow)
         elif code == 413:
