@@ -189,6 +189,8 @@ def decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
 
 def query_bool(name: str, default: bool) -> bool:
     """`true`/`1` and `false`/`0`; anything else (or absence) is the default (README §3)."""
+    if not request.query_string:  # skip parsing an empty query string (hot write path)
+        return default
     value = request.args.get(name)
     if value in ("true", "1"):
         return True
