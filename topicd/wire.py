@@ -118,6 +118,27 @@ class WriteIn(msgspec.Struct, gc=False):
     disable_backpressure: bool = False
 
 
+class PlainRecordIn(msgspec.Struct, gc=False, forbid_unknown_fields=True):
+    """A record with nothing but `data` (the fast path; any other key fails decoding)."""
+
+    data: msgspec.Raw
+
+
+class PlainWriteIn(msgspec.Struct, gc=False):
+    """A write whose records are all plain and that sets no batch `node`/`priority`.
+
+    `decode_write` tries this shape first; anything else falls back to `WriteIn`.
+    """
+
+    records: list[PlainRecordIn]
+    node: None = None
+    priority: Literal[0] = 0
+    idempotency_key: str | None = None
+    create: bool | None = None
+    config: TopicConfigIn | None = None
+    disable_backpressure: bool = False
+
+
 class DiffIn(msgspec.Struct):
     """`POST /v0/topics/:topic/diff` body (api-topics §7.1)."""
 
@@ -146,6 +167,21 @@ class DeleteIn(msgspec.Struct):
 
 
 WRITE_DECODER: Final = msgspec.json.Decoder(WriteIn)
+PLAIN_WRITE_DECODER: Final = msgspec.json.Decoder(PlainWriteIn)
+
+
+def decode_write(body: bytes) -> WriteIn | PlainWriteIn:
+    """Decode a minified write body, taking the plain fast path when the shape allows.
+
+    Raises msgspec errors for malformed or mistyped bodies (from the full decoder, so the
+    message names the real problem rather than the fast path's stricter shape).
+    """
+    try:
+        return PLAIN_WRITE_DECODER.decode(body)
+    except msgspec.ValidationError:
+        return WRITE_DECODER.decode(body)
+
+
 DIFF_DECODER: Final = msgspec.json.Decoder(DiffIn)
 DELETE_DECODER: Final = msgspec.json.Decoder(DeleteIn)
 CONFIG_DECODER: Final = msgspec.json.Decoder(TopicConfigIn)

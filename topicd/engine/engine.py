@@ -41,6 +41,7 @@ from topicd.sched.priority import base_priority
 from topicd.wire import (
     DeleteIn,
     DiffIn,
+    PlainWriteIn,
     TopicConfigIn,
     WriteIn,
     check_topic_name,
@@ -382,7 +383,12 @@ class Engine:
     # ------------------------------------------------------------------------------------
 
     async def append(
-        self, name: str, req: WriteIn, *, header_key: str | None = None, can_admin: bool = True
+        self,
+        name: str,
+        req: WriteIn | PlainWriteIn,
+        *,
+        header_key: str | None = None,
+        can_admin: bool = True,
     ) -> WriteResult:
         """Append a batch (api-topics §6), following the validation order of §6.2."""
         if req.config is not None and not can_admin and name not in self.topics:
@@ -424,7 +430,7 @@ class Engine:
             batch.fsync_ms,
         )
 
-    async def _lazy_create(self, name: str, req: WriteIn) -> Topic | None:
+    async def _lazy_create(self, name: str, req: WriteIn | PlainWriteIn) -> Topic | None:
         """api-topics §6.3. Returns None when a concurrent creation won (caller retries)."""
         if name in self._creating:
             await self._wait_creating(name)

@@ -25,9 +25,9 @@ from topicd.wire import (
     CONFIG_DECODER,
     DELETE_DECODER,
     DIFF_DECODER,
-    WRITE_DECODER,
     DiffIn,
     check_topic_name,
+    decode_write,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
     from topicd.config import Config
     from topicd.engine.engine import Engine
+
+
+def _has_whitespace(body: bytes) -> bool:
+    """Whether minifying could change the body (any JSON whitespace byte anywhere)."""
+    return b" " in body or b"\n" in body or b"\r" in body or b"\t" in body
 
 
 def encode_list_cursor(after: str) -> str:
@@ -115,12 +120,18 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
         p.require("write", topic)
         body = await read_body(empty_ok=False, max_bytes=max_body)
         assert body is not None
+        if _has_whitespace(body):
+            try:
+                # minify once: every msgspec.Raw slice is then the stored, minified text
+                body = msgspec.json.format(body, indent=-1)
+            except msgspec.DecodeError as exc:
+                raise InvalidRequest(f"malformed JSON: {exc}") from None
         try:
-            # minify once: every msgspec.Raw slice is then the stored, minified text
-            body = msgspec.json.format(body, indent=-1)
+            req = decode_write(body)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest(f"invalid request body: {exc}") from None
         except msgspec.DecodeError as exc:
             raise InvalidRequest(f"malformed JSON: {exc}") from None
-        req = decode(WRITE_DECODER, body)
         res = await engine.append(
             topic,
             req,
