@@ -18,7 +18,7 @@ Each group tracks busy time (the governor's pool-saturation signal).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, TypeVarTuple
 
 import trio
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 _T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 
 @dataclass
@@ -37,7 +38,7 @@ class GroupStats:
 
 class Offload(Protocol):
     async def run(
-        self, fn: Callable[..., _T], *args: object, group: str, cancellable: bool = False
+        self, fn: Callable[[*_Ts], _T], *args: *_Ts, group: str, cancellable: bool = False
     ) -> _T: ...
 
     def stats(self, group: str) -> GroupStats: ...
@@ -51,7 +52,7 @@ class ThreadOffload:
         self._stats = {name: GroupStats() for name in sizes}
 
     async def run(
-        self, fn: Callable[..., _T], *args: object, group: str, cancellable: bool = False
+        self, fn: Callable[[*_Ts], _T], *args: *_Ts, group: str, cancellable: bool = False
     ) -> _T:
         stats = self._stats[group]
         stats.calls += 1
@@ -77,7 +78,7 @@ class InlineOffload:
         self._stats: dict[str, GroupStats] = {}
 
     async def run(
-        self, fn: Callable[..., _T], *args: object, group: str, cancellable: bool = False
+        self, fn: Callable[[*_Ts], _T], *args: *_Ts, group: str, cancellable: bool = False
     ) -> _T:
         stats = self._stats.setdefault(group, GroupStats())
         stats.calls += 1
