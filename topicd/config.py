@@ -172,6 +172,57 @@ class TieringConfig:
 
 
 @dataclass(frozen=True)
+class WalConfig:
+    file_bytes: int = key(67108864, "Preallocated WAL file size.", min=4096, max=1 << 40)
+    max_frame_bytes: int = key(16777216, "Largest valid frame_len.", min=1 << 16, max=1 << 31)
+    gc_slice_us: int = key(
+        500, "Group-commit coalescing slice: wait this long for more arrivals.", min=0
+    )
+    disk_fsync_interval_ms: int = key(
+        100,
+        "Background sync of the unsynced tail (bounds the disk-class loss window).",
+        min=1,
+    )
+    disk_head_reserve_ahead: int = key(
+        65536,
+        "memory/disk seq reservation step (a write reserves max(this, 4n) ahead).",
+        min=1,
+    )
+    ephemeral_head_reserve_ahead: int = key(65536, "ephemeral seq reservation step.", min=1)
+    max_pending_per_topic: int = key(
+        1024, "Accepted, uncommitted submissions per topic (429 wal_ingest beyond).", min=1
+    )
+    max_pending_bytes_per_topic: int = key(
+        16777216, "Accepted, uncommitted bytes per topic.", min=1
+    )
+    max_pending_per_shard: int = key(4096, "Accepted, uncommitted submissions per shard.", min=1)
+    max_pending_bytes_per_shard: int = key(
+        67108864, "Accepted, uncommitted bytes per shard.", min=1
+    )
+    max_group_topics: int = key(64, "Topics per group-commit batch.", min=1)
+    max_batch_per_topic: int = key(256, "Submissions per topic per batch.", min=1)
+    max_batch_bytes: int = key(4194304, "Bytes per batch (one write).", min=1)
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    wal_bytes_threshold: int = key(67108864, "Checkpoint after this much WAL was written.", min=1)
+    interval_ms: int = key(60000, "Checkpoint at least this often.", min=100)
+    check_interval_ms: int = key(5000, "How often the triggers are checked.", min=10)
+    keep: int = key(2, "Snapshots retained.", min=1)
+    final_timeout_ms: int = key(20000, "Bound on the drain-time checkpoint.", min=0)
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    on_corruption: str = key(
+        "refuse",
+        "refuse, or truncate the WAL at the first bad frame (operator decision only).",
+        choices=("refuse", "truncate"),
+    )
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     data_dir: str = key(
         "./topicd-data",
@@ -189,6 +240,9 @@ class StorageConfig:
         max=8,
     )
     segments: SegmentsConfig = section(SegmentsConfig, "Per-topic segment files")
+    wal: WalConfig = section(WalConfig, "Write-ahead log: files, group commit, ingest bounds")
+    snapshot: SnapshotConfig = section(SnapshotConfig, "Checkpoints and snapshots")
+    recovery: RecoveryConfig = section(RecoveryConfig, "Recovery")
     tiering: TieringConfig = section(TieringConfig, "Cold tier (reserved)")
 
 
@@ -466,6 +520,46 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class IoConfig:
+    misc_threads: int = key(4, "Worker threads for misc file operations.", min=1, max=64)
+    read_threads: int = key(8, "Worker threads for cache-miss reads.", min=1, max=64)
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    failure_threshold: int = key(5, "WAL write errors within the window that open it.", min=1)
+    failure_window_ms: int = key(10000, "Window for counting write errors.", min=1)
+    io_stall_ms: int = key(10000, "A WAL syscall outstanding this long opens it.", min=1)
+    open_ms: int = key(30000, "Open time before half-open probes.", min=1)
+    max_open_ms: int = key(300000, "Cap of the doubling open time.", min=1)
+    probe_interval_ms: int = key(1000, "Half-open probe period.", min=1)
+    success_threshold: int = key(2, "Consecutive probe successes that close it.", min=1)
+    unready_when_open: bool = key(False, "/v0/ready answers 503 while a breaker is not closed.")
+
+
+@dataclass(frozen=True)
+class BackpressureConfig:
+    allow_bypass: bool = key(True, "Honour disable_backpressure on writes.")
+    bypass_wait_ms: int = key(
+        30000, "Longest wait of a disable_backpressure write at a full ingest queue.", min=0
+    )
+    retry_after_min_ms: int = key(250, "Lower bound of retry_after_ms.", min=1)
+    retry_after_pressure_span_ms: int = key(1750, "retry_after_ms added at pressure 1.0.", min=0)
+    retry_after_max_ms: int = key(10000, "Upper bound of retry_after_ms.", min=1)
+    retry_after_jitter: float = key(0.2, "± jitter fraction on retry_after_ms.", min=0, max=1)
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    commit_window_min_ms: float = key(
+        0.5, "Group-commit window at low pressure (ms).", min=0, max=1000
+    )
+    commit_window_max_ms: float = key(
+        10.0, "Group-commit window at high pressure (ms).", min=0, max=1000
+    )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     housekeeping_interval_ms: int = key(
         1000,
@@ -518,6 +612,10 @@ class Config:
     routers: RoutersConfig = section(RoutersConfig, "Routers")
     scheduler: SchedulerConfig = section(SchedulerConfig, "Delivery scheduling")
     engine: EngineConfig = section(EngineConfig, "Engine housekeeping")
+    io: IoConfig = section(IoConfig, "Offload threads")
+    breaker: BreakerConfig = section(BreakerConfig, "Storage circuit breaker (per WAL shard)")
+    backpressure: BackpressureConfig = section(BackpressureConfig, "Write backpressure")
+    governor: GovernorConfig = section(GovernorConfig, "Pressure governor")
     logging: LoggingConfig = section(LoggingConfig, "Logging")
 
 

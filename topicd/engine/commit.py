@@ -2,15 +2,17 @@
 
 The engine never changes visible state directly. A write reserves seqs, builds its records
 and hands an `AppendBatch` to `CommitPath.submit()`; the path decides when the batch is
-*published* (made visible, in seq order) by calling the engine's publish callback, and
+*published* (made visible, in seq order) by calling `CommitHooks.publish_append`, and
 resolves the batch's `Completion`, which the request awaits. Control mutations (topic
-create/config/delete, record deletes) go through `CommitPath.control()` the same way: the
-mutation's `apply` callback runs when the path says it is committed.
+create/config/delete, record deletes, seq reservations, lost ranges) go through
+`CommitPath.control()` the same way, with the encoded frame that makes them durable and
+an `apply` callback that runs once they are committed. Recovery replays the same frames
+through the same `Engine.apply_*` methods, so live and replayed state cannot diverge.
 
-`InMemoryCommitPath` publishes synchronously inside `submit()`: ack = visibility = the
-in-memory append, which is what the `ephemeral` class promises. The write-ahead log
-(storage) implements the same protocol with per-shard group commit, publishing from its
-committer tasks after `write()`/`fdatasync`, and failing a batch with
+`InMemoryCommitPath` publishes synchronously inside `submit()` and applies control
+mutations at once: nothing is logged (tests, and the `ephemeral` behaviour).
+`topicd.storage.wal.WalCommitPath` is the write-ahead log: per-shard group commit,
+publishing from committer tasks after `write()`/`fdatasync`, and failing a batch with
 `StorageUnavailable` without ever publishing it.
 """
 
@@ -50,11 +52,16 @@ class AppendBatch:
     durability: str = "disk"
     head_after: int = 0  # topic head right after this batch published
     fsync_ms: float = 0.0
+    wal_append_ms: float | None = None  # None: the batch never touched the WAL
     completion: Completion = field(default_factory=lambda: Completion())
 
     @property
     def count(self) -> int:
         return len(self.encs)
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.encs) - 1
 
     @property
     def nbytes(self) -> int:
@@ -74,6 +81,10 @@ class Completion:
     @property
     def resolved(self) -> bool:
         return self._resolved
+
+    @property
+    def error(self) -> TopicdError | None:
+        return self._error
 
     def set_ok(self) -> None:
         assert not self._resolved
@@ -103,27 +114,65 @@ class Completion:
             raise self._error
 
 
-class CommitPath(Protocol):
-    def submit(self, batch: AppendBatch) -> Completion:
-        """Accept a batch (synchronous, cannot fail once admitted); publish it later."""
+class CommitHooks(Protocol):
+    """What the engine offers the commit path."""
+
+    def publish_append(self, batch: AppendBatch) -> None:
+        """Make a committed batch visible (in seq order per topic) and resolve it."""
         ...
 
-    async def control(self, topic: Topic | None, apply: Callable[[], _T]) -> _T:
-        """Log a control mutation and run `apply` once it is committed; return its value."""
+    def fail_append(self, batch: AppendBatch, error: TopicdError) -> None:
+        """A batch will never be published: resolve it FAILED, drop its idempotency entry."""
+        ...
+
+    def rewind(self, topic: Topic) -> None:
+        """Every pending submission of `topic` failed: release the seqs above its head."""
+        ...
+
+
+class CommitPath(Protocol):
+    def attach(self, hooks: CommitHooks) -> None: ...
+
+    def admit(self, topic: Topic, nbytes: int) -> None:
+        """Steps 9-10 of api-topics §6.2 for a write of `nbytes`: the shard's breaker is
+        closed (every class but `ephemeral`) and its ingest has room. Raises
+        `StorageUnavailable` or `Throttled` (cause `wal_ingest`). Synchronous."""
+        ...
+
+    async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
+        """Wait until `admit` could pass (a `disable_backpressure` write); the caller
+        bounds the wait with its own cancel scope."""
+        ...
+
+    def submit(self, batch: AppendBatch) -> None:
+        """Accept an admitted batch (synchronous, cannot fail); publish it later."""
+        ...
+
+    async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
+        """Log `frame` for `topic` (None: nothing to log) and run `apply` once it is
+        durable; return its value (or raise what it raised)."""
         ...
 
 
 class InMemoryCommitPath:
     """Publishes at once: nothing is logged (the `ephemeral` behaviour for every class)."""
 
-    def __init__(self, publish: Callable[[AppendBatch], None]) -> None:
-        self._publish = publish
+    def __init__(self) -> None:
+        self._hooks: CommitHooks | None = None
 
-    def submit(self, batch: AppendBatch) -> Completion:
-        self._publish(batch)
-        batch.completion.set_ok()
-        return batch.completion
+    def attach(self, hooks: CommitHooks) -> None:
+        self._hooks = hooks
 
-    async def control(self, topic: Topic | None, apply: Callable[[], _T]) -> _T:
+    def admit(self, topic: Topic, nbytes: int) -> None:
+        return None
+
+    async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def submit(self, batch: AppendBatch) -> None:
+        assert self._hooks is not None
+        self._hooks.publish_append(batch)
+
+    async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
         await trio.lowlevel.checkpoint()
         return apply()

@@ -30,7 +30,9 @@ from topicd.errors import (
     InvalidRequest,
     JsonValue,
     RecordTooLarge,
+    ShuttingDown,
     Throttled,
+    TopicdError,
     TopicExistsIncompatible,
     TopicFull,
     TopicNotEmpty,
@@ -38,6 +40,7 @@ from topicd.errors import (
 )
 from topicd.model import TopicConfig
 from topicd.sched.priority import base_priority
+from topicd.storage import frame as frames
 from topicd.wire import (
     DeleteIn,
     DiffIn,
@@ -66,6 +69,7 @@ class WriteResult:
     created: bool
     deduped: bool
     fsync_ms: float
+    wal_append_ms: float | None = None
 
     @property
     def last_seq(self) -> int:
@@ -90,6 +94,7 @@ class Engine:
         self.cfg = config
         self.clock = clock
         self.topics: dict[str, Topic] = {}
+        self.by_id: dict[int, Topic] = {}
         self._names: list[str] = []  # sorted (bytewise == code point order for ASCII names)
         self._next_topic_id = 1
         self._creating: dict[str, trio.Event] = {}
@@ -97,8 +102,10 @@ class Engine:
         self.total_bytes = 0
         self.pending_bytes = 0
         self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
-        self.commit: CommitPath = commit or InMemoryCommitPath(self._publish)
+        self.commit: CommitPath = commit or InMemoryCommitPath()
+        self.commit.attach(self)
         self.draining = False
+        self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
 
     # ------------------------------------------------------------------------------------
@@ -197,22 +204,155 @@ class Engine:
         cap = self.cfg.limits.max_topics
         if cap and len(self.topics) + len(self._creating) >= cap:
             raise Throttled.limit("max_topics", cap)
+        self._check_open()
         done = self._creating[name] = trio.Event()
-        topic = Topic(name, self._next_topic_id, config, name_json=orjson.dumps(name))
+        topic_id = self._next_topic_id
         self._next_topic_id += 1
-
-        def apply() -> Topic:
-            self.topics[name] = topic
-            bisect.insort(self._names, name)
-            if config.ttl_ms > 0:
-                self._ttl_topics.add(topic)
-            return topic
-
+        topic = Topic(name, topic_id, config, name_json=orjson.dumps(name))
+        frame = frames.encode_control(
+            frames.TOPIC_CREATE,
+            topic_id,
+            self.clock.now_ms(),
+            {"name": name, "config": config.to_wire()},
+        )
         try:
-            return await self.commit.control(None, apply)
+            return await self.commit.control(topic, frame, lambda: self.apply_create(topic))
         finally:
             del self._creating[name]
             done.set()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ShuttingDown("the server is shutting down")
+
+    # ------------------------------------------------------------------------------------
+    # apply: the state changes of committed mutations (live, and replayed by recovery)
+    # ------------------------------------------------------------------------------------
+
+    def apply_create(self, topic: Topic) -> Topic:
+        assert topic.name not in self.topics, topic.name
+        self.topics[topic.name] = topic
+        self.by_id[topic.topic_id] = topic
+        bisect.insort(self._names, topic.name)
+        if topic.config.ttl_ms > 0:
+            self._ttl_topics.add(topic)
+        self._next_topic_id = max(self._next_topic_id, topic.topic_id + 1)
+        return topic
+
+    def apply_config(self, topic: Topic, config: TopicConfig, now_ms: int) -> None:
+        if topic.deleted:
+            raise TopicNotFound(topic.name)
+        topic.config = config
+        if config.ttl_ms > 0:
+            self._ttl_topics.add(topic)
+        else:
+            self._ttl_topics.discard(topic)
+        self._enforce(topic, now_ms)
+
+    def apply_delete_topic(self, topic: Topic, if_empty: bool, now_ms: int) -> bool:
+        if topic.deleted:
+            return False
+        if if_empty:
+            self._enforce(topic, now_ms)
+            if topic.count:
+                raise TopicNotEmpty(
+                    f"topic {topic.name!r} still holds {topic.count} live records",
+                    {"topic": topic.name, "count": topic.count},
+                )
+        del self.topics[topic.name]
+        del self.by_id[topic.topic_id]
+        del self._names[bisect.bisect_left(self._names, topic.name)]
+        self._ttl_topics.discard(topic)
+        self.total_bytes -= topic.bytes
+        self.idem.drop_topic(topic.topic_id)
+        topic.deleted = True
+        topic.wake()
+        return True
+
+    def apply_records_delete(
+        self,
+        topic: Topic,
+        before_seq: int | None,
+        match: tuple[str, str] | None,
+        bound: int,
+        now_ms: int,
+    ) -> int:
+        if topic.deleted:
+            raise TopicNotFound(topic.name)
+        self._enforce(topic, now_ms)
+        deleted, freed = topic.delete_records(before_seq, match, bound)
+        self.total_bytes -= freed
+        return deleted
+
+    def apply_append(self, batch: AppendBatch, now_ms: int) -> None:
+        """Publish a committed batch's records (the visible half of a write)."""
+        topic = batch.topic
+        p = batch.prepared
+        topic.publish(
+            batch.first_seq,
+            batch.ts,
+            batch.encs,
+            p.sizes,
+            p.nbytes,
+            p.tags,
+            p.nodes,
+            p.prios,
+            p.shapes,
+        )
+        if batch.ts > topic.last_ts:
+            topic.last_ts = batch.ts
+        self.total_bytes += p.nbytes
+        topic.last_write_ts = batch.ts
+        self._enforce(topic, now_ms)
+        batch.head_after = topic.head_seq
+        if batch.idem_key is not None:
+            expires = batch.ts + topic.config.idempotency_window_ms
+            if batch.idem is None:  # replay: rebuild the entry if its window is still open
+                if expires > now_ms:
+                    batch.idem = self.idem.begin(topic.topic_id, batch.idem_key, now_ms)
+                else:
+                    return
+            self.idem.resolve(
+                topic.topic_id,
+                batch.idem_key,
+                batch.idem,
+                first_seq=batch.first_seq,
+                count=batch.count,
+                head_seq=topic.head_seq,
+                expires_ms=expires,
+                now_ms=now_ms,
+            )
+
+    # ------------------------------------------------------------------------------------
+    # CommitHooks
+    # ------------------------------------------------------------------------------------
+
+    def publish_append(self, batch: AppendBatch) -> None:
+        topic = batch.topic
+        topic.pending_records -= batch.count
+        topic.pending_bytes -= batch.nbytes
+        self.pending_bytes -= batch.nbytes
+        if topic.deleted:  # the write raced the topic's deletion, which committed first
+            self.fail_append(batch, TopicNotFound(topic.name), pending_released=True)
+            return
+        self.apply_append(batch, self.clock.now_ms())
+        batch.completion.set_ok()
+
+    def fail_append(
+        self, batch: AppendBatch, error: TopicdError, *, pending_released: bool = False
+    ) -> None:
+        topic = batch.topic
+        if not pending_released:
+            topic.pending_records -= batch.count
+            topic.pending_bytes -= batch.nbytes
+            self.pending_bytes -= batch.nbytes
+        if batch.idem is not None and batch.idem_key is not None:
+            self.idem.fail(topic.topic_id, batch.idem_key, batch.idem)
+        batch.completion.set_failed(error)
+
+    def rewind(self, topic: Topic) -> None:
+        assert topic.pending_records == 0, topic.pending_records
+        topic.next_seq = topic.head_seq + 1
 
     async def _wait_creating(self, name: str) -> None:
         ev = self._creating.get(name)
@@ -230,6 +370,9 @@ class Engine:
         while True:
             await self._wait_creating(name)
             existing = self.topics.get(name)
+            if existing is not None and existing.deleting is not None:
+                await existing.deleting.wait()
+                continue
             if existing is None:
                 created = await self._create(name, config)
                 if created is None:
@@ -249,19 +392,22 @@ class Engine:
                 await trio.lowlevel.checkpoint()
                 return existing, False
             topic = existing
+            if topic.deleting is not None:
+                await topic.deleting.wait()
+                continue
+            self._check_open()
+            frame = frames.encode_control(
+                frames.TOPIC_CONFIG,
+                topic.topic_id,
+                self.clock.now_ms(),
+                {"config": config.to_wire()},
+            )
 
             def apply(topic: Topic = topic) -> None:
-                if topic.deleted:
-                    raise TopicNotFound(name)
-                topic.config = config
-                if config.ttl_ms > 0:
-                    self._ttl_topics.add(topic)
-                else:
-                    self._ttl_topics.discard(topic)
-                self._enforce(topic, self.clock.now_ms())
+                self.apply_config(topic, config, self.clock.now_ms())
 
             try:
-                await self.commit.control(topic, apply)
+                await self.commit.control(topic, frame, apply)
             except TopicNotFound:
                 continue  # deleted meanwhile: create it
             return topic, False
@@ -351,32 +497,29 @@ class Engine:
         if topic is None:
             await trio.lowlevel.checkpoint()
             return False
-        self._check_empty(topic, if_empty)
-
-        def apply() -> bool:
-            if self.topics.get(name) is not topic:
-                return False
-            self._check_empty(topic, if_empty)
-            del self.topics[name]
-            del self._names[bisect.bisect_left(self._names, name)]
-            self._ttl_topics.discard(topic)
-            self.total_bytes -= topic.bytes
-            self.idem.drop_topic(topic.topic_id)
-            topic.deleted = True
-            topic.wake()
-            return True
-
-        return await self.commit.control(topic, apply)
-
-    def _check_empty(self, topic: Topic, if_empty: bool) -> None:
-        if not if_empty:
-            return
-        self._enforce(topic, self.clock.now_ms())
-        if topic.count:
-            raise TopicNotEmpty(
-                f"topic {topic.name!r} still holds {topic.count} live records",
-                {"topic": topic.name, "count": topic.count},
+        if topic.deleting is not None:
+            await topic.deleting.wait()
+            return False
+        now = self.clock.now_ms()
+        if if_empty:
+            self._enforce(topic, now)
+            if topic.count:
+                raise TopicNotEmpty(
+                    f"topic {topic.name!r} still holds {topic.count} live records",
+                    {"topic": topic.name, "count": topic.count},
+                )
+        self._check_open()
+        frame = frames.encode_control(
+            frames.TOPIC_DELETE, topic.topic_id, now, {"if_empty": if_empty}
+        )
+        topic.deleting = done = trio.Event()
+        try:
+            return await self.commit.control(
+                topic, frame, lambda: self.apply_delete_topic(topic, if_empty, self.clock.now_ms())
             )
+        finally:
+            topic.deleting = None
+            done.set()
 
     # ------------------------------------------------------------------------------------
     # POST /v0/topics/:topic
@@ -405,6 +548,9 @@ class Engine:
                 if topic is None:
                     continue
                 created = True
+            elif topic.deleting is not None:
+                await topic.deleting.wait()
+                continue
             now = self.clock.now_ms()
             if key is not None:
                 entry = self.idem.lookup(topic.topic_id, key, now)
@@ -417,6 +563,13 @@ class Engine:
                         name, entry.first_seq, entry.count, entry.head_seq, False, True, 0.0
                     )
             self._admit(topic, prepared, now)
+            try:
+                self.commit.admit(topic, prepared.nbytes)
+            except Throttled:
+                if not (req.disable_backpressure and self.cfg.backpressure.allow_bypass):
+                    raise
+                await self._wait_for_room(topic, prepared.nbytes)
+                continue  # state may have changed while waiting: run every check again
             batch = self._stage(topic, prepared, now)
             break
         await batch.completion.wait()
@@ -428,7 +581,15 @@ class Engine:
             created,
             False,
             batch.fsync_ms,
+            batch.wal_append_ms,
         )
+
+    async def _wait_for_room(self, topic: Topic, nbytes: int) -> None:
+        """A `disable_backpressure` write at a full ingest: wait, at most bypass_wait_ms."""
+        with trio.move_on_after(self.cfg.backpressure.bypass_wait_ms / 1000):
+            await self.commit.wait_for_room(topic, nbytes)
+            return
+        self.commit.admit(topic, nbytes)  # still full: raises its 429
 
     async def _lazy_create(self, name: str, req: WriteIn | PlainWriteIn) -> Topic | None:
         """api-topics §6.3. Returns None when a concurrent creation won (caller retries)."""
@@ -489,6 +650,7 @@ class Engine:
 
     def _stage(self, topic: Topic, prepared: PreparedWrite, now: int) -> AppendBatch:
         """Step 11's synchronous part: reserve seqs, encode, hand to the commit path."""
+        self._check_open()
         key = prepared.idempotency_key
         entry = self.idem.begin(topic.topic_id, key, now) if key is not None else None
         first = topic.next_seq
@@ -510,44 +672,6 @@ class Engine:
         )
         self.commit.submit(batch)
         return batch
-
-    def _publish(self, batch: AppendBatch) -> None:
-        """Commit-path callback: make a committed batch visible (in seq order)."""
-        topic = batch.topic
-        p = batch.prepared
-        n = batch.count
-        topic.pending_records -= n
-        topic.pending_bytes -= p.nbytes
-        self.pending_bytes -= p.nbytes
-        assert not topic.deleted
-        topic.publish(
-            batch.first_seq,
-            batch.ts,
-            batch.encs,
-            p.sizes,
-            p.nbytes,
-            p.tags,
-            p.nodes,
-            p.prios,
-            p.shapes,
-        )
-        self.total_bytes += p.nbytes
-        topic.last_write_ts = batch.ts
-        now = self.clock.now_ms()
-        self._enforce(topic, now)
-        batch.head_after = topic.head_seq
-        if batch.idem is not None:
-            assert batch.idem_key is not None
-            self.idem.resolve(
-                topic.topic_id,
-                batch.idem_key,
-                batch.idem,
-                first_seq=batch.first_seq,
-                count=n,
-                head_seq=topic.head_seq,
-                expires_ms=batch.ts + topic.config.idempotency_window_ms,
-                now_ms=now,
-            )
 
     # ------------------------------------------------------------------------------------
     # POST /v0/topics/:topic/diff
@@ -608,17 +732,29 @@ class Engine:
         match = parse_match(req.match)
         if req.before_seq is None and match is None:
             raise InvalidRequest("give before_seq, match, or both", {"field": "before_seq"})
-        self._enforce(topic, self.clock.now_ms())
+        now = self.clock.now_ms()
+        self._enforce(topic, now)
         bound = topic.head_seq  # point in time: records existing now
-
-        def apply() -> int:
-            if topic.deleted:
-                raise TopicNotFound(name)
-            deleted, freed = topic.delete_records(req.before_seq, match, bound)
-            self.total_bytes -= freed
-            return deleted
-
-        deleted = await self.commit.control(topic, apply)
+        self._check_open()
+        frame = None
+        if topic.config.durability != "ephemeral":  # ephemeral: applied in memory only
+            frame = frames.encode_control(
+                frames.RECORDS_DELETE,
+                topic.topic_id,
+                now,
+                {
+                    "before_seq": req.before_seq,
+                    "match": None if match is None else list(match),
+                    "bound": bound,
+                },
+            )
+        deleted = await self.commit.control(
+            topic,
+            frame,
+            lambda: self.apply_records_delete(
+                topic, req.before_seq, match, bound, self.clock.now_ms()
+            ),
+        )
         return DeleteResult(topic, deleted)
 
 

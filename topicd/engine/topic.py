@@ -220,6 +220,9 @@ class Topic:
         self.tag_index = TagIndex()
         self.evictions = EvictionRuns()
         self.deleted = False
+        self.deleting: trio.Event | None = None  # set while a delete is being committed
+        self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
+        self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
         self._wakeup: trio.Event | None = None
 
     # ---- lookup -------------------------------------------------------------------------
@@ -285,6 +288,33 @@ class Topic:
         self.bytes += nbytes
         self.wake()
 
+    def skip_to(self, new_head: int) -> None:
+        """Raise `head_seq` to `new_head` over seqs that hold nothing (recovery: a seq
+        reservation or a lost range). The skipped slots are dead."""
+        gap = new_head - self.head_seq
+        if gap <= 0:
+            return
+        if self.count == 0:  # nothing live: rebase the empty columns past the gap
+            self.encs.clear()
+            del self.ts[:]
+            del self.sizes[:]
+            self.base = new_head + 1
+        else:
+            self.encs.extend([None] * gap)
+            self.ts.extend([0] * gap)
+            self.sizes.extend([0] * gap)
+        self.head_seq = new_head
+        self.next_seq = new_head + 1
+        if self.count == 0:
+            self.earliest_seq = new_head + 1
+
+    def add_lost_range(self, gap_from: int, gap_to: int) -> None:
+        """Record seqs possibly lost in a crash (recovery); reads announce them."""
+        assert gap_from <= gap_to
+        self.lost_ranges.append((gap_from, gap_to))
+        self.lost_ranges.sort()
+        self.skip_to(gap_to)
+
     # ---- retention --------------------------------------------------------------------
 
     def enforce(self, now_ms: int) -> int:
@@ -316,6 +346,8 @@ class Topic:
         assert self.encs[seq - self.base] is not None
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
+        while self.lost_ranges and self.lost_ranges[0][1] < seq:
+            del self.lost_ranges[0]  # absorbed: the cap/TTL tombstone now covers it
         size = self._kill(seq)
         self._advance_earliest()
         return size
@@ -418,45 +450,64 @@ class Topic:
             cursor = max(earliest - 1, from_seq)
         else:
             cursor = from_seq
+        # a lost range (seqs possibly lost in a crash) is a barrier no jump may cross
+        lost: tuple[int, int] | None = None
+        if self.lost_ranges:
+            recreated = tomb is not None and tomb.reason == "recreated"
+            lost = self._next_lost(cursor if recreated else from_seq)
+        barrier = lost[0] - 1 if lost is not None else head
+        if cursor > barrier:
+            cursor = max(barrier, from_seq)
         scanned = 0
         if cursor < earliest - 1:
             # everything below earliest_seq is dead: skip it in O(1)
-            scanned = earliest - 1 - cursor
-            cursor = earliest - 1
+            jump = min(earliest - 1, barrier)
+            scanned = jump - cursor
+            cursor = jump
         out: list[bytes] = []
-        if cursor >= head:
-            return ReadResult(out, cursor, head, earliest, tomb, scanned)
-        encs = self.encs
-        base = self.base
-        nodes = self.nodes if node_filter is not None and self.nodes else None
-        plain = include_meta and include_data and not (include_tags and self.tags)
-        end = min(head, cursor + max_scan)
-        nbytes = 0
         seq = cursor
-        for seq in range(cursor + 1, end + 1):
-            enc = encs[seq - base]
-            if enc is None:
-                continue
-            if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
-                continue
-            if not plain:
-                enc = project(
-                    enc,
-                    self.shapes.get(seq),
-                    self.tags.get(seq),
-                    include_tags,
-                    include_meta,
-                    include_data,
-                )
-            if out and nbytes + len(enc) > max_bytes:
-                seq -= 1
-                break
-            out.append(enc)
-            nbytes += len(enc)
-            if len(out) >= limit:
-                break
-        scanned += seq - cursor
+        end = min(head, barrier, cursor + max_scan)
+        if cursor < end:
+            encs = self.encs
+            base = self.base
+            nodes = self.nodes if node_filter is not None and self.nodes else None
+            plain = include_meta and include_data and not (include_tags and self.tags)
+            nbytes = 0
+            for seq in range(cursor + 1, end + 1):
+                enc = encs[seq - base]
+                if enc is None:
+                    continue
+                if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
+                    continue
+                if not plain:
+                    enc = project(
+                        enc,
+                        self.shapes.get(seq),
+                        self.tags.get(seq),
+                        include_tags,
+                        include_meta,
+                        include_data,
+                    )
+                if out and nbytes + len(enc) > max_bytes:
+                    seq -= 1
+                    break
+                out.append(enc)
+                nbytes += len(enc)
+                if len(out) >= limit:
+                    break
+            scanned += seq - cursor
+        if lost is not None and seq >= barrier and not out and tomb is None:
+            # the walk reached a lost range with nothing to deliver: announce it
+            gap_from, gap_to = max(lost[0], from_seq + 1), lost[1]
+            tomb = Tombstone(gap_from, gap_to, "crash", gap_to + 1, head)
+            seq = gap_to
         return ReadResult(out, seq, head, earliest, tomb, scanned)
+
+    def _next_lost(self, from_seq: int) -> tuple[int, int] | None:
+        """The first lost range ending above `from_seq`, if any."""
+        ranges = self.lost_ranges
+        i = bisect.bisect_right(ranges, from_seq, key=lambda r: r[1])
+        return ranges[i] if i < len(ranges) else None
 
     # ---- waiting ------------------------------------------------------------------------
 
