@@ -47,6 +47,7 @@ EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 EXIT_INSECURE = 3
+EXIT_RECOVERY = 4
 EXIT_LOCKED = 5
 EXIT_SOFTWARE = 70
 
@@ -146,6 +147,7 @@ def _insecure(cfg: Config, keys: KeyStore) -> bool:
 def _serve(args: argparse.Namespace) -> int:
     from topicd.daemon import SecondSignal, run_daemon
     from topicd.storage.datadir import DataDirError, DataDirLocked
+    from topicd.storage.recovery import RecoveryRefused
 
     try:
         cfg, keys = _load(args)
@@ -172,18 +174,27 @@ def _serve(args: argparse.Namespace) -> int:
                 cfg.server.host,
             )
     code = EXIT_OK
+
+    def leaf(exc: BaseException) -> BaseException:
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        return exc
+
     try:
         trio.run(run_daemon, cfg, keys)
     except* DataDirLocked as eg:
-        print(f"topicd: {eg.exceptions[0]}", file=sys.stderr)
+        print(f"topicd: {leaf(eg)}", file=sys.stderr)
         code = EXIT_LOCKED
+    except* RecoveryRefused as eg:
+        print(f"topicd: recovery refused: {leaf(eg)}", file=sys.stderr)
+        code = EXIT_RECOVERY
     except* DataDirError as eg:
-        print(f"topicd: {eg.exceptions[0]}", file=sys.stderr)
+        print(f"topicd: {leaf(eg)}", file=sys.stderr)
         code = EXIT_RUNTIME
     except* (SecondSignal, KeyboardInterrupt):
         code = EXIT_RUNTIME
     except* OSError as eg:
-        print(f"topicd: {eg.exceptions[0]}", file=sys.stderr)
+        print(f"topicd: {leaf(eg)}", file=sys.stderr)
         code = EXIT_RUNTIME
     except* Exception:
         log.exception("topicd: unexpected internal error")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import logging
 import signal
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,10 +28,14 @@ from hypercorn.config import Config as HyperConfig
 
 from topicd import __version__
 from topicd.clock import SystemWallClock
-from topicd.engine.engine import open_engine
-from topicd.http.app import create_app
+from topicd.engine.engine import Engine
+from topicd.http.app import EngineRef, create_app
 from topicd.lifecycle import Lifecycle, Phase
+from topicd.offload import ThreadOffload
 from topicd.storage.datadir import lock_data_dir
+from topicd.storage.fs import RealFs
+from topicd.storage.recovery import RecoveryRefused, read_boot_id
+from topicd.storage.service import open_durable_engine
 
 if TYPE_CHECKING:
     from topicd.config import Config
@@ -96,46 +99,83 @@ async def run_daemon(
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run topicd until a signal drains it. Raises `SecondSignal` on a forced exit."""
+    """Run topicd until a signal drains it.
+
+    Raises `SecondSignal` on a forced exit and `RecoveryRefused` when the data directory
+    cannot be vouched for (the server answered probes, never turned ready).
+    """
     lifecycle = Lifecycle()
+    clock = SystemWallClock()
     lock = await lock_data_dir(Path(cfg.storage.data_dir))
     try:
         async with trio.open_nursery() as root:
             drain = trio.Event()
             root.start_soon(_watch_signals, lifecycle, drain)
-            async with open_engine(cfg, SystemWallClock()) as engine:
-                app = create_app(engine, cfg, lifecycle, keys)
-                stop_http = trio.Event()
-                async with trio.open_nursery() as http:
-                    binds = await http.start(
-                        partial(
-                            hypercorn.trio.serve,
-                            app,
-                            hypercorn_config(cfg),
-                            shutdown_trigger=stop_http.wait,
+            # routes other than probes and metrics answer 503 until recovery is done
+            ref = EngineRef(Engine(cfg, clock))
+            app = create_app(ref, cfg, lifecycle, keys)
+            stop_http = trio.Event()
+            http_done = trio.Event()
+
+            async def serve_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                try:
+                    await hypercorn.trio.serve(
+                        app,
+                        hypercorn_config(cfg),
+                        shutdown_trigger=stop_http.wait,
+                        task_status=task_status,
+                    )
+                finally:
+                    http_done.set()
+
+            async with trio.open_nursery() as http:
+                binds = await http.start(serve_http)
+                port = int(binds[0].rsplit(":", 1)[1])
+                if cfg.server.port_file:
+                    await trio.Path(cfg.server.port_file).write_text(f"{port}\n")
+                log.info("bound to %s; recovering %s", ", ".join(binds), cfg.storage.data_dir)
+                task_status.started(port)
+                try:
+                    async with open_durable_engine(
+                        cfg,
+                        RealFs(),
+                        ThreadOffload(
+                            {
+                                "wal": 8,
+                                "misc": cfg.io.misc_threads,
+                                "read": cfg.io.read_threads,
+                                "snapshot": 1,
+                            }
+                        ),
+                        clock,
+                        boot_id=read_boot_id(),
+                        progress=lifecycle.set_progress,
+                    ) as engine:
+                        ref.engine = engine
+                        gc.collect()
+                        gc.freeze()  # start-up objects never need scanning again
+                        gc.set_threshold(cfg.engine.gc_threshold0, 20, 20)
+                        lifecycle.set_serving()
+                        log.info(
+                            "topicd %s listening on %s (data dir %s, %d topics, %s)",
+                            __version__,
+                            ", ".join(binds),
+                            cfg.storage.data_dir,
+                            len(engine.topics),
+                            f"{len(keys)} keys" if keys.enabled else "dev mode: NO AUTH",
                         )
-                    )
-                    port = int(binds[0].rsplit(":", 1)[1])
-                    if cfg.server.port_file:
-                        await trio.Path(cfg.server.port_file).write_text(f"{port}\n")
-                    log.info(
-                        "topicd %s listening on %s (data dir %s, %s)",
-                        __version__,
-                        ", ".join(binds),
-                        cfg.storage.data_dir,
-                        f"{len(keys)} keys" if keys.enabled else "dev mode: NO AUTH",
-                    )
-                    log.info("caps: %s", caps_summary(cfg))
-                    gc.collect()
-                    gc.freeze()  # start-up objects never need scanning again
-                    gc.set_threshold(cfg.engine.gc_threshold0, 20, 20)
-                    lifecycle.set_serving()
-                    task_status.started(port)
-                    await lifecycle.phase.wait_value(lambda p: p is not Phase.SERVING)
-                    engine.begin_drain()
-                    stop_http.set()  # listener closes; in-flight requests continue
-                    # hypercorn returns once connections are done or graceful_timeout passed
-                lifecycle.phase.value = Phase.STOPPING
+                        log.info("caps: %s", caps_summary(cfg))
+                        await lifecycle.phase.wait_value(lambda p: p is not Phase.SERVING)
+                        engine.begin_drain()
+                        stop_http.set()  # listener closes; in-flight requests continue
+                        await http_done.wait()  # done, or drain_timeout_ms passed
+                        lifecycle.phase.value = Phase.STOPPING
+                        # leaving the block drains the WAL and runs the final fsync
+                except RecoveryRefused as exc:
+                    lifecycle.phase.value = Phase.FAILED
+                    log.error("recovery refused: %s", exc)
+                    stop_http.set()
+                    raise
             root.cancel_scope.cancel("drained")
         lifecycle.phase.value = Phase.STOPPED
         log.info("topicd stopped cleanly")

@@ -33,9 +33,15 @@ class Lifecycle:
     def uptime_ms(self) -> int:
         return int((trio.current_time() - self.started_at) * 1000)
 
+    def set_progress(self, fraction: float) -> None:
+        """Recovery progress (called from the recovery thread: one float store)."""
+        self.replay_progress = fraction
+
     def set_serving(self) -> None:
+        """Recovery finished. A drain that began during recovery wins."""
         self.replay_progress = 1.0
-        self.phase.value = Phase.SERVING
+        if self.phase.value is Phase.STARTING:
+            self.phase.value = Phase.SERVING
 
     def begin_drain(self) -> None:
         if self.phase.value in (Phase.STARTING, Phase.SERVING):

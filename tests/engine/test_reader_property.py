@@ -38,6 +38,8 @@ op = st.one_of(
     st.tuples(st.just("del_before"), st.integers(0, 60)),
     st.tuples(st.just("del_tag"), st.sampled_from(["Eq:a", "Eq:c:x", "Glob:c:", "Glob:"])),
     st.tuples(st.just("read"), st.integers(1, 8)),
+    st.tuples(st.just("gap"), st.integers(1, 5)),
+    st.tuples(st.just("lost"), st.integers(1, 5)),
 )
 
 
@@ -48,6 +50,8 @@ class Model:
         self.written: set[int] = set()
         self.deleted: set[int] = set()
         self.evicted: set[int] = set()
+        self.never: set[int] = set()  # seqs a restart skipped (never held a record)
+        self.lost: set[int] = set()  # seqs in lost ranges (possibly lost in a crash)
         self.cursor = 0
         self.delivered: list[int] = []
         self.tag_of: dict[int, str | None] = {}
@@ -118,25 +122,26 @@ class Model:
         if seqs:
             assert res.next_from_seq >= seqs[-1]
         skipped = [s for s in range(c + 1, res.next_from_seq + 1) if s not in seqs]
-        skipped_evicted = [s for s in skipped if s in self.evicted]
+        loss = [s for s in skipped if s in self.evicted or s in self.lost]
+        gone = self.evicted | self.deleted | self.never | self.lost
         for s in skipped:
-            assert s in self.evicted or s in self.deleted, (s, "skipped a live record")
+            assert s in gone, (s, "skipped a live record")
         tomb = res.tombstone
         if tomb is not None:
-            assert tomb.reason in ("cap", "ttl", "mixed")
-            assert tomb.gap_from == c + 1
+            assert tomb.reason in ("cap", "ttl", "mixed", "crash")
+            assert tomb.gap_from == c + 1 or tomb.reason == "crash"
             for s in range(tomb.gap_from, tomb.gap_to + 1):
-                assert s in self.evicted or s in self.deleted, (s, "tombstone covers a live seq")
-            for s in skipped_evicted:
-                assert tomb.gap_from <= s <= tomb.gap_to
+                assert s in gone, (s, "tombstone covers a live seq")
+            for s in loss:
+                assert tomb.gap_from <= s <= tomb.gap_to, (s, "lost seq outside the tombstone")
         else:
-            assert not skipped_evicted, ("evicted seqs skipped silently", skipped_evicted)
+            assert not loss, ("evicted or lost seqs skipped silently", loss)
         self.delivered.extend(seqs)
         self.cursor = res.next_from_seq
         assert res.caught_up == (res.next_from_seq == t.head_seq)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(st.lists(op, min_size=1, max_size=60))
 def test_reader_sees_live_records_once_and_loss_only_through_tombstones(ops):
     m = Model()
@@ -163,6 +168,14 @@ def test_reader_sees_live_records_once_and_loss_only_through_tombstones(ops):
             m.delete(None, (opname, value))
         elif kind == "read":
             m.read(o[1])
+        elif kind == "gap":
+            t = m.topic
+            m.never.update(range(t.head_seq + 1, t.head_seq + o[1] + 1))
+            t.skip_to(t.head_seq + o[1])
+        elif kind == "lost":
+            t = m.topic
+            m.lost.update(range(t.head_seq + 1, t.head_seq + o[1] + 1))
+            t.add_lost_range(t.head_seq + 1, t.head_seq + o[1])
     # drain the reader to the head
     for _ in range(1000):
         if m.cursor == m.topic.head_seq:

@@ -105,6 +105,7 @@ class Engine:
         self.commit: CommitPath = commit or InMemoryCommitPath()
         self.commit.attach(self)
         self.draining = False
+        self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
 
@@ -230,14 +231,33 @@ class Engine:
     # ------------------------------------------------------------------------------------
 
     def apply_create(self, topic: Topic) -> Topic:
-        assert topic.name not in self.topics, topic.name
-        self.topics[topic.name] = topic
         self.by_id[topic.topic_id] = topic
-        bisect.insort(self._names, topic.name)
+        self._next_topic_id = max(self._next_topic_id, topic.topic_id + 1)
         if topic.config.ttl_ms > 0:
             self._ttl_topics.add(topic)
-        self._next_topic_id = max(self._next_topic_id, topic.topic_id + 1)
+        if not self.replaying:
+            assert topic.name not in self.topics, topic.name
+            self.topics[topic.name] = topic
+            bisect.insort(self._names, topic.name)
         return topic
+
+    def finish_replay(self, now_ms: int) -> None:
+        """Recovery is done: register the live instances by name, settle retention and
+        idempotency against the real clock. (Shards replay independently, so a name's
+        deleted and current instances may have been replayed in any order.)"""
+        assert self.replaying
+        self.replaying = False
+        for topic in self.by_id.values():
+            other = self.topics.get(topic.name)
+            if other is not None:
+                raise AssertionError(
+                    f"two live instances of topic {topic.name!r}: ids {other.topic_id} "
+                    f"and {topic.topic_id}"
+                )
+            self.topics[topic.name] = topic
+            self._enforce(topic, now_ms)
+        self._names = sorted(self.topics)
+        self.idem.prune(now_ms)
 
     def apply_config(self, topic: Topic, config: TopicConfig, now_ms: int) -> None:
         if topic.deleted:
@@ -259,9 +279,10 @@ class Engine:
                     f"topic {topic.name!r} still holds {topic.count} live records",
                     {"topic": topic.name, "count": topic.count},
                 )
-        del self.topics[topic.name]
         del self.by_id[topic.topic_id]
-        del self._names[bisect.bisect_left(self._names, topic.name)]
+        if not self.replaying:
+            del self.topics[topic.name]
+            del self._names[bisect.bisect_left(self._names, topic.name)]
         self._ttl_topics.discard(topic)
         self.total_bytes -= topic.bytes
         self.idem.drop_topic(topic.topic_id)

@@ -1,16 +1,19 @@
 """One topic instance: its log, watermarks, tag index, retention and the diff walk.
 
 Everything here is synchronous and owned by the event-loop thread. The log is stored in
-columns indexed by `seq - base` (O(1) lookup by seq, no Python object per record):
+columns, no Python object per record:
 
-* `encs`: the record's stored JSON (`model` docstring), or `None` once the record was
-  deleted, evicted or expired;
-* `ts` / `sizes`: compact arrays of `$ts` and payload size;
-* sparse maps by seq for the extras only some records have: `tags`, `nodes`, `prios` and
-  `shapes` (see `model.project`).
+* a `Run` covers consecutive seqs `base ..`: `encs` (each record's stored JSON, see
+  `model`, or `None` once it was deleted, evicted or expired) and compact `array`
+  columns of `$ts` and payload size, all indexed by `seq - base` (O(1) lookup);
+* a topic is normally one run. A restart that resumes above the seq reservation leaves a
+  gap of seqs that never held records; the gap is not stored: a new run starts above it,
+  and reads jump it in O(1);
+* sparse maps by seq hold the extras only some records have: `tags`, `nodes`, `prios`
+  and `shapes` (see `model.project`).
 
-Slots below `earliest_seq` are all dead and are trimmed from the columns in bulk
-(amortized O(1) per record).
+Slots below `earliest_seq` are all dead and are trimmed from the front run in bulk
+(amortized O(1) per record); runs left with nothing live are dropped.
 
 Watermarks (api-topics §1, §8.2):
 
@@ -190,6 +193,23 @@ class TagIndex:
         return out
 
 
+class Run:
+    """Consecutive slots `base .. base + len(encs) - 1` of a topic's log."""
+
+    __slots__ = ("base", "encs", "sizes", "ts")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.encs: list[bytes | None] = []
+        self.ts = array("q")
+        self.sizes = array("I")
+
+    @property
+    def end(self) -> int:
+        """The last seq of the run (`base - 1` when empty)."""
+        return self.base + len(self.encs) - 1
+
+
 class Topic:
     """One instance of a named topic (delete + recreate makes a new instance)."""
 
@@ -198,14 +218,11 @@ class Topic:
         self.name_json = name_json
         self.topic_id = topic_id
         self.config = config
-        self.encs: list[bytes | None] = []
-        self.ts = array("q")
-        self.sizes = array("I")
+        self.runs: list[Run] = [Run(1)]
         self.tags: dict[int, str] = {}
         self.nodes: dict[int, str] = {}
         self.prios: dict[int, int] = {}
         self.shapes: dict[int, Shape] = {}
-        self.base = 1  # seq of encs[0]
         self.head_seq = 0
         self.next_seq = 1
         self.earliest_seq = 1
@@ -227,17 +244,31 @@ class Topic:
 
     # ---- lookup -------------------------------------------------------------------------
 
-    def live(self, seq: int) -> bool:
-        return self.earliest_seq <= seq <= self.head_seq and self.encs[seq - self.base] is not None
+    def _run(self, seq: int) -> Run | None:
+        """The run holding slot `seq` (None inside a gap between runs)."""
+        runs = self.runs
+        if len(runs) == 1:
+            return runs[0]
+        i = bisect.bisect_right(runs, seq, key=lambda r: r.base) - 1
+        if i < 0:
+            return None
+        run = runs[i]
+        return run if seq <= run.end else None
 
     def enc(self, seq: int) -> bytes | None:
         """The stored JSON of the live record `seq`, or None."""
         if seq < self.earliest_seq or seq > self.head_seq:
             return None
-        return self.encs[seq - self.base]
+        run = self._run(seq)
+        return None if run is None else run.encs[seq - run.base]
+
+    def live(self, seq: int) -> bool:
+        return self.enc(seq) is not None
 
     def size(self, seq: int) -> int:
-        return self.sizes[seq - self.base]
+        run = self._run(seq)
+        assert run is not None
+        return run.sizes[seq - run.base]
 
     # ---- write side -------------------------------------------------------------------
 
@@ -266,9 +297,11 @@ class Topic:
         n = len(encs)
         assert n > 0
         assert first_seq == self.head_seq + 1, (first_seq, self.head_seq)
-        self.encs.extend(encs)
-        self.ts.extend([ts] * n)
-        self.sizes.extend(sizes)
+        run = self.runs[-1]
+        assert first_seq == run.end + 1, (first_seq, run.base, len(run.encs))
+        run.encs.extend(encs)
+        run.ts.extend([ts] * n)
+        run.sizes.extend(sizes)
         if tags:
             index = self.tag_index
             for i, tag in tags.items():
@@ -290,23 +323,18 @@ class Topic:
 
     def skip_to(self, new_head: int) -> None:
         """Raise `head_seq` to `new_head` over seqs that hold nothing (recovery: a seq
-        reservation or a lost range). The skipped slots are dead."""
-        gap = new_head - self.head_seq
-        if gap <= 0:
+        reservation or a lost range). The gap is not stored: a new run starts above it."""
+        if new_head <= self.head_seq:
             return
-        if self.count == 0:  # nothing live: rebase the empty columns past the gap
-            self.encs.clear()
-            del self.ts[:]
-            del self.sizes[:]
-            self.base = new_head + 1
+        if self.count == 0:
+            self.runs = [Run(new_head + 1)]
+            self.earliest_seq = new_head + 1
+        elif self.runs[-1].encs:
+            self.runs.append(Run(new_head + 1))
         else:
-            self.encs.extend([None] * gap)
-            self.ts.extend([0] * gap)
-            self.sizes.extend([0] * gap)
+            self.runs[-1].base = new_head + 1
         self.head_seq = new_head
         self.next_seq = new_head + 1
-        if self.count == 0:
-            self.earliest_seq = new_head + 1
 
     def add_lost_range(self, gap_from: int, gap_to: int) -> None:
         """Record seqs possibly lost in a crash (recovery); reads announce them."""
@@ -328,8 +356,10 @@ class Topic:
         freed = 0
         if cfg.ttl_ms > 0 and self.count:
             limit_ts = now_ms - cfg.ttl_ms  # expired iff now - ts > ttl  ⇔  ts < limit_ts
-            ts = self.ts
-            while self.count and ts[self.earliest_seq - self.base] < limit_ts:
+            while self.count:
+                run = self.runs[0]
+                if run.ts[self.earliest_seq - run.base] >= limit_ts:
+                    break
                 freed += self._evict_front("ttl")
         if cfg.cap_records > 0:
             while self.count > cfg.cap_records:
@@ -343,22 +373,22 @@ class Topic:
 
     def _evict_front(self, reason: str) -> int:
         seq = self.earliest_seq
-        assert self.encs[seq - self.base] is not None
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
         while self.lost_ranges and self.lost_ranges[0][1] < seq:
             del self.lost_ranges[0]  # absorbed: the cap/TTL tombstone now covers it
-        size = self._kill(seq)
+        size = self._kill(seq, self.runs[0])
         self._advance_earliest()
         return size
 
     # ---- deletes ----------------------------------------------------------------------
 
-    def _kill(self, seq: int) -> int:
-        """Remove the live record `seq`; return its size."""
-        i = seq - self.base
-        self.encs[i] = None
-        size = self.sizes[i]
+    def _kill(self, seq: int, run: Run) -> int:
+        """Remove the live record `seq` held by `run`; return its size."""
+        i = seq - run.base
+        assert run.encs[i] is not None
+        run.encs[i] = None
+        size = run.sizes[i]
         self.count -= 1
         self.bytes -= size
         if self.tags and self.tags.pop(seq, None) is not None:
@@ -372,16 +402,29 @@ class Topic:
         return size
 
     def _advance_earliest(self) -> None:
-        seq, head, base, encs = self.earliest_seq, self.head_seq, self.base, self.encs
-        while seq <= head and encs[seq - base] is None:
-            seq += 1
+        """Move `earliest_seq` to the first live record (or head + 1); drop dead runs."""
+        seq = self.earliest_seq
+        runs = self.runs
+        while True:
+            run = runs[0]
+            if seq < run.base:
+                seq = run.base
+            encs, base, end = run.encs, run.base, run.end
+            while seq <= end and encs[seq - base] is None:
+                seq += 1
+            if seq <= end or len(runs) == 1:
+                break
+            runs.pop(0)  # nothing live left in this run
+        run = runs[0]
+        if seq > self.head_seq:
+            seq = self.head_seq + 1
         self.earliest_seq = seq
-        dead = seq - base
-        if dead > 4096 and dead * 2 > len(encs):
-            del encs[:dead]
-            del self.ts[:dead]
-            del self.sizes[:dead]
-            self.base = seq
+        dead = min(seq, run.end + 1) - run.base
+        if dead > 4096 and dead * 2 > len(run.encs):
+            del run.encs[:dead]
+            del run.ts[:dead]
+            del run.sizes[:dead]
+            run.base += dead
 
     def delete_records(
         self, before_seq: int | None, match: tuple[str, str] | None, bound_head: int
@@ -392,12 +435,15 @@ class Topic:
             hi = min(hi, before_seq - 1)
         deleted = 0
         freed = 0
-        encs, base = self.encs, self.base
         if match is None:
-            for seq in range(self.earliest_seq, hi + 1):
-                if encs[seq - base] is not None:
-                    freed += self._kill(seq)
-                    deleted += 1
+            for run in list(self.runs):
+                lo = max(self.earliest_seq, run.base)
+                top = min(hi, run.end)
+                encs, base = run.encs, run.base
+                for seq in range(lo, top + 1):
+                    if encs[seq - base] is not None:
+                        freed += self._kill(seq, run)
+                        deleted += 1
         else:
             op, value = match
             index = self.tag_index
@@ -411,7 +457,9 @@ class Topic:
                     tag = tags.get(seq)
                     if tag is None or (op == "Eq" and tag != value):
                         continue
-                    freed += self._kill(seq)
+                    holder = self._run(seq)
+                    assert holder is not None
+                    freed += self._kill(seq, holder)
                     deleted += 1
         if deleted:
             self._advance_earliest()
@@ -468,33 +516,47 @@ class Topic:
         seq = cursor
         end = min(head, barrier, cursor + max_scan)
         if cursor < end:
-            encs = self.encs
-            base = self.base
             nodes = self.nodes if node_filter is not None and self.nodes else None
             plain = include_meta and include_data and not (include_tags and self.tags)
             nbytes = 0
-            for seq in range(cursor + 1, end + 1):
-                enc = encs[seq - base]
-                if enc is None:
+            full = False
+            for run in self.runs:
+                if run.end <= seq:
                     continue
-                if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
-                    continue
-                if not plain:
-                    enc = project(
-                        enc,
-                        self.shapes.get(seq),
-                        self.tags.get(seq),
-                        include_tags,
-                        include_meta,
-                        include_data,
-                    )
-                if out and nbytes + len(enc) > max_bytes:
-                    seq -= 1
+                if run.base > end:
                     break
-                out.append(enc)
-                nbytes += len(enc)
-                if len(out) >= limit:
+                if run.base > seq + 1:
+                    seq = run.base - 1  # a gap between runs: nothing was ever stored there
+                encs, base = run.encs, run.base
+                stop = min(end, run.end)
+                for seq in range(seq + 1, stop + 1):  # noqa: B020 - seq carries on
+                    enc = encs[seq - base]
+                    if enc is None:
+                        continue
+                    if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
+                        continue
+                    if not plain:
+                        enc = project(
+                            enc,
+                            self.shapes.get(seq),
+                            self.tags.get(seq),
+                            include_tags,
+                            include_meta,
+                            include_data,
+                        )
+                    if out and nbytes + len(enc) > max_bytes:
+                        seq -= 1
+                        full = True
+                        break
+                    out.append(enc)
+                    nbytes += len(enc)
+                    if len(out) >= limit:
+                        full = True
+                        break
+                if full:
                     break
+            if not full:
+                seq = end  # examined every seq up to `end`, or jumped a gap holding none
             scanned += seq - cursor
         if lost is not None and seq >= barrier and not out and tomb is None:
             # the walk reached a lost range with nothing to deliver: announce it

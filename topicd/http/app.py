@@ -346,8 +346,20 @@ def _render_error(err: TopicdError) -> Response:
     return resp
 
 
-def create_app(engine: Engine, config: Config, lifecycle: Lifecycle, keys: KeyStore) -> QuartTrio:
+class EngineRef:
+    """The engine the routes use. The daemon serves probes while recovery runs and swaps
+    the recovered engine in before the phase turns SERVING (until then the gate answers
+    every other route `503 not_ready`, so no handler touches the placeholder)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+
+def create_app(
+    engine: Engine | EngineRef, config: Config, lifecycle: Lifecycle, keys: KeyStore
+) -> QuartTrio:
     """The full `/v0` application, gate included."""
+    ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
     from topicd.http import ops, topics
 
     app = QuartTrio("topicd")
@@ -355,10 +367,10 @@ def create_app(engine: Engine, config: Config, lifecycle: Lifecycle, keys: KeySt
     app.config["BODY_TIMEOUT"] = max(1, config.server.header_read_timeout_ms // 1000)
     app.config["PROPAGATE_EXCEPTIONS"] = False
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions["topicd"] = {"engine": engine, "config": config, "lifecycle": lifecycle}
+    app.extensions["topicd"] = {"engine": ref, "config": config, "lifecycle": lifecycle}
 
-    topics.register(app, engine, config)
-    ops.register(app, engine, config, lifecycle)
+    topics.register(app, ref, config)
+    ops.register(app, ref, config, lifecycle)
 
     @app.errorhandler(TopicdError)
     async def _topicd_error(err: TopicdError) -> Response:
@@ -402,6 +414,6 @@ def create_app(engine: Engine, config: Config, lifecycle: Lifecycle, keys: KeySt
         lifecycle=lifecycle,
         keys=keys,
         config=config,
-        pressure=lambda: engine.pressure,
+        pressure=lambda: ref.engine.pressure,
     )
     return app

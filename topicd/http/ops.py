@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from topicd.config import Config
-    from topicd.engine.engine import Engine
+    from topicd.http.app import EngineRef
 
 
-def register(app: QuartTrio, engine: Engine, config: Config, lifecycle: Lifecycle) -> None:
+def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
     async def health() -> Response:
         return json_response(
             {"status": "ok", "version": __version__, "uptime_ms": lifecycle.uptime_ms()}
@@ -28,7 +28,7 @@ def register(app: QuartTrio, engine: Engine, config: Config, lifecycle: Lifecycl
         phase = lifecycle.phase.value
         if phase is Phase.SERVING:
             return json_response(
-                {"status": "ready", "wal_replay_complete": True, "topics": len(engine.topics)}
+                {"status": "ready", "wal_replay_complete": True, "topics": len(ref.engine.topics)}
             )
         if phase in (Phase.STARTING, Phase.FAILED):
             raise NotReady(

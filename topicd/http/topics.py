@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from topicd.config import Config
-    from topicd.engine.engine import Engine
+    from topicd.http.app import EngineRef
 
 
 def _has_whitespace(body: bytes) -> bool:
@@ -70,7 +70,7 @@ def _page_size(default: int, maximum: int) -> int:
     return min(max(value, 1), maximum)
 
 
-def register(app: QuartTrio, engine: Engine, config: Config) -> None:
+def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     max_body = config.limits.max_body_bytes
     proto = config.protocol
 
@@ -79,7 +79,7 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
         principal().require("admin", topic)
         body = await read_body(empty_ok=True, max_bytes=max_body)
         cin = None if body is None else decode(CONFIG_DECODER, body)
-        t, created = await engine.put_topic(topic, cin)
+        t, created = await ref.engine.put_topic(topic, cin)
         return json_response(
             {"topic": t.name, "created": created, "config": t.config.to_wire()},
             201 if created else 200,
@@ -88,7 +88,7 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
     @app.route("/v0/topics/<topic>", methods=["GET"])
     async def get_topic(topic: str) -> Response:
         principal().require("read", topic)
-        return json_response(engine.topic_state(topic, query_bool("touch", True)))
+        return json_response(ref.engine.topic_state(topic, query_bool("touch", True)))
 
     @app.route("/v0/topics", methods=["GET"])
     async def list_topics() -> Response:
@@ -96,7 +96,7 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
         p.require("read")
         cursor = request.args.get("cursor") or None
         after = decode_list_cursor(cursor) if cursor is not None else None
-        items, last = engine.list_topics(
+        items, last = ref.engine.list_topics(
             request.args.get("prefix", ""),
             after,
             _page_size(proto.default_page_size, proto.max_page_size),
@@ -111,7 +111,7 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
     @app.route("/v0/topics/<topic>", methods=["DELETE"])
     async def delete_topic(topic: str) -> Response:
         principal().require("delete", topic)
-        deleted = await engine.delete_topic(topic, query_bool("if_empty", False))
+        deleted = await ref.engine.delete_topic(topic, query_bool("if_empty", False))
         return json_response({"topic": topic, "deleted": deleted, "routers_removed": []})
 
     @app.route("/v0/topics/<topic>", methods=["POST"])
@@ -132,7 +132,7 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
             raise InvalidRequest(f"invalid request body: {exc}") from None
         except msgspec.DecodeError as exc:
             raise InvalidRequest(f"malformed JSON: {exc}") from None
-        res = await engine.append(
+        res = await ref.engine.append(
             topic,
             req,
             header_key=request.headers.get("Idempotency-Key"),
@@ -149,16 +149,17 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
         payload["count"] = res.count
         payload["created"] = res.created
         payload["deduped"] = res.deduped
-        return json_response(
-            payload, 201 if res.created else 200, {"fsync_ms": round(res.fsync_ms, 3)}
-        )
+        perf: dict[str, JsonValue] = {"fsync_ms": round(res.fsync_ms, 3)}
+        if res.wal_append_ms is not None:
+            perf["wal_append_ms"] = round(res.wal_append_ms, 3)
+        return json_response(payload, 201 if res.created else 200, perf)
 
     @app.route("/v0/topics/<topic>/diff", methods=["POST"])
     async def diff(topic: str) -> Response:
         principal().require("read", topic)
         body = await read_body(empty_ok=True, max_bytes=max_body)
         req = DiffIn() if body is None else decode(DIFF_DECODER, body)
-        t, res = await engine.diff(topic, req)
+        t, res = await ref.engine.diff(topic, req)
         tomb = b"null" if res.tombstone is None else orjson.dumps(res.tombstone.to_wire())
         perf = orjson.dumps(performance({"records_scanned": res.scanned}))
         out = b"".join(
@@ -190,7 +191,7 @@ def register(app: QuartTrio, engine: Engine, config: Config) -> None:
         assert body is not None
         req = decode(DELETE_DECODER, body)
         check_topic_name(topic)
-        res = await engine.delete_records(topic, req)
+        res = await ref.engine.delete_records(topic, req)
         t = res.topic
         payload: dict[str, JsonValue] = {
             "topic": t.name,

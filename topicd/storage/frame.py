@@ -310,27 +310,26 @@ def read_frame(buf: bytes | memoryview, offset: int, limit: int, max_frame: int)
     )
 
 
-def find_valid_frame(buf: bytes | memoryview, start: int, limit: int, max_frame: int) -> int:
+def find_valid_frame(buf: bytes, start: int, limit: int, max_frame: int) -> int:
     """Offset of the first checksum-valid frame at or after `start`, or -1.
 
     Used after an invalid frame: none found means a torn tail, one found means corruption
     in the middle of the log. Runs of zero bytes (preallocated space) are skipped at C
     speed; every other offset is tried.
     """
-    data = bytes(buf) if isinstance(buf, memoryview) else buf
 
     def valid_at(pos: int) -> bool:
         try:
-            return read_frame(data, pos, limit, max_frame) is not None
+            return read_frame(buf, pos, limit, max_frame) is not None
         except FrameError:
             return True  # checksum-valid, unknown type: still a valid frame boundary
 
     pos = start
     while pos + FRAME_HEAD_LEN <= limit:
-        if data[pos] == 0:
+        if buf[pos] == 0:
             # skip a zero run at C speed; a frame_len's low bytes may be zero, so the
             # three offsets before the next non-zero byte are candidates too
-            nxt = _next_nonzero(data, pos, limit)
+            nxt = next_nonzero(buf, pos, limit)
             if nxt < 0:
                 return -1
             for cand in range(max(pos, nxt - 3), nxt):
@@ -344,13 +343,32 @@ def find_valid_frame(buf: bytes | memoryview, start: int, limit: int, max_frame:
     return -1
 
 
-def _next_nonzero(data: bytes, pos: int, limit: int) -> int:
-    chunk = 1 << 16
+def all_zero(buf: bytes, start: int, end: int) -> bool:
+    """Whether `buf[start:end]` holds only zero bytes (C speed, no copy)."""
+    return start >= end or buf.count(0, start, end) == end - start
+
+
+def next_nonzero(buf: bytes, pos: int, limit: int) -> int:
+    """Offset of the first non-zero byte in `buf[pos:limit]`, or -1.
+
+    Counts zeros per 1 MiB chunk (C speed, no copy) and bisects inside the first chunk
+    that holds something else.
+    """
+    chunk = 1 << 20
     while pos < limit:
         end = min(limit, pos + chunk)
-        piece = data[pos:end]
-        stripped = piece.lstrip(b"\x00")
-        if stripped:
-            return end - len(stripped)
-        pos = end
+        if buf.count(0, pos, end) == end - pos:
+            pos = end
+            continue
+        lo, hi = pos, end
+        while hi - lo > 64:
+            mid = (lo + hi) // 2
+            if buf.count(0, lo, mid) == mid - lo:
+                lo = mid
+            else:
+                hi = mid
+        for i in range(lo, hi):
+            if buf[i]:
+                return i
+        raise AssertionError("count said non-zero")  # pragma: no cover
     return -1

@@ -1,0 +1,473 @@
+"""Recovery: rebuild the engine from the data directory (storage spec §10).
+
+Runs in one worker thread before the engine serves (or inline in tests, over `FakeDisk`)
+and builds a private `Engine` that nothing else touches until recovery returns it.
+
+1. **Open.** `FORMAT` says what wrote the directory; a directory holding nothing but the
+   lock is a fresh start (FORMAT is written); anything else without FORMAT is refused.
+2. **Replay** each shard's WAL files in index order. A file with a successor is valid up
+   to the successor's fence (`prev_valid_len`): every frame before it must validate. In
+   the last file frames are read until the first invalid one, at X; if a checksum-valid
+   frame exists anywhere after X the log is corrupt in the middle (refused), otherwise the
+   rest is a torn tail (ignored: the next file's header fences it).
+3. **Apply** every frame through the engine's own `apply_*` methods, in log order (per
+   topic, log order is commit order), so replayed state equals live state.
+4. **Finish.** Names are registered from the live instances; heads are raised to their
+   seq reservation. If the machine rebooted since the last run (the kernel boot id
+   changed), the raised part of a `memory`/`disk` topic may have held acknowledged records
+   lost with the unsynced tail: it becomes a *lost range*, announced to readers as a
+   `crash` tombstone. After a mere process crash (same boot id) written bytes were in the
+   page cache, so nothing was lost and no lost range is recorded.
+
+Failures raise `RecoveryRefused` with one operator-readable message (the command exits 4);
+nothing is modified by a refused recovery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import orjson
+
+from topicd.engine.commit import AppendBatch
+from topicd.engine.engine import Engine
+from topicd.engine.topic import Topic
+from topicd.engine.writes import PreparedWrite
+from topicd.errors import TopicNotEmpty
+from topicd.model import TopicConfig
+from topicd.storage import frame as frames
+from topicd.storage.wal import ShardFiles
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from topicd.clock import WallClock
+    from topicd.config import Config
+    from topicd.storage.fs import Fs
+
+log = logging.getLogger("topicd.recovery")
+
+FORMAT_FILE: Final = "FORMAT"
+BOOT_FILE: Final = "BOOT_ID"
+LOCK_FILE: Final = ".topicd.lock"
+FORMAT_BODY: Final = b'{"storage_format":1,"checksum":"xxh3_64"}\n'
+_WAL_NAME: Final = re.compile(r"wal-([0-9a-f]{16})\.log")
+_SHARD_NAME: Final = re.compile(r"shard-([0-9]{2})")
+_CONFIG_FIELDS: Final = frozenset(TopicConfig.__dataclass_fields__)
+
+
+class RecoveryRefused(Exception):
+    """Recovery cannot vouch for the state: do not serve (exit 4)."""
+
+
+@dataclass
+class LostRangeNote:
+    topic: Topic
+    gap_from: int
+    gap_to: int
+
+
+@dataclass
+class RecoveryResult:
+    engine: Engine
+    shard_files: list[ShardFiles]
+    lost: list[LostRangeNote] = field(default_factory=list)
+    frames: int = 0
+    bytes: int = 0
+    torn: list[str] = field(default_factory=list)
+    fresh: bool = False
+
+
+def config_from_wire(obj: object) -> TopicConfig:
+    if not isinstance(obj, dict):
+        raise frames.FrameError("config is not an object")
+    values = {k: v for k, v in obj.items() if k in _CONFIG_FIELDS}
+    return TopicConfig(**values)
+
+
+def _int(body: dict[str, object], key: str) -> int:
+    value = body[key]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise frames.FrameError(f"{key} is not an integer")
+    return value
+
+
+def _str(body: dict[str, object], key: str) -> str:
+    value = body[key]
+    if not isinstance(value, str):
+        raise frames.FrameError(f"{key} is not a string")
+    return value
+
+
+def read_boot_id() -> str | None:
+    """The kernel's boot id (Linux), or None where there is none (treated as a reboot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+class _Replayer:
+    def __init__(
+        self,
+        cfg: Config,
+        fs: Fs,
+        clock: WallClock,
+        root: str,
+        progress: Callable[[float], None],
+        truncate_on_corruption: bool,
+    ) -> None:
+        self.cfg = cfg
+        self.fs = fs
+        self.clock = clock
+        self.root = root
+        self.progress = progress
+        self.truncate = truncate_on_corruption
+        self.engine = Engine(cfg, clock)
+        self.engine.replaying = True
+        self.now = clock.now_ms()
+        self.frames = 0
+        self.bytes_done = 0
+        self.bytes_total = 1
+        self.torn: list[str] = []
+
+    # ---- files ------------------------------------------------------------------------
+
+    def shard_dirs(self) -> list[tuple[int, str]]:
+        wal = posixpath.join(self.root, "wal")
+        if not self.fs.exists(wal):
+            return []
+        out = []
+        for name in self.fs.listdir(wal):
+            m = _SHARD_NAME.fullmatch(name)
+            if m:
+                out.append((int(m.group(1)), posixpath.join(wal, name)))
+        return sorted(out)
+
+    def wal_files(self, shard_dir: str) -> list[tuple[int, str]]:
+        out = []
+        for name in self.fs.listdir(shard_dir):
+            m = _WAL_NAME.fullmatch(name)
+            if m:
+                out.append((int(m.group(1), 16), posixpath.join(shard_dir, name)))
+        out.sort()
+        for (a, path_a), (b, _) in itertools.pairwise(out):
+            if b != a + 1:
+                raise RecoveryRefused(
+                    f"{self._rel(path_a)}: WAL file index gap after {a} (next is {b}); "
+                    "mid-log corruption. Restart with --recovery-on-corruption=truncate to "
+                    "discard everything from this point on."
+                )
+        return out
+
+    def _rel(self, path: str) -> str:
+        return posixpath.relpath(path, self.root)
+
+    def replay_shard(self, shard: int, shard_dir: str) -> ShardFiles:
+        files = self.wal_files(shard_dir)
+        if not files:
+            return ShardFiles()
+        if files[0][0] != 0:
+            raise RecoveryRefused(
+                f"{self._rel(files[0][1])}: the shard's history starts at file {files[0][0]} "
+                "but no snapshot covers the earlier files; restore a backup."
+            )
+        datas: list[bytes] = []
+        headers: list[frames.FileHeader] = []
+        remove: list[str] = []
+        for index, path in files:
+            try:
+                data = self.fs.read(path)
+            except OSError as exc:
+                raise RecoveryRefused(
+                    f"{self._rel(path)}: read failed ({exc.strerror}); fix the device and retry."
+                ) from None
+            try:
+                header = frames.decode_file_header(data)
+            except frames.HeaderError as exc:
+                if index == files[-1][0] and len(files) > 1 and frames.all_zero(data, 0, len(data)):
+                    # a rotation died before its header was synced: nothing was ever
+                    # written after it, and the previous file's fence is not needed
+                    log.warning("%s: empty unfinished WAL file removed", self._rel(path))
+                    files.pop()
+                    remove.append(path)
+                    break
+                raise RecoveryRefused(f"{self._rel(path)}: {exc}; restore a backup.") from None
+            if header.file_index != index or header.shard != shard:
+                raise RecoveryRefused(
+                    f"{self._rel(path)}: header names shard {header.shard} file "
+                    f"{header.file_index}; restore a backup."
+                )
+            datas.append(data)
+            headers.append(header)
+        valid_len = frames.FILE_HEADER_LEN
+        for i, ((_index, path), data) in enumerate(zip(files, datas, strict=True)):
+            fence = headers[i + 1].prev_valid_len if i + 1 < len(files) else None
+            valid_len = self.replay_file(path, data, fence)
+            self.bytes_done += len(data)
+            self.progress(min(0.99, self.bytes_done / self.bytes_total))
+        repair = not frames.all_zero(datas[-1], valid_len, len(datas[-1]))
+        return ShardFiles(files[-1][0], valid_len, repair, remove)
+
+    def replay_file(self, path: str, data: bytes, fence: int | None) -> int:
+        """Apply the frames of one file; return its valid length."""
+        max_frame = self.cfg.storage.wal.max_frame_bytes
+        limit = len(data) if fence is None else fence
+        if fence is not None and fence > len(data):
+            raise RecoveryRefused(
+                f"{self._rel(path)}: shorter ({len(data)} bytes) than the next file's fence "
+                f"({fence}); restore a backup."
+            )
+        pos = frames.FILE_HEADER_LEN
+        while pos < limit:
+            try:
+                frame = frames.read_frame(data, pos, limit, max_frame)
+            except frames.FrameError as exc:
+                raise RecoveryRefused(
+                    f"{self._rel(path)} offset {pos}: {exc}; run a topicd version that knows "
+                    "this format."
+                ) from None
+            if frame is None:
+                break
+            self.apply(frame, path)
+            pos = frame.end
+        if fence is not None:
+            if pos != fence:
+                raise RecoveryRefused(
+                    f"{self._rel(path)} offset {pos}: invalid frame before the fence at "
+                    f"{fence} (mid-log corruption). Acknowledged writes may lie beyond this "
+                    "point. Nothing was modified. To discard everything from this offset on, "
+                    "restart with --recovery-on-corruption=truncate."
+                )
+            return fence
+        # the last file: is the rest a torn tail or corruption?
+        nxt = frames.find_valid_frame(data, pos + 1, len(data), max_frame)
+        if nxt >= 0:
+            message = (
+                f"{self._rel(path)} offset {pos}: invalid frame followed by a valid frame at "
+                f"offset {nxt} (mid-log corruption). Acknowledged writes may lie beyond this "
+                "point."
+            )
+            if not self.truncate:
+                raise RecoveryRefused(
+                    message + " Nothing was modified. To discard everything from this offset "
+                    "on, restart with --recovery-on-corruption=truncate."
+                )
+            log.error("%s Discarding the rest of the log (--recovery-on-corruption).", message)
+        elif not frames.all_zero(data, pos, len(data)):
+            self.torn.append(f"{self._rel(path)} at {pos}")
+        return pos
+
+    # ---- frames -------------------------------------------------------------------------
+
+    def apply(self, frame: frames.Frame, path: str) -> None:
+        self.frames += 1
+        try:
+            self._apply(frame)
+        except (frames.FrameError, KeyError, TypeError, ValueError) as exc:
+            raise RecoveryRefused(
+                f"{self._rel(path)} offset {frame.offset}: undecodable frame "
+                f"(type {frame.ftype}: {exc}); run a topicd version that knows this format."
+            ) from None
+
+    def _apply(self, frame: frames.Frame) -> None:
+        engine = self.engine
+        ftype = frame.ftype
+        if ftype == frames.APPEND:
+            self.apply_append(frame)
+            return
+        if ftype == frames.PROBE:
+            return
+        body = frame.control()
+        if ftype == frames.TOPIC_CREATE:
+            name = _str(body, "name")
+            if frame.topic_id in engine.by_id:
+                raise frames.FrameError(f"topic id {frame.topic_id} created twice")
+            engine.apply_create(
+                Topic(
+                    name,
+                    frame.topic_id,
+                    config_from_wire(body["config"]),
+                    name_json=orjson.dumps(name),
+                )
+            )
+            return
+        topic = engine.by_id.get(frame.topic_id)
+        if topic is None:
+            return  # a frame about a deleted instance (its deletion committed first)
+        if ftype == frames.TOPIC_CONFIG:
+            engine.apply_config(topic, config_from_wire(body["config"]), frame.ts_ms)
+        elif ftype == frames.TOPIC_DELETE:
+            with contextlib.suppress(TopicNotEmpty):  # the live apply refused it too
+                engine.apply_delete_topic(topic, bool(body.get("if_empty")), frame.ts_ms)
+        elif ftype == frames.RECORDS_DELETE:
+            match = body.get("match")
+            m: tuple[str, str] | None = None
+            if match is not None:
+                if not isinstance(match, list) or len(match) != 2:
+                    raise frames.FrameError("bad match")
+                m = (str(match[0]), str(match[1]))
+            before = body.get("before_seq")
+            if before is not None and not isinstance(before, int):
+                raise frames.FrameError("bad before_seq")
+            engine.apply_records_delete(topic, before, m, _int(body, "bound"), frame.ts_ms)
+        elif ftype == frames.HEAD_WATERMARK:
+            topic.reserved_head = max(topic.reserved_head, _int(body, "reserved_head"))
+        elif ftype == frames.LOST_RANGE:
+            lo, hi = _int(body, "gap_from"), _int(body, "gap_to")
+            if hi > topic.head_seq:
+                topic.add_lost_range(max(lo, topic.head_seq + 1), hi)
+        # EVICT_WATERMARK, router and lease frames: nothing to restore in this version
+
+    def apply_append(self, frame: frames.Frame) -> None:
+        topic = self.engine.by_id.get(frame.topic_id)
+        if topic is None:
+            return  # written after its topic's deletion committed: never published
+        body = frames.decode_append(frame)
+        first = frame.seq
+        if first + len(body.encs) - 1 <= topic.head_seq:
+            return  # already applied (from a snapshot's segments)
+        if first != topic.head_seq + 1:
+            if first <= topic.head_seq or first - 1 > topic.reserved_head:
+                raise frames.FrameError(
+                    f"topic {topic.name!r}: append at seq {first} after head {topic.head_seq}"
+                )
+            # a restart resumed above the seq reservation: the gap never held records
+            topic.skip_to(first - 1)
+        ex = body.extras
+        prepared = PreparedWrite(
+            [], False, body.sizes, sum(body.sizes), ex.key, ex.tags, ex.nodes, ex.prios, ex.shapes
+        )
+        batch = AppendBatch(topic, first, frame.ts_ms, body.encs, prepared, ex.key)
+        # retention runs at the write's own time, as it did live; expired idempotency
+        # entries and TTL are settled against the real clock in finish()
+        self.engine.apply_append(batch, frame.ts_ms)
+        topic.next_seq = topic.head_seq + 1
+
+    # ---- finish -------------------------------------------------------------------------
+
+    def finish(self, rebooted: bool) -> list[LostRangeNote]:
+        engine = self.engine
+        lost: list[LostRangeNote] = []
+        for topic in sorted(engine.by_id.values(), key=lambda t: t.topic_id):
+            if topic.reserved_head > topic.head_seq:
+                if rebooted and topic.config.durability in ("memory", "disk"):
+                    note = LostRangeNote(topic, topic.head_seq + 1, topic.reserved_head)
+                    topic.add_lost_range(note.gap_from, note.gap_to)
+                    lost.append(note)
+                else:
+                    topic.skip_to(topic.reserved_head)
+            topic.next_seq = topic.head_seq + 1
+        engine.finish_replay(self.now)
+        return lost
+
+
+def recover(
+    cfg: Config,
+    fs: Fs,
+    clock: WallClock,
+    *,
+    boot_id: str | None,
+    progress: Callable[[float], None] = lambda _: None,
+) -> RecoveryResult:
+    """Rebuild the engine from `cfg.storage.data_dir` (blocking; run it in a thread)."""
+    root = cfg.storage.data_dir
+    r = _Replayer(cfg, fs, clock, root, progress, cfg.storage.recovery.on_corruption == "truncate")
+    try:
+        return _recover(r, cfg, fs, root, boot_id)
+    except OSError as exc:
+        raise RecoveryRefused(
+            f"{root}: I/O error during recovery ({exc}); fix the device and retry."
+        ) from None
+
+
+def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) -> RecoveryResult:
+    fmt = posixpath.join(root, FORMAT_FILE)
+    fresh = False
+    if not fs.exists(fmt):
+        entries = [e for e in fs.listdir(root) if e not in (LOCK_FILE,)]
+        if entries:
+            raise RecoveryRefused(
+                f"{root}: not empty but has no FORMAT file; point --data-dir at a topicd "
+                "data directory (or an empty one)."
+            )
+        fresh = True
+    else:
+        try:
+            info = orjson.loads(fs.read(fmt))
+        except orjson.JSONDecodeError:
+            info = None
+        if not isinstance(info, dict) or info.get("storage_format") != 1:
+            raise RecoveryRefused(
+                f"{fmt}: unsupported storage format {info!r}; run the topicd version that "
+                "wrote this directory."
+            )
+    boot_path = posixpath.join(root, BOOT_FILE)
+    previous_boot = (
+        fs.read(boot_path).decode("ascii", "replace").strip() if fs.exists(boot_path) else None
+    )
+    rebooted = previous_boot is None or boot_id is None or previous_boot != boot_id
+    shards = r.shard_dirs()
+    r.bytes_total = max(1, sum(fs.size(path) for _, d in shards for _, path in r.wal_files(d)))
+    configured = cfg.storage.wal_shards or min(8, _cpus())
+    count = len(shards) if shards else configured
+    if shards and [s for s, _ in shards] != list(range(len(shards))):
+        raise RecoveryRefused(f"{root}/wal: shard directories are not 00..{len(shards) - 1}")
+    if shards and count != configured:
+        log.warning(
+            "storage.wal_shards is %d but the data directory has %d shards: keeping %d "
+            "(changing the shard count needs a checkpoint)",
+            configured,
+            count,
+            count,
+        )
+    files = [ShardFiles() for _ in range(count)]
+    for shard, path in shards:
+        files[shard] = r.replay_shard(shard, path)
+    lost = r.finish(rebooted and bool(shards))
+    r.progress(1.0)
+    return RecoveryResult(r.engine, files, lost, r.frames, r.bytes_done, r.torn, fresh)
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def prepare_data_dir(fs: Fs, root: str, boot_id: str | None) -> None:
+    """After a successful recovery: make sure FORMAT exists and record this boot."""
+    fs.mkdir(root)
+    fmt = posixpath.join(root, FORMAT_FILE)
+    changed = False
+    if not fs.exists(fmt):
+        _write_durably(fs, root, FORMAT_FILE, FORMAT_BODY)
+        changed = True
+    _write_durably(fs, root, BOOT_FILE, ((boot_id or "unknown") + "\n").encode("ascii"))
+    if changed:
+        fs.mkdir(posixpath.join(root, "wal"))
+
+
+def _write_durably(fs: Fs, root: str, name: str, body: bytes) -> None:
+    tmp = posixpath.join(root, name + ".tmp")
+    fd = fs.open(tmp, create=True)
+    try:
+        fs.ftruncate(fd, 0)
+        from topicd.storage.fs import write_all
+
+        write_all(fs, fd, body, 0)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, posixpath.join(root, name))
+    fs.fsync_dir(root)
+
+
+__all__ = ["RecoveryRefused", "RecoveryResult", "prepare_data_dir", "read_boot_id", "recover"]

@@ -1,0 +1,742 @@
+"""The write-ahead log: sharded, with fair ingest and cross-topic group commit.
+
+`WalCommitPath` implements the engine's `CommitPath` (see `engine.commit`).
+
+**Shards.** A topic lives in shard `xxh3_64(topic_id) % N`; every frame about it goes to
+that shard, so a topic's whole timeline is one ordered stream. Each shard has its own
+directory of files, its own committer task, its own fsync stream and breaker.
+
+**Fair ingest** (scheduler spec R2). A shard keeps one FIFO of submissions per topic and a
+ready queue of topics (each at most once). Admission is synchronous and bounded per topic
+and per shard (`storage.wal.max_pending_*`); a full queue is `429 throttled` with
+`cause:"wal_ingest"` before any seq is assigned. Control mutations are exempt from the
+caps and put their topic at the front of the ready queue.
+
+**Group commit.** The committer takes up to `max_group_topics` ready topics, up to
+`max_batch_per_topic` submissions from each (FIFO), within `max_batch_bytes`; topics with
+work left rejoin the tail. The batch is one `pwrite` and at most one `fdatasync`, done in
+a single offload call. A batch syncs when it holds an `fsync`-class write, a control
+mutation or a seq reservation; before a sync it keeps taking arrivals in slices of
+`gc_slice_us` while they keep coming, for at most `commit_window_ms` (the value the
+governor moves between `commit_window_min_ms` and `commit_window_max_ms`).
+
+**Ack by class.** `fsync`: after the covering sync. `memory`/`disk`: after the write,
+once a synced `HeadWatermark` covers the seqs (a reservation `max(reserve_ahead, 4n)`
+ahead, so about one write in 65536 waits for a sync). `ephemeral`: no record frames; the
+write is published in the handler unless the topic has unpublished submissions or needs a
+new reservation, in which case it waits in its topic's FIFO like any other.
+
+**Never ack-then-lose.** A write or sync error fails the batch and every submission still
+queued in the shard (`503 storage_unavailable`), rewinds the topics' seqs, abandons the
+file, and feeds the breaker. The next file's header records the valid length of the
+abandoned one (the fence), so bytes of a failed batch can never surface after a crash.
+Unsynced `memory`/`disk` bytes are synced in the background every
+`disk_fsync_interval_ms`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import posixpath
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+import trio
+import xxhash
+
+from topicd.clock import perf_ms
+from topicd.errors import StorageUnavailable, Throttled, TopicdError
+from topicd.storage import frame as frames
+from topicd.storage.breaker import Breaker, BreakerState
+from topicd.storage.fs import Fs, write_all
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from topicd.clock import WallClock
+    from topicd.config import Config
+    from topicd.engine.commit import AppendBatch, CommitHooks
+    from topicd.engine.topic import Topic
+    from topicd.offload import Offload
+
+log = logging.getLogger("topicd.storage")
+
+_T = TypeVar("_T")
+
+
+def shard_of(topic_id: int, shards: int) -> int:
+    return xxhash.xxh3_64_intdigest(topic_id.to_bytes(8, "little")) % shards
+
+
+def wal_file_name(index: int) -> str:
+    return f"wal-{index:016x}.log"
+
+
+def shard_dir_name(shard: int) -> str:
+    return f"shard-{shard:02d}"
+
+
+class _WriteFailed(Exception):
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _SyncFailed(Exception):
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _write_and_sync(fs: Fs, fd: int, data: bytes, offset: int, sync: bool) -> float:
+    """One offload call: write every byte, then (optionally) fdatasync. Returns sync ms."""
+    try:
+        write_all(fs, fd, data, offset)
+    except OSError as exc:
+        raise _WriteFailed(exc) from None
+    if not sync:
+        return 0.0
+    t0 = perf_ms()
+    try:
+        fs.fdatasync(fd)
+    except OSError as exc:
+        raise _SyncFailed(exc) from None
+    return perf_ms() - t0
+
+
+def _create_file(fs: Fs, path: str, dir_path: str, header: bytes, size: int) -> int:
+    """Create, preallocate, write the header, sync the file and its directory."""
+    fd = fs.open(path, create=True, exclusive=True)
+    try:
+        fs.fallocate(fd, size)
+        write_all(fs, fd, header, 0)
+        fs.fdatasync(fd)
+        fs.fsync_dir(dir_path)
+    except BaseException:
+        fs.close(fd)
+        raise
+    return fd
+
+
+def _reopen(fs: Fs, path: str, valid_len: int, file_bytes: int, repair: bool) -> tuple[int, int]:
+    """Open the last file for appending at `valid_len`; clear a torn tail first."""
+    fd = fs.open(path)
+    try:
+        size = fs.size(path)
+        if repair:
+            fs.ftruncate(fd, valid_len)
+            size = max(size, file_bytes)
+            fs.fallocate(fd, size)
+            fs.fdatasync(fd)
+    except BaseException:
+        fs.close(fd)
+        raise
+    return fd, size
+
+
+@dataclass(eq=False, slots=True)
+class Submission:
+    """One queued unit of a shard: an append (batch) or a control mutation (apply)."""
+
+    topic: Topic
+    frame: bytes
+    batch: AppendBatch | None = None
+    apply: Callable[[], object] | None = None
+    sync: bool = False
+    counted: bool = False  # counts against the ingest caps
+    t0: float = 0.0
+    result: object = None
+    error: TopicdError | None = None
+    done: trio.Event | None = None  # control submissions only
+
+    def resolve(self, error: TopicdError | None = None) -> None:
+        self.error = error
+        if self.done is not None:
+            self.done.set()
+
+
+@dataclass
+class ShardFiles:
+    """Where a shard's log stands after recovery."""
+
+    last_index: int = -1  # highest existing file index, -1 if none
+    valid_len: int = 0  # valid length of that file: appends continue there
+    repair: bool = False  # bytes after valid_len must be cleared first (torn tail)
+    remove: list[str] = field(default_factory=list)  # unfinished empty files to unlink
+
+
+class Shard:
+    """One WAL shard: its queues, its active file and its committer task."""
+
+    def __init__(
+        self,
+        index: int,
+        count: int,
+        root: str,
+        files: ShardFiles,
+        cfg: Config,
+        fs: Fs,
+        offload: Offload,
+        clock: WallClock,
+        hooks: CommitHooks,
+    ) -> None:
+        self.index = index
+        self.count = count
+        self.dir = posixpath.join(root, "wal", shard_dir_name(index))
+        self.cfg = cfg
+        self.wal = cfg.storage.wal
+        self.fs = fs
+        self.offload = offload
+        self.clock = clock
+        self.hooks = hooks
+        b = cfg.breaker
+        self.breaker = Breaker(
+            index,
+            failure_threshold=b.failure_threshold,
+            failure_window_ms=b.failure_window_ms,
+            open_ms=b.open_ms,
+            max_open_ms=b.max_open_ms,
+            success_threshold=b.success_threshold,
+        )
+        self.commit_window_ms = cfg.governor.commit_window_min_ms
+        # queues
+        self.queues: dict[Topic, deque[Submission]] = {}
+        self.ready: deque[Topic] = deque()
+        self.unpublished: dict[Topic, int] = {}
+        self.topic_pending: dict[Topic, list[int]] = {}  # [submissions, bytes] counted
+        self.pending = 0
+        self.pending_bytes = 0
+        self.pending_peak = 0
+        self.submit_full = 0
+        self._work = trio.Event()
+        self._room = trio.Event()
+        self.closing = False
+        self.stopped = trio.Event()
+        # file
+        self._files = files
+        self.fd = -1
+        self.file_index = -1
+        self.tail = 0
+        self.allocated = 0
+        self.broken = False
+        self.unsynced = False
+        self.last_sync = 0.0
+        # statistics
+        self.frames_written = 0
+        self.batches = 0
+        self.fsyncs = 0
+        self.bytes_written = 0
+        self.rotations = 0
+        self.fsync_us_total = 0.0
+        self.records_synced = 0
+
+    # ---- admission (synchronous, on the handler's task) ------------------------------
+
+    def room_for(self, topic: Topic, nbytes: int) -> str | None:
+        """None if a submission of `nbytes` fits, else the scope that is full."""
+        w = self.wal
+        mine = self.topic_pending.get(topic)
+        if mine is not None and (
+            mine[0] >= w.max_pending_per_topic or mine[1] + nbytes > w.max_pending_bytes_per_topic
+        ):
+            return "topic"
+        if self.pending >= w.max_pending_per_shard or (
+            self.pending_bytes + nbytes > w.max_pending_bytes_per_shard
+        ):
+            return "shard"
+        return None
+
+    def retry_after_ms(self) -> int:
+        bp = self.cfg.backpressure
+        return min(max(bp.retry_after_min_ms, 250), bp.retry_after_max_ms)
+
+    def enqueue(self, sub: Submission, *, front: bool = False) -> None:
+        """Queue a submission in its topic's FIFO (synchronous, never fails).
+
+        `front`: a control mutation whose topic had nothing queued goes to the front of
+        the ready queue (scheduler spec R1.6); per-topic FIFO order is always kept.
+        """
+        topic = sub.topic
+        q = self.queues.get(topic)
+        if q is None:
+            q = self.queues[topic] = deque()
+            if front:
+                self.ready.appendleft(topic)
+            else:
+                self.ready.append(topic)
+        q.append(sub)
+        self.unpublished[topic] = self.unpublished.get(topic, 0) + 1
+        if sub.counted:
+            n = len(sub.frame)
+            mine = self.topic_pending.get(topic)
+            if mine is None:
+                self.topic_pending[topic] = [1, n]
+            else:
+                mine[0] += 1
+                mine[1] += n
+            self.pending += 1
+            self.pending_bytes += n
+            if self.pending > self.pending_peak:
+                self.pending_peak = self.pending
+        self._work.set()
+
+    def _released(self, sub: Submission) -> None:
+        topic = sub.topic
+        left = self.unpublished[topic] - 1
+        if left:
+            self.unpublished[topic] = left
+        else:
+            del self.unpublished[topic]
+        if sub.counted:
+            n = len(sub.frame)
+            mine = self.topic_pending[topic]
+            mine[0] -= 1
+            mine[1] -= n
+            if not mine[0]:
+                del self.topic_pending[topic]
+            self.pending -= 1
+            self.pending_bytes -= n
+            self._room.set()
+            self._room = trio.Event()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
+
+    # ---- the committer ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.offload.run(self.fs.mkdir, self.dir, group="misc")
+        await self._open_initial()
+        task_status.started()
+        try:
+            while True:
+                if self.breaker.poll() is not BreakerState.CLOSED:
+                    await self._while_broken()
+                    continue
+                if not self.ready:
+                    if self.closing:
+                        if self.unsynced:
+                            await self._sync_only()
+                        return
+                    await self._idle()
+                    continue
+                await self._commit_one_batch()
+        finally:
+            self.stopped.set()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._close_file(final_sync=True)
+
+    async def _idle(self) -> None:
+        """Wait for work, running the background tail sync when it is due."""
+        self._work = trio.Event()
+        if self.ready:
+            return
+        if self.unsynced:
+            due = self.last_sync + self.wal.disk_fsync_interval_ms / 1000
+            with trio.move_on_at(due):
+                await self._work.wait()
+                return
+            await self._sync_only()
+        else:
+            await self._work.wait()
+
+    def _take(
+        self, subs: list[Submission], out: list[bytes], nbytes: int, reserving: dict[Topic, int]
+    ) -> tuple[int, bool]:
+        """Move ready submissions into the batch. Returns (bytes, needs sync)."""
+        w = self.wal
+        sync = False
+        topics = 0
+        while self.ready and topics < w.max_group_topics and nbytes < w.max_batch_bytes:
+            topic = self.ready.popleft()
+            q = self.queues[topic]
+            taken = 0
+            while q and taken < w.max_batch_per_topic:
+                sub = q[0]
+                if subs and nbytes + len(sub.frame) > w.max_batch_bytes:
+                    break
+                q.popleft()
+                taken += 1
+                batch = sub.batch
+                if batch is not None and batch.durability != "fsync":
+                    covered = reserving.get(topic, topic.reserved_head)
+                    if batch.last_seq > covered:
+                        ahead = (
+                            w.ephemeral_head_reserve_ahead
+                            if batch.durability == "ephemeral"
+                            else w.disk_head_reserve_ahead
+                        )
+                        new = batch.last_seq + max(ahead, 4 * batch.count)
+                        reserving[topic] = new
+                        mark = frames.encode_control(
+                            frames.HEAD_WATERMARK,
+                            topic.topic_id,
+                            batch.ts,
+                            {"reserved_head": new},
+                        )
+                        out.append(mark)
+                        nbytes += len(mark)
+                        sync = True
+                subs.append(sub)
+                if sub.frame:
+                    out.append(sub.frame)
+                    nbytes += len(sub.frame)
+                sync = sync or sub.sync
+            topics += 1
+            if q:
+                self.ready.append(topic)
+            else:
+                del self.queues[topic]
+        return nbytes, sync
+
+    async def _commit_one_batch(self) -> None:
+        subs: list[Submission] = []
+        out: list[bytes] = []
+        reserving: dict[Topic, int] = {}
+        nbytes, sync = self._take(subs, out, 0, reserving)
+        if sync and (len(subs) > 1 or self.ready):
+            # concurrent writers: keep taking arrivals while they keep coming (a lone
+            # durable write with nothing else pending syncs at once)
+            opened = trio.current_time()
+            window = self.commit_window_ms / 1000
+            slice_s = self.wal.gc_slice_us / 1_000_000
+            while nbytes < self.wal.max_batch_bytes and trio.current_time() - opened < window:
+                await trio.sleep(slice_s)
+                before = len(subs)
+                nbytes, _ = self._take(subs, out, nbytes, reserving)
+                if len(subs) == before:
+                    break  # a slice brought nothing: stop waiting
+        data = b"".join(out)
+        t0 = perf_ms()
+        sync_ms = 0.0
+        if data:
+            try:
+                if self.broken or self.tail + len(data) > self.allocated:
+                    await self._rotate(len(data))
+                sync_ms = await self.offload.run(
+                    _write_and_sync, self.fs, self.fd, data, self.tail, sync, group="wal"
+                )
+            except (_WriteFailed, _SyncFailed, OSError) as exc:
+                self._fail(subs, exc)
+                return
+            self.tail += len(data)
+            self.batches += 1
+            self.frames_written += len(out)
+            self.bytes_written += len(data)
+            if sync:
+                self._synced(sync_ms, sum(s.batch.count for s in subs if s.batch is not None))
+            else:
+                self.unsynced = True
+        append_ms = perf_ms() - t0
+        for topic, reserved in reserving.items():
+            if reserved > topic.reserved_head:
+                topic.reserved_head = reserved
+        self._publish(subs, sync_ms, append_ms if data else None)
+
+    def _synced(self, sync_ms: float, records: int) -> None:
+        self.unsynced = False
+        self.last_sync = trio.current_time()
+        self.fsyncs += 1
+        self.fsync_us_total += sync_ms * 1000
+        self.records_synced += records
+
+    def _publish(self, subs: list[Submission], sync_ms: float, append_ms: float | None) -> None:
+        """Publish a committed batch in order (one synchronous block)."""
+        for sub in subs:
+            self._released(sub)
+            batch = sub.batch
+            if batch is not None:
+                batch.fsync_ms = sync_ms
+                batch.wal_append_ms = append_ms
+                self.hooks.publish_append(batch)
+            elif sub.apply is not None:
+                try:
+                    sub.result = sub.apply()
+                except TopicdError as exc:
+                    sub.resolve(exc)
+                else:
+                    sub.resolve()
+
+    def _fail(self, subs: list[Submission], exc: BaseException) -> None:
+        """A write/sync/rotation error: fail the batch and the shard's whole tail."""
+        inner = exc.exc if isinstance(exc, _WriteFailed | _SyncFailed) else exc
+        assert isinstance(inner, OSError)
+        what = (
+            "fsync"
+            if isinstance(exc, _SyncFailed)
+            else "write"
+            if isinstance(exc, _WriteFailed)
+            else "rotation"
+        )
+        reason = f"{what} failed: {inner.strerror or inner}"
+        log.error("WAL shard %d: %s; failing the batch and the shard's queue", self.index, reason)
+        if isinstance(exc, _WriteFailed):
+            self.breaker.record_write_error(reason)
+        else:
+            self.breaker.record_sync_error(reason)
+        self.broken = True  # abandon the file: the next write starts a fenced fresh one
+        ms = (
+            self.breaker.retry_after_ms() if self.breaker.state is not BreakerState.CLOSED else 1000
+        )
+        self._fail_all(
+            subs,
+            StorageUnavailable(
+                f"WAL shard {self.index}: {reason}; nothing of this request was applied",
+                {"shard": self.index, "reason": reason, "retry_after_ms": ms},
+                retry_after_s=math.ceil(ms / 1000),
+            ),
+        )
+
+    def _fail_all(self, subs: list[Submission], error: StorageUnavailable) -> None:
+        """Fail `subs` and every submission still queued, in one synchronous step, and
+        release the failed topics' seqs (storage spec §7.5)."""
+        tail: list[Submission] = list(subs)
+        for topic in list(self.queues):
+            tail.extend(self.queues.pop(topic))
+        self.ready.clear()
+        topics: set[Topic] = set()
+        for sub in tail:
+            self._released(sub)
+            topics.add(sub.topic)
+            if sub.batch is not None:
+                self.hooks.fail_append(sub.batch, error)
+            else:
+                sub.resolve(error)
+        for topic in topics:
+            if topic not in self.unpublished:
+                self.hooks.rewind(topic)
+
+    async def _while_broken(self) -> None:
+        """Breaker open or half-open: refuse queued work, then probe a fresh file."""
+        if self.ready:
+            ms = self.breaker.retry_after_ms()
+            self._fail_all(
+                [],
+                StorageUnavailable(
+                    f"WAL shard {self.index} is unavailable ({self.breaker.reason})",
+                    {"shard": self.index, "reason": self.breaker.reason, "retry_after_ms": ms},
+                    retry_after_s=math.ceil(ms / 1000),
+                ),
+            )
+        if self.breaker.state is BreakerState.OPEN:
+            with trio.move_on_at(self.breaker.open_until):
+                await self.breaker.changed.wait()
+            return
+        # half-open: a synthetic probe into a fresh file, never the failed one
+        ok = True
+        try:
+            await self._rotate(0)
+            probe = frames.encode_control(frames.PROBE, 0, self.clock.now_ms(), {})
+            await self.offload.run(
+                _write_and_sync, self.fs, self.fd, probe, self.tail, True, group="wal"
+            )
+            self.tail += len(probe)
+        except (_WriteFailed, _SyncFailed, OSError) as exc:
+            ok = False
+            self.broken = True
+            log.warning("WAL shard %d: probe failed: %s", self.index, exc)
+        self.breaker.record_probe(ok)
+        if self.breaker.state is BreakerState.HALF_OPEN:
+            await trio.sleep(self.cfg.breaker.probe_interval_ms / 1000)
+        elif self.breaker.state is BreakerState.CLOSED:
+            log.warning("WAL shard %d: storage recovered, breaker closed", self.index)
+
+    async def _sync_only(self) -> None:
+        try:
+            with trio.CancelScope(shield=True):
+                t0 = perf_ms()
+                await self.offload.run(self.fs.fdatasync, self.fd, group="wal")
+            self._synced(perf_ms() - t0, 0)
+        except OSError as exc:
+            self._fail([], _SyncFailed(exc))
+
+    # ---- files --------------------------------------------------------------------------
+
+    async def _open_initial(self) -> None:
+        """Continue in the shard's last file (clearing a torn tail), or create file 0."""
+        files = self._files
+        for path in files.remove:
+            await self.offload.run(self.fs.unlink, path, group="misc")
+        if files.remove:
+            await self.offload.run(self.fs.fsync_dir, self.dir, group="misc")
+        if files.last_index < 0:
+            await self._open_next_file()
+            return
+        path = posixpath.join(self.dir, wal_file_name(files.last_index))
+        with trio.CancelScope(shield=True):
+            fd, size = await self.offload.run(
+                _reopen,
+                self.fs,
+                path,
+                files.valid_len,
+                self.wal.file_bytes,
+                files.repair,
+                group="wal",
+            )
+        self.fd, self.file_index = fd, files.last_index
+        self.tail, self.allocated = files.valid_len, size
+        self.last_sync = trio.current_time()
+
+    async def _open_next_file(self, need: int = 0) -> None:
+        index = self.file_index + 1
+        size = max(self.wal.file_bytes, frames.FILE_HEADER_LEN + need)
+        prev = self.tail if self.fd >= 0 else frames.NO_PREVIOUS
+        header = frames.FileHeader(
+            self.index, self.count, index, self.clock.now_ms(), prev
+        ).encode()
+        path = posixpath.join(self.dir, wal_file_name(index))
+        with trio.CancelScope(shield=True):
+            fd = await self.offload.run(
+                _create_file, self.fs, path, self.dir, header, size, group="wal"
+            )
+        old = self.fd
+        self.fd, self.file_index = fd, index
+        self.tail, self.allocated = frames.FILE_HEADER_LEN, size
+        self.broken = False
+        self.unsynced = False
+        self.last_sync = trio.current_time()
+        if old >= 0:
+            self.rotations += 1
+            await self.offload.run(self.fs.close, old, group="misc")
+
+    async def _rotate(self, need: int) -> None:
+        """Switch to a fresh file whose header fences the current one (shielded)."""
+        with trio.CancelScope(shield=True):
+            if self.unsynced and not self.broken:
+                try:
+                    await self.offload.run(self.fs.fdatasync, self.fd, group="wal")
+                    self._synced(0.0, 0)
+                except OSError as exc:
+                    raise _SyncFailed(exc) from None
+            await self._open_next_file(need)
+
+    async def _close_file(self, *, final_sync: bool) -> None:
+        if self.fd < 0:
+            return
+        if final_sync and not self.broken and self.unsynced:
+            try:
+                await self.offload.run(self.fs.fdatasync, self.fd, group="wal")
+                self.unsynced = False
+            except OSError as exc:
+                log.error("WAL shard %d: final fsync failed: %s", self.index, exc)
+        await self.offload.run(self.fs.close, self.fd, group="misc")
+        self.fd = -1
+
+
+class WalCommitPath:
+    """The engine's commit path over `N` WAL shards (see module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        fs: Fs,
+        offload: Offload,
+        clock: WallClock,
+        root: str,
+        shard_files: list[ShardFiles],
+    ) -> None:
+        self.cfg = cfg
+        self.fs = fs
+        self.offload = offload
+        self.clock = clock
+        self.root = root
+        self._shard_files = shard_files
+        self.shards: list[Shard] = []
+        self._hooks: CommitHooks | None = None
+
+    @property
+    def shard_count(self) -> int:
+        return len(self._shard_files)
+
+    def attach(self, hooks: CommitHooks) -> None:
+        self._hooks = hooks
+        n = len(self._shard_files)
+        self.shards = [
+            Shard(i, n, self.root, files, self.cfg, self.fs, self.offload, self.clock, hooks)
+            for i, files in enumerate(self._shard_files)
+        ]
+
+    def shard(self, topic: Topic) -> Shard:
+        return self.shards[shard_of(topic.topic_id, len(self.shards))]
+
+    # ---- CommitPath ----------------------------------------------------------------------
+
+    def admit(self, topic: Topic, nbytes: int) -> None:
+        shard = self.shard(topic)
+        if topic.config.durability != "ephemeral":
+            shard.breaker.check()
+        scope = shard.room_for(topic, nbytes)
+        if scope is not None:
+            shard.submit_full += 1
+            raise Throttled.pressure(shard.retry_after_ms(), cause="wal_ingest", scope=scope)
+
+    async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
+        shard = self.shard(topic)
+        while shard.room_for(topic, nbytes) is not None:
+            await shard.wait_for_room()
+
+    def submit(self, batch: AppendBatch) -> None:
+        assert self._hooks is not None
+        topic = batch.topic
+        shard = self.shard(topic)
+        if batch.durability == "ephemeral":
+            if topic not in shard.unpublished and batch.last_seq <= topic.reserved_head:
+                self._hooks.publish_append(batch)  # in-memory only: ack = the append
+                return
+            frame = b""
+        else:
+            p = batch.prepared
+            extras = frames.Extras(batch.idem_key, p.tags, p.nodes, p.prios, p.shapes)
+            frame = frames.encode_append(
+                topic.topic_id,
+                batch.first_seq,
+                batch.ts,
+                batch.encs,
+                p.sizes,
+                extras,
+                fsync_class=batch.durability == "fsync",
+            )
+        shard.enqueue(
+            Submission(
+                topic,
+                frame,
+                batch,
+                sync=batch.durability == "fsync",
+                counted=True,
+                t0=trio.current_time(),
+            )
+        )
+
+    async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
+        shard = self.shard(topic)
+        if frame is None and topic not in shard.unpublished:
+            await trio.lowlevel.checkpoint()
+            return apply()
+        if frame is not None:
+            shard.breaker.check()
+        sub = Submission(topic, frame or b"", None, apply, sync=frame is not None)
+        sub.done = done = trio.Event()
+        shard.enqueue(sub, front=True)
+        await done.wait()
+        if sub.error is not None:
+            raise sub.error
+        return sub.result  # type: ignore[return-value]
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run every shard's committer; returns once all have stopped after `close()`."""
+        async with trio.open_nursery() as nursery:
+            for shard in self.shards:
+                await nursery.start(shard.run)
+            task_status.started()
+
+    async def close(self) -> None:
+        """Commit everything accepted, sync, and stop the committers."""
+        for shard in self.shards:
+            shard.closing = True
+            shard._work.set()
+        for shard in self.shards:
+            await shard.stopped.wait()
