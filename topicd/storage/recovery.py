@@ -392,7 +392,7 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     fmt = posixpath.join(root, FORMAT_FILE)
     fresh = False
     if not fs.exists(fmt):
-        entries = [e for e in fs.listdir(root) if e not in (LOCK_FILE,)]
+        entries = [e for e in fs.listdir(root) if e != LOCK_FILE] if fs.exists(root) else []
         if entries:
             raise RecoveryRefused(
                 f"{root}: not empty but has no FORMAT file; point --data-dir at a topicd "
@@ -443,16 +443,18 @@ def _cpus() -> int:
 
 
 def prepare_data_dir(fs: Fs, root: str, boot_id: str | None) -> None:
-    """After a successful recovery: make sure FORMAT exists and record this boot."""
-    fs.mkdir(root)
-    fmt = posixpath.join(root, FORMAT_FILE)
-    changed = False
-    if not fs.exists(fmt):
+    """After a successful recovery: make sure FORMAT and `wal/` exist (durably: every new
+    directory entry is followed by a sync of its parent) and record this boot."""
+    if not fs.exists(root):
+        fs.mkdir(root)
+        fs.fsync_dir(posixpath.dirname(posixpath.abspath(root)) or "/")
+    wal = posixpath.join(root, "wal")
+    if not fs.exists(wal):
+        fs.mkdir(wal)
+        fs.fsync_dir(root)
+    if not fs.exists(posixpath.join(root, FORMAT_FILE)):
         _write_durably(fs, root, FORMAT_FILE, FORMAT_BODY)
-        changed = True
     _write_durably(fs, root, BOOT_FILE, ((boot_id or "unknown") + "\n").encode("ascii"))
-    if changed:
-        fs.mkdir(posixpath.join(root, "wal"))
 
 
 def _write_durably(fs: Fs, root: str, name: str, body: bytes) -> None:

@@ -120,6 +120,13 @@ def _create_file(fs: Fs, path: str, dir_path: str, header: bytes, size: int) -> 
     return fd
 
 
+def _ensure_dir(fs: Fs, path: str) -> None:
+    """Create a directory durably (the parent is synced after the new entry)."""
+    if not fs.exists(path):
+        fs.mkdir(path)
+        fs.fsync_dir(posixpath.dirname(path))
+
+
 def _reopen(fs: Fs, path: str, valid_len: int, file_bytes: int, repair: bool) -> tuple[int, int]:
     """Open the last file for appending at `valid_len`; clear a torn tail first."""
     fd = fs.open(path)
@@ -307,7 +314,7 @@ class Shard:
     # ---- the committer ----------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await self.offload.run(self.fs.mkdir, self.dir, group="misc")
+        await self.offload.run(_ensure_dir, self.fs, self.dir, group="misc")
         await self._open_initial()
         task_status.started()
         try:
@@ -621,7 +628,10 @@ class Shard:
                 self.unsynced = False
             except OSError as exc:
                 log.error("WAL shard %d: final fsync failed: %s", self.index, exc)
-        await self.offload.run(self.fs.close, self.fd, group="misc")
+        try:
+            await self.offload.run(self.fs.close, self.fd, group="misc")
+        except OSError as exc:
+            log.error("WAL shard %d: close failed: %s", self.index, exc)
         self.fd = -1
 
 

@@ -12,6 +12,8 @@ from topicd.engine.engine import Engine, open_engine
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
 from topicd.lifecycle import Lifecycle
+from topicd.offload import InlineOffload, Offload
+from topicd.storage.service import open_durable_engine
 from topicd.testing.fake_clock import FakeWallClock
 
 if TYPE_CHECKING:
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from topicd.clock import WallClock
+    from topicd.storage.fs import Fs
 
 
 @dataclass
@@ -50,5 +53,62 @@ async def open_app(
         app = create_app(engine, config, lifecycle, KeyStore.from_config(config.auth))
         if serving:
             lifecycle.set_serving()
+        async with app.test_app():
+            yield AppHarness(app, engine, lifecycle, clock)
+
+
+def durable_config(
+    data_dir: str = "/data",
+    shards: int = 2,
+    *,
+    wal: dict[str, int] | None = None,
+    **sections: dict[str, object],
+) -> Config:
+    """A config for durable tests on a `FakeDisk`: 1 MiB WAL files, a fixed shard count;
+    `wal` replaces `[storage.wal]` fields, `sections` whole-section fields."""
+    cfg = make_config(**sections)
+    wal_cfg = dataclasses.replace(cfg.storage.wal, **({"file_bytes": 1 << 20} | (wal or {})))
+    storage = dataclasses.replace(cfg.storage, data_dir=data_dir, wal_shards=shards, wal=wal_cfg)
+    return dataclasses.replace(cfg, storage=storage)
+
+
+@asynccontextmanager
+async def open_durable(
+    fs: Fs,
+    config: Config | None = None,
+    clock: WallClock | None = None,
+    *,
+    offload: Offload | None = None,
+    boot_id: str | None = "boot-1",
+) -> AsyncIterator[Engine]:
+    """Recover `config.storage.data_dir` from `fs` and run an engine on its WAL, all on
+    the test's loop (inline offload, inline recovery) so `MockClock` drives everything."""
+    async with open_durable_engine(
+        config or durable_config(),
+        fs,
+        offload or InlineOffload(),
+        clock or FakeWallClock(),
+        boot_id=boot_id,
+        recover_in_thread=False,
+    ) as engine:
+        yield engine
+
+
+@asynccontextmanager
+async def open_durable_app(
+    fs: Fs,
+    config: Config | None = None,
+    clock: WallClock | None = None,
+    *,
+    offload: Offload | None = None,
+    boot_id: str | None = "boot-1",
+) -> AsyncIterator[AppHarness]:
+    """`open_durable` plus the full HTTP app."""
+    config = config or durable_config()
+    clock = clock or FakeWallClock()
+    lifecycle = Lifecycle()
+    async with open_durable(fs, config, clock, offload=offload, boot_id=boot_id) as engine:
+        app = create_app(engine, config, lifecycle, KeyStore.from_config(config.auth))
+        lifecycle.set_serving()
         async with app.test_app():
             yield AppHarness(app, engine, lifecycle, clock)

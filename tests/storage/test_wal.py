@@ -1,0 +1,403 @@
+"""The write-ahead log on a fake disk: durability classes, group commit, failures, recovery.
+
+Method: the engine runs on `FakeDisk` through the real `WalCommitPath`, with inline
+offload and inline recovery, so everything happens on the test's Trio loop (and
+`autojump_clock` drives breaker windows and commit slices). A *process crash* is modelled
+by reopening the same `FakeDisk` without `crash()` (the page cache survives, the boot id
+is unchanged); a *power loss* by `FakeDisk.crash()` and a new boot id. `FaultFs` injects
+I/O errors. Every acknowledged write is checked after recovery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from topicd.engine.engine import Engine
+from topicd.errors import StorageUnavailable, Throttled
+from topicd.offload import InlineOffload
+from topicd.storage import frame as frames
+from topicd.storage.breaker import BreakerState
+from topicd.storage.recovery import RecoveryRefused
+from topicd.storage.wal import WalCommitPath
+from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.fake_fs import FakeDisk, FaultFs
+from topicd.testing.harness import durable_config, open_durable
+from topicd.wire import DeleteIn, DiffIn, RecordIn, TopicConfigIn, WriteIn
+
+
+def recs(*datas: bytes, tag: str | None = None) -> list[RecordIn]:
+    return [RecordIn(data=msgspec.Raw(d), tag=tag) for d in datas]
+
+
+async def put(engine: Engine, name: str, **cfg):
+    topic, _ = await engine.put_topic(name, TopicConfigIn(**cfg))
+    return topic
+
+
+async def write(engine: Engine, name: str, *datas: bytes, **kw):
+    return await engine.append(name, WriteIn(records=recs(*datas), **kw))
+
+
+async def dump(engine: Engine, name: str) -> tuple[list[bytes], object]:
+    """Every record from seq 0, and the first tombstone seen."""
+    out: list[bytes] = []
+    cursor = 0
+    first_tomb = None
+    while True:
+        _, res = await engine.diff(name, DiffIn(from_seq=cursor, limit=1000))
+        if res.tombstone is not None and first_tomb is None:
+            first_tomb = res.tombstone
+        out.extend(res.records)
+        cursor = res.next_from_seq
+        if res.caught_up:
+            return out, first_tomb
+
+
+@asynccontextmanager
+async def until_power_loss(disk: FakeDisk, *args, **kw):
+    """Run an engine, then lose power at the end of the block (no clean shutdown)."""
+    async with open_durable(disk, *args, **kw) as engine:
+        yield engine
+        disk.crash(power_off=True)
+    disk.reboot()
+
+
+def wal(engine: Engine) -> WalCommitPath:
+    assert isinstance(engine.commit, WalCommitPath)
+    return engine.commit
+
+
+# ---- classes and recovery -------------------------------------------------------------
+
+
+async def test_every_class_survives_a_process_crash():
+    disk = FakeDisk()
+    async with open_durable(disk) as engine:
+        for cls in ("fsync", "disk", "memory", "ephemeral"):
+            await put(engine, cls, durability=cls)
+            await write(engine, cls, b"1", b'{"a":1.10}')
+            await write(engine, cls, b"3")
+        before = {cls: await dump(engine, cls) for cls in ("fsync", "disk", "memory")}
+        heads = {cls: engine.get(cls).head_seq for cls in ("fsync", "disk", "memory", "ephemeral")}
+    # process crash: no crash(), same boot
+    async with open_durable(disk) as engine:
+        for cls in ("fsync", "disk", "memory"):
+            records, tomb = await dump(engine, cls)
+            assert records == before[cls][0]
+            assert tomb is None
+        eph = engine.get("ephemeral")
+        assert eph.count == 0  # records RAM-only by design
+        assert eph.config.durability == "ephemeral"  # config persists
+        for cls, head in heads.items():
+            res = await write(engine, cls, b"9")
+            assert res.first_seq > head  # never reuse an acknowledged seq
+
+
+async def test_power_loss_keeps_fsync_acks_and_announces_the_disk_tail(autojump_clock):
+    disk = FakeDisk()
+    cfg = durable_config(wal={"disk_fsync_interval_ms": 1000})
+    async with until_power_loss(disk, cfg) as engine:
+        await put(engine, "f", durability="fsync")
+        await put(engine, "d", durability="disk")
+        await write(engine, "f", b"1")
+        await write(engine, "d", b"1")  # the reservation syncs with this first write
+        acked = [await write(engine, "d", b"%d" % i) for i in range(2, 6)]
+        await write(engine, "f", b"2")
+        await trio.sleep(1.5)  # the background tail sync (at 1.0 s) covers them
+        late = await write(engine, "d", b"6")  # written; the next tail sync is due at 2.0 s
+        assert late.fsync_ms == 0.0
+        d_head = engine.get("d").head_seq
+    async with open_durable(disk, cfg, boot_id="boot-2") as engine:
+        records, tomb = await dump(engine, "f")
+        assert [r.split(b'"data":')[1] for r in records] == [b"1}", b"2}"]
+        records, tomb = await dump(engine, "d")
+        assert len(records) == 1 + len(acked)  # everything synced survived
+        assert tomb is not None
+        assert tomb.reason == "crash"
+        topic = engine.get("d")
+        assert tomb.gap_from == len(records) + 1
+        assert tomb.gap_to == topic.head_seq  # the whole reservation is announced
+        assert d_head <= tomb.gap_to
+        res = await write(engine, "d", b"7")
+        assert res.first_seq == tomb.gap_to + 1
+    # the lost range is itself durable: a second recovery announces the same range
+    async with open_durable(disk, cfg, boot_id="boot-2") as engine:
+        _, again = await dump(engine, "d")
+        assert again is not None
+        assert (again.gap_from, again.gap_to) == (tomb.gap_from, tomb.gap_to)
+
+
+async def test_process_crash_of_disk_class_makes_no_lost_range():
+    disk = FakeDisk()
+    async with open_durable(disk) as engine:
+        await write(engine, "d", b"1", b"2")
+    async with open_durable(disk) as engine:  # same boot: the page cache kept the bytes
+        records, tomb = await dump(engine, "d")
+        assert len(records) == 2
+        assert tomb is None
+        assert engine.get("d").lost_ranges == []
+
+
+async def test_idempotency_survives_a_restart():
+    disk = FakeDisk()
+    async with open_durable(disk) as engine:
+        first = await write(engine, "t", b"1", b"2", idempotency_key="k")
+    async with open_durable(disk) as engine:
+        again = await write(engine, "t", b"1", b"2", idempotency_key="k")
+        assert again.deduped
+        assert (again.first_seq, again.count, again.head_seq) == (first.first_seq, 2, 2)
+
+
+async def test_deletes_configs_and_topic_deletes_are_restored():
+    disk = FakeDisk()
+    async with open_durable(disk) as engine:
+        await put(engine, "c", cap_records=2, ttl_ms=0)
+        await write(engine, "c", b"1", b"2", b"3")
+        await write(engine, "t", b"1", b"2", b"3")
+        await engine.delete_records("t", DeleteIn(before_seq=3))
+        await write(engine, "gone", b"1")
+        await engine.delete_topic("gone", False)
+        await write(engine, "gone", b"2")  # a new instance
+        expected_c = await dump(engine, "c")
+        expected_t = await dump(engine, "t")
+    async with open_durable(disk) as engine:
+        assert engine.get("c").config.cap_records == 2
+        records, tomb = await dump(engine, "c")
+        assert records == expected_c[0]
+        assert (tomb.gap_from, tomb.gap_to, tomb.reason) == (1, 1, "cap")
+        assert (await dump(engine, "t"))[0] == expected_t[0]
+        assert engine.get("t").earliest_seq == 3
+        records, _ = await dump(engine, "gone")
+        assert [r.split(b'"data":')[1] for r in records] == [b"2}"]
+
+
+async def test_recreated_topic_across_shards_replays_to_the_live_instance():
+    disk = FakeDisk()
+    async with open_durable(disk, durable_config(shards=4)) as engine:
+        for _ in range(6):  # new instance ids land on different shards
+            await write(engine, "x", b"1")
+            await engine.delete_topic("x", False)
+        await write(engine, "x", b"last")
+        topic_id = engine.get("x").topic_id
+    async with open_durable(disk, durable_config(shards=4)) as engine:
+        assert engine.get("x").topic_id == topic_id
+        assert engine.get("x").count == 1
+
+
+async def test_rotation_keeps_everything():
+    disk = FakeDisk()
+    cfg = durable_config(wal={"file_bytes": 4096})
+    async with open_durable(disk, cfg) as engine:
+        await put(engine, "t", durability="fsync")
+        for i in range(200):
+            await write(engine, "t", b'"%d-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"' % i)
+        assert sum(s.rotations for s in wal(engine).shards) > 3
+        expected = await dump(engine, "t")
+        disk.crash(power_off=True)
+    disk.reboot()
+    async with open_durable(disk, cfg, boot_id="boot-2") as engine:
+        assert await dump(engine, "t") == expected
+
+
+# ---- group commit ------------------------------------------------------------------
+
+
+async def test_concurrent_fsync_writers_share_syncs(autojump_clock):
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    async with open_durable(fs) as engine:
+        await put(engine, "t", durability="fsync")
+        await write(engine, "t", b"0")
+        syncs_before = sum(1 for c in fs.calls if c[0] == "fdatasync")
+        async with trio.open_nursery() as n:
+            for i in range(40):
+                n.start_soon(write, engine, "t", b"%d" % i)
+        syncs = sum(1 for c in fs.calls if c[0] == "fdatasync") - syncs_before
+        assert syncs < 10, syncs
+        assert engine.get("t").head_seq == 41
+
+
+async def test_fsync_ack_waits_for_the_sync(autojump_clock):
+    disk = FakeDisk()
+    slow = InlineOffload(lambda group: 0.05 if group == "wal" else 0.0)
+    async with open_durable(disk, offload=slow) as engine:
+        await put(engine, "f", durability="fsync")
+        t0 = trio.current_time()
+        res = await write(engine, "f", b"1")
+        assert trio.current_time() - t0 >= 0.05 - 1e-9
+        # acknowledged ⇒ durable: a power loss right now keeps it
+        path_bytes = disk.tree(durable=True)
+        assert any(b'"data":1}' in body for body in path_bytes.values())
+        assert res.first_seq == 1
+
+
+# ---- failures ------------------------------------------------------------------------
+
+
+async def test_write_error_fails_the_batch_and_releases_its_seqs(autojump_clock):
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    async with open_durable(fs) as engine:
+        await put(engine, "t", durability="disk")
+        await write(engine, "t", b"1")
+        fs.fail("pwrite", nth=1, errno=errno.EIO)
+        with pytest.raises(StorageUnavailable) as exc:
+            await write(engine, "t", b"lost")
+        assert exc.value.detail["reason"].startswith("write failed")
+        assert exc.value.retry_after_s() >= 1
+        topic = engine.get("t")
+        assert (topic.head_seq, topic.next_seq, topic.count) == (1, 2, 1)
+        res = await write(engine, "t", b"2")  # one write error is below the threshold
+        assert res.first_seq == 2  # the failed batch's seq is reused: no gap
+        expected = await dump(engine, "t")
+    async with open_durable(disk) as engine:
+        assert await dump(engine, "t") == expected  # the failed bytes never surface
+
+
+async def test_fsync_error_opens_the_breaker_and_probes_close_it(autojump_clock):
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    cfg = durable_config(
+        breaker={"open_ms": 1000, "probe_interval_ms": 100, "success_threshold": 2}
+    )
+    async with open_durable(fs, cfg) as engine:
+        await put(engine, "f", durability="fsync")
+        await put(engine, "e", durability="ephemeral")
+        fs.fail("fdatasync", nth=1, errno=errno.EIO)
+        with pytest.raises(StorageUnavailable):
+            await write(engine, "f", b"1")
+        shard = wal(engine).shard(engine.get("f"))
+        assert shard.breaker.state is BreakerState.OPEN
+        with pytest.raises(StorageUnavailable) as exc:
+            await write(engine, "f", b"2")  # refused at once while open
+        assert exc.value.detail["shard"] == shard.index
+        await write(engine, "e", b"ephemeral writes keep working")
+        _, res = await engine.diff("f", DiffIn())
+        assert res.records == []  # nothing of the failed batch is visible
+        t0 = trio.current_time()
+        await shard.breaker.changed.wait()  # → half-open after open_ms
+        assert trio.current_time() - t0 == pytest.approx(1.0, abs=0.01)
+        while shard.breaker.state is not BreakerState.CLOSED:
+            await shard.breaker.changed.wait()
+        res = await write(engine, "f", b"3")
+        assert res.first_seq == 1
+
+
+async def test_ingest_full_is_429_and_bypass_waits(autojump_clock):
+    disk = FakeDisk()
+    slow = InlineOffload(lambda group: 0.1 if group == "wal" else 0.0)
+    cfg = durable_config(wal={"max_pending_per_topic": 2})
+    async with open_durable(disk, cfg, offload=slow) as engine:
+        await put(engine, "t", durability="fsync")
+        errors = []
+
+        async def one(i: int, bypass: bool = False):
+            try:
+                await write(engine, "t", b"%d" % i, disable_backpressure=bypass)
+            except Throttled as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as n:
+            for i in range(6):
+                n.start_soon(one, i)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(one, 99, True)  # waits for room instead of a 429
+        assert errors
+        assert all(e.detail["cause"] == "wal_ingest" for e in errors)
+        assert {e.detail["scope"] for e in errors} == {"topic"}
+        assert all(e.retry_after_s() >= 1 for e in errors)
+        records, _ = await dump(engine, "t")
+        assert any(r.endswith(b'"data":99}') for r in records)
+
+
+# ---- corruption ----------------------------------------------------------------------
+
+
+def _wal_file(shard: int) -> str:
+    return f"/data/wal/shard-{shard:02d}/wal-0000000000000000.log"
+
+
+async def test_mid_log_corruption_refuses_then_truncate_recovers_the_prefix():
+    disk = FakeDisk()
+    async with open_durable(disk) as engine:
+        for i in range(5):
+            await write(engine, "t", b"%d" % i)
+        shard = wal(engine).shard(engine.get("t")).index
+    path = _wal_file(shard)
+    data = bytearray(disk.pending_bytes(path) or b"")
+    # flip one byte inside the third frame's body
+    pos, found = frames.FILE_HEADER_LEN, []
+    while (f := frames.read_frame(bytes(data), pos, len(data), 1 << 24)) is not None:
+        found.append(f)
+        pos = f.end
+    victim = found[-3]
+    data[victim.offset + 45] ^= 0xFF
+    fd = disk.open(path)
+    disk.pwrite(fd, bytes(data), 0)
+    disk.close(fd)
+    with pytest.raises(RecoveryRefused, match=r"offset \d+.*mid-log corruption"):
+        async with open_durable(disk):
+            pass
+    cfg = durable_config()
+    cfg = dataclasses.replace(
+        cfg,
+        storage=dataclasses.replace(
+            cfg.storage,
+            recovery=dataclasses.replace(cfg.storage.recovery, on_corruption="truncate"),
+        ),
+    )
+    async with open_durable(disk, cfg) as engine:
+        assert 0 < engine.get("t").count < 5
+
+
+async def test_torn_tail_after_power_loss_is_ignored():
+    for seed in range(20):
+        disk = FakeDisk()
+        async with open_durable(disk) as engine:
+            await put(engine, "f", durability="fsync")
+            acked = [await write(engine, "f", b"%d" % i) for i in range(3)]
+            await write(engine, "d", b"unsynced")  # the last write is in flight
+            disk.crash(seed, torn=True, power_off=True)
+        disk.reboot()
+        async with open_durable(disk, boot_id="boot-2") as engine:
+            records, _ = await dump(engine, "f")
+            assert len(records) == len(acked)
+
+
+async def test_a_non_topicd_directory_is_refused():
+    disk = FakeDisk()
+    disk.mkdir("/data")
+    fd = disk.open("/data/something", create=True)
+    disk.close(fd)
+    with pytest.raises(RecoveryRefused, match="no FORMAT"):
+        async with open_durable(disk):
+            pass
+
+
+async def test_ephemeral_topic_never_reuses_seqs_across_restarts():
+    disk = FakeDisk()
+    heads = []
+    for _ in range(3):
+        async with open_durable(disk) as engine:
+            await put(engine, "e", durability="ephemeral")
+            res = await write(engine, "e", b"1", b"2")
+            heads.append(res.first_seq)
+            assert res.first_seq > (heads[-2] + 1 if len(heads) > 1 else 0)
+    assert heads == sorted(set(heads))
+
+
+async def test_wall_clock_does_not_matter_for_replay():
+    disk = FakeDisk()
+    clock = FakeWallClock()
+    async with open_durable(disk, clock=clock) as engine:
+        await write(engine, "t", b"1")
+    clock.jump(-10_000_000)
+    async with open_durable(disk, clock=clock) as engine:
+        assert engine.get("t").count == 1
