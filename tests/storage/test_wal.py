@@ -326,10 +326,11 @@ def _wal_file(shard: int) -> str:
 
 async def test_mid_log_corruption_refuses_then_truncate_recovers_the_prefix():
     disk = FakeDisk()
-    async with open_durable(disk) as engine:
+    async with until_power_loss(disk) as engine:  # no final snapshot: recovery replays
         for i in range(5):
             await write(engine, "t", b"%d" % i)
         shard = wal(engine).shard(engine.get("t")).index
+        disk.sync_all()
     path = _wal_file(shard)
     data = bytearray(disk.pending_bytes(path) or b"")
     # flip one byte inside the third frame's body

@@ -96,7 +96,7 @@ class Engine:
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
         self._names: list[str] = []  # sorted (bytewise == code point order for ASCII names)
-        self._next_topic_id = 1
+        self.next_topic_id = 1
         self._creating: dict[str, trio.Event] = {}
         self._ttl_topics: set[Topic] = set()
         self.total_bytes = 0
@@ -104,6 +104,7 @@ class Engine:
         self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
         self.commit: CommitPath = commit or InMemoryCommitPath()
         self.commit.attach(self)
+        self.checkpointer: object = None  # storage's, when durable (metrics, tests)
         self.draining = False
         self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
@@ -207,8 +208,8 @@ class Engine:
             raise Throttled.limit("max_topics", cap)
         self._check_open()
         done = self._creating[name] = trio.Event()
-        topic_id = self._next_topic_id
-        self._next_topic_id += 1
+        topic_id = self.next_topic_id
+        self.next_topic_id += 1
         topic = Topic(name, topic_id, config, name_json=orjson.dumps(name))
         frame = frames.encode_control(
             frames.TOPIC_CREATE,
@@ -232,7 +233,7 @@ class Engine:
 
     def apply_create(self, topic: Topic) -> Topic:
         self.by_id[topic.topic_id] = topic
-        self._next_topic_id = max(self._next_topic_id, topic.topic_id + 1)
+        self.next_topic_id = max(self.next_topic_id, topic.topic_id + 1)
         if topic.config.ttl_ms > 0:
             self._ttl_topics.add(topic)
         if not self.replaying:

@@ -121,6 +121,41 @@ class IdempotencyStore:
                 dropped += 1
         return dropped
 
+    def committed(self) -> list[tuple[int, str, int, int, int, int]]:
+        """Every resolved entry: (topic_id, key, first_seq, count, head_seq, expires_ms)."""
+        return [
+            (tid, key, e.first_seq, e.count, e.head_seq, e.expires_ms)
+            for (tid, key), e in self._entries.items()
+            if e.ok
+        ]
+
+    def restore(
+        self,
+        topic_id: int,
+        key: str,
+        first_seq: int,
+        count: int,
+        head_seq: int,
+        expires_ms: int,
+        now_ms: int,
+    ) -> None:
+        """Re-create a committed entry (recovery); expired or surplus entries are skipped."""
+        if expires_ms <= now_ms or (topic_id, key) in self._entries:
+            return
+        if self._max and len(self._entries) >= self._max:
+            return
+        entry = self.begin(topic_id, key, now_ms)
+        self.resolve(
+            topic_id,
+            key,
+            entry,
+            first_seq=first_seq,
+            count=count,
+            head_seq=head_seq,
+            expires_ms=expires_ms,
+            now_ms=now_ms,
+        )
+
     def drop_topic(self, topic_id: int) -> None:
         for key in self._by_topic.pop(topic_id, set()):
             entry = self._entries.pop((topic_id, key), None)

@@ -113,6 +113,12 @@ class EvictionRuns:
             a, b = runs[0], runs[1]
             runs[0:2] = [[a[0], b[1], a[2] if a[2] == b[2] else "mixed"]]
 
+    def export(self) -> list[tuple[int, int, str]]:
+        return [(int(lo), int(hi), str(reason)) for lo, hi, reason in self._runs]
+
+    def load(self, runs: list[tuple[int, int, str]]) -> None:
+        self._runs = [[lo, hi, reason] for lo, hi, reason in runs]
+
     def reason_for(self, lo: int, hi: int) -> str:
         found: set[str] = set()
         for r_lo, r_hi, reason in self._runs:

@@ -37,11 +37,12 @@ import orjson
 
 from topicd.engine.commit import AppendBatch
 from topicd.engine.engine import Engine
-from topicd.engine.topic import Topic
+from topicd.engine.topic import Run, Topic
 from topicd.engine.writes import PreparedWrite
 from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
+from topicd.storage import snapshot
 from topicd.storage.wal import ShardFiles
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class RecoveryResult:
     bytes: int = 0
     torn: list[str] = field(default_factory=list)
     fresh: bool = False
+    snapshot_number: int = 0
+    snapshot_positions: list[tuple[int, int]] | None = None
 
 
 def config_from_wire(obj: object) -> TopicConfig:
@@ -170,14 +173,23 @@ class _Replayer:
     def _rel(self, path: str) -> str:
         return posixpath.relpath(path, self.root)
 
-    def replay_shard(self, shard: int, shard_dir: str) -> ShardFiles:
+    def replay_shard(self, shard: int, shard_dir: str, start: tuple[int, int] | None) -> ShardFiles:
+        """Replay one shard from `start` (a snapshot's position) or from its first file."""
         files = self.wal_files(shard_dir)
+        start_index, start_offset = start if start is not None else (0, 0)
+        files = [f for f in files if f[0] >= start_index]  # older ones await trimming
         if not files:
+            if start_index > 0 and start_offset > frames.FILE_HEADER_LEN:
+                raise RecoveryRefused(
+                    f"{self._rel(shard_dir)}: WAL file {start_index} named by the snapshot is "
+                    "missing; restore a backup."
+                )
             return ShardFiles()
-        if files[0][0] != 0:
+        if files[0][0] != start_index:
             raise RecoveryRefused(
                 f"{self._rel(files[0][1])}: the shard's history starts at file {files[0][0]} "
-                "but no snapshot covers the earlier files; restore a backup."
+                f"but {'the snapshot' if start else 'replay'} needs file {start_index}; "
+                "restore a backup."
             )
         datas: list[bytes] = []
         headers: list[frames.FileHeader] = []
@@ -210,14 +222,14 @@ class _Replayer:
         valid_len = frames.FILE_HEADER_LEN
         for i, ((_index, path), data) in enumerate(zip(files, datas, strict=True)):
             fence = headers[i + 1].prev_valid_len if i + 1 < len(files) else None
-            valid_len = self.replay_file(path, data, fence)
+            valid_len = self.replay_file(path, data, fence, start_offset if i == 0 else 0)
             self.bytes_done += len(data)
             self.progress(min(0.99, self.bytes_done / self.bytes_total))
         repair = not frames.all_zero(datas[-1], valid_len, len(datas[-1]))
         return ShardFiles(files[-1][0], valid_len, repair, remove)
 
-    def replay_file(self, path: str, data: bytes, fence: int | None) -> int:
-        """Apply the frames of one file; return its valid length."""
+    def replay_file(self, path: str, data: bytes, fence: int | None, start: int = 0) -> int:
+        """Apply the frames of one file from offset `start`; return its valid length."""
         max_frame = self.cfg.storage.wal.max_frame_bytes
         limit = len(data) if fence is None else fence
         if fence is not None and fence > len(data):
@@ -225,7 +237,7 @@ class _Replayer:
                 f"{self._rel(path)}: shorter ({len(data)} bytes) than the next file's fence "
                 f"({fence}); restore a backup."
             )
-        pos = frames.FILE_HEADER_LEN
+        pos = max(frames.FILE_HEADER_LEN, start)
         while pos < limit:
             try:
                 frame = frames.read_frame(data, pos, limit, max_frame)
@@ -264,6 +276,46 @@ class _Replayer:
         elif not frames.all_zero(data, pos, len(data)):
             self.torn.append(f"{self._rel(path)} at {pos}")
         return pos
+
+    # ---- snapshot -------------------------------------------------------------------
+
+    def load_snapshot(self, body: snapshot.SnapshotBody) -> None:
+        engine = self.engine
+        engine.next_topic_id = max(engine.next_topic_id, body.next_topic_id)
+        for snap in body.topics:
+            topic = Topic(
+                snap.name, snap.id, config_from_wire(snap.config), name_json=orjson.dumps(snap.name)
+            )
+            runs: list[Run] = []
+            count = nbytes = 0
+            for base, encs, ts, sizes in snapshot.restore_runs(snap):
+                run = Run(base)
+                run.encs, run.ts, run.sizes = encs, ts, sizes
+                live = [size for enc, size in zip(encs, sizes, strict=True) if enc is not None]
+                count += len(live)
+                nbytes += sum(live)
+                runs.append(run)
+            topic.runs = runs or [Run(snap.head + 1)]
+            topic.head_seq = snap.head
+            topic.next_seq = snap.head + 1
+            topic.earliest_seq = snap.earliest
+            topic.evict_floor = snap.evict_floor
+            topic.evictions.load(snap.evictions)
+            topic.lost_ranges = [(lo, hi) for lo, hi in snap.lost]
+            topic.last_ts = snap.last_ts
+            topic.last_write_ts = snap.last_write_ts
+            topic.last_read_ts = snap.last_read_ts
+            topic.reserved_head = snap.reserved
+            topic.count, topic.bytes = count, nbytes
+            topic.tags, topic.nodes = dict(snap.tags), dict(snap.nodes)
+            topic.prios, topic.shapes = dict(snap.prios), dict(snap.shapes)
+            topic.tag_index.rebuild(sorted(topic.tags.items()))
+            if topic.runs[-1].end != topic.head_seq and topic.runs[-1].encs:
+                raise snapshot.SnapshotError(f"topic {snap.name!r}: runs end before head")
+            engine.apply_create(topic)
+            engine.total_bytes += nbytes
+        for tid, key, first, count_, head, expires in body.idempotency:
+            engine.idem.restore(tid, key, first, count_, head, expires, self.now)
 
     # ---- frames -------------------------------------------------------------------------
 
@@ -414,10 +466,13 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
         fs.read(boot_path).decode("ascii", "replace").strip() if fs.exists(boot_path) else None
     )
     rebooted = previous_boot is None or boot_id is None or previous_boot != boot_id
+    snap, snap_number = _load_snapshot(fs, root, r)
     shards = r.shard_dirs()
     r.bytes_total = max(1, sum(fs.size(path) for _, d in shards for _, path in r.wal_files(d)))
     configured = cfg.storage.wal_shards or min(8, _cpus())
     count = len(shards) if shards else configured
+    if snap is not None:
+        count = max(count, snap.shard_count)
     if shards and [s for s, _ in shards] != list(range(len(shards))):
         raise RecoveryRefused(f"{root}/wal: shard directories are not 00..{len(shards) - 1}")
     if shards and count != configured:
@@ -430,10 +485,31 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
         )
     files = [ShardFiles() for _ in range(count)]
     for shard, path in shards:
-        files[shard] = r.replay_shard(shard, path)
-    lost = r.finish(rebooted and bool(shards))
+        start = None
+        if snap is not None and shard < len(snap.positions):
+            start = snap.positions[shard]
+        files[shard] = r.replay_shard(shard, path, start)
+    lost = r.finish(rebooted and (bool(shards) or snap is not None))
     r.progress(1.0)
-    return RecoveryResult(r.engine, files, lost, r.frames, r.bytes_done, r.torn, fresh)
+    return RecoveryResult(r.engine, files, lost, r.frames, r.bytes_done, r.torn, fresh, snap_number)
+
+
+def _load_snapshot(fs: Fs, root: str, r: _Replayer) -> tuple[snapshot.SnapshotBody | None, int]:
+    """The newest valid snapshot (older ones are fallbacks), loaded into the replayer."""
+    for number, path in snapshot.list_snapshots(fs, root):
+        try:
+            body = snapshot.decode(fs.read(path))
+        except snapshot.SnapshotError as exc:
+            log.error("%s: unusable (%s); trying the previous snapshot", path, exc)
+            continue
+        try:
+            r.load_snapshot(body)
+        except (snapshot.SnapshotError, frames.FrameError, KeyError, TypeError) as exc:
+            raise RecoveryRefused(
+                f"{posixpath.relpath(path, root)}: inconsistent snapshot ({exc}); restore a backup."
+            ) from None
+        return body, number
+    return None, 0
 
 
 def _cpus() -> int:

@@ -10,9 +10,10 @@ an async context manager owning one nursery). It
    engine's housekeeping;
 4. writes and syncs a `LostRange` frame for every range recovery found, before yielding
    (so readiness never precedes them);
-5. on exit closes the engine to new mutations, lets every committer drain its accepted
-   submissions and run a final `fdatasync` (bounded by `storage.snapshot.final_timeout_ms`,
-   shielded), then cancels the rest.
+5. runs the checkpointer (snapshots that let the WAL be trimmed);
+6. on exit closes the engine to new mutations, lets every committer drain its accepted
+   submissions and run a final `fdatasync`, then takes a final snapshot (together bounded
+   by `storage.snapshot.final_timeout_ms`, shielded), then cancels the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from topicd.storage import frame as frames
+from topicd.storage.checkpoint import Checkpointer
 from topicd.storage.recovery import RecoveryResult, prepare_data_dir, recover
 from topicd.storage.wal import WalCommitPath
 
@@ -88,6 +90,10 @@ async def open_durable_engine(
     wal = WalCommitPath(cfg, fs, offload, clock, root, result.shard_files)
     engine.commit = wal
     wal.attach(engine)
+    checkpointer = Checkpointer(
+        cfg, engine, wal, fs, offload, clock, result.snapshot_number, result.snapshot_positions
+    )
+    engine.checkpointer = checkpointer
     async with trio.open_nursery() as nursery:
         await nursery.start(wal.run)
         for note in result.lost:  # sync-gated, before the topic serves again
@@ -99,13 +105,19 @@ async def open_durable_engine(
             )
             await wal.control(note.topic, mark, lambda: None)
         await nursery.start(engine.run)
+        await nursery.start(checkpointer.run)
         try:
             yield engine
         finally:
             engine.closed = True
             with (
                 trio.CancelScope(shield=True),
-                trio.move_on_after(cfg.storage.snapshot.final_timeout_ms / 1000),
+                trio.move_on_after(cfg.storage.snapshot.final_timeout_ms / 1000) as bound,
             ):
                 await wal.close()
+                # every accepted write is committed and synced: a final snapshot releases
+                # the seq reservations, so a clean restart resumes with no gap
+                await checkpointer.checkpoint(final=True)
+            if bound.cancelled_caught:
+                log.error("the final drain did not finish in time; recovery will replay")
             nursery.cancel_scope.cancel("storage closed")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import posixpath
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -72,6 +73,15 @@ def shard_of(topic_id: int, shards: int) -> int:
 
 def wal_file_name(index: int) -> str:
     return f"wal-{index:016x}.log"
+
+
+_WAL_NAME = re.compile(r"wal-([0-9a-f]{16})\.log")
+
+
+def parse_wal_name(name: str) -> int | None:
+    """The file index of a WAL file name, or None for any other name."""
+    m = _WAL_NAME.fullmatch(name)
+    return int(m.group(1), 16) if m else None
 
 
 def shard_dir_name(shard: int) -> str:

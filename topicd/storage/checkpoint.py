@@ -1,0 +1,156 @@
+"""Checkpoints: snapshot the engine, then trim the WAL behind it (storage spec §9).
+
+A checkpoint runs when the WAL written since the last one reaches
+`max(storage.snapshot.wal_bytes_threshold, live bytes)` — so rewriting the whole state
+never costs much more than the log it replaces — or when `storage.snapshot.interval_ms`
+has passed and anything was written; checked every `check_interval_ms`. A final one runs
+at graceful shutdown, after the WAL drained and synced, with every seq reservation
+released to its head so a clean restart resumes with no gap.
+
+Steps: capture (one synchronous step on the loop: state and per-shard WAL positions) →
+encode (offloaded) → write, sync, rename, sync `meta/` (shielded) → remove WAL files that
+lie wholly before the positions of the *previous* snapshot (with `keep ≥ 2`), so the
+older kept snapshot can still be replayed if the newest one turns out unreadable. A
+failure is logged, counted and retried at the next check; the WAL keeps its files longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from typing import TYPE_CHECKING
+
+import trio
+
+from topicd.storage import snapshot
+from topicd.storage.wal import WalCommitPath, parse_wal_name, shard_dir_name
+
+if TYPE_CHECKING:
+    from topicd.clock import WallClock
+    from topicd.config import Config
+    from topicd.engine.engine import Engine
+    from topicd.offload import Offload
+    from topicd.storage.fs import Fs
+
+log = logging.getLogger("topicd.checkpoint")
+
+
+def trim_wal(fs: Fs, root: str, positions: list[tuple[int, int]]) -> int:
+    """Delete every WAL file wholly before its shard's position. Returns files removed."""
+    removed = 0
+    for shard, (index, _offset) in enumerate(positions):
+        shard_dir = posixpath.join(root, "wal", shard_dir_name(shard))
+        if not fs.exists(shard_dir):
+            continue
+        gone = False
+        for name in fs.listdir(shard_dir):
+            file_index = parse_wal_name(name)
+            if file_index is not None and file_index < index:
+                fs.unlink(posixpath.join(shard_dir, name))
+                removed += 1
+                gone = True
+        if gone:
+            fs.fsync_dir(shard_dir)
+    return removed
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        cfg: Config,
+        engine: Engine,
+        wal: WalCommitPath,
+        fs: Fs,
+        offload: Offload,
+        clock: WallClock,
+        number: int,
+        positions: list[tuple[int, int]] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.wal = wal
+        self.fs = fs
+        self.offload = offload
+        self.clock = clock
+        self.number = number  # the newest snapshot's number (0: none yet)
+        # trimming follows the *previous* snapshot, so the older kept one stays usable if
+        # the newest turns out unreadable
+        self._trim_to = positions
+        self.root = cfg.storage.data_dir
+        self._written_at_last = self._written()
+        self._last_at = trio.current_time()
+        self._lock = trio.Lock()
+        self.count = 0
+        self.failures = 0
+        self.last_duration_ms = 0.0
+        self.last_bytes = 0
+        self.files_trimmed = 0
+
+    def _written(self) -> int:
+        return sum(shard.bytes_written for shard in self.wal.shards)
+
+    def due(self) -> bool:
+        written = self._written() - self._written_at_last
+        if written <= 0:
+            return False
+        snap = self.cfg.storage.snapshot
+        if written >= max(snap.wal_bytes_threshold, self.engine.total_bytes):
+            return True
+        return trio.current_time() - self._last_at >= snap.interval_ms / 1000
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        period = self.cfg.storage.snapshot.check_interval_ms / 1000
+        while True:
+            await trio.sleep(period)
+            if self.due():
+                await self.checkpoint()
+
+    async def checkpoint(self, *, final: bool = False) -> bool:
+        """Take one checkpoint; True on success. Never raises for I/O errors."""
+        async with self._lock:
+            t0 = trio.current_time()
+            written = self._written()
+            positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
+            cap = snapshot.capture(self.engine, positions, self.clock.now_ms(), final=final)
+            try:
+                data = await self.offload.run(snapshot.encode, cap, group="snapshot")
+                number = self.number + 1
+                with trio.CancelScope(shield=True):
+                    await self.offload.run(
+                        snapshot.write_snapshot,
+                        self.fs,
+                        self.root,
+                        number,
+                        data,
+                        self.cfg.storage.snapshot.keep,
+                        group="snapshot",
+                    )
+                self.number = number
+                if self._trim_to is not None and self.cfg.storage.snapshot.keep > 1:
+                    self.files_trimmed += await self.offload.run(
+                        trim_wal, self.fs, self.root, self._trim_to, group="snapshot"
+                    )
+                elif self.cfg.storage.snapshot.keep == 1:
+                    self.files_trimmed += await self.offload.run(
+                        trim_wal, self.fs, self.root, positions, group="snapshot"
+                    )
+                self._trim_to = positions
+            except OSError as exc:
+                self.failures += 1
+                log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+                return False
+            self.count += 1
+            self._written_at_last = written
+            self._last_at = trio.current_time()
+            self.last_duration_ms = (self._last_at - t0) * 1000
+            self.last_bytes = len(data)
+            log.info(
+                "checkpoint %d: %d topics, %d bytes in %.1f ms%s",
+                number,
+                len(cap.body.topics),
+                len(data),
+                self.last_duration_ms,
+                " (final)" if final else "",
+            )
+            return True

@@ -1,0 +1,292 @@
+"""Snapshots: the engine's whole state in one checksummed file, so the WAL can be trimmed.
+
+topicd keeps every retained record in memory, so a snapshot is the complete state: every
+topic's metadata, its retained records (as stored JSON, with their `$ts` and sizes in
+compact arrays and the sparse extras), the unexpired idempotency entries, and per WAL
+shard the position up to which the log is reflected (replay starts there). There are no
+per-topic segment files in this version (docs/decisions.md): the checkpoint trigger
+scales with the retained bytes, so rewriting the state costs at most about as much as
+the log it replaces.
+
+File: `meta/snapshot-<n:020d>.bin`; a 32-byte header (magic `TOPICDSN`, version u32,
+checksum algorithm u8, 3 reserved bytes, body length u64, XXH3-64 of the body) and a
+msgpack body. A snapshot with a bad header, length or checksum is skipped in favour of
+the previous one (`storage.snapshot.keep` are kept).
+
+Writing (checkpoint): encode (offloaded) → `snapshot-<n>.bin.tmp` → `fdatasync` → rename →
+`fsync` of `meta/` (shielded) → older snapshots beyond `keep` removed → WAL files wholly
+before the captured positions deleted. A crash at any step leaves either the old
+snapshot (and the untrimmed log) or the new one in charge.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import struct
+import sys
+from array import array
+from dataclasses import dataclass
+from itertools import accumulate, pairwise
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+import xxhash
+
+from topicd.storage.fs import write_all
+
+if TYPE_CHECKING:
+    from topicd.engine.engine import Engine
+    from topicd.engine.topic import Topic
+    from topicd.storage.fs import Fs
+
+MAGIC: Final = b"TOPICDSN"
+VERSION: Final = 1
+HEADER: Final = struct.Struct("<8sIB3xQQ")  # 32 bytes
+META_DIR: Final = "meta"
+_NAME: Final = re.compile(r"snapshot-([0-9]{20})\.bin")
+_LITTLE: Final = sys.byteorder == "little"
+
+
+class RunSnap(msgspec.Struct, array_like=True, gc=False):
+    base: int
+    lens: bytes  # u32 per slot; 0xFFFFFFFF marks a dead slot
+    ts: bytes  # i64 per slot
+    sizes: bytes  # u32 per slot
+    blob: bytes  # the live slots' stored JSON, concatenated
+
+
+class TopicSnap(msgspec.Struct, gc=False):
+    id: int
+    name: str
+    config: dict[str, object]
+    head: int
+    reserved: int
+    earliest: int
+    evict_floor: int
+    evictions: list[tuple[int, int, str]]
+    lost: list[tuple[int, int]]
+    last_ts: int
+    last_write_ts: int | None
+    last_read_ts: int | None
+    runs: list[RunSnap]
+    tags: dict[int, str] = {}
+    nodes: dict[int, str] = {}
+    prios: dict[int, int] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+
+
+class SnapshotBody(msgspec.Struct, gc=False):
+    version: int
+    created_ms: int
+    next_topic_id: int
+    shard_count: int
+    positions: list[tuple[int, int]]  # per shard: (file index, offset) replay starts at
+    topics: list[TopicSnap]
+    idempotency: list[tuple[int, str, int, int, int, int]]
+
+
+_ENC: Final = msgspec.msgpack.Encoder()
+_DEC: Final = msgspec.msgpack.Decoder(SnapshotBody)
+DEAD: Final = 0xFFFFFFFF
+
+
+class SnapshotError(ValueError):
+    """A snapshot file is unusable (bad header, length or checksum, or undecodable)."""
+
+
+def snapshot_name(n: int) -> str:
+    return f"snapshot-{n:020d}.bin"
+
+
+def list_snapshots(fs: Fs, root: str) -> list[tuple[int, str]]:
+    """(number, path) of every snapshot file, newest first."""
+    meta = posixpath.join(root, META_DIR)
+    if not fs.exists(meta):
+        return []
+    out = []
+    for name in fs.listdir(meta):
+        m = _NAME.fullmatch(name)
+        if m:
+            out.append((int(m.group(1)), posixpath.join(meta, name)))
+    return sorted(out, reverse=True)
+
+
+# ---- capture (synchronous, on the loop) -----------------------------------------------
+
+
+def _u32(values: array[int] | list[int]) -> bytes:
+    arr = values if isinstance(values, array) else array("I", values)
+    if not _LITTLE:  # pragma: no cover
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+@dataclass(slots=True)
+class RunCopy:
+    base: int
+    encs: list[bytes | None]
+    ts: array[int]
+    sizes: array[int]
+
+
+@dataclass(slots=True)
+class Capture:
+    """What `capture` copies on the loop; `encode` turns it into bytes in a thread."""
+
+    body: SnapshotBody  # its topics' `runs` are filled by `encode`
+    runs: list[list[RunCopy]]
+
+
+def capture_topic(topic: Topic, *, reserved: int) -> tuple[TopicSnap, list[RunCopy]]:
+    """The topic's state right now, as C-level copies (records are immutable and slots
+    only ever turn dead, so the copy is consistent). Per-record work happens in `encode`."""
+    copies = []
+    ephemeral = topic.config.durability == "ephemeral"  # records RAM-only, by design
+    last = topic.runs[-1]
+    for run in topic.runs if not ephemeral else ():
+        if run.end < topic.earliest_seq and run is not last:
+            continue  # nothing live left in it
+        start = max(run.base, topic.earliest_seq)
+        lo = start - run.base
+        copies.append(RunCopy(start, run.encs[lo:], run.ts[lo:], run.sizes[lo:]))
+    snap = TopicSnap(
+        id=topic.topic_id,
+        name=topic.name,
+        config=dict(topic.config.to_wire()),
+        head=topic.head_seq,
+        reserved=reserved,
+        earliest=topic.head_seq + 1 if ephemeral else topic.earliest_seq,
+        evict_floor=topic.evict_floor,
+        evictions=topic.evictions.export(),
+        lost=list(topic.lost_ranges),
+        last_ts=topic.last_ts,
+        last_write_ts=topic.last_write_ts,
+        last_read_ts=topic.last_read_ts,
+        runs=[],
+        tags={} if ephemeral else dict(topic.tags),
+        nodes={} if ephemeral else dict(topic.nodes),
+        prios={} if ephemeral else dict(topic.prios),
+        shapes={} if ephemeral else dict(topic.shapes),
+    )
+    return snap, copies
+
+
+def capture(
+    engine: Engine,
+    positions: list[tuple[int, int]],
+    created_ms: int,
+    *,
+    final: bool = False,
+) -> Capture:
+    """The engine's state and the WAL positions it reflects (one synchronous step).
+
+    `final` (clean shutdown, everything committed and synced): reservations are released
+    to the heads, so the next start resumes exactly at head + 1 with no gap.
+    """
+    topics: list[TopicSnap] = []
+    runs: list[list[RunCopy]] = []
+    for t in engine.by_id.values():
+        if t.deleted:
+            continue
+        snap, copies = capture_topic(
+            t, reserved=t.head_seq if final else max(t.reserved_head, t.head_seq)
+        )
+        topics.append(snap)
+        runs.append(copies)
+    body = SnapshotBody(
+        VERSION,
+        created_ms,
+        engine.next_topic_id,
+        len(positions),
+        positions,
+        topics,
+        engine.idem.committed(),
+    )
+    return Capture(body, runs)
+
+
+# ---- encoding and files (blocking: run offloaded) ------------------------------------
+
+
+def encode(cap: Capture) -> bytes:
+    """The snapshot file's bytes (blocking, CPU-bound: run it offloaded)."""
+    body = cap.body
+    for snap, copies in zip(body.topics, cap.runs, strict=True):
+        for run in copies:
+            lens = array("I", [DEAD if e is None else len(e) for e in run.encs])
+            blob = b"".join([e for e in run.encs if e is not None])
+            snap.runs.append(RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), blob))
+    payload = _ENC.encode(body)
+    header = HEADER.pack(MAGIC, VERSION, 1, len(payload), xxhash.xxh3_64_intdigest(payload))
+    return header + payload
+
+
+def decode(data: bytes) -> SnapshotBody:
+    if len(data) < HEADER.size:
+        raise SnapshotError("shorter than its header")
+    magic, version, alg, length, digest = HEADER.unpack_from(data, 0)
+    if magic != MAGIC or version != VERSION or alg != 1:
+        raise SnapshotError("bad magic or unsupported version")
+    body = memoryview(data)[HEADER.size :]
+    if len(body) != length:
+        raise SnapshotError(f"length {len(body)} != {length}")
+    if xxhash.xxh3_64_intdigest(body) != digest:
+        raise SnapshotError("checksum mismatch")
+    try:
+        return _DEC.decode(body)
+    except msgspec.DecodeError as exc:
+        raise SnapshotError(f"undecodable body: {exc}") from None
+
+
+def write_snapshot(fs: Fs, root: str, number: int, data: bytes, keep: int) -> str:
+    """Write durably and make it current; remove snapshots beyond `keep`. Returns the path."""
+    meta = posixpath.join(root, META_DIR)
+    if not fs.exists(meta):
+        fs.mkdir(meta)
+        fs.fsync_dir(root)
+    path = posixpath.join(meta, snapshot_name(number))
+    tmp = path + ".tmp"
+    fd = fs.open(tmp, create=True)
+    try:
+        fs.ftruncate(fd, 0)
+        write_all(fs, fd, data, 0)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, path)
+    fs.fsync_dir(meta)
+    for _, old in list_snapshots(fs, root)[keep:]:
+        fs.unlink(old)
+    for name in fs.listdir(meta):
+        if name.endswith(".tmp"):
+            fs.unlink(posixpath.join(meta, name))
+    fs.fsync_dir(meta)
+    return path
+
+
+def restore_runs(snap: TopicSnap) -> list[tuple[int, list[bytes | None], array[int], array[int]]]:
+    """(base, encs, ts, sizes) of each run of a topic snapshot."""
+    out = []
+    for run in snap.runs:
+        lens = array("I")
+        lens.frombytes(run.lens)
+        ts = array("q")
+        ts.frombytes(run.ts)
+        sizes = array("I")
+        sizes.frombytes(run.sizes)
+        if not _LITTLE:  # pragma: no cover
+            lens.byteswap()
+            ts.byteswap()
+            sizes.byteswap()
+        live = [n for n in lens if n != DEAD]
+        offs = [0, *accumulate(live)]
+        if offs[-1] != len(run.blob):
+            raise SnapshotError(f"topic {snap.name!r}: record lengths do not add up")
+        pieces = iter([run.blob[a:b] for a, b in pairwise(offs)])
+        encs: list[bytes | None] = [None if n == DEAD else next(pieces) for n in lens]
+        if not (len(encs) == len(ts) == len(sizes)):
+            raise SnapshotError(f"topic {snap.name!r}: column lengths differ")
+        out.append((run.base, encs, ts, sizes))
+    return out
