@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class DataDirLocked(Exception):
@@ -65,3 +67,13 @@ def _lock(path: Path) -> DataDirLock:
 
 async def lock_data_dir(path: Path) -> DataDirLock:
     return await trio.to_thread.run_sync(_lock, path)
+
+
+@contextmanager
+def hold_lock(path: str) -> Iterator[DataDirLock]:
+    """The lock, held for a block of synchronous code (offline tools)."""
+    lock = _lock(Path(path))
+    try:
+        yield lock
+    finally:
+        lock.release()
