@@ -272,7 +272,25 @@ class _Replayer:
                     message + " Nothing was modified. To discard everything from this offset "
                     "on, restart with --recovery-on-corruption=truncate."
                 )
-            log.error("%s Discarding the rest of the log (--recovery-on-corruption).", message)
+            discarded = 0
+            at = nxt
+            while at >= 0:
+                try:
+                    frame = frames.read_frame(data, at, len(data), max_frame)
+                except frames.FrameError:
+                    frame = None
+                    discarded += 1
+                if frame is None:
+                    at = frames.find_valid_frame(data, at + 1, len(data), max_frame)
+                    continue
+                discarded += 1
+                at = frame.end
+            log.error(
+                "%s Discarding the rest of the log (--recovery-on-corruption=truncate): "
+                "%d checksum-valid frames dropped.",
+                message,
+                discarded,
+            )
         elif not frames.all_zero(data, pos, len(data)):
             self.torn.append(f"{self._rel(path)} at {pos}")
         return pos
