@@ -54,6 +54,25 @@ def trim_wal(fs: Fs, root: str, positions: list[tuple[int, int]]) -> int:
     return removed
 
 
+def retire_wal(fs: Fs, root: str) -> int:
+    """Delete every WAL file (after a re-shard snapshot made them redundant)."""
+    removed = 0
+    wal = posixpath.join(root, "wal")
+    if not fs.exists(wal):
+        return 0
+    for name in fs.listdir(wal):
+        shard_dir = posixpath.join(wal, name)
+        gone = False
+        for file_name in fs.listdir(shard_dir):
+            if parse_wal_name(file_name) is not None:
+                fs.unlink(posixpath.join(shard_dir, file_name))
+                removed += 1
+                gone = True
+        if gone:
+            fs.fsync_dir(shard_dir)
+    return removed
+
+
 class Checkpointer:
     def __init__(
         self,

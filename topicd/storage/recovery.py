@@ -85,6 +85,7 @@ class RecoveryResult:
     fresh: bool = False
     snapshot_number: int = 0
     snapshot_positions: list[tuple[int, int]] | None = None
+    reshard_to: int | None = None  # the configured shard count differs: re-shard at start
 
 
 def config_from_wire(obj: object) -> TopicConfig:
@@ -173,9 +174,27 @@ class _Replayer:
     def _rel(self, path: str) -> str:
         return posixpath.relpath(path, self.root)
 
-    def replay_shard(self, shard: int, shard_dir: str, start: tuple[int, int] | None) -> ShardFiles:
-        """Replay one shard from `start` (a snapshot's position) or from its first file."""
+    def replay_shard(
+        self, shard: int, shard_dir: str, start: tuple[int, int] | None, layout: int
+    ) -> ShardFiles:
+        """Replay one shard from `start` (a snapshot's position) or from its first file.
+
+        Files written under another shard count (left over from a re-shard whose snapshot
+        is durable) are stale: they are skipped and removed when the shard opens."""
         files = self.wal_files(shard_dir)
+        stale: list[str] = []
+        if start is not None:
+            for index, path in list(files):
+                head = _read_head(self.fs, path)
+                try:
+                    count = frames.decode_file_header(head).shard_count
+                except frames.HeaderError:
+                    continue
+                if count != layout:
+                    files.remove((index, path))
+                    stale.append(path)
+        if shard >= layout:
+            return ShardFiles(remove=stale + [p for _, p in files])
         start_index, start_offset = start if start is not None else (0, 0)
         files = [f for f in files if f[0] >= start_index]  # older ones await trimming
         if not files:
@@ -184,7 +203,7 @@ class _Replayer:
                     f"{self._rel(shard_dir)}: WAL file {start_index} named by the snapshot is "
                     "missing; restore a backup."
                 )
-            return ShardFiles()
+            return ShardFiles(remove=stale)
         if files[0][0] != start_index:
             raise RecoveryRefused(
                 f"{self._rel(files[0][1])}: the shard's history starts at file {files[0][0]} "
@@ -226,7 +245,7 @@ class _Replayer:
             self.bytes_done += len(data)
             self.progress(min(0.99, self.bytes_done / self.bytes_total))
         repair = not frames.all_zero(datas[-1], valid_len, len(datas[-1]))
-        return ShardFiles(files[-1][0], valid_len, repair, remove)
+        return ShardFiles(files[-1][0], valid_len, repair, stale + remove)
 
     def replay_file(self, path: str, data: bytes, fence: int | None, start: int = 0) -> int:
         """Apply the frames of one file from offset `start`; return its valid length."""
@@ -486,30 +505,52 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     rebooted = previous_boot is None or boot_id is None or previous_boot != boot_id
     snap, snap_number = _load_snapshot(fs, root, r)
     shards = r.shard_dirs()
+    if [s for s, _ in shards] != list(range(len(shards))):
+        raise RecoveryRefused(f"{root}/wal: shard directories are not 00..{len(shards) - 1}")
     r.bytes_total = max(1, sum(fs.size(path) for _, d in shards for _, path in r.wal_files(d)))
     configured = cfg.storage.wal_shards or min(8, _cpus())
-    count = len(shards) if shards else configured
-    if snap is not None:
-        count = max(count, snap.shard_count)
-    if shards and [s for s, _ in shards] != list(range(len(shards))):
-        raise RecoveryRefused(f"{root}/wal: shard directories are not 00..{len(shards) - 1}")
-    if shards and count != configured:
-        log.warning(
-            "storage.wal_shards is %d but the data directory has %d shards: keeping %d "
-            "(changing the shard count needs a checkpoint)",
-            configured,
-            count,
-            count,
-        )
-    files = [ShardFiles() for _ in range(count)]
+    # the layout the log was written in: the snapshot's, else the directories'
+    layout = snap.shard_count if snap is not None else (len(shards) or configured)
+    if any(s >= layout for s, _ in shards) and snap is None:
+        raise RecoveryRefused(f"{root}/wal: more shard directories than the layout")
+    files = [ShardFiles() for _ in range(max(layout, len(shards)))]
     for shard, path in shards:
         start = None
-        if snap is not None and shard < len(snap.positions):
-            start = snap.positions[shard]
-        files[shard] = r.replay_shard(shard, path, start)
+        if snap is not None:
+            start = snap.positions[shard] if shard < len(snap.positions) else (0, 0)
+        files[shard] = r.replay_shard(shard, path, start, layout)
     lost = r.finish(rebooted and (bool(shards) or snap is not None))
     r.progress(1.0)
-    return RecoveryResult(r.engine, files, lost, r.frames, r.bytes_done, r.torn, fresh, snap_number)
+    result = RecoveryResult(
+        r.engine,
+        files[:layout],
+        lost,
+        r.frames,
+        r.bytes_done,
+        r.torn,
+        fresh,
+        snap_number,
+        None if snap is None else [(i, o) for i, o in snap.positions],
+    )
+    has_history = snap is not None or any(f.last_index >= 0 for f in files)
+    if configured != layout and has_history:
+        log.warning(
+            "storage.wal_shards changed from %d to %d: re-sharding with a checkpoint",
+            layout,
+            configured,
+        )
+        result.reshard_to = configured
+    elif configured != layout:
+        result.shard_files = [ShardFiles() for _ in range(configured)]
+    return result
+
+
+def _read_head(fs: Fs, path: str) -> bytes:
+    fd = fs.open(path)
+    try:
+        return fs.pread(fd, frames.FILE_HEADER_LEN, 0)
+    finally:
+        fs.close(fd)
 
 
 def _load_snapshot(fs: Fs, root: str, r: _Replayer) -> tuple[snapshot.SnapshotBody | None, int]:

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from topicd.storage import frame as frames
-from topicd.storage.checkpoint import Checkpointer
+from topicd.storage import snapshot
+from topicd.storage.checkpoint import Checkpointer, retire_wal
 from topicd.storage.recovery import RecoveryResult, prepare_data_dir, recover
-from topicd.storage.wal import WalCommitPath
+from topicd.storage.wal import ShardFiles, WalCommitPath
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -39,6 +40,39 @@ if TYPE_CHECKING:
     from topicd.storage.fs import Fs
 
 log = logging.getLogger("topicd.storage")
+
+
+async def _reshard(
+    cfg: Config,
+    fs: Fs,
+    offload: Offload,
+    clock: WallClock,
+    engine: Engine,
+    result: RecoveryResult,
+) -> tuple[list[tuple[int, int]], int]:
+    """Switch to `result.reshard_to` shards: snapshot everything recovery rebuilt under the
+    new layout (replay will start at the beginning of fresh files), then remove every WAL
+    file of the old layout. A crash in between is safe: recovery loads the new snapshot
+    and skips (then removes) files whose header names the old shard count."""
+    assert result.reshard_to is not None
+    count = result.reshard_to
+    positions = [(0, 0)] * count
+    number = result.snapshot_number + 1
+    cap = snapshot.capture(engine, positions, clock.now_ms())
+    data = await offload.run(snapshot.encode, cap, group="snapshot")
+    with trio.CancelScope(shield=True):
+        await offload.run(
+            snapshot.write_snapshot,
+            fs,
+            cfg.storage.data_dir,
+            number,
+            data,
+            cfg.storage.snapshot.keep,
+            group="snapshot",
+        )
+        removed = await offload.run(retire_wal, fs, cfg.storage.data_dir, group="snapshot")
+    log.warning("re-sharded to %d WAL shards (%d old WAL files removed)", count, removed)
+    return positions, number
 
 
 @asynccontextmanager
@@ -87,12 +121,15 @@ async def open_durable_engine(
         )
     if on_recovered is not None:
         on_recovered(result)
+    positions = result.snapshot_positions
+    number = result.snapshot_number
+    if result.reshard_to is not None:
+        positions, number = await _reshard(cfg, fs, offload, clock, engine, result)
+        result.shard_files = [ShardFiles() for _ in range(result.reshard_to)]
     wal = WalCommitPath(cfg, fs, offload, clock, root, result.shard_files)
     engine.commit = wal
     wal.attach(engine)
-    checkpointer = Checkpointer(
-        cfg, engine, wal, fs, offload, clock, result.snapshot_number, result.snapshot_positions
-    )
+    checkpointer = Checkpointer(cfg, engine, wal, fs, offload, clock, number, positions)
     engine.checkpointer = checkpointer
     async with trio.open_nursery() as nursery:
         await nursery.start(wal.run)
