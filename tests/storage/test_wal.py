@@ -402,3 +402,26 @@ async def test_wall_clock_does_not_matter_for_replay():
     clock.jump(-10_000_000)
     async with open_durable(disk, clock=clock) as engine:
         assert engine.get("t").count == 1
+
+
+async def test_breaker_state_shows_in_ready_and_can_make_it_unready(autojump_clock):
+    from topicd.testing.harness import open_durable_app
+
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    cfg = durable_config(shards=1, breaker={"unready_when_open": True})
+    async with open_durable_app(fs, cfg) as h:
+        client = h.app.test_client()
+        r = await client.get("/v0/ready")
+        assert r.status_code == 200
+        assert (await r.get_json())["storage"] == {"wal_shards": 1, "breakers": {"0": "closed"}}
+        await client.put("/v0/topics/f", json={"durability": "fsync"})
+        fs.fail("fdatasync", nth=1)
+        r = await client.post("/v0/topics/f", json={"records": [{"data": 1}]})
+        assert r.status_code == 503
+        body = await r.get_json()
+        assert body["error"]["code"] == "storage_unavailable"
+        assert int(r.headers["Retry-After"]) >= 1
+        r = await client.get("/v0/ready")
+        assert r.status_code == 503
+        assert (await r.get_json())["error"]["code"] == "storage_unavailable"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from topicd.engine.idempotency import IdemEntry
     from topicd.engine.topic import Topic
     from topicd.engine.writes import PreparedWrite
-    from topicd.errors import TopicdError
+    from topicd.errors import JsonValue, TopicdError
 
 _T = TypeVar("_T")
 
@@ -153,6 +153,14 @@ class CommitPath(Protocol):
         durable; return its value (or raise what it raised)."""
         ...
 
+    def status(self) -> dict[str, JsonValue] | None:
+        """Storage state for `/v0/ready` (None without a WAL)."""
+        ...
+
+    def check_all(self) -> None:
+        """Raise `503 storage_unavailable` if any shard's breaker is not closed."""
+        ...
+
 
 class InMemoryCommitPath:
     """Publishes at once: nothing is logged (the `ephemeral` behaviour for every class)."""
@@ -176,3 +184,9 @@ class InMemoryCommitPath:
     async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
         await trio.lowlevel.checkpoint()
         return apply()
+
+    def status(self) -> dict[str, JsonValue] | None:
+        return None
+
+    def check_all(self) -> None:
+        return None

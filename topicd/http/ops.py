@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from topicd import __version__
-from topicd.errors import NotReady, ShuttingDown
+from topicd.errors import JsonValue, NotReady, ShuttingDown
 from topicd.http.app import json_response
 from topicd.lifecycle import Lifecycle, Phase
 
@@ -27,9 +27,18 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycl
     async def ready() -> Response:
         phase = lifecycle.phase.value
         if phase is Phase.SERVING:
-            return json_response(
-                {"status": "ready", "wal_replay_complete": True, "topics": len(ref.engine.topics)}
-            )
+            engine = ref.engine
+            body: dict[str, JsonValue] = {
+                "status": "ready",
+                "wal_replay_complete": True,
+                "topics": len(engine.topics),
+            }
+            storage = engine.commit.status()
+            if storage is not None:
+                body["storage"] = storage
+                if config.breaker.unready_when_open:
+                    engine.commit.check_all()  # 503 storage_unavailable while not closed
+            return json_response(body)
         if phase in (Phase.STARTING, Phase.FAILED):
             raise NotReady(
                 "recovery in progress" if phase is Phase.STARTING else "recovery failed",

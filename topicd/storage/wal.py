@@ -48,7 +48,7 @@ import trio
 import xxhash
 
 from topicd.clock import perf_ms
-from topicd.errors import StorageUnavailable, Throttled, TopicdError
+from topicd.errors import JsonValue, StorageUnavailable, Throttled, TopicdError
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
 from topicd.storage.fs import Fs, write_all
@@ -743,6 +743,17 @@ class WalCommitPath:
         if sub.error is not None:
             raise sub.error
         return sub.result  # type: ignore[return-value]
+
+    def status(self) -> dict[str, JsonValue]:
+        breakers: dict[str, JsonValue] = {}
+        for shard in self.shards:
+            state = shard.breaker.poll()
+            breakers[str(shard.index)] = state.name.lower().replace("_", "-")
+        return {"wal_shards": len(self.shards), "breakers": breakers}
+
+    def check_all(self) -> None:
+        for shard in self.shards:
+            shard.breaker.check()
 
     # ---- lifecycle --------------------------------------------------------------------
 
