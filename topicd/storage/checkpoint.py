@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from topicd.storage import snapshot
-from topicd.storage.wal import WalCommitPath, parse_wal_name, shard_dir_name
+from topicd.storage.wal import WalCommitPath, parse_wal_name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.engine import Engine
@@ -35,17 +37,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicd.checkpoint")
 
 
-def trim_wal(fs: Fs, root: str, positions: list[tuple[int, int]]) -> int:
-    """Delete every WAL file wholly before its shard's position. Returns files removed."""
+def _remove_wal_files(fs: Fs, root: str, doomed: Callable[[int, int], bool]) -> int:
+    """Delete the WAL files for which `doomed(shard, file index)`; sync the directories."""
     removed = 0
-    for shard, (index, _offset) in enumerate(positions):
-        shard_dir = posixpath.join(root, "wal", shard_dir_name(shard))
-        if not fs.exists(shard_dir):
+    wal = posixpath.join(root, "wal")
+    if not fs.exists(wal):
+        return 0
+    for dir_name in fs.listdir(wal):
+        if not (dir_name.startswith("shard-") and dir_name[6:].isdigit()):
             continue
+        shard = int(dir_name[6:])
+        shard_dir = posixpath.join(wal, dir_name)
         gone = False
         for name in fs.listdir(shard_dir):
-            file_index = parse_wal_name(name)
-            if file_index is not None and file_index < index:
+            index = parse_wal_name(name)
+            if index is not None and doomed(shard, index):
                 fs.unlink(posixpath.join(shard_dir, name))
                 removed += 1
                 gone = True
@@ -54,23 +60,16 @@ def trim_wal(fs: Fs, root: str, positions: list[tuple[int, int]]) -> int:
     return removed
 
 
+def trim_wal(fs: Fs, root: str, positions: list[tuple[int, int]]) -> int:
+    """Delete every WAL file wholly before its shard's position. Returns files removed."""
+    return _remove_wal_files(
+        fs, root, lambda shard, index: shard < len(positions) and index < positions[shard][0]
+    )
+
+
 def retire_wal(fs: Fs, root: str) -> int:
     """Delete every WAL file (after a re-shard snapshot made them redundant)."""
-    removed = 0
-    wal = posixpath.join(root, "wal")
-    if not fs.exists(wal):
-        return 0
-    for name in fs.listdir(wal):
-        shard_dir = posixpath.join(wal, name)
-        gone = False
-        for file_name in fs.listdir(shard_dir):
-            if parse_wal_name(file_name) is not None:
-                fs.unlink(posixpath.join(shard_dir, file_name))
-                removed += 1
-                gone = True
-        if gone:
-            fs.fsync_dir(shard_dir)
-    return removed
+    return _remove_wal_files(fs, root, lambda shard, index: True)
 
 
 class Checkpointer:

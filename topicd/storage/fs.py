@@ -16,6 +16,7 @@ Paths are plain `str`. File handles are opaque integers (file descriptors for `R
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 from typing import Protocol
 
@@ -82,6 +83,21 @@ def write_all(fs: Fs, fd: int, data: bytes, offset: int) -> None:
         if n <= 0:
             raise OSError(5, "short write made no progress")
         done += n
+
+
+def replace_file(fs: Fs, path: str, data: bytes) -> None:
+    """Atomically and durably make `path` hold `data`: write `path.tmp`, fdatasync it,
+    rename it over `path`, fsync the directory. A crash leaves the old or the new file."""
+    tmp = path + ".tmp"
+    fd = fs.open(tmp, create=True)
+    try:
+        fs.ftruncate(fd, 0)
+        write_all(fs, fd, data, 0)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    fs.rename(tmp, path)
+    fs.fsync_dir(posixpath.dirname(path))
 
 
 class RealFs:

@@ -43,6 +43,7 @@ from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
 from topicd.storage import snapshot
+from topicd.storage.fs import replace_file
 from topicd.storage.wal import ShardFiles
 
 if TYPE_CHECKING:
@@ -588,23 +589,8 @@ def prepare_data_dir(fs: Fs, root: str, boot_id: str | None) -> None:
         fs.mkdir(wal)
         fs.fsync_dir(root)
     if not fs.exists(posixpath.join(root, FORMAT_FILE)):
-        _write_durably(fs, root, FORMAT_FILE, FORMAT_BODY)
-    _write_durably(fs, root, BOOT_FILE, ((boot_id or "unknown") + "\n").encode("ascii"))
-
-
-def _write_durably(fs: Fs, root: str, name: str, body: bytes) -> None:
-    tmp = posixpath.join(root, name + ".tmp")
-    fd = fs.open(tmp, create=True)
-    try:
-        fs.ftruncate(fd, 0)
-        from topicd.storage.fs import write_all
-
-        write_all(fs, fd, body, 0)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    fs.rename(tmp, posixpath.join(root, name))
-    fs.fsync_dir(root)
+        replace_file(fs, posixpath.join(root, FORMAT_FILE), FORMAT_BODY)
+    replace_file(fs, posixpath.join(root, BOOT_FILE), ((boot_id or "unknown") + "\n").encode())
 
 
 __all__ = ["RecoveryRefused", "RecoveryResult", "prepare_data_dir", "read_boot_id", "recover"]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 import xxhash
 
-from topicd.storage.fs import write_all
+from topicd.storage.fs import replace_file
 
 if TYPE_CHECKING:
     from topicd.engine.engine import Engine
@@ -247,16 +247,7 @@ def write_snapshot(fs: Fs, root: str, number: int, data: bytes, keep: int) -> st
         fs.mkdir(meta)
         fs.fsync_dir(root)
     path = posixpath.join(meta, snapshot_name(number))
-    tmp = path + ".tmp"
-    fd = fs.open(tmp, create=True)
-    try:
-        fs.ftruncate(fd, 0)
-        write_all(fs, fd, data, 0)
-        fs.fdatasync(fd)
-    finally:
-        fs.close(fd)
-    fs.rename(tmp, path)
-    fs.fsync_dir(meta)
+    replace_file(fs, path, data)
     for _, old in list_snapshots(fs, root)[keep:]:
         fs.unlink(old)
     for name in fs.listdir(meta):
