@@ -22,7 +22,7 @@ import orjson
 import trio
 
 from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
-from topicd.engine.idempotency import IdempotencyStore
+from topicd.engine.idempotency import IdemEntry, IdempotencyStore
 from topicd.engine.topic import ReadResult, Topic
 from topicd.engine.writes import PreparedWrite, encode_batch, prepare_write
 from topicd.errors import (
@@ -38,7 +38,7 @@ from topicd.errors import (
     TopicNotEmpty,
     TopicNotFound,
 )
-from topicd.model import TopicConfig
+from topicd.model import Shape, TopicConfig
 from topicd.sched.priority import base_priority
 from topicd.storage import frame as frames
 from topicd.wire import (
@@ -308,9 +308,9 @@ class Engine:
 
     def apply_append(self, batch: AppendBatch, now_ms: int) -> None:
         """Publish a committed batch's records (the visible half of a write)."""
-        topic = batch.topic
         p = batch.prepared
-        topic.publish(
+        self.apply_records(
+            batch.topic,
             batch.first_seq,
             batch.ts,
             batch.encs,
@@ -320,30 +320,71 @@ class Engine:
             p.nodes,
             p.prios,
             p.shapes,
+            now_ms,
         )
-        if batch.ts > topic.last_ts:
-            topic.last_ts = batch.ts
-        self.total_bytes += p.nbytes
-        topic.last_write_ts = batch.ts
-        self._enforce(topic, now_ms)
-        batch.head_after = topic.head_seq
+        batch.head_after = batch.topic.head_seq
         if batch.idem_key is not None:
-            expires = batch.ts + topic.config.idempotency_window_ms
-            if batch.idem is None:  # replay: rebuild the entry if its window is still open
-                if expires > now_ms:
-                    batch.idem = self.idem.begin(topic.topic_id, batch.idem_key, now_ms)
-                else:
-                    return
-            self.idem.resolve(
-                topic.topic_id,
+            assert batch.idem is not None
+            self._remember(
+                batch.topic,
                 batch.idem_key,
                 batch.idem,
-                first_seq=batch.first_seq,
-                count=batch.count,
-                head_seq=topic.head_seq,
-                expires_ms=expires,
-                now_ms=now_ms,
+                batch.first_seq,
+                batch.count,
+                batch.ts,
+                now_ms,
             )
+
+    def apply_records(
+        self,
+        topic: Topic,
+        first_seq: int,
+        ts: int,
+        encs: list[bytes],
+        sizes: list[int],
+        nbytes: int,
+        tags: dict[int, str],
+        nodes: dict[int, str],
+        prios: dict[int, int],
+        shapes: dict[int, Shape],
+        now_ms: int,
+        idem_key: str | None = None,
+    ) -> None:
+        """Append committed records to a topic (live publish, and replay: `idem_key` then
+        rebuilds the idempotency entry while its window is open)."""
+        topic.publish(first_seq, ts, encs, sizes, nbytes, tags, nodes, prios, shapes)
+        if ts > topic.last_ts:
+            topic.last_ts = ts
+        self.total_bytes += nbytes
+        topic.last_write_ts = ts
+        self._enforce(topic, now_ms)
+        if idem_key is not None and ts + topic.config.idempotency_window_ms > now_ms:
+            try:
+                entry = self.idem.begin(topic.topic_id, idem_key, now_ms)
+            except Throttled:
+                return  # the store is full of live entries: this one is not remembered
+            self._remember(topic, idem_key, entry, first_seq, len(encs), ts, now_ms)
+
+    def _remember(
+        self,
+        topic: Topic,
+        key: str,
+        entry: IdemEntry,
+        first_seq: int,
+        count: int,
+        ts: int,
+        now_ms: int,
+    ) -> None:
+        self.idem.resolve(
+            topic.topic_id,
+            key,
+            entry,
+            first_seq=first_seq,
+            count=count,
+            head_seq=topic.head_seq,
+            expires_ms=ts + topic.config.idempotency_window_ms,
+            now_ms=now_ms,
+        )
 
     # ------------------------------------------------------------------------------------
     # CommitHooks

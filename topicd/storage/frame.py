@@ -249,6 +249,19 @@ def decode_append(frame: Frame) -> AppendBody:
     n, extras_len = _U32X2.unpack_from(body, 0)
     if n != frame.count or n == 0:
         raise FrameError("append record count mismatch")
+    if n == 1:  # the common single-record write: no arrays
+        if len(body) < 16:
+            raise FrameError("append body too short")
+        length, size = _U32X2.unpack_from(body, 8)
+        extras = _EMPTY_EXTRAS
+        if extras_len:
+            try:
+                extras = _EXTRAS_DEC.decode(body[16 : 16 + extras_len])
+            except msgspec.DecodeError as exc:
+                raise FrameError(f"append extras: {exc}") from None
+        if 16 + extras_len + length != len(body):
+            raise FrameError("append lengths do not add up")
+        return AppendBody([bytes(body[16 + extras_len :])], [size], extras)
     pos = 8
     lens = array("I")
     lens.frombytes(body[pos : pos + 4 * n])

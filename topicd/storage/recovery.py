@@ -35,10 +35,8 @@ from typing import TYPE_CHECKING, Final
 
 import orjson
 
-from topicd.engine.commit import AppendBatch
 from topicd.engine.engine import Engine
 from topicd.engine.topic import Run, Topic
-from topicd.engine.writes import PreparedWrite
 from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
@@ -142,6 +140,7 @@ class _Replayer:
         self.bytes_done = 0
         self.bytes_total = 1
         self.torn: list[str] = []
+        self.dirty_tail = False  # the last replayed file has non-zero bytes after its end
 
     # ---- files ------------------------------------------------------------------------
 
@@ -245,7 +244,7 @@ class _Replayer:
             valid_len = self.replay_file(path, data, fence, start_offset if i == 0 else 0)
             self.bytes_done += len(data)
             self.progress(min(0.99, self.bytes_done / self.bytes_total))
-        repair = not frames.all_zero(datas[-1], valid_len, len(datas[-1]))
+        repair = self.dirty_tail
         return ShardFiles(files[-1][0], valid_len, repair, stale + remove)
 
     def replay_file(self, path: str, data: bytes, fence: int | None, start: int = 0) -> int:
@@ -279,8 +278,12 @@ class _Replayer:
                     "restart with --recovery-on-corruption=truncate."
                 )
             return fence
-        # the last file: is the rest a torn tail or corruption?
-        nxt = frames.find_valid_frame(data, pos + 1, len(data), max_frame)
+        # the last file: is the rest zeros, a torn tail, or corruption? (one scan)
+        first_nonzero = frames.next_nonzero(data, pos, len(data))
+        self.dirty_tail = first_nonzero >= 0
+        if first_nonzero < 0:
+            return pos
+        nxt = frames.find_valid_frame(data, max(pos + 1, first_nonzero - 3), len(data), max_frame)
         if nxt >= 0:
             message = (
                 f"{self._rel(path)} offset {pos}: invalid frame followed by a valid frame at "
@@ -311,7 +314,7 @@ class _Replayer:
                 message,
                 discarded,
             )
-        elif not frames.all_zero(data, pos, len(data)):
+        else:
             self.torn.append(f"{self._rel(path)} at {pos}")
         return pos
 
@@ -432,13 +435,22 @@ class _Replayer:
             # a restart resumed above the seq reservation: the gap never held records
             topic.skip_to(first - 1)
         ex = body.extras
-        prepared = PreparedWrite(
-            [], False, body.sizes, sum(body.sizes), ex.key, ex.tags, ex.nodes, ex.prios, ex.shapes
-        )
-        batch = AppendBatch(topic, first, frame.ts_ms, body.encs, prepared, ex.key)
         # retention runs at the write's own time, as it did live; expired idempotency
         # entries and TTL are settled against the real clock in finish()
-        self.engine.apply_append(batch, frame.ts_ms)
+        self.engine.apply_records(
+            topic,
+            first,
+            frame.ts_ms,
+            body.encs,
+            body.sizes,
+            sum(body.sizes),
+            ex.tags,
+            ex.nodes,
+            ex.prios,
+            ex.shapes,
+            frame.ts_ms,
+            ex.key,
+        )
         topic.next_seq = topic.head_seq + 1
 
     # ---- finish -------------------------------------------------------------------------
