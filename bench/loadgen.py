@@ -1,4 +1,5 @@
-"""Load-generator processes for bench/http_core.py: a raw-socket HTTP/1.1 keep-alive client.
+"""Load-generator processes for bench/http_core.py and bench/durable.py: a raw-socket
+HTTP/1.1 keep-alive client.
 
 Why not httpx: on this 2-core machine the server under test gets about one core and the
 load generators share the other. httpx's per-request cost in Python (request/response
@@ -38,12 +39,12 @@ import orjson
 _CRLF2 = b"\r\n\r\n"
 
 
-def build_request(host: str, port: int, path: str, body: bytes) -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode("ascii") + body
+def build_request(host: str, port: int, path: str, body: bytes, method: str = "POST") -> bytes:
+    """One pre-encoded request; a GET or HEAD without a body carries no body headers."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+    if body or method not in ("GET", "HEAD"):
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return (head + "\r\n").encode("ascii") + body
 
 
 def _parse_head(buf: bytearray, end: int) -> tuple[int, int, bool]:

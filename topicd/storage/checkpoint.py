@@ -49,9 +49,13 @@ def _remove_wal_files(fs: Fs, root: str, doomed: Callable[[int, int], bool]) -> 
         shard = int(dir_name[6:])
         shard_dir = posixpath.join(wal, dir_name)
         gone = False
-        for name in fs.listdir(shard_dir):
-            index = parse_wal_name(name)
-            if index is not None and doomed(shard, index):
+        indexed = sorted(
+            (index, name)
+            for name in fs.listdir(shard_dir)
+            if (index := parse_wal_name(name)) is not None
+        )
+        for index, name in indexed:  # oldest first: a crash leaves a contiguous suffix
+            if doomed(shard, index):
                 fs.unlink(posixpath.join(shard_dir, name))
                 removed += 1
                 gone = True

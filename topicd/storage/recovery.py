@@ -162,14 +162,15 @@ class _Replayer:
             if m:
                 out.append((int(m.group(1), 16), posixpath.join(shard_dir, name)))
         out.sort()
-        for (a, path_a), (b, _) in itertools.pairwise(out):
+        return out
+
+    def check_contiguous(self, files: list[tuple[int, str]]) -> None:
+        for (a, path_a), (b, _) in itertools.pairwise(files):
             if b != a + 1:
                 raise RecoveryRefused(
                     f"{self._rel(path_a)}: WAL file index gap after {a} (next is {b}); "
-                    "mid-log corruption. Restart with --recovery-on-corruption=truncate to "
-                    "discard everything from this point on."
+                    "files are missing from the middle of the log. Restore a backup."
                 )
-        return out
 
     def _rel(self, path: str) -> str:
         return posixpath.relpath(path, self.root)
@@ -197,6 +198,7 @@ class _Replayer:
             return ShardFiles(remove=stale + [p for _, p in files])
         start_index, start_offset = start if start is not None else (0, 0)
         files = [f for f in files if f[0] >= start_index]  # older ones await trimming
+        self.check_contiguous(files)
         if not files:
             if start_index > 0 and start_offset > frames.FILE_HEADER_LEN:
                 raise RecoveryRefused(
@@ -223,9 +225,11 @@ class _Replayer:
             try:
                 header = frames.decode_file_header(data)
             except frames.HeaderError as exc:
-                if index == files[-1][0] and len(files) > 1 and frames.all_zero(data, 0, len(data)):
-                    # a rotation died before its header was synced: nothing was ever
-                    # written after it, and the previous file's fence is not needed
+                if index == files[-1][0] and frames.all_zero(
+                    data, frames.FILE_HEADER_LEN, len(data)
+                ):
+                    # a file created (rotation, first start, re-shard) whose header never
+                    # became durable: no frame was ever written to it
                     log.warning("%s: empty unfinished WAL file removed", self._rel(path))
                     files.pop()
                     remove.append(path)
@@ -238,6 +242,9 @@ class _Replayer:
                 )
             datas.append(data)
             headers.append(header)
+        if not files:
+            return ShardFiles(remove=stale + remove)
+        self.dirty_tail = False
         valid_len = frames.FILE_HEADER_LEN
         for i, ((_index, path), data) in enumerate(zip(files, datas, strict=True)):
             fence = headers[i + 1].prev_valid_len if i + 1 < len(files) else None
@@ -494,7 +501,11 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     fmt = posixpath.join(root, FORMAT_FILE)
     fresh = False
     if not fs.exists(fmt):
-        entries = [e for e in fs.listdir(root) if e != LOCK_FILE] if fs.exists(root) else []
+        entries = (
+            [e for e in fs.listdir(root) if not _leftover_of_first_start(fs, root, e)]
+            if fs.exists(root)
+            else []
+        )
         if entries:
             raise RecoveryRefused(
                 f"{root}: not empty but has no FORMAT file; point --data-dir at a topicd "
@@ -558,6 +569,21 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     return result
 
 
+def _leftover_of_first_start(fs: Fs, root: str, name: str) -> bool:
+    """What a first start killed before FORMAT existed can leave: the lock, temp files,
+    BOOT_ID, and a `wal/` tree holding no WAL file (nothing was ever written)."""
+    if name in (LOCK_FILE, BOOT_FILE) or name.endswith(".tmp"):
+        return True
+    if name != "wal":
+        return False
+    wal = posixpath.join(root, name)
+    for shard in fs.listdir(wal):
+        shard_dir = posixpath.join(wal, shard)
+        if any(_WAL_NAME.fullmatch(f) for f in fs.listdir(shard_dir)):
+            return False
+    return True
+
+
 def _read_head(fs: Fs, path: str) -> bytes:
     fd = fs.open(path)
     try:
@@ -590,19 +616,32 @@ def _cpus() -> int:
     return os.cpu_count() or 1
 
 
-def prepare_data_dir(fs: Fs, root: str, boot_id: str | None) -> None:
-    """After a successful recovery: make sure FORMAT and `wal/` exist (durably: every new
-    directory entry is followed by a sync of its parent) and record this boot."""
+def prepare_data_dir(fs: Fs, root: str) -> None:
+    """After a successful recovery: make sure FORMAT exists, then `wal/` (durably: each new
+    directory entry is followed by a sync of its parent). FORMAT comes first, so a crash
+    at any point leaves a directory recovery still reads as fresh or as formatted."""
     if not fs.exists(root):
         fs.mkdir(root)
         fs.fsync_dir(posixpath.dirname(posixpath.abspath(root)) or "/")
+    if not fs.exists(posixpath.join(root, FORMAT_FILE)):
+        replace_file(fs, posixpath.join(root, FORMAT_FILE), FORMAT_BODY)
     wal = posixpath.join(root, "wal")
     if not fs.exists(wal):
         fs.mkdir(wal)
         fs.fsync_dir(root)
-    if not fs.exists(posixpath.join(root, FORMAT_FILE)):
-        replace_file(fs, posixpath.join(root, FORMAT_FILE), FORMAT_BODY)
+
+
+def record_boot(fs: Fs, root: str, boot_id: str | None) -> None:
+    """Record this boot — only once every lost range recovery found is durable, or a crash
+    in between would make the next start take a reboot for a mere process crash."""
     replace_file(fs, posixpath.join(root, BOOT_FILE), ((boot_id or "unknown") + "\n").encode())
 
 
-__all__ = ["RecoveryRefused", "RecoveryResult", "prepare_data_dir", "read_boot_id", "recover"]
+__all__ = [
+    "RecoveryRefused",
+    "RecoveryResult",
+    "prepare_data_dir",
+    "read_boot_id",
+    "record_boot",
+    "recover",
+]

@@ -27,7 +27,7 @@ import trio
 from topicd.storage import frame as frames
 from topicd.storage import snapshot
 from topicd.storage.checkpoint import Checkpointer, retire_wal
-from topicd.storage.recovery import RecoveryResult, prepare_data_dir, recover
+from topicd.storage.recovery import RecoveryResult, prepare_data_dir, record_boot, recover
 from topicd.storage.wal import ShardFiles, WalCommitPath
 
 if TYPE_CHECKING:
@@ -97,10 +97,10 @@ async def open_durable_engine(
         result = await trio.to_thread.run_sync(
             lambda: recover(cfg, fs, clock, boot_id=boot_id, progress=progress)
         )
-        await trio.to_thread.run_sync(prepare_data_dir, fs, root, boot_id)
+        await trio.to_thread.run_sync(prepare_data_dir, fs, root)
     else:
         result = recover(cfg, fs, clock, boot_id=boot_id, progress=progress)
-        prepare_data_dir(fs, root, boot_id)
+        prepare_data_dir(fs, root)
         await trio.lowlevel.checkpoint()
     engine = result.engine
     log.info(
@@ -141,6 +141,7 @@ async def open_durable_engine(
                 {"gap_from": note.gap_from, "gap_to": note.gap_to},
             )
             await wal.control(note.topic, mark, lambda: None)
+        await offload.run(record_boot, fs, root, boot_id, group="misc")
         await nursery.start(engine.run)
         await nursery.start(checkpointer.run)
         try:

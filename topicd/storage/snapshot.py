@@ -195,6 +195,8 @@ def capture(
         )
         topics.append(snap)
         runs.append(copies)
+    # a retry window is as durable as the records it points to: none for ephemeral topics
+    durable_ids = {t.id for t in topics if t.config.get("durability") != "ephemeral"}
     body = SnapshotBody(
         VERSION,
         created_ms,
@@ -202,7 +204,7 @@ def capture(
         len(positions),
         positions,
         topics,
-        engine.idem.committed(),
+        [entry for entry in engine.idem.committed() if entry[0] in durable_ids],
     )
     return Capture(body, runs)
 
