@@ -84,6 +84,7 @@ LOST_RANGE: Final = 13
 KNOWN_TYPES: Final = frozenset(range(1, 14))
 
 _U32X2: Final = struct.Struct("<II")
+_U32X4: Final = struct.Struct("<IIII")
 _LITTLE: Final = sys.byteorder == "little"
 
 
@@ -199,9 +200,12 @@ def encode_append(
     """The Append frame of one write submission."""
     n = len(encs)
     blob = b"" if extras == _EMPTY_EXTRAS else _EXTRAS_ENC.encode(extras)
-    body = b"".join(
-        (_U32X2.pack(n, len(blob)), _u32s(list(map(len, encs))), _u32s(sizes), blob, *encs)
-    )
+    if n == 1:  # the common single-record write: no arrays
+        body = b"".join((_U32X4.pack(1, len(blob), len(encs[0]), sizes[0]), blob, encs[0]))
+    else:
+        body = b"".join(
+            (_U32X2.pack(n, len(blob)), _u32s(list(map(len, encs))), _u32s(sizes), blob, *encs)
+        )
     return encode_frame(
         APPEND, topic_id, first_seq, ts_ms, n, body, FLAG_FSYNC if fsync_class else 0
     )

@@ -229,6 +229,7 @@ class Shard:
         self.submit_full = 0
         self._work = trio.Event()
         self._room = trio.Event()
+        self.sync_due = False
         self.closing = False
         self.stopped = trio.Event()
         # file
@@ -331,33 +332,34 @@ class Shard:
             while True:
                 if self.breaker.poll() is not BreakerState.CLOSED:
                     await self._while_broken()
-                    continue
-                if not self.ready:
-                    if self.closing:
-                        if self.unsynced:
-                            await self._sync_only()
-                        return
-                    await self._idle()
-                    continue
-                await self._commit_one_batch()
+                elif self.ready:
+                    await self._commit_one_batch()
+                elif self.sync_due:
+                    self.sync_due = False
+                    if self.unsynced:
+                        await self._sync_only()
+                elif self.closing:
+                    if self.unsynced:
+                        await self._sync_only()
+                    return
+                else:
+                    self._work = trio.Event()
+                    await self._work.wait()
         finally:
             self.stopped.set()
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._close_file(final_sync=True)
 
-    async def _idle(self) -> None:
-        """Wait for work, running the background tail sync when it is due."""
-        self._work = trio.Event()
-        if self.ready:
-            return
-        if self.unsynced:
-            due = self.last_sync + self.wal.disk_fsync_interval_ms / 1000
-            with trio.move_on_at(due):
-                await self._work.wait()
-                return
-            await self._sync_only()
-        else:
-            await self._work.wait()
+    async def tail_syncer(self) -> None:
+        """Ask the committer for a sync-only `fdatasync` once unsynced bytes are older than
+        `disk_fsync_interval_ms` (bounds what a power loss can take from `memory`/`disk`).
+        A separate ticker keeps the committer's idle wait a plain event wait."""
+        interval = self.wal.disk_fsync_interval_ms / 1000
+        while True:
+            await trio.sleep(interval)
+            if self.unsynced and trio.current_time() - self.last_sync >= interval:
+                self.sync_due = True
+                self._work.set()
 
     def _take(
         self, subs: list[Submission], out: list[bytes], nbytes: int, reserving: dict[Topic, int]
@@ -759,10 +761,14 @@ class WalCommitPath:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every shard's committer; returns once all have stopped after `close()`."""
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as outer:
             for shard in self.shards:
-                await nursery.start(shard.run)
-            task_status.started()
+                outer.start_soon(shard.tail_syncer)
+            async with trio.open_nursery() as committers:
+                for shard in self.shards:
+                    await committers.start(shard.run)
+                task_status.started()
+            outer.cancel_scope.cancel("committers stopped")
 
     async def close(self) -> None:
         """Commit everything accepted, sync, and stop the committers."""
