@@ -105,6 +105,8 @@ class Engine:
         self.commit: CommitPath = commit or InMemoryCommitPath()
         self.commit.attach(self)
         self.checkpointer: object = None  # storage's, when durable (metrics, tests)
+        self.recovery: dict[str, float] = {}  # what recovery found (metrics)
+        self.throttled: dict[str, int] = {}  # 429s answered, by cause (metrics)
         self.draining = False
         self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)

@@ -230,8 +230,10 @@ class Gate:
         keys: KeyStore,
         config: Config,
         pressure: Callable[[], float],
+        on_error: Callable[[TopicdError], None] | None = None,
     ) -> None:
         self.app = app
+        self.on_error = on_error
         self.lifecycle = lifecycle
         self.keys = keys
         self.probe_auth = config.auth.probe_auth
@@ -274,6 +276,8 @@ class Gate:
                     key_id = p.key_id
                     self._inflight[key_id] = count + 1
             if err is not None:
+                if self.on_error is not None:
+                    self.on_error(err)
                 await send_error(send_stamped, err)
             else:
                 await self.app(scope, receive, send_stamped)
@@ -338,6 +342,12 @@ async def send_error(send: Send, err: TopicdError) -> None:
 # --------------------------------------------------------------------------------------
 
 
+def _count(ref: EngineRef, err: TopicdError) -> None:
+    if isinstance(err, Throttled):
+        counts = ref.engine.throttled
+        counts[err.cause_label] = counts.get(err.cause_label, 0) + 1
+
+
 def _render_error(err: TopicdError) -> Response:
     status, headers, body = error_parts(err)
     resp = Response(body, status=status, content_type=JSON)
@@ -360,7 +370,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import ops, topics
+    from topicd.http import metrics, ops, topics
 
     app = QuartTrio("topicd")
     app.config["MAX_CONTENT_LENGTH"] = config.limits.max_body_bytes
@@ -371,9 +381,11 @@ def create_app(
 
     topics.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
+    metrics.register(app, ref, config, lifecycle)
 
     @app.errorhandler(TopicdError)
     async def _topicd_error(err: TopicdError) -> Response:
+        _count(ref, err)
         return _render_error(err)
 
     @app.errorhandler(HTTPException)
@@ -415,5 +427,6 @@ def create_app(
         keys=keys,
         config=config,
         pressure=lambda: ref.engine.pressure,
+        on_error=lambda err: _count(ref, err),
     )
     return app

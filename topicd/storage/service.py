@@ -103,6 +103,10 @@ async def open_durable_engine(
         prepare_data_dir(fs, root)
         await trio.lowlevel.checkpoint()
     engine = result.engine
+    engine.recovery = {
+        "duration_ms": (trio.current_time() - t0) * 1000,
+        "lost_tail_seqs": sum(n.gap_to - n.gap_from + 1 for n in result.lost),
+    }
     log.info(
         "recovered %d topics from %d frames (%d bytes) in %.3f s%s",
         len(engine.topics),

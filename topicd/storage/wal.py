@@ -36,6 +36,7 @@ Unsynced `memory`/`disk` bytes are synced in the background every
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import posixpath
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicd.storage")
 
 _T = TypeVar("_T")
+
+
+# upper bounds of the fsync latency histogram (api-ops §3.1); one more bucket counts +Inf
+FSYNC_BUCKETS_US = (50, 100, 250, 500, 1000, 5000, 10000, 50000, 100000)
 
 
 def shard_of(topic_id: int, shards: int) -> int:
@@ -249,6 +254,7 @@ class Shard:
         self.rotations = 0
         self.fsync_us_total = 0.0
         self.records_synced = 0
+        self.fsync_buckets = [0] * (len(FSYNC_BUCKETS_US) + 1)  # per bucket, not cumulative
 
     # ---- admission (synchronous, on the handler's task) ------------------------------
 
@@ -458,8 +464,10 @@ class Shard:
         self.unsynced = False
         self.last_sync = trio.current_time()
         self.fsyncs += 1
-        self.fsync_us_total += sync_ms * 1000
+        us = sync_ms * 1000
+        self.fsync_us_total += us
         self.records_synced += records
+        self.fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS_US, us)] += 1
 
     def _publish(self, subs: list[Submission], sync_ms: float, append_ms: float | None) -> None:
         """Publish a committed batch in order (one synchronous block)."""

@@ -1,0 +1,108 @@
+"""`GET /v0/metrics`: the Prometheus series of api-ops §3.1 and the JSON snapshot.
+
+Method: drive the app (in-memory, then durable on a `FakeDisk`), scrape, and parse the
+text exposition line by line: every listed family has exactly its `# TYPE` line and
+sample names, no `*_created` series appear, and values follow what the test did.
+"""
+
+from __future__ import annotations
+
+import re
+
+from topicd.testing.fake_fs import FakeDisk
+from topicd.testing.harness import durable_config, make_config, open_app, open_durable_app
+
+
+def families(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    assert m, (name, labels)
+    return float(m.group(1))
+
+
+EXPECTED = {
+    "topics_topics": "gauge",
+    "topics_topics_by_class": "gauge",
+    "topics_routers": "gauge",
+    "topics_records_live": "gauge",
+    "topics_bytes_live": "gauge",
+    "topics_topic_head_seq": "gauge",
+    "topics_topic_earliest_seq": "gauge",
+    "topics_topic_records_live": "gauge",
+    "topics_topic_bytes_live": "gauge",
+    "topics_topic_metrics_truncated": "gauge",
+    "topics_queue_topics": "gauge",
+    "topics_queue_leases_in_flight": "gauge",
+    "topics_sse_connections": "gauge",
+    "topics_watch_sessions": "gauge",
+    "topics_ready": "gauge",
+    "topics_recovery_progress": "gauge",
+    "topics_uptime_ms": "counter",
+    "topicd_build_info": "gauge",
+    "topicd_pressure": "gauge",
+    "topicd_throttled_total": "counter",
+}
+WAL = {
+    "topics_wal_frames_total": "counter",
+    "topics_wal_batches_total": "counter",
+    "topics_wal_fsyncs_total": "counter",
+    "topics_wal_bytes_written_total": "counter",
+    "topics_wal_rotations_total": "counter",
+    "topics_wal_queue_depth": "gauge",
+    "topics_wal_queue_depth_peak": "gauge",
+    "topics_wal_submit_full_total": "counter",
+    "topics_wal_read_only": "gauge",
+    "topics_wal_fsync_latency_us": "histogram",
+    "topicd_breaker_state": "gauge",
+}
+
+
+async def test_in_memory_series():
+    async with open_app(make_config(limits={"max_topics": 1})) as h:
+        c = h.app.test_client()
+        await c.post("/v0/topics/a", json={"records": [{"data": 1}, {"data": 2}]})
+        r = await c.post("/v0/topics/b", json={"records": [{"data": 1}]})
+        assert r.status_code == 429
+        r = await c.get("/v0/metrics")
+        assert r.status_code == 200
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = (await r.get_data()).decode()
+        fam = families(text)
+        for name, typ in EXPECTED.items():
+            assert fam.get(name) == typ, name
+        assert not any(name.startswith("topics_wal") for name in fam)
+        assert "_created" not in text
+        assert sample(text, "topics_topics") == 1
+        assert sample(text, "topics_records_live") == 2
+        assert sample(text, "topics_topic_head_seq", '{topic="a"}') == 2
+        assert sample(text, "topics_topics_by_class", '{class="disk"}') == 1
+        assert sample(text, "topics_topics_by_class", '{class="fsync"}') == 0
+        assert sample(text, "topicd_throttled_total", '{cause="limit"}') == 1
+        assert sample(text, "topics_uptime_ms") >= 0
+        r = await c.get("/v0/metrics", headers={"Accept": "application/json"})
+        body = await r.get_json()
+        assert body["topics"] == 1
+        assert body["records_live"] == 2
+        assert "wal" not in body
+
+
+async def test_wal_series_when_durable():
+    async with open_durable_app(FakeDisk(), durable_config()) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/f", json={"durability": "fsync"})
+        for i in range(3):
+            await c.post("/v0/topics/f", json={"records": [{"data": i}]})
+        text = (await (await c.get("/v0/metrics")).get_data()).decode()
+        fam = families(text)
+        for name, typ in WAL.items():
+            assert fam.get(name) == typ, name
+        assert sample(text, "topics_wal_fsyncs_total") >= 3
+        assert sample(text, "topics_wal_fsync_latency_us_count") >= 3
+        assert sample(text, "topics_wal_fsync_latency_us_bucket", '{le="+Inf"}') >= 3
+        assert sample(text, "topicd_breaker_state", '{shard="0"}') == 0
+        assert sample(text, "topicd_wal_records_synced_total") >= 3
+        body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
+        assert body["wal"]["fsyncs"] >= 3

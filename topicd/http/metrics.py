@@ -1,0 +1,300 @@
+"""`GET /v0/metrics` (api-ops §3): Prometheus text, or a JSON snapshot.
+
+The Prometheus exposition is produced by `prometheus-client` from a custom collector that
+reads the engine, the WAL and the lifecycle at scrape time (metric families, no
+instruments, so nothing is renamed and no `*_created` series appear). One wrinkle: the
+client library names a counter family's `# HELP`/`# TYPE` lines `<name>_total`, which is
+right for every `*_total` series but not for `topics_uptime_ms`, a counter whose sample
+keeps its plain name (api-ops §3.1 lists it so); its two header lines are renamed back.
+
+Control class: the handler reads published values only and never waits on the engine.
+Per-topic series are capped at the first 1000 topics by name
+(`topics_topic_metrics_truncated` says when).
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import TYPE_CHECKING, Final
+
+import orjson
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from quart import Response, request
+
+from topicd import __version__
+from topicd.http.app import principal
+from topicd.lifecycle import Phase
+from topicd.storage.wal import FSYNC_BUCKETS_US, WalCommitPath
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from quart_trio import QuartTrio
+
+    from topicd.config import Config
+    from topicd.errors import JsonValue
+    from topicd.http.app import EngineRef
+    from topicd.lifecycle import Lifecycle
+
+PER_TOPIC_MAX: Final = 1000
+CLASSES: Final = ("ephemeral", "memory", "disk", "fsync")
+PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Collector:
+    def __init__(self, ref: EngineRef, lifecycle: Lifecycle) -> None:
+        self.ref = ref
+        self.lifecycle = lifecycle
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.ref.engine
+        topics = engine.topics
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, value=value)
+
+        yield gauge("topics_topics", "Topics existing.", len(topics))
+        by_class = GaugeMetricFamily(
+            "topics_topics_by_class", "Topics per durability class.", labels=["class"]
+        )
+        counts = dict.fromkeys(CLASSES, 0)
+        queues = 0
+        for t in topics.values():
+            counts[t.config.durability] += 1
+            queues += t.config.type == "queue"
+        for cls in CLASSES:
+            by_class.add_metric([cls], counts[cls])
+        yield by_class
+        yield gauge("topics_routers", "Routers existing.", 0)
+        yield gauge(
+            "topics_records_live",
+            "Live records across topics.",
+            sum(t.count for t in topics.values()),
+        )
+        yield gauge("topics_bytes_live", "Live payload bytes across topics.", engine.total_bytes)
+        per = {
+            "head_seq": ("topics_topic_head_seq", "Per-topic head."),
+            "earliest_seq": ("topics_topic_earliest_seq", "Per-topic first live seq."),
+            "count": ("topics_topic_records_live", "Per-topic live records."),
+            "bytes": ("topics_topic_bytes_live", "Per-topic live bytes."),
+        }
+        families = {k: GaugeMetricFamily(n, d, labels=["topic"]) for k, (n, d) in per.items()}
+        names = sorted(topics)
+        for name in names[:PER_TOPIC_MAX]:
+            t = topics[name]
+            for attr, family in families.items():
+                family.add_metric([name], getattr(t, attr))
+        yield from families.values()
+        yield gauge(
+            "topics_topic_metrics_truncated",
+            "1 if per-topic series were capped at 1000 topics.",
+            1 if len(names) > PER_TOPIC_MAX else 0,
+        )
+        yield gauge("topics_queue_topics", "Queue topics.", queues)
+        yield gauge("topics_queue_leases_in_flight", "Active leases, all queues.", 0)
+        yield gauge("topics_sse_connections", "Open SSE and WebSocket connections.", 0)
+        yield gauge("topics_watch_sessions", "Live watch sessions.", 0)
+        ready = self.lifecycle.phase.value is Phase.SERVING
+        yield gauge("topics_ready", "1 once recovery completed.", 1 if ready else 0)
+        yield gauge(
+            "topics_recovery_progress", "0.0-1.0; 1 when ready.", self.lifecycle.replay_progress
+        )
+        uptime = Metric("topics_uptime_ms", "Process uptime (ms).", "counter")
+        uptime.add_sample("topics_uptime_ms", {}, self.lifecycle.uptime_ms())
+        yield uptime
+        wal = engine.commit
+        if isinstance(wal, WalCommitPath):
+            yield from self._wal(wal)
+        info = GaugeMetricFamily("topicd_build_info", "Always 1.", labels=["version", "python"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        yield gauge("topicd_pressure", "Governor pressure 0.0-1.0.", engine.pressure)
+        throttled = CounterMetricFamily(
+            "topicd_throttled_total", "429 responses issued, by cause.", labels=["cause"]
+        )
+        for cause in sorted({"pressure", "limit", "wal_ingest", *engine.throttled}):
+            throttled.add_metric([cause], engine.throttled.get(cause, 0))
+        yield throttled
+
+    def _wal(self, wal: WalCommitPath) -> Iterator[Metric]:
+        shards = wal.shards
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, value=value)
+
+        yield counter(
+            "topics_wal_frames_total", "WAL frames written.", sum(s.frames_written for s in shards)
+        )
+        yield counter(
+            "topics_wal_batches_total", "Group-commit batches.", sum(s.batches for s in shards)
+        )
+        yield counter(
+            "topics_wal_fsyncs_total", "Group-commit fsyncs.", sum(s.fsyncs for s in shards)
+        )
+        yield counter(
+            "topics_wal_bytes_written_total",
+            "Bytes appended to the WAL.",
+            sum(s.bytes_written for s in shards),
+        )
+        yield counter(
+            "topics_wal_rotations_total", "WAL file rotations.", sum(s.rotations for s in shards)
+        )
+        yield GaugeMetricFamily(
+            "topics_wal_queue_depth",
+            "Submissions accepted but not yet committed.",
+            value=sum(s.pending for s in shards),
+        )
+        yield GaugeMetricFamily(
+            "topics_wal_queue_depth_peak",
+            "High-water mark of the queue depth.",
+            value=sum(s.pending_peak for s in shards),
+        )
+        yield counter(
+            "topics_wal_submit_full_total",
+            "Submissions refused because the ingest queue was full.",
+            sum(s.submit_full for s in shards),
+        )
+        states = [s.breaker.poll() for s in shards]
+        yield GaugeMetricFamily(
+            "topics_wal_read_only",
+            "1 if any WAL shard's breaker is open.",
+            value=1 if any(st.value == 2 for st in states) else 0,
+        )
+        buckets = [0] * (len(FSYNC_BUCKETS_US) + 1)
+        for s in shards:
+            for i, n in enumerate(s.fsync_buckets):
+                buckets[i] += n
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip([*map(str, FSYNC_BUCKETS_US), "+Inf"], buckets, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        yield HistogramMetricFamily(
+            "topics_wal_fsync_latency_us",
+            "Fsync latency in microseconds.",
+            buckets=cumulative,
+            sum_value=sum(s.fsync_us_total for s in shards),
+        )
+        breaker = GaugeMetricFamily(
+            "topicd_breaker_state",
+            "Storage breaker per shard: 0 closed, 1 half-open, 2 open.",
+            labels=["shard"],
+        )
+        trips = CounterMetricFamily(
+            "topicd_breaker_trips_total", "Breaker trips per shard.", labels=["shard"]
+        )
+        pending = GaugeMetricFamily(
+            "topicd_wal_pending", "Accepted, uncommitted submissions per shard.", labels=["shard"]
+        )
+        for s, st in zip(shards, states, strict=True):
+            breaker.add_metric([str(s.index)], int(st))
+            trips.add_metric([str(s.index)], s.breaker.trips)
+            pending.add_metric([str(s.index)], s.pending)
+        yield breaker
+        yield trips
+        yield pending
+        yield counter(
+            "topicd_wal_records_synced_total",
+            "Records made durable by group-commit fsyncs (÷ fsyncs = records per fsync).",
+            sum(s.records_synced for s in shards),
+        )
+        cp = self.ref.engine.checkpointer
+        count = getattr(cp, "count", 0)
+        yield counter("topicd_checkpoints_total", "Checkpoints taken.", count)
+        yield counter(
+            "topicd_checkpoint_failures_total",
+            "Checkpoints that failed.",
+            getattr(cp, "failures", 0),
+        )
+        yield GaugeMetricFamily(
+            "topicd_checkpoint_duration_ms",
+            "Duration of the last checkpoint.",
+            value=getattr(cp, "last_duration_ms", 0.0),
+        )
+        yield GaugeMetricFamily(
+            "topicd_snapshot_bytes",
+            "Size of the last snapshot.",
+            value=getattr(cp, "last_bytes", 0),
+        )
+        rec = self.ref.engine.recovery
+        yield GaugeMetricFamily(
+            "topicd_recovery_duration_ms",
+            "Time recovery took at start.",
+            value=float(rec.get("duration_ms", 0.0)),
+        )
+        yield counter(
+            "topicd_recovery_lost_tail_seqs_total",
+            "Seqs recorded as possibly lost in a machine crash (lost ranges).",
+            float(rec.get("lost_tail_seqs", 0)),
+        )
+
+
+def prometheus_text(ref: EngineRef, lifecycle: Lifecycle) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(ref, lifecycle))
+    text = generate_latest(registry)
+    return text.replace(b"# HELP topics_uptime_ms_total ", b"# HELP topics_uptime_ms ").replace(
+        b"# TYPE topics_uptime_ms_total counter", b"# TYPE topics_uptime_ms counter"
+    )
+
+
+def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> dict[str, JsonValue]:
+    engine = ref.engine
+    topics = engine.topics
+    counts = dict.fromkeys(CLASSES, 0)
+    for t in topics.values():
+        counts[t.config.durability] += 1
+    out: dict[str, JsonValue] = {
+        "topics": len(topics),
+        **{f"topics_{c}": counts[c] for c in CLASSES},
+        "routers": 0,
+        "records_live": sum(t.count for t in topics.values()),
+        "bytes_live": engine.total_bytes,
+        "queue_topics": sum(1 for t in topics.values() if t.config.type == "queue"),
+        "queue_leases_in_flight": 0,
+        "sse_connections": 0,
+        "watch_sessions": 0,
+        "ready": lifecycle.phase.value is Phase.SERVING,
+        "replay_progress": lifecycle.replay_progress,
+        "uptime_ms": lifecycle.uptime_ms(),
+        "pressure": engine.pressure,
+    }
+    wal = engine.commit
+    if isinstance(wal, WalCommitPath):
+        shards = wal.shards
+        fsyncs = sum(s.fsyncs for s in shards)
+        out["wal"] = {
+            "fsyncs": fsyncs,
+            "frames": sum(s.frames_written for s in shards),
+            "batches": sum(s.batches for s in shards),
+            "bytes_written": sum(s.bytes_written for s in shards),
+            "rotations": sum(s.rotations for s in shards),
+            "queue_depth": sum(s.pending for s in shards),
+            "queue_depth_peak": sum(s.pending_peak for s in shards),
+            "submit_full_total": sum(s.submit_full for s in shards),
+            "read_only": 1 if any(s.breaker.poll().value == 2 for s in shards) else 0,
+            "fsync_count": fsyncs,
+            "fsync_micros_total": int(sum(s.fsync_us_total for s in shards)),
+            "records_synced": sum(s.records_synced for s in shards),
+        }
+    return out
+
+
+def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
+    async def metrics() -> Response:
+        principal().require("read")
+        accept = request.headers.get("Accept", "")
+        if "application/json" in accept:
+            return Response(
+                orjson.dumps(json_snapshot(ref, lifecycle)), content_type="application/json"
+            )
+        return Response(prometheus_text(ref, lifecycle), content_type=PROMETHEUS_TYPE)
+
+    app.add_url_rule("/v0/metrics", "metrics", metrics, methods=["GET"])
