@@ -266,6 +266,8 @@ def decode_append(frame: Frame) -> AppendBody:
         if 16 + extras_len + length != len(body):
             raise FrameError("append lengths do not add up")
         return AppendBody([bytes(body[16 + extras_len :])], [size], extras)
+    if len(body) < 8 + 8 * n:
+        raise FrameError("append body too short for its record count")
     pos = 8
     lens = array("I")
     lens.frombytes(body[pos : pos + 4 * n])

@@ -263,6 +263,8 @@ def restore_runs(snap: TopicSnap) -> list[tuple[int, list[bytes | None], array[i
     """(base, encs, ts, sizes) of each run of a topic snapshot."""
     out = []
     for run in snap.runs:
+        if len(run.lens) % 4 or len(run.ts) % 8 or len(run.sizes) % 4:
+            raise SnapshotError(f"topic {snap.name!r}: column bytes are not whole items")
         lens = array("I")
         lens.frombytes(run.lens)
         ts = array("q")

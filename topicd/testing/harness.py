@@ -15,6 +15,7 @@ from topicd.lifecycle import Lifecycle
 from topicd.offload import InlineOffload, Offload
 from topicd.storage.service import open_durable_engine
 from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.fake_fs import MonitorFs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -82,10 +83,19 @@ async def open_durable(
     boot_id: str | None = "boot-1",
 ) -> AsyncIterator[Engine]:
     """Recover `config.storage.data_dir` from `fs` and run an engine on its WAL, all on
-    the test's loop (inline offload, inline recovery) so `MockClock` drives everything."""
+    the test's loop (inline offload, inline recovery) so `MockClock` drives everything.
+
+    The filesystem is watched by a `MonitorFs` that fails any call breaking the
+    persistence-ordering rules: a file renamed into the data directory was synced first,
+    and `meta/` was synced before an old snapshot in it is removed."""
+    config = config or durable_config()
+    root = config.storage.data_dir
+    monitor = MonitorFs(fs)
+    monitor.require_synced_before_rename(root)
+    monitor.require_dir_synced_before_unlink(root + "/meta")
     async with open_durable_engine(
-        config or durable_config(),
-        fs,
+        config,
+        monitor,
         offload or InlineOffload(),
         clock or FakeWallClock(),
         boot_id=boot_id,
