@@ -23,7 +23,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -259,19 +259,19 @@ class LimitsConfig:
     )
     max_watch_sessions: int = key(
         10000,
-        "Live watch sessions (SSE watch, reserved); 0 = unlimited.",
+        "Live watch sessions; 0 = unlimited.",
         env=_env2("MAX_WATCH_SESSIONS"),
         min=0,
     )
     max_sse_connections: int = key(
         10000,
-        "Open SSE/WebSocket streams (reserved); 0 = unlimited.",
+        "Open SSE watch streams; 0 = unlimited.",
         env=_env2("MAX_SSE_CONNECTIONS"),
         min=0,
     )
     max_sse_connections_per_key: int = key(
         1000,
-        "Open streams per key, auth on only (reserved); 0 = unlimited.",
+        "Open SSE watch streams per key (auth on only); 0 = unlimited.",
         env=_env2("MAX_SSE_CONNECTIONS_PER_KEY"),
         min=0,
     )
@@ -515,8 +515,34 @@ class RoutersConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    shards: int = key(
+        1, "Delivery shards = scheduler tasks (one loop: more adds no speed).", min=1, max=64
+    )
+    band_thresholds: tuple[int, ...] = key(
+        (750, 500, 250, 0), "Lower bounds of bands B4, B3, B2, B1 (below: B0)."
+    )
+    band_weights: tuple[int, ...] = key((8, 4, 2, 1, 1), "DWRR weights of B4 .. B0.")
+    aging_rate_per_s: int = key(100, "Priority points a waiting topic gains per second.", min=1)
+    aging_cap: int = key(1000, "Largest aging boost.", min=0)
+    aging_tick_ms: int = key(50, "Aging tick (band promotions).", min=1)
+    auto_max: int = key(500, "Recency bonus of a topic read just now.", min=0)
+    half_life_ms: int = key(30000, "Recency bonus half-life.", min=1)
+    auto_floor_ms: int = key(300000, "Unread this long: no recency bonus.", min=1)
     priority_min: int = key(-1000, "Lower clamp of a topic's manual `priority`.")
     priority_max: int = key(1000, "Upper clamp of a topic's manual `priority`.")
+    drain_max_records: int = key(4096, "Newly published records one drain handles.", min=1)
+    deficit_cap_rounds: int = key(2, "DWRR deficit cap, in rounds of credit.", min=1)
+
+
+@dataclass(frozen=True)
+class SseConfig:
+    channel_frames: int = key(
+        1024, "Frames one SSE connection may have queued before it is marked lagged.", min=1
+    )
+    channel_bytes: int = key(
+        8388608, "Bytes one SSE connection may have queued before it is marked lagged.", min=1
+    )
+    catchup_concurrency: int = key(8, "Lagged connections catching up at once.", min=1)
 
 
 @dataclass(frozen=True)
@@ -605,12 +631,11 @@ class Config:
         "Protocol limits (api-ops §4.2). The defaults ARE the /v0 contract; "
         "check-config warns on any change.",
     )
-    watch: WatchConfig = section(
-        WatchConfig, "SSE watch (api-routers-watch §2; reserved until the watch lands)"
-    )
+    watch: WatchConfig = section(WatchConfig, "SSE watch (api-routers-watch §2)")
     queue: QueueConfig = section(QueueConfig, "Queue topics")
     routers: RoutersConfig = section(RoutersConfig, "Routers")
-    scheduler: SchedulerConfig = section(SchedulerConfig, "Delivery scheduling")
+    scheduler: SchedulerConfig = section(SchedulerConfig, "Delivery scheduling (scheduler spec)")
+    sse: SseConfig = section(SseConfig, "SSE connections")
     engine: EngineConfig = section(EngineConfig, "Engine housekeeping")
     io: IoConfig = section(IoConfig, "Offload threads")
     breaker: BreakerConfig = section(BreakerConfig, "Storage circuit breaker (per WAL shard)")
@@ -661,6 +686,14 @@ def _check_type(path: str, value: object, default: object) -> object:
             raise ConfigError(f"{path}: expected a string, got {value!r}")
         return value
     if isinstance(default, tuple):
+        if default and isinstance(default[0], int):
+            if not isinstance(value, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            ):
+                raise ConfigError(f"{path}: expected a list of integers, got {value!r}")
+            if len(value) != len(default):
+                raise ConfigError(f"{path}: expected {len(default)} integers, got {len(value)}")
+            return tuple(value)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{path}: expected a list of strings, got {value!r}")
         return tuple(value)
@@ -688,7 +721,12 @@ def _parse_env(path: str, var: str, raw: str, default: object) -> object:
     if isinstance(default, str):
         return raw
     if isinstance(default, tuple):
-        return tuple(part.strip() for part in raw.split(",") if part.strip())
+        parts = [part.strip() for part in raw.split(",") if part.strip()]
+        if default and isinstance(default[0], int):
+            if not all(_PLAIN_INT.fullmatch(p) for p in parts):
+                raise ConfigError(f"{path}: {var}={raw!r} is not a list of plain integers")
+            return _check_type(path, [int(p) for p in parts], default)
+        return tuple(parts)
     raise AssertionError(f"unsupported default type for {path}")
 
 
@@ -806,7 +844,26 @@ def load_config(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
     cfg = _build(Config, "", table, env, flags)
+    cfg = _test_heartbeat_floor(cfg, env)
     return _post_process(cfg, port_flag="server.port" in flags)
+
+
+TEST_MIN_HEARTBEAT_ENV: Final = ("TOPICD_TEST_MIN_HEARTBEAT_MS", "TOPICS_TEST_MIN_HEARTBEAT_MS")
+
+
+def _test_heartbeat_floor(cfg: Config, env: Mapping[str, str]) -> Config:
+    """Test-only (api-ops §5.2): lower the heartbeat floor to 1..1000 ms; never raise it."""
+    for var in TEST_MIN_HEARTBEAT_ENV:
+        raw = env.get(var)
+        if raw is None:
+            continue
+        if not _PLAIN_INT.fullmatch(raw.strip()) or not 1 <= int(raw) <= 1000:
+            raise ConfigError(f"watch.min_heartbeat_ms: {var}={raw!r} is not an integer in 1..1000")
+        floor = min(int(raw), cfg.watch.min_heartbeat_ms)
+        return dataclasses.replace(
+            cfg, watch=dataclasses.replace(cfg.watch, min_heartbeat_ms=floor)
+        )
+    return cfg
 
 
 def split_host_port(host: str) -> tuple[str, int | None]:
@@ -847,6 +904,11 @@ def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
         raise ConfigError("queue.min_lease_ms: above queue.max_lease_ms")
     if cfg.scheduler.priority_min > cfg.scheduler.priority_max:
         raise ConfigError("scheduler.priority_min: above scheduler.priority_max")
+    bounds = cfg.scheduler.band_thresholds
+    if list(bounds) != sorted(bounds, reverse=True) or len(set(bounds)) != len(bounds):
+        raise ConfigError("scheduler.band_thresholds: must be strictly decreasing")
+    if any(w < 1 for w in cfg.scheduler.band_weights):
+        raise ConfigError("scheduler.band_weights: every weight must be at least 1")
     p = cfg.protocol
     if p.default_limit > p.max_limit:
         raise ConfigError("protocol.default_limit: above protocol.max_limit")

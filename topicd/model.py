@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import orjson
+import xxhash
 
 if TYPE_CHECKING:
     from topicd.errors import JsonValue
@@ -110,3 +111,8 @@ def split(enc: bytes, shape: Shape | None) -> tuple[bytes, bytes | None]:
     pre_len, data_off = offsets(enc, shape)
     meta = enc[pre_len + len(META_KEY) : data_off] if data_off > pre_len else None
     return enc[data_off + len(DATA_KEY) : -1], meta
+
+
+def shard_of(topic_id: int, shards: int) -> int:
+    """The shard of a topic: `xxh3_64(topic_id) % shards` (WAL and delivery shards)."""
+    return xxhash.xxh3_64_intdigest(topic_id.to_bytes(8, "little")) % shards

@@ -166,6 +166,34 @@ class DeleteIn(msgspec.Struct):
             check_u64(self.before_seq, "before_seq")
 
 
+class WatchTopicIn(msgspec.Struct):
+    """One entry of `POST /v0/watch` `topics` (api-routers-watch §2.2)."""
+
+    from_seq: U64 = 0
+    tail: bool = False
+
+
+class WatchIn(msgspec.Struct):
+    """`POST /v0/watch` body (api-routers-watch §2.2)."""
+
+    topics: dict[str, WatchTopicIn]
+    node: str | list[str] | None = None
+    limit: U32 = 0
+    max_batch_bytes: U64 = 262144
+    heartbeat_ms: U64 | None = None
+    include_meta: bool = True
+    include_tags: bool = False
+    include_data: bool = True
+    consistency: Literal["eventual", "strong"] = "eventual"
+
+    def check(self) -> None:
+        check_u64(self.max_batch_bytes, "max_batch_bytes")
+        if self.heartbeat_ms is not None:
+            check_u64(self.heartbeat_ms, "heartbeat_ms")
+        for name, t in self.topics.items():
+            check_u64(t.from_seq, f"topics.{name}.from_seq")
+
+
 WRITE_DECODER: Final = msgspec.json.Decoder(WriteIn)
 PLAIN_WRITE_DECODER: Final = msgspec.json.Decoder(PlainWriteIn)
 
@@ -185,3 +213,4 @@ def decode_write(body: bytes) -> WriteIn | PlainWriteIn:
 DIFF_DECODER: Final = msgspec.json.Decoder(DiffIn)
 DELETE_DECODER: Final = msgspec.json.Decoder(DeleteIn)
 CONFIG_DECODER: Final = msgspec.json.Decoder(TopicConfigIn)
+WATCH_DECODER: Final = msgspec.json.Decoder(WatchIn)

@@ -51,6 +51,7 @@ class AppendBatch:
     idem: IdemEntry | None = None
     durability: str = "disk"
     head_after: int = 0  # topic head right after this batch published
+    synced: bool = True  # on disk when published (False: written, fdatasync pending)
     fsync_ms: float = 0.0
     wal_append_ms: float | None = None  # None: the batch never touched the WAL
     completion: Completion = field(default_factory=lambda: Completion())
@@ -127,6 +128,10 @@ class CommitHooks(Protocol):
 
     def rewind(self, topic: Topic) -> None:
         """Every pending submission of `topic` failed: release the seqs above its head."""
+        ...
+
+    def durable(self, topic: Topic, seq: int) -> None:
+        """A sync made `topic`'s records up to `seq` durable (published earlier unsynced)."""
         ...
 
 

@@ -24,6 +24,7 @@ import trio
 from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
 from topicd.engine.idempotency import IdemEntry, IdempotencyStore
 from topicd.engine.topic import ReadResult, Topic
+from topicd.engine.watch import Session, WatchOptions, WatchRegistry
 from topicd.engine.writes import PreparedWrite, encode_batch, prepare_write
 from topicd.errors import (
     Forbidden,
@@ -39,13 +40,14 @@ from topicd.errors import (
     TopicNotFound,
 )
 from topicd.model import Shape, TopicConfig
-from topicd.sched.priority import base_priority
+from topicd.sched.scheduler import DeliveryScheduler
 from topicd.storage import frame as frames
 from topicd.wire import (
     DeleteIn,
     DiffIn,
     PlainWriteIn,
     TopicConfigIn,
+    WatchIn,
     WriteIn,
     check_topic_name,
     valid_topic_name,
@@ -111,22 +113,41 @@ class Engine:
         self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
+        self.watch = WatchRegistry(config)
+        self.sched = DeliveryScheduler(config, clock, self.watch)
 
     # ------------------------------------------------------------------------------------
     # lifecycle
     # ------------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Housekeeping loop: TTL expiry of idle topics and idempotency pruning."""
-        task_status.started()
-        interval = self.cfg.engine.housekeeping_interval_ms / 1000
+        """The engine's tasks: the delivery scheduler's shard tasks, the slow-consumer
+        watchdog and the housekeeping loop (TTL expiry of idle topics, idempotency
+        pruning, idle watch sessions)."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.sched.run)
+            nursery.start_soon(self._watchdog)
+            task_status.started()
+            interval = self.cfg.engine.housekeeping_interval_ms / 1000
+            while True:
+                await trio.sleep(interval)
+                await self.housekeep()
+
+    async def _watchdog(self) -> None:
+        """Close SSE streams whose socket write has been blocked too long (§2.7)."""
+        timeout = self.cfg.watch.slow_consumer_timeout_ms / 1000
         while True:
-            await trio.sleep(interval)
-            await self.housekeep()
+            await trio.sleep(min(timeout / 4, 1.0))
+            for conn in self.watch.slow(trio.current_time(), timeout):
+                log.info("closing a watch stream: one write blocked over %.0f s", timeout)
+                self.watch.stats.slow_closed += 1
+                conn.cancel_scope.cancel()
+                self.watch.close(conn)
 
     async def housekeep(self) -> None:
         now = self.clock.now_ms()
         self.idem.prune(now)
+        self.watch.reclaim_idle()
         for i, topic in enumerate(list(self._ttl_topics)):
             if not topic.deleted:
                 self._enforce(topic, now)
@@ -138,6 +159,7 @@ class Engine:
         self.draining = True
         for topic in self.topics.values():
             topic.wake()
+        self.watch.shutdown()
 
     # ------------------------------------------------------------------------------------
     # helpers
@@ -259,6 +281,8 @@ class Engine:
                 )
             self.topics[topic.name] = topic
             self._enforce(topic, now_ms)
+            # everything replayed was read back from disk
+            topic.durable_head = topic.drained_to = topic.drained_strong = topic.head_seq
         self._names = sorted(self.topics)
         self.idem.prune(now_ms)
 
@@ -271,6 +295,7 @@ class Engine:
         else:
             self._ttl_topics.discard(topic)
         self._enforce(topic, now_ms)
+        self.sched.rebase(topic)
 
     def apply_delete_topic(self, topic: Topic, if_empty: bool, now_ms: int) -> bool:
         if topic.deleted:
@@ -291,6 +316,8 @@ class Engine:
         self.idem.drop_topic(topic.topic_id)
         topic.deleted = True
         topic.wake()
+        self.sched.forget(topic)
+        self.watch.topic_deleted(topic)
         return True
 
     def apply_records_delete(
@@ -360,6 +387,8 @@ class Engine:
         self.total_bytes += nbytes
         topic.last_write_ts = ts
         self._enforce(topic, now_ms)
+        if not self.replaying:
+            self.sched.mark_dirty(topic)
         if idem_key is not None and ts + topic.config.idempotency_window_ms > now_ms:
             try:
                 entry = self.idem.begin(topic.topic_id, idem_key, now_ms)
@@ -401,7 +430,19 @@ class Engine:
             self.fail_append(batch, TopicNotFound(topic.name), pending_released=True)
             return
         self.apply_append(batch, self.clock.now_ms())
+        if batch.synced:
+            self.durable(topic, topic.head_seq)
         batch.completion.set_ok()
+
+    def durable(self, topic: Topic, seq: int) -> None:
+        """Every record of `topic` up to `seq` is on disk (strong watchers may see it)."""
+        if seq > topic.durable_head and not topic.deleted:
+            topic.durable_head = seq
+            if self.watch.has_strong(topic):
+                if seq > topic.drained_strong:
+                    self.sched.mark_dirty(topic)
+            elif not topic.slot.queued:
+                topic.drained_strong = seq  # nobody waits for it: follow the durable head
 
     def fail_append(
         self, batch: AppendBatch, error: TopicdError, *, pending_released: bool = False
@@ -499,16 +540,8 @@ class Engine:
         }
 
     def effective_priority(self, topic: Topic, now_ms: int) -> int:
-        s = self.cfg.scheduler
-        cfg = topic.config
-        return base_priority(
-            cfg.priority,
-            cfg.auto_priority,
-            topic.last_read_ts,
-            now_ms,
-            s.priority_min,
-            s.priority_max,
-        )
+        """Scheduler spec A.5: `base + age_boost` while queued for delivery, else `base`."""
+        return self.sched.effective(topic, now_ms)
 
     def list_topics(
         self,
@@ -785,6 +818,45 @@ class Engine:
             req.include_meta,
             p.max_scan_per_read,
         )
+
+    # ------------------------------------------------------------------------------------
+    # POST /v0/watch
+    # ------------------------------------------------------------------------------------
+
+    def create_watch(
+        self, key_id: str | None, req: WatchIn, lenient: bool
+    ) -> tuple[Session, list[Topic]]:
+        """Store a watch session (api-routers-watch §2.2, after the allowlist check).
+
+        Returns the session and the topics it watches, in order (`lenient` drops unknown
+        topics silently; otherwise the first unknown one is `404 topic_not_found`)."""
+        watch_cfg = self.cfg.watch
+        p = self.cfg.protocol
+        self.watch.reclaim_idle()
+        hb = watch_cfg.default_heartbeat_ms if req.heartbeat_ms is None else req.heartbeat_ms
+        hb = min(max(hb, watch_cfg.min_heartbeat_ms), watch_cfg.max_heartbeat_ms)
+        chosen: list[tuple[Topic, int]] = []
+        now = self.clock.now_ms()
+        for name, spec in req.topics.items():
+            topic = self.topics.get(name)
+            if topic is None or topic.deleting is not None:
+                if lenient:
+                    continue
+                raise TopicNotFound(name)
+            self._enforce(topic, now)
+            chosen.append((topic, topic.head_seq if spec.tail else spec.from_seq))
+        node = req.node
+        opts = WatchOptions(
+            None if node is None else frozenset([node] if isinstance(node, str) else node),
+            min(req.limit or p.default_limit, p.max_limit),
+            min(req.max_batch_bytes or p.default_max_batch_bytes, p.max_batch_bytes),
+            req.include_meta,
+            req.include_tags,
+            req.include_data,
+            req.consistency == "strong",
+        )
+        session = self.watch.create(key_id, chosen, opts, hb)
+        return session, [t for t, _ in chosen]
 
     # ------------------------------------------------------------------------------------
     # POST /v0/topics/:topic/delete

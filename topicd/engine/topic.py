@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from topicd.model import project
+from topicd.sched.bands import Slot
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from topicd.errors import JsonValue
     from topicd.model import Shape, TopicConfig
@@ -247,6 +248,13 @@ class Topic:
         self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
         self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
         self._wakeup: trio.Event | None = None
+        # delivery (topicd.sched): the scheduler's slot, how far drains have pushed, and
+        # the highest seq known to be on disk (what `consistency:"strong"` watchers see)
+        self.slot: Slot[Topic] = Slot(self)
+        self.durable_head = 0
+        self.drained_to = 0
+        self.drained_strong = 0
+        self.on_drain: list[Callable[[Topic, int, int], None]] = []  # the router hook
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -325,7 +333,6 @@ class Topic:
         self.head_seq = first_seq + n - 1
         self.count += n
         self.bytes += nbytes
-        self.wake()
 
     def skip_to(self, new_head: int) -> None:
         """Raise `head_seq` to `new_head` over seqs that hold nothing (recovery: a seq
@@ -488,8 +495,12 @@ class Topic:
         include_meta: bool,
         max_scan: int,
         include_data: bool = True,
+        upto: int | None = None,
     ) -> ReadResult:
-        """The diff walk (api-topics §7.2 steps 4-8); retention must be enforced first."""
+        """The diff walk (api-topics §7.2 steps 4-8); retention must be enforced first.
+
+        `upto` bounds the walk below the head (a watch drain's range, or the durable head
+        of a `consistency:"strong"` watcher)."""
         head = self.head_seq
         earliest = self.earliest_seq
         floor = self.evict_floor
@@ -521,6 +532,8 @@ class Topic:
         out: list[bytes] = []
         seq = cursor
         end = min(head, barrier, cursor + max_scan)
+        if upto is not None and upto < end:
+            end = max(upto, cursor)
         if cursor < end:
             nodes = self.nodes if node_filter is not None and self.nodes else None
             plain = include_meta and include_data and not (include_tags and self.tags)
@@ -584,6 +597,10 @@ class Topic:
         if self._wakeup is None:
             self._wakeup = trio.Event()
         return self._wakeup
+
+    @property
+    def has_waiters(self) -> bool:
+        return self._wakeup is not None
 
     def wake(self) -> None:
         if self._wakeup is not None:

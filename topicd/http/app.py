@@ -51,6 +51,7 @@ from topicd.lifecycle import Lifecycle, Phase
 if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.engine import Engine
+    from topicd.http.watch import WatchStreams
 
 _T = TypeVar("_T")
 
@@ -207,6 +208,7 @@ _TOPIC_PATH: Final = re.compile(r"^/v0/topics/([^/]+)(?:/|$)")
 _TEMPLATES: Final = (
     (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
     (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
+    (re.compile(r"^/v0/watch/[^/]+$"), "/v0/watch/:wid"),
 )
 
 
@@ -231,8 +233,10 @@ class Gate:
         config: Config,
         pressure: Callable[[], float],
         on_error: Callable[[TopicdError], None] | None = None,
+        streams: WatchStreams | None = None,
     ) -> None:
         self.app = app
+        self.streams = streams
         self.on_error = on_error
         self.lifecycle = lifecycle
         self.keys = keys
@@ -264,7 +268,20 @@ class Gate:
         lifecycle = self.lifecycle
         lifecycle.request_started()
         key_id: str | None = None
+        wid = None if self.streams is None else self.streams.wid_of(scope)
         try:
+            if wid is not None:
+                # an SSE stream: it authenticates itself (404 before 401) and is exempt
+                # from the in-flight cap (streams have their own caps)
+                assert self.streams is not None
+                err = self._admit(scope, path, authenticate=False)
+                if err is None:
+                    await self.streams(scope, receive, send_stamped, wid)
+                    return
+                if self.on_error is not None:
+                    self.on_error(err)
+                await send_error(send_stamped, err)
+                return
             err = self._admit(scope, path)
             if err is None and self.keys.enabled and path not in PROBE_PATHS and self.max_inflight:
                 p = scope["topicd.principal"]
@@ -298,7 +315,7 @@ class Gate:
                     perf_ms() - t0,
                 )
 
-    def _admit(self, scope: Scope, path: str) -> TopicdError | None:
+    def _admit(self, scope: Scope, path: str, *, authenticate: bool = True) -> TopicdError | None:
         probe = path in PROBE_PATHS
         if not self.http2 and scope.get("http_version") == "2":
             return InvalidRequest("HTTP/2 is disabled on this server (server.http2 = false)")
@@ -310,6 +327,8 @@ class Gate:
                     {"replay_progress": round(self.lifecycle.replay_progress, 4)},
                 )
             return ShuttingDown("the server is shutting down")
+        if not authenticate:
+            return None
         if self.keys.enabled and (not probe or self.probe_auth):
             auth = _header(scope, b"authorization")
             p = self.keys.authenticate(auth)
@@ -370,7 +389,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, topics
+    from topicd.http import metrics, ops, topics, watch
 
     app = QuartTrio("topicd")
     app.config["MAX_CONTENT_LENGTH"] = config.limits.max_body_bytes
@@ -382,6 +401,7 @@ def create_app(
     topics.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
     metrics.register(app, ref, config, lifecycle)
+    watch.register(app, ref, config, keys)
 
     @app.errorhandler(TopicdError)
     async def _topicd_error(err: TopicdError) -> Response:
@@ -428,5 +448,6 @@ def create_app(
         config=config,
         pressure=lambda: ref.engine.pressure,
         on_error=lambda err: _count(ref, err),
+        streams=watch.WatchStreams(ref, config, keys),
     )
     return app

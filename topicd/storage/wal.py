@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
-import xxhash
 
 from topicd.clock import perf_ms
 from topicd.errors import JsonValue, StorageUnavailable, Throttled, TopicdError
+from topicd.model import shard_of
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
 from topicd.storage.fs import Fs, write_all
@@ -70,10 +70,6 @@ _T = TypeVar("_T")
 
 # upper bounds of the fsync latency histogram (api-ops §3.1); one more bucket counts +Inf
 FSYNC_BUCKETS_US = (50, 100, 250, 500, 1000, 5000, 10000, 50000, 100000)
-
-
-def shard_of(topic_id: int, shards: int) -> int:
-    return xxhash.xxh3_64_intdigest(topic_id.to_bytes(8, "little")) % shards
 
 
 def wal_file_name(index: int) -> str:
@@ -254,6 +250,7 @@ class Shard:
         self.rotations = 0
         self.fsync_us_total = 0.0
         self.records_synced = 0
+        self.unsynced_heads: dict[Topic, int] = {}  # published, not yet fdatasync'ed
         self.fsync_buckets = [0] * (len(FSYNC_BUCKETS_US) + 1)  # per bucket, not cumulative
 
     # ---- admission (synchronous, on the handler's task) ------------------------------
@@ -454,13 +451,31 @@ class Shard:
                 self._synced(sync_ms, sum(s.batch.count for s in subs if s.batch is not None))
             else:
                 self.unsynced = True
+                for sub in subs:
+                    if sub.batch is not None and sub.frame:
+                        sub.batch.synced = False
         append_ms = perf_ms() - t0
         for topic, reserved in reserving.items():
             if reserved > topic.reserved_head:
                 topic.reserved_head = reserved
         self._publish(subs, sync_ms, append_ms if data else None)
+        if data and not sync:
+            heads = self.unsynced_heads
+            for sub in subs:
+                batch = sub.batch
+                if batch is not None and not batch.synced and not batch.completion.error:
+                    heads[batch.topic] = batch.head_after
+
+    def _durable(self) -> None:
+        """A sync covered everything written: tell the engine which heads are on disk."""
+        heads = self.unsynced_heads
+        if heads:
+            self.unsynced_heads = {}
+            for topic, head in heads.items():
+                self.hooks.durable(topic, head)
 
     def _synced(self, sync_ms: float, records: int) -> None:
+        self._durable()
         self.unsynced = False
         self.last_sync = trio.current_time()
         self.fsyncs += 1
@@ -646,6 +661,7 @@ class Shard:
             try:
                 await self.offload.run(self.fs.fdatasync, self.fd, group="wal")
                 self.unsynced = False
+                self._durable()
             except OSError as exc:
                 log.error("WAL shard %d: final fsync failed: %s", self.index, exc)
         try:

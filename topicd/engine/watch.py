@@ -1,0 +1,649 @@
+"""Watch sessions and their SSE connections (api-routers-watch §2; architecture §7).
+
+A **session** (`POST /v0/watch`) stores the subscription — the topics in order, bound to
+the instances that existed at creation, the frame options — and the authoritative cursor
+per topic. A **connection** (`GET /v0/watch/:wid`) streams frames for one session; one
+stream per session at a time (a newer GET supersedes the older stream with a `409`).
+
+Delivery runs in one of two modes per topic of a connection:
+
+* **live**: the topic's drain (`topicd.sched.scheduler`) builds each distinct frame body
+  once per options group and offers a `FrameRef` to every live connection with a
+  non-blocking `send_nowait` into the connection's bounded channel (`sse.channel_frames`
+  frames, `sse.channel_bytes` bytes). A full channel never makes the drain wait: the
+  connection is marked **lagged**, nothing more is buffered for it, and every topic
+  switches to pull.
+* **pull**: the connection's own pump reads from its position through the diff path
+  (`Topic.read`: records still retained in order, a tombstone with the exact range for
+  whatever cap/TTL evicted meanwhile) until it reaches the head, then — in the same
+  synchronous step that finds it there — switches the topic to live.
+
+The pump (`pump`) is one coroutine per connection: it waits (channel, heartbeat timer,
+catch-up) and writes pre-encoded `bytes` through the `write` callable it is given — the
+ASGI send today, a faster socket path later, without touching the scheduler. The
+connection's stream position (`Conn.pos`) moves as frames are produced; the session's
+cursors follow once a write has completed, so a reconnect resumes after what was written.
+The per-connection memory bound is the channel's: at most `channel_frames` references to
+shared, immutable frame bodies totalling at most `channel_bytes` bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import orjson
+import trio
+
+from topicd.errors import JsonValue, NotFound, Throttled, Unauthorized
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from topicd.config import Config
+    from topicd.engine.topic import Topic
+
+log = logging.getLogger("topicd.watch")
+
+PULL: Final = 0
+LIVE: Final = 1
+DONE: Final = 2  # terminal for this topic (deleted)
+HEARTBEAT: Final = b": hb\n\n"
+CATCHUP_FRAMES: Final = 4  # frames one catch-up pass builds per topic before moving on
+COALESCE_FRAMES: Final = 64  # queued frames one socket write may carry
+COALESCE_BYTES: Final = 262144
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """What shapes a session's frames; sessions with equal options share frame bodies."""
+
+    node_filter: frozenset[str] | None
+    limit: int
+    max_bytes: int
+    include_meta: bool
+    include_tags: bool
+    include_data: bool
+    strong: bool
+
+
+@dataclass(eq=False, slots=True)
+class FrameRef:
+    """One channel item: the frame for one topic range `(from_seq, to_seq]`.
+
+    `body` is the shared `event:`/`data:` bytes, or None for a range the session's options
+    reduce to nothing (it only moves the cursor). `from_seq == to_seq` marks a frame that
+    moves nothing (`caught-up`). An empty `topic` is a wake-up poke."""
+
+    topic: str
+    from_seq: int
+    to_seq: int
+    body: bytes | None
+    nbytes: int
+
+
+_POKE: Final = FrameRef("", 0, 0, None, 0)
+
+
+def event(name: bytes, data: JsonValue | bytes) -> bytes:
+    payload = data if isinstance(data, bytes) else orjson.dumps(data)
+    return b"event: " + name + b"\ndata: " + payload + b"\n\n"
+
+
+def error_frame(code: int | str, message: str, **extra: JsonValue) -> bytes:
+    body: dict[str, JsonValue] = {"code": code, "error": message, "message": message}
+    body.update(extra)
+    return event(b"error", body)
+
+
+def caught_up_frame(topic: Topic) -> bytes:
+    return event(b"caught-up", {"topic": topic.name, "head_seq": topic.head_seq})
+
+
+def deleted_frame(name: str) -> bytes:
+    return event(b"topic-deleted", {"topic": name, "head_seq": 0, "reason": "deleted"})
+
+
+def composite_id(cursors: dict[str, int]) -> bytes:
+    """base64url (no padding) of the compact JSON cursor map, keys sorted bytewise."""
+    raw = orjson.dumps(cursors, option=orjson.OPT_SORT_KEYS)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=")
+
+
+def decode_composite_id(text: str) -> dict[str, int] | None:
+    """The cursor map of an `id:` value (padded or unpadded base64url), or None if it
+    does not decode (the caller then ignores it). Entries that are not a topic name
+    mapped to a non-negative integer are dropped."""
+    text = text.strip()
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        obj = orjson.loads(raw)
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    return {
+        k: v
+        for k, v in obj.items()
+        if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    }
+
+
+def build_frames(
+    topic: Topic,
+    start: int,
+    end: int,
+    opts: WatchOptions,
+    max_scan: int,
+    *,
+    first_read: bool = False,
+    max_frames: int = 0,
+) -> tuple[list[FrameRef], int]:
+    """The frames for the topic's records after `start`, never past `end`, through the
+    diff path: a tombstone where cap/TTL (or a crash) removed records the cursor had not
+    passed, then `record` frames of at most `opts.limit` records / `opts.max_bytes`.
+
+    `max_frames` (0: no bound) stops early. Returns (frames, the position they lead to).
+    A cursor above the head (a previous instance's) gets the `recreated` tombstone and
+    restarts at `earliest_seq - 1`, the one case where the position moves down.
+    """
+    out: list[FrameRef] = []
+    cursor = start
+    name = topic.name
+    node_filter = opts.node_filter if topic.config.dedupe_node else None
+    first = first_read
+    while cursor < end or cursor > topic.head_seq:
+        res = topic.read(
+            cursor,
+            opts.limit,
+            opts.max_bytes,
+            node_filter,
+            opts.include_tags,
+            opts.include_meta,
+            max_scan,
+            opts.include_data,
+            end,
+        )
+        after = cursor
+        tomb = res.tombstone
+        if tomb is not None:
+            after = topic.earliest_seq - 1 if cursor > res.head_seq else tomb.gap_to
+            body = event(
+                b"tombstone",
+                {
+                    "topic": name,
+                    "reason": "from_seq_too_old" if first else tomb.reason,
+                    "gap_from": tomb.gap_from,
+                    "gap_to": tomb.gap_to,
+                    "earliest_seq": tomb.earliest_seq,
+                    "head_seq": tomb.head_seq,
+                },
+            )
+            out.append(FrameRef(name, cursor, after, body, len(body)))
+        first = False
+        nxt = res.next_from_seq
+        if res.records:
+            data = b"".join(
+                (
+                    b'{"topic":',
+                    topic.name_json,
+                    b',"records":[',
+                    b",".join(res.records),
+                    b'],"from_seq":%d,"to_seq":%d,"head_seq":%d}' % (after, nxt, res.head_seq),
+                )
+            )
+            body = b"event: record\ndata: " + data + b"\n\n"
+            out.append(FrameRef(name, after, nxt, body, len(body)))
+        elif nxt > after:
+            out.append(FrameRef(name, after, nxt, None, 0))  # skipped only: no frame
+        if nxt == cursor and tomb is None:
+            break  # no progress possible (defensive; the walk always moves or ends)
+        cursor = nxt
+        if max_frames and len(out) >= max_frames:
+            break
+    return out, cursor
+
+
+class Conn:
+    """One open stream of a session (architecture §7.1)."""
+
+    def __init__(self, session: Session, frames: int, max_bytes: int) -> None:
+        self.session = session
+        self.send_ch, self.recv_ch = trio.open_memory_channel[FrameRef](frames)
+        self.max_bytes = max_bytes
+        self.buffered_bytes = 0
+        self.pos: dict[str, int] = dict(session.cursors)  # the stream's position
+        self.mode: dict[str, int] = dict.fromkeys(session.topics, PULL)
+        self.enqueued_to: dict[str, int] = {}
+        self.lagged = False
+        self.lagged_since: float | None = None
+        self.first_read: set[str] = set(session.topics)
+        self.announce: set[str] = set(session.topics)  # owe a `caught-up` at head
+        self.stop: bytes | None = None  # a terminal frame to write, then end
+        self.stop_with_id = False  # prefix it with the `id:` of the position (shutdown)
+        self.cancel_scope = trio.CancelScope()
+        self.write_started: float | None = None  # when the current socket write began
+        self.frames_written = 0
+
+    def set_pull(self, name: str) -> None:
+        """Switch one topic to pull; the pump catches it up from its position."""
+        if self.mode.get(name) == LIVE:
+            self.mode[name] = PULL
+            self.poke()
+
+    def mark_lagged(self) -> None:
+        """The channel is full: buffer nothing more, every topic reads from the log."""
+        if not self.lagged:
+            self.lagged = True
+            self.lagged_since = trio.current_time()
+            self.session.registry_lagged()
+        for name, mode in self.mode.items():
+            if mode == LIVE:
+                self.mode[name] = PULL
+
+    def offer(self, ref: FrameRef) -> bool:
+        """Hand a frame to this connection without ever waiting (architecture §7.3).
+
+        Returns False when the connection is gone (the caller detaches it)."""
+        name = ref.topic
+        if self.mode.get(name) != LIVE:
+            return True  # pull mode: the pump reads from its position
+        if self.lagged:
+            self.mode[name] = PULL  # rejoined live while others still catch up: re-read
+            return True
+        if self.enqueued_to.get(name) != ref.from_seq:
+            self.set_pull(name)  # range mismatch: never guess
+            return True
+        if self.buffered_bytes + ref.nbytes > self.max_bytes:
+            self.mark_lagged()
+            return True
+        try:
+            self.send_ch.send_nowait(ref)
+        except trio.WouldBlock:
+            self.mark_lagged()  # stop buffering for this connection
+            return True
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        self.buffered_bytes += ref.nbytes
+        self.enqueued_to[name] = ref.to_seq
+        return True
+
+    def poke(self) -> None:
+        """Wake the pump (best effort: a full channel means the pump is busy anyway)."""
+        with contextlib.suppress(
+            trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
+        ):
+            self.send_ch.send_nowait(_POKE)
+
+    def stopping(self) -> bool:
+        return self.stop is not None
+
+    def pulling(self) -> bool:
+        return PULL in self.mode.values()
+
+    def finished(self) -> bool:
+        """Every topic is terminal: the stream ends."""
+        return all(m == DONE for m in self.mode.values())
+
+
+@dataclass(eq=False)
+class Session:
+    wid: str
+    key_id: str | None  # the creating key (None in dev mode)
+    topics: list[str]
+    instances: dict[str, Topic]
+    cursors: dict[str, int]  # authoritative: positions already written to a stream
+    opts: WatchOptions
+    heartbeat_ms: int
+    last_used: float
+    stats: WatchStats
+    conn: Conn | None = None
+    streams: int = 0
+
+    def registry_lagged(self) -> None:
+        self.stats.lagged += 1
+
+
+@dataclass
+class WatchStats:
+    sessions_created: int = 0
+    sessions_reclaimed: int = 0
+    streams_opened: int = 0
+    lagged: int = 0  # topicd_sse_lagged_total
+    slow_closed: int = 0
+
+
+@dataclass
+class Group:
+    """The live connections of one topic that share frame options."""
+
+    opts: WatchOptions
+    conns: list[Conn] = field(default_factory=list)
+
+
+class WatchRegistry:
+    """Every watch session and connection, and which connections watch which topic."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.sessions: dict[str, Session] = {}
+        self.watchers: dict[Topic, dict[Conn, None]] = {}  # insertion-ordered sets
+        self.conns: dict[Conn, None] = {}
+        self.strong: dict[Topic, int] = {}  # streams with `consistency:"strong"` per topic
+        self.per_key: dict[str, int] = {}
+        self.stats = WatchStats()
+        self.catchup = trio.CapacityLimiter(cfg.sse.catchup_concurrency)
+        self.shutting_down = False
+
+    # ---- sessions -------------------------------------------------------------------
+
+    def reclaim_idle(self) -> int:
+        """Drop sessions with no open stream whose last use is older than the TTL."""
+        ttl = self.cfg.watch.session_ttl_ms / 1000
+        now = trio.current_time()
+        stale = [
+            wid for wid, s in self.sessions.items() if s.conn is None and now - s.last_used >= ttl
+        ]
+        for wid in stale:
+            del self.sessions[wid]
+        self.stats.sessions_reclaimed += len(stale)
+        return len(stale)
+
+    def check_session_cap(self) -> None:
+        cap = self.cfg.limits.max_watch_sessions
+        if cap and len(self.sessions) >= cap:
+            raise Throttled.limit("max_watch_sessions", cap)
+
+    def create(
+        self,
+        key_id: str | None,
+        topics: list[tuple[Topic, int]],
+        opts: WatchOptions,
+        heartbeat_ms: int,
+    ) -> Session:
+        """Store a validated session. `topics`: (instance, resolved start) in order."""
+        self.check_session_cap()
+        wid = "wid_" + base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode()
+        session = Session(
+            wid,
+            key_id,
+            [t.name for t, _ in topics],
+            {t.name: t for t, _ in topics},
+            {t.name: start for t, start in topics},
+            opts,
+            heartbeat_ms,
+            trio.current_time(),
+            self.stats,
+        )
+        self.sessions[wid] = session
+        self.stats.sessions_created += 1
+        return session
+
+    def lookup(self, wid: str) -> Session:
+        """The session of a stream open (`404` when unknown or reclaimed)."""
+        self.reclaim_idle()
+        session = self.sessions.get(wid)
+        if session is None:
+            raise NotFound("unknown or expired watch session; create a new one with POST")
+        return session
+
+    @staticmethod
+    def check_key(session: Session, key_id: str | None) -> None:
+        """The stream must present the key that created the session (auth on)."""
+        if key_id is None:
+            raise Unauthorized("this watch stream needs the key that created the session")
+        if key_id != session.key_id:
+            raise Unauthorized("this watch session belongs to another key")
+
+    # ---- connections ----------------------------------------------------------------
+
+    def open_stream(self, session: Session, rewind: dict[str, int] | None) -> Conn:
+        """Register a stream (caps checked here); a previous stream is superseded."""
+        limits = self.cfg.limits
+        old = session.conn
+        live = len(self.conns) - (old is not None)
+        if limits.max_sse_connections and live >= limits.max_sse_connections:
+            raise Throttled.limit("max_sse_connections", limits.max_sse_connections)
+        key = session.key_id
+        if key is not None and limits.max_sse_connections_per_key:
+            used = self.per_key.get(key, 0) - (old is not None)
+            if used >= limits.max_sse_connections_per_key:
+                raise Throttled.limit(
+                    "max_sse_connections_per_key", limits.max_sse_connections_per_key
+                )
+        if old is not None:
+            old.stop = error_frame(409, "superseded by a newer stream for this watch session")
+            self.close(old)
+            old.cancel_scope.deadline = trio.current_time() + 1.0  # bounded last write
+        if rewind:
+            cursors = session.cursors
+            for name, seq in rewind.items():
+                if name in cursors and seq < cursors[name]:
+                    cursors[name] = seq  # rewind only, never advance
+        sse = self.cfg.sse
+        conn = Conn(session, sse.channel_frames, sse.channel_bytes)
+        session.conn = conn
+        session.streams += 1
+        session.last_used = trio.current_time()
+        self.conns[conn] = None
+        if key is not None:
+            self.per_key[key] = self.per_key.get(key, 0) + 1
+        strong = session.opts.strong
+        for topic in session.instances.values():
+            if not topic.deleted:
+                self.watchers.setdefault(topic, {})[conn] = None
+                if strong:
+                    self.strong[topic] = self.strong.get(topic, 0) + 1
+        self.stats.streams_opened += 1
+        return conn
+
+    def close(self, conn: Conn) -> None:
+        """Unregister a stream (synchronous, idempotent). The session keeps its cursors."""
+        if conn not in self.conns:
+            return
+        del self.conns[conn]
+        session = conn.session
+        if session.conn is conn:
+            session.conn = None
+            session.last_used = trio.current_time()
+        key = session.key_id
+        if key is not None:
+            left = self.per_key.get(key, 1) - 1
+            if left:
+                self.per_key[key] = left
+            else:
+                self.per_key.pop(key, None)
+        strong = session.opts.strong
+        for topic in session.instances.values():
+            watchers = self.watchers.get(topic)
+            if watchers is not None and watchers.pop(conn, 0) is None:
+                if not watchers:
+                    del self.watchers[topic]
+                if strong:
+                    left = self.strong[topic] - 1
+                    if left:
+                        self.strong[topic] = left
+                    else:
+                        del self.strong[topic]
+        conn.send_ch.close()
+
+    def groups(self, topic: Topic) -> list[Group]:
+        """The topic's connections grouped by frame options (one frame build per group)."""
+        conns = self.watchers.get(topic)
+        if not conns:
+            return []
+        groups: dict[WatchOptions, Group] = {}
+        for conn in conns:
+            opts = conn.session.opts
+            group = groups.get(opts)
+            if group is None:
+                group = groups[opts] = Group(opts)
+            group.conns.append(conn)
+        return list(groups.values())
+
+    def has_strong(self, topic: Topic) -> bool:
+        return topic in self.strong
+
+    def topic_deleted(self, topic: Topic) -> None:
+        """Every stream watching `topic` sends `topic-deleted` for it."""
+        self.strong.pop(topic, None)
+        for conn in self.watchers.pop(topic, {}):
+            if conn.mode.get(topic.name) == LIVE:
+                conn.mode[topic.name] = PULL
+            conn.poke()
+
+    def shutdown(self) -> None:
+        """Graceful drain: every stream ends with the terminal `server_shutting_down`."""
+        self.shutting_down = True
+        for conn in list(self.conns):
+            conn.stop = error_frame("server_shutting_down", "the server is shutting down")
+            conn.stop_with_id = True
+            conn.poke()
+
+    def slow(self, now: float, timeout_s: float) -> list[Conn]:
+        """Connections whose current socket write has been blocked longer than timeout."""
+        return [
+            c
+            for c in self.conns
+            if c.write_started is not None and now - c.write_started > timeout_s
+        ]
+
+
+# ---- the pump -------------------------------------------------------------------------
+
+
+def catch_up(conn: Conn, max_scan: int, now_ms: int) -> tuple[list[bytes], bool]:
+    """One catch-up pass over the topics in pull mode (architecture §7.5).
+
+    Synchronous: builds at most `CATCHUP_FRAMES` frames per topic, in session order,
+    moves the stream position, and switches a topic to live in the same step that finds
+    it at its head. Returns (the bytes to write, whether anything moved).
+    """
+    out: list[bytes] = []
+    moved = False
+    session = conn.session
+    opts = session.opts
+    pos = conn.pos
+    mode = conn.mode
+    for name in session.topics:
+        if mode[name] != PULL:
+            continue
+        topic = session.instances[name]
+        if topic.deleted:
+            mode[name] = DONE
+            out.append(b"id: " + composite_id(pos) + b"\n" + deleted_frame(name))
+            moved = True
+            continue
+        bound = topic.durable_head if opts.strong else topic.head_seq
+        cur = pos[name]
+        first = name in conn.first_read
+        conn.first_read.discard(name)
+        if cur < bound or cur > topic.head_seq:
+            frames, _ = build_frames(
+                topic, cur, bound, opts, max_scan, first_read=first, max_frames=CATCHUP_FRAMES
+            )
+            for ref in frames:
+                pos[name] = ref.to_seq
+                if ref.body is not None:
+                    out.append(b"id: " + composite_id(pos) + b"\n" + ref.body)
+                    conn.announce.add(name)
+            if frames:
+                moved = True
+                topic.last_read_ts = now_ms  # watch delivery is a read (recency)
+        if pos[name] >= bound and pos[name] <= topic.head_seq:
+            mode[name] = LIVE  # at the head: the drains feed it from here
+            conn.enqueued_to[name] = pos[name]
+            if name in conn.announce:
+                conn.announce.discard(name)
+                out.append(b"id: " + composite_id(pos) + b"\n" + caught_up_frame(topic))
+    if conn.lagged and PULL not in mode.values():
+        conn.lagged = False
+        conn.lagged_since = None
+    return out, moved
+
+
+async def pump(
+    conn: Conn,
+    registry: WatchRegistry,
+    write: Callable[[bytes], Awaitable[None]],
+    *,
+    retry_ms: int,
+    max_scan: int,
+    now_ms: Callable[[], int],
+) -> None:
+    """Produce and write the stream (architecture §7.4) until it ends or is cancelled."""
+    session = conn.session
+    heartbeat = session.heartbeat_ms / 1000
+    recv = conn.recv_ch
+    pos = conn.pos
+
+    async def emit(chunk: bytes) -> None:
+        conn.write_started = trio.current_time()
+        await write(chunk)
+        conn.write_started = None
+        conn.frames_written += 1
+        if session.conn is conn:
+            session.cursors.update(pos)  # written: a reconnect resumes after it
+
+    try:
+        await emit(b"retry: %d\n\n" % retry_ms + HEARTBEAT)
+        last_write = trio.current_time()
+        while True:
+            if conn.stop is not None:
+                if conn.stop_with_id:
+                    await emit(b"id: " + composite_id(pos) + b"\n" + conn.stop)
+                else:
+                    await emit(conn.stop)
+                return
+            if conn.pulling() and recv.statistics().current_buffer_used == 0:
+                async with registry.catchup:
+                    out, moved = catch_up(conn, max_scan, now_ms())
+                if out:
+                    await emit(b"".join(out))
+                    last_write = trio.current_time()
+                if conn.finished():
+                    return
+                if moved:
+                    continue
+            ref: FrameRef | None = None
+            with trio.move_on_at(last_write + heartbeat):
+                try:
+                    ref = await recv.receive()
+                except trio.EndOfChannel:
+                    if not conn.stopping():
+                        return
+                    continue  # superseded: write the terminal frame
+            if ref is None:
+                # the heartbeat is the pump's own timer: never queued behind frames
+                await emit(HEARTBEAT)
+                last_write = trio.current_time()
+                continue
+            out = []
+            size = 0
+            while True:
+                conn.buffered_bytes -= ref.nbytes
+                name = ref.topic
+                if name:
+                    cur = pos.get(name, -1)
+                    if ref.from_seq == cur:
+                        pos[name] = ref.to_seq
+                        if ref.body is not None:
+                            out.append(b"id: " + composite_id(pos) + b"\n" + ref.body)
+                            size += ref.nbytes
+                    elif ref.to_seq > cur:
+                        conn.set_pull(name)  # not contiguous: re-read from the position
+                if size >= COALESCE_BYTES or len(out) >= COALESCE_FRAMES or conn.stop:
+                    break
+                try:
+                    ref = recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            if out:
+                await emit(b"".join(out))
+                last_write = trio.current_time()
+    finally:
+        registry.close(conn)

@@ -1,0 +1,197 @@
+"""The multiplexed watch (api-routers-watch §2): `POST /v0/watch` and the SSE stream.
+
+`POST /v0/watch` is an ordinary Quart route. The stream, `GET /v0/watch/:wid`, is served
+by `WatchStreams` at the ASGI layer (the gate dispatches to it): it runs the
+establishment checks in the spec's order (`406` → `404` → `401` → `429`), sends the
+response head, then runs the connection's pump (`topicd.engine.watch.pump`) inside the
+connection's cancel scope, writing pre-encoded frames straight to the ASGI `send`. A
+second task watches `receive` for the client's disconnect. Streams are exempt from the
+per-key in-flight cap (they have their own caps) but do count for the graceful drain,
+which ends them with the terminal `server_shutting_down` frame.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Final, cast
+from urllib.parse import parse_qs
+
+import orjson
+import trio
+
+from topicd.engine.watch import decode_composite_id, pump
+from topicd.errors import InvalidRequest, NotAcceptable, TopicdError
+from topicd.http.app import (
+    decode,
+    performance,
+    principal,
+    query_bool,
+    raw_json_response,
+    read_body,
+    send_error,
+)
+from topicd.wire import WATCH_DECODER, check_topic_name
+
+if TYPE_CHECKING:
+    from quart import Response
+    from quart_trio import QuartTrio
+
+    from topicd.config import Config
+    from topicd.engine.watch import Conn
+    from topicd.http.app import EngineRef, Message, Receive, Scope, Send
+    from topicd.http.auth import KeyStore
+
+log = logging.getLogger("topicd.watch")
+
+STREAM_PREFIX: Final = "/v0/watch/"
+_HEAD: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def register(app: QuartTrio, ref: EngineRef, config: Config, keys: KeyStore) -> None:
+    max_body = config.limits.max_body_bytes
+    max_topics = config.watch.max_watch_topics
+
+    @app.route("/v0/watch", methods=["POST"])
+    async def create_watch() -> Response:
+        who = principal()
+        body = await read_body(empty_ok=False, max_bytes=max_body)
+        assert body is not None
+        req = decode(WATCH_DECODER, body)
+        n = len(req.topics)
+        if n == 0 or n > max_topics:
+            raise InvalidRequest(
+                f"topics must name 1..{max_topics} topics, got {n}",
+                {"field": "topics", "max": max_topics},
+            )
+        for name in req.topics:
+            check_topic_name(name)
+        req.check()
+        who.require("read", *req.topics)
+        lenient = query_bool("lenient", False)
+        engine = ref.engine
+        session, topics = engine.create_watch(who.key_id if keys.enabled else None, req, lenient)
+        out = {
+            t.name: {
+                "from_seq": session.cursors[t.name],
+                "head_seq": t.head_seq,
+                "earliest_seq": t.earliest_seq,
+            }
+            for t in topics
+        }
+        return raw_json_response(
+            orjson.dumps(
+                {
+                    "wid": session.wid,
+                    "stream_url": STREAM_PREFIX + session.wid,
+                    "session_ttl_ms": config.watch.session_ttl_ms,
+                    "heartbeat_ms": session.heartbeat_ms,
+                    "topics": out,
+                    "performance": performance(),
+                }
+            )
+        )
+
+
+def _headers(scope: Scope) -> dict[bytes, str]:
+    out: dict[bytes, str] = {}
+    for key, value in cast("list[tuple[bytes, bytes]]", scope.get("headers", [])):
+        out.setdefault(key, value.decode("latin-1"))
+    return out
+
+
+def _acceptable(accept: str | None) -> bool:
+    if accept is None or not accept.strip():
+        return True
+    for part in accept.split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media in ("text/event-stream", "*/*"):
+            return True
+    return False
+
+
+class WatchStreams:
+    """`GET /v0/watch/:wid` at the ASGI layer (see module docstring)."""
+
+    def __init__(self, ref: EngineRef, config: Config, keys: KeyStore) -> None:
+        self.ref = ref
+        self.cfg = config
+        self.keys = keys
+
+    @staticmethod
+    def wid_of(scope: Scope) -> str | None:
+        """The `wid` if this request is a stream open, else None (not ours)."""
+        if scope.get("method") != "GET":
+            return None
+        path = cast("str", scope["path"])
+        if not path.startswith(STREAM_PREFIX):
+            return None
+        wid = path[len(STREAM_PREFIX) :]
+        return wid if wid and "/" not in wid else None
+
+    def establish(self, scope: Scope, wid: str) -> Conn:
+        """The checks of api-routers-watch §2.3, in order; registers the connection."""
+        headers = _headers(scope)
+        if not _acceptable(headers.get(b"accept")):
+            raise NotAcceptable("the watch stream is text/event-stream; send Accept accordingly")
+        query = parse_qs(cast("bytes", scope.get("query_string", b"")).decode("latin-1"))
+        registry = self.ref.engine.watch
+        session = registry.lookup(wid)
+        if self.keys.enabled:
+            auth = headers.get(b"authorization")
+            p = self.keys.authenticate(auth) if auth is not None else None
+            if p is None and auth is None and "token" in query:
+                p = self.keys.authenticate_token(query["token"][0])
+            registry.check_key(session, None if p is None else p.key_id)
+        last_id = headers.get(b"last-event-id")
+        if last_id is None and "cursor" in query:
+            last_id = query["cursor"][0]
+        rewind = decode_composite_id(last_id) if last_id else None
+        return registry.open_stream(session, rewind)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, wid: str) -> None:
+        try:
+            conn = self.establish(scope, wid)
+        except TopicdError as err:
+            await send_error(send, err)
+            return
+        engine = self.ref.engine
+        headers = list(_HEAD)
+        if scope.get("http_version") in ("1.0", "1.1"):
+            headers.append((b"connection", b"keep-alive"))
+        ended = False
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+            async def write(chunk: bytes) -> None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+            with conn.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+                    await pump(
+                        conn,
+                        engine.watch,
+                        write,
+                        retry_ms=self.cfg.watch.sse_retry_ms,
+                        max_scan=self.cfg.protocol.max_scan_per_read,
+                        now_ms=engine.clock.now_ms,
+                    )
+                    ended = True  # the stream ended by itself (terminal frame)
+                    nursery.cancel_scope.cancel()
+            if ended:
+                with trio.move_on_after(1.0):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            engine.watch.close(conn)
+
+
+async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message: Message = await receive()
+        if message.get("type") == "http.disconnect":
+            scope.cancel()
+            return

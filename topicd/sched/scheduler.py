@@ -1,0 +1,258 @@
+"""The delivery scheduler (scheduler spec A.1-A.5, B.1-B.4; architecture §6).
+
+A committed write marks its topic **dirty**; each delivery shard (`scheduler.shards`,
+`xxh3_64(topic_id) % shards`) keeps the dirty topics in a `ReadySet` and one task serves
+it: wait for ripe work → pick by banded DWRR → **drain** the topic → requeue it if more was
+published meanwhile → yield to the loop (the delivery quantum).
+
+A drain serves the whole topic in one synchronous block, so per-topic order holds and no
+topic is drained twice at once:
+
+* it wakes the topic's `wait_ms` long-pollers (they re-read on their own);
+* it runs the topic's `on_drain` hooks with the drained range (routers attach here);
+* for each group of live watchers sharing frame options it builds the frames of the
+  newly published range once (through the diff path: tombstones for anything cap/TTL
+  removed before the drain got to it) and offers each to every connection of the group
+  with a non-blocking send (`Conn.offer`); a `consistency:"strong"` group is bounded by
+  the topic's durable head instead of its head.
+
+A topic nobody waits on (no watcher, long-poller or hook) is not queued at all: its
+drained watermarks just follow the head. A drain handles at most
+`scheduler.drain_max_records` new records; the rest requeues the topic at the tail of its
+band. Time is Trio's clock (`MockClock` in tests); recency uses the engine's wall clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from topicd.engine.watch import FrameRef, build_frames, caught_up_frame
+from topicd.model import shard_of
+from topicd.sched.bands import ReadySet
+from topicd.sched.priority import base_priority
+
+if TYPE_CHECKING:
+    from topicd.clock import WallClock
+    from topicd.config import Config
+    from topicd.engine.topic import Topic
+    from topicd.engine.watch import WatchRegistry
+
+log = logging.getLogger("topicd.sched")
+
+
+@dataclass
+class SchedStats:
+    marked: int = 0  # mark_dirty calls that queued a topic
+    drains: int = 0
+    frames_built: int = 0
+    frames_offered: int = 0
+    requeued: int = 0
+    sched_delay_s_total: float = 0.0  # enqueue → drain, summed (the latency EWMA's input)
+    sched_delay_s_max: float = 0.0
+
+
+class Shard:
+    """The ready set of one delivery shard and the event that wakes its task."""
+
+    def __init__(self, index: int, cfg: Config) -> None:
+        s = cfg.scheduler
+        self.index = index
+        self.ready: ReadySet[Topic] = ReadySet(
+            thresholds=s.band_thresholds,
+            weights=s.band_weights,
+            aging_rate_per_s=s.aging_rate_per_s,
+            aging_cap=s.aging_cap,
+            deficit_cap_rounds=s.deficit_cap_rounds,
+        )
+        self.wakeup = trio.Event()
+        self.next_age = 0.0
+
+
+class DeliveryScheduler:
+    def __init__(self, cfg: Config, clock: WallClock, registry: WatchRegistry) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.registry = registry
+        self.shards = [Shard(i, cfg) for i in range(cfg.scheduler.shards)]
+        self.coalesce_s = 0.0  # ripeness delay of a newly dirty topic (the governor's)
+        self.max_scan = cfg.protocol.max_scan_per_read
+        self.stats = SchedStats()
+        self.running = False
+
+    # ---- priority ---------------------------------------------------------------------
+
+    def base(self, topic: Topic, now_ms: int | None = None) -> int:
+        s = self.cfg.scheduler
+        cfg = topic.config
+        if cfg.priority is not None:
+            return min(max(cfg.priority, s.priority_min), s.priority_max)
+        if not cfg.auto_priority or topic.last_read_ts is None:
+            return 0
+        return base_priority(
+            None,
+            True,
+            topic.last_read_ts,
+            self.clock.now_ms() if now_ms is None else now_ms,
+        )
+
+    def effective(self, topic: Topic, now_ms: int) -> int:
+        """`effective_priority` of the topic state: `base + age_boost` while queued."""
+        slot = topic.slot
+        if slot.queued and not slot.draining:
+            shard = self.shard(topic)
+            return slot.base + shard.ready.age_boost(slot, trio.current_time())
+        return self.base(topic, now_ms)
+
+    # ---- marking ----------------------------------------------------------------------
+
+    def shard(self, topic: Topic) -> Shard:
+        shards = self.shards
+        return shards[0] if len(shards) == 1 else shards[shard_of(topic.topic_id, len(shards))]
+
+    def interested(self, topic: Topic) -> bool:
+        return topic in self.registry.watchers or topic.has_waiters or bool(topic.on_drain)
+
+    def mark_dirty(self, topic: Topic) -> None:
+        """A commit (or a durable-head advance) may have something to deliver."""
+        slot = topic.slot
+        if slot.queued or topic.deleted:
+            return  # the membership bit: a burst is one unit of work
+        if not self.running or not self.interested(topic):
+            # nobody to serve: the drained watermarks follow the head at no cost
+            topic.drained_to = topic.head_seq
+            topic.drained_strong = topic.durable_head
+            return
+        shard = self.shard(topic)
+        cfg = topic.config
+        shard.ready.mark(
+            slot,
+            self.base(topic),
+            trio.current_time(),
+            ripe_after=self.coalesce_s,
+            manual_negative=cfg.priority is not None and cfg.priority < 0,
+        )
+        self.stats.marked += 1
+        shard.wakeup.set()
+
+    def rebase(self, topic: Topic) -> None:
+        """The topic's priority config changed: re-band it if it is queued."""
+        slot = topic.slot
+        if slot.queued:
+            cfg = topic.config
+            self.shard(topic).ready.rebase(
+                slot,
+                self.base(topic),
+                trio.current_time(),
+                manual_negative=cfg.priority is not None and cfg.priority < 0,
+            )
+
+    def forget(self, topic: Topic) -> None:
+        """The topic was deleted."""
+        self.shard(topic).ready.remove(topic.slot)
+
+    # ---- the shard tasks ----------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for shard in self.shards:
+                nursery.start_soon(self._serve, shard)
+            self.running = True
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self.running = False
+
+    async def _serve(self, shard: Shard) -> None:
+        ready = shard.ready
+        tick = self.cfg.scheduler.aging_tick_ms / 1000
+        while True:
+            now = trio.current_time()
+            if now >= shard.next_age:
+                ready.age(now)
+                shard.next_age = now + tick
+            slot = ready.pick(now)
+            if slot is None:
+                ripe = ready.next_ripe_at()
+                shard.wakeup = trio.Event()
+                if ripe is None:
+                    await shard.wakeup.wait()
+                else:
+                    with trio.move_on_at(max(ripe, now)):
+                        await shard.wakeup.wait()
+                continue
+            topic = slot.topic
+            delay = now - slot.enqueued_at
+            stats = self.stats
+            stats.sched_delay_s_total += delay
+            if delay > stats.sched_delay_s_max:
+                stats.sched_delay_s_max = delay
+            more = self.drain(topic)
+            if more:
+                stats.requeued += 1
+            ready.done(slot, more, self.base(topic), trio.current_time())
+            await trio.lowlevel.checkpoint()  # the delivery quantum
+
+    # ---- the drain ------------------------------------------------------------------------
+
+    def drain(self, topic: Topic) -> bool:
+        """Serve everything the topic published since its last drain (synchronous).
+
+        Returns whether work is left (the `drain_max_records` bound, or a strong group
+        behind the durable head)."""
+        self.stats.drains += 1
+        if topic.deleted:
+            return False
+        budget = self.cfg.scheduler.drain_max_records
+        head = topic.head_seq
+        start = topic.drained_to
+        end = min(head, start + budget)
+        more = end < head
+        topic.wake()  # long-pollers re-read by themselves
+        if end > start:
+            for hook in topic.on_drain:
+                hook(topic, start, end)
+        groups = self.registry.groups(topic)
+        strong_end = topic.durable_head
+        strong_start = topic.drained_strong
+        any_strong = False
+        delivered = False
+        for group in groups:
+            opts = group.opts
+            if opts.strong:
+                any_strong = True
+                s = strong_start
+                e = min(topic.durable_head, s + budget)
+                strong_end = e
+                more = more or e < topic.durable_head
+            else:
+                s, e = start, end
+            if e <= s:
+                continue
+            frames, _ = build_frames(topic, s, e, opts, self.max_scan)
+            if (
+                frames
+                and frames[0].body is not None
+                and frames[0].body.startswith(b"event: tombstone")
+            ):
+                # a tombstone reached the live watchers: announce the head again after it
+                last = frames[-1].to_seq
+                body = caught_up_frame(topic)
+                frames.append(FrameRef(topic.name, last, last, body, len(body)))
+            self.stats.frames_built += len(frames)
+            conns = group.conns
+            for ref in frames:
+                for conn in conns:
+                    if not conn.offer(ref):
+                        self.registry.close(conn)
+                self.stats.frames_offered += len(conns)
+            delivered = True
+        if delivered:
+            topic.last_read_ts = self.clock.now_ms()  # watch delivery is a read (recency)
+        topic.drained_to = end
+        topic.drained_strong = strong_end if any_strong else topic.durable_head
+        return more
