@@ -106,3 +106,36 @@ async def test_wal_series_when_durable():
         assert sample(text, "topicd_wal_records_synced_total") >= 3
         body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
         assert body["wal"]["fsyncs"] >= 3
+
+
+async def test_watch_and_scheduler_series(autojump_clock, nursery):
+    import trio
+
+    from topicd.testing.sse import open_stream
+
+    cfg = make_config(sse={"channel_frames": 2})
+    async with open_app(cfg) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/w", json={})
+        wids = []
+        for _ in range(2):
+            r = await c.post("/v0/watch", json={"topics": {"w": {}}})
+            wids.append((await r.get_json())["wid"])
+        s = await open_stream(nursery, h.app.asgi_app, wids[0])
+        await s.read_frames(3)  # then never reads: it lags
+        for i in range(10):
+            await c.post("/v0/topics/w", json={"records": [{"data": i}]})
+            await trio.sleep(0.001)
+        text = (await (await c.get("/v0/metrics")).get_data()).decode()
+        fam = families(text)
+        assert fam["topicd_sse_lagged_total"] == "counter"
+        assert fam["topicd_sched_ready"] == "gauge"
+        assert sample(text, "topics_sse_connections") == 1
+        assert sample(text, "topics_watch_sessions") == 2
+        assert sample(text, "topicd_sse_lagged_total") == 1
+        assert sample(text, "topicd_sse_lagged") == 1
+        assert sample(text, "topicd_sched_drains_total") >= 2
+        assert sample(text, "topicd_sched_ready", '{band="B1",shard="0"}') == 0
+        assert sample(text, "topicd_sched_served_total", '{band="B3"}') >= 2  # read recency
+        body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
+        assert (body["sse_connections"], body["watch_sessions"]) == (1, 2)

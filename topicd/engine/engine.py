@@ -114,7 +114,7 @@ class Engine:
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
         self.watch = WatchRegistry(config)
-        self.sched = DeliveryScheduler(config, clock, self.watch)
+        self.sched = DeliveryScheduler(config, clock, self.watch, self.enforce)
 
     # ------------------------------------------------------------------------------------
     # lifecycle
@@ -172,6 +172,10 @@ class Engine:
             check_topic_name(name)
             raise TopicNotFound(name)
         return topic
+
+    def enforce(self, topic: Topic) -> None:
+        """Apply TTL and caps now (before a delivery reads the topic)."""
+        self._enforce(topic, self.clock.now_ms())
 
     def _enforce(self, topic: Topic, now_ms: int) -> None:
         freed = topic.enforce(now_ms)
@@ -845,6 +849,9 @@ class Engine:
                 raise TopicNotFound(name)
             self._enforce(topic, now)
             chosen.append((topic, topic.head_seq if spec.tail else spec.from_seq))
+        if not chosen:
+            # lenient dropped every topic: there is nothing to watch
+            raise TopicNotFound(next(iter(req.topics)))
         node = req.node
         opts = WatchOptions(
             None if node is None else frozenset([node] if isinstance(node, str) else node),

@@ -346,7 +346,7 @@ class WatchRegistry:
         ttl = self.cfg.watch.session_ttl_ms / 1000
         now = trio.current_time()
         stale = [
-            wid for wid, s in self.sessions.items() if s.conn is None and now - s.last_used >= ttl
+            wid for wid, s in self.sessions.items() if s.conn is None and now - s.last_used > ttl
         ]
         for wid in stale:
             del self.sessions[wid]
@@ -516,7 +516,9 @@ class WatchRegistry:
 # ---- the pump -------------------------------------------------------------------------
 
 
-def catch_up(conn: Conn, max_scan: int, now_ms: int) -> tuple[list[bytes], bool]:
+def catch_up(
+    conn: Conn, max_scan: int, now_ms: int, enforce: Callable[[Topic], None]
+) -> tuple[list[bytes], bool]:
     """One catch-up pass over the topics in pull mode (architecture §7.5).
 
     Synchronous: builds at most `CATCHUP_FRAMES` frames per topic, in session order,
@@ -538,6 +540,7 @@ def catch_up(conn: Conn, max_scan: int, now_ms: int) -> tuple[list[bytes], bool]
             out.append(b"id: " + composite_id(pos) + b"\n" + deleted_frame(name))
             moved = True
             continue
+        enforce(topic)  # TTL expiry first: what expired is a tombstone, never a record
         bound = topic.durable_head if opts.strong else topic.head_seq
         cur = pos[name]
         first = name in conn.first_read
@@ -574,6 +577,7 @@ async def pump(
     retry_ms: int,
     max_scan: int,
     now_ms: Callable[[], int],
+    enforce: Callable[[Topic], None],
 ) -> None:
     """Produce and write the stream (architecture §7.4) until it ends or is cancelled."""
     session = conn.session
@@ -601,7 +605,7 @@ async def pump(
                 return
             if conn.pulling() and recv.statistics().current_buffer_used == 0:
                 async with registry.catchup:
-                    out, moved = catch_up(conn, max_scan, now_ms())
+                    out, moved = catch_up(conn, max_scan, now_ms(), enforce)
                 if out:
                     await emit(b"".join(out))
                     last_write = trio.current_time()

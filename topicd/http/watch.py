@@ -20,7 +20,7 @@ import orjson
 import trio
 
 from topicd.engine.watch import decode_composite_id, pump
-from topicd.errors import InvalidRequest, NotAcceptable, TopicdError
+from topicd.errors import InvalidRequest, MethodNotAllowed, NotAcceptable, TopicdError
 from topicd.http.app import (
     decode,
     performance,
@@ -94,6 +94,12 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, keys: KeyStore) -> 
                 }
             )
         )
+
+    @app.route("/v0/watch/<wid>", methods=["GET"])
+    async def stream_placeholder(wid: str) -> Response:
+        # GET is served by WatchStreams before Quart; this route only makes other
+        # methods on the stream path answer 405 with `Allow: GET`
+        raise MethodNotAllowed("open the stream with GET", ["GET"])
 
 
 def _headers(scope: Scope) -> dict[bytes, str]:
@@ -179,6 +185,7 @@ class WatchStreams:
                         retry_ms=self.cfg.watch.sse_retry_ms,
                         max_scan=self.cfg.protocol.max_scan_per_read,
                         now_ms=engine.clock.now_ms,
+                        enforce=engine.enforce,
                     )
                     ended = True  # the stream ended by itself (terminal frame)
                     nursery.cancel_scope.cancel()

@@ -36,6 +36,8 @@ from topicd.sched.bands import ReadySet
 from topicd.sched.priority import base_priority
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.topic import Topic
@@ -73,8 +75,15 @@ class Shard:
 
 
 class DeliveryScheduler:
-    def __init__(self, cfg: Config, clock: WallClock, registry: WatchRegistry) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        clock: WallClock,
+        registry: WatchRegistry,
+        enforce: Callable[[Topic], None],
+    ) -> None:
         self.cfg = cfg
+        self.enforce = enforce
         self.clock = clock
         self.registry = registry
         self.shards = [Shard(i, cfg) for i in range(cfg.scheduler.shards)]
@@ -207,6 +216,7 @@ class DeliveryScheduler:
         self.stats.drains += 1
         if topic.deleted:
             return False
+        self.enforce(topic)  # TTL: what expired before the drain is a tombstone
         budget = self.cfg.scheduler.drain_max_records
         head = topic.head_seq
         start = topic.drained_to

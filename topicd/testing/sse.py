@@ -227,3 +227,101 @@ async def open_stream(
     nursery.start_soon(run)
     await stream._started.wait()
     return stream
+
+
+class RawSseClient:
+    """An SSE client on a raw TCP socket (HTTP/1.1, chunked body), for real servers.
+
+    It reads only when asked to, so a test can make it stall; `rcvbuf` shrinks the
+    kernel receive buffer so the server's writes block sooner.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.raw = b""
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.parser = SseParser()
+        self.ended = False
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        path: str,
+        headers: dict[str, str] | None = None,
+        *,
+        rcvbuf: int | None = None,
+    ) -> RawSseClient:
+        sock = trio.socket.socket()
+        if rcvbuf is not None:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, rcvbuf)
+        await sock.connect((host, port))
+        client = cls(trio.SocketStream(sock))
+        lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Accept: text/event-stream"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        await client.stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return client
+
+    async def _fill(self) -> bool:
+        data = await self.stream.receive_some(65536)
+        if not data:
+            self.ended = True
+            return False
+        self.raw += data
+        return True
+
+    async def read_head(self) -> None:
+        while b"\r\n\r\n" not in self.raw:
+            if not await self._fill():
+                raise AssertionError("connection closed before the response head")
+        head, self.raw = self.raw.split(b"\r\n\r\n", 1)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split(" ")[1])
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            self.headers[name.strip().lower()] = value.strip()
+        assert self.headers.get("transfer-encoding") == "chunked" or self.status != 200
+
+    def _decode_chunks(self) -> bytes:
+        """The body bytes of every complete chunk received so far."""
+        out = b""
+        while True:
+            end = self.raw.find(b"\r\n")
+            if end < 0:
+                break
+            size = int(self.raw[:end].split(b";")[0], 16)
+            if size == 0:
+                self.ended = True
+                self.raw = b""
+                break
+            total = end + 2 + size + 2
+            if len(self.raw) < total:
+                break
+            out += self.raw[end + 2 : end + 2 + size]
+            self.raw = self.raw[total:]
+        return out
+
+    async def read_frames(self, n: int = 1) -> list[Frame]:
+        got: list[Frame] = []
+        while len(got) < n and not self.ended:
+            got.extend(self.parser.feed(self._decode_chunks()))
+            if len(got) >= n:
+                break
+            if not await self._fill():
+                break
+        got.extend(self.parser.feed(self._decode_chunks()))
+        return got
+
+    async def read_until(self, pred: Callable[[Frame], bool]) -> list[Frame]:
+        got: list[Frame] = []
+        while not self.ended:
+            new = await self.read_frames(1)
+            got.extend(new)
+            if any(pred(f) for f in new):
+                break
+        return got
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
