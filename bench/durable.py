@@ -30,10 +30,12 @@ Durability is set with `PUT /v0/topics/<t>` `{"durability": …}`. Load comes fr
 bench/loadgen.py worker processes driven by bench/http_core.py's helpers (raw-socket
 HTTP/1.1 keep-alive client, closed loop); see their docstrings.
 
-**Counting fdatasyncs.** topicd has no metrics endpoint yet, so records per fsync is
-`Δ head_seq / Δ fdatasync calls` of the server process over each c=64 run (warm-up and
-window, plus 0.3 s of settling so a `disk` topic's timer sync is counted). The calls are
-counted from outside the process by `--fsync-counter`:
+**Counting fdatasyncs.** Records per fsync is `Δ head_seq / Δ fdatasync calls` of the
+server process over each c=64 run (warm-up and window, plus 0.3 s of settling so a `disk`
+topic's timer sync is counted). The calls are counted twice: by topicd itself
+(`topics_wal_fsyncs_total` in `GET /v0/metrics`, reported as `metrics_fsyncs`) and from
+outside the process by `--fsync-counter`, which checks topicd's own accounting rather
+than trusting it:
 
 * `perf`: `perf stat -e syscalls:sys_enter_fdatasync -p PID` (an in-kernel tracepoint
   counter, follows new threads, costs nothing measurable);
@@ -438,6 +440,16 @@ def get_json(conn: loadgen.BlockingConn, port: int, path: str) -> tuple[int, Any
     return status, orjson.loads(body) if body else None
 
 
+def wal_fsyncs(conn: loadgen.BlockingConn, port: int) -> int:
+    """topicd's own fdatasync count (`GET /v0/metrics`, JSON form)."""
+    req = loadgen.build_request(HOST, port, "/v0/metrics", b"", method="GET")
+    req = req.replace(b"\r\n\r\n", b"\r\nAccept: application/json\r\n\r\n", 1)
+    status, body = conn.request(req)
+    if status != 200:
+        raise RuntimeError(f"GET /v0/metrics: HTTP {status}")
+    return int(orjson.loads(body)["wal"]["fsyncs"])
+
+
 def topic_state(conn: loadgen.BlockingConn, port: int, topic: str) -> dict[str, Any]:
     status, obj = get_json(conn, port, f"/v0/topics/{topic}")
     if status != 200:
@@ -499,8 +511,11 @@ def measure_window(
     topic = topic_name(metric, round_no)
     counted = counter.kind is not None and (not counter.intrusive or metric.endswith("_c64"))
 
+    own: list[int] = []
+
     def counted_run(tag: str, count: bool) -> tuple[dict[str, Any], int | None, int]:
         head0 = topic_state(ctl, server.port, topic)["head_seq"]
+        own0 = wal_fsyncs(ctl, server.port)
         handle = counter.start(server.proc.pid, tmpdir, tag) if count else None
         try:
             res = run()
@@ -509,6 +524,7 @@ def measure_window(
         finally:
             fsyncs = counter.stop(handle)  # also ends the perf/strace process on an error
         head1 = topic_state(ctl, server.port, topic)["head_seq"]
+        own[:] = [wal_fsyncs(ctl, server.port) - own0]
         return res, fsyncs, head1 - head0
 
     # an intrusive counter (ptrace) slows the server down: the numbers come from an
@@ -522,6 +538,8 @@ def measure_window(
     res["span_records"] = records
     res["fsyncs"] = fsyncs
     res["records_per_fsync"] = records / fsyncs if fsyncs else None
+    res["metrics_fsyncs"] = own[0]
+    res["metrics_records_per_fsync"] = records / own[0] if own[0] else None
     res["fsyncs_per_request"] = fsyncs / (records / batch) if fsyncs is not None else None
     return res
 
@@ -850,14 +868,14 @@ def print_report(doc: dict[str, Any]) -> None:
     p(f"{st['writers']} single-record writers on one topic")
     p(
         f"  {'class':<12}{'rec/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'srv CPU%':>10}"
-        f"{'fsyncs':>9}{'rec/fsync':>11}"
+        f"{'fsyncs':>9}{'rec/fsync':>11}{'own count':>11}"
     )
     for cls in ("disk", "fsync"):
         r = w[f"{cls}_c64"]
         p(
             f"  {cls:<12}{r['records_per_s']:>10,.0f}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
             f"{r['server_cpu_pct']:>10.0f}{fmt(r.get('fsyncs')):>9}"
-            f"{fmt(r.get('records_per_fsync')):>11}"
+            f"{fmt(r.get('records_per_fsync')):>11}{fmt(r.get('metrics_fsyncs')):>11}"
         )
     paired = doc["paired"]
 

@@ -108,8 +108,26 @@ def deleted_frame(name: str) -> bytes:
     return event(b"topic-deleted", {"topic": name, "head_seq": 0, "reason": "deleted"})
 
 
+_ONE_TOPIC_IDS: dict[tuple[str, int], bytes] = {}
+_ONE_TOPIC_IDS_MAX: Final = 4096
+
+
 def composite_id(cursors: dict[str, int]) -> bytes:
-    """base64url (no padding) of the compact JSON cursor map, keys sorted bytewise."""
+    """base64url (no padding) of the compact JSON cursor map, keys sorted bytewise
+    (topic names are ASCII, so code point order is byte order).
+
+    Single-topic maps (the common fan-out case: many watchers of one topic at the same
+    position) come from a small cache, so a frame's id is encoded once, not per watcher.
+    """
+    if len(cursors) == 1:
+        key = next(iter(cursors.items()))
+        cached = _ONE_TOPIC_IDS.get(key)
+        if cached is None:
+            if len(_ONE_TOPIC_IDS) >= _ONE_TOPIC_IDS_MAX:
+                _ONE_TOPIC_IDS.clear()
+            raw = orjson.dumps(cursors)
+            cached = _ONE_TOPIC_IDS[key] = base64.urlsafe_b64encode(raw).rstrip(b"=")
+        return cached
     raw = orjson.dumps(cursors, option=orjson.OPT_SORT_KEYS)
     return base64.urlsafe_b64encode(raw).rstrip(b"=")
 
@@ -334,6 +352,7 @@ class WatchRegistry:
         self.watchers: dict[Topic, dict[Conn, None]] = {}  # insertion-ordered sets
         self.conns: dict[Conn, None] = {}
         self.strong: dict[Topic, int] = {}  # streams with `consistency:"strong"` per topic
+        self._groups: dict[Topic, list[Group]] = {}  # groups() cache
         self.per_key: dict[str, int] = {}
         self.stats = WatchStats()
         self.catchup = trio.CapacityLimiter(cfg.sse.catchup_concurrency)
@@ -436,6 +455,7 @@ class WatchRegistry:
         for topic in session.instances.values():
             if not topic.deleted:
                 self.watchers.setdefault(topic, {})[conn] = None
+                self._groups.pop(topic, None)
                 if strong:
                     self.strong[topic] = self.strong.get(topic, 0) + 1
         self.stats.streams_opened += 1
@@ -461,6 +481,7 @@ class WatchRegistry:
         for topic in session.instances.values():
             watchers = self.watchers.get(topic)
             if watchers is not None and watchers.pop(conn, 0) is None:
+                self._groups.pop(topic, None)
                 if not watchers:
                     del self.watchers[topic]
                 if strong:
@@ -472,7 +493,11 @@ class WatchRegistry:
         conn.send_ch.close()
 
     def groups(self, topic: Topic) -> list[Group]:
-        """The topic's connections grouped by frame options (one frame build per group)."""
+        """The topic's connections grouped by frame options (one frame build per group);
+        cached until a stream of the topic opens or closes."""
+        cached = self._groups.get(topic)
+        if cached is not None:
+            return cached
         conns = self.watchers.get(topic)
         if not conns:
             return []
@@ -483,7 +508,8 @@ class WatchRegistry:
             if group is None:
                 group = groups[opts] = Group(opts)
             group.conns.append(conn)
-        return list(groups.values())
+        out = self._groups[topic] = list(groups.values())
+        return out
 
     def has_strong(self, topic: Topic) -> bool:
         return topic in self.strong
@@ -491,6 +517,7 @@ class WatchRegistry:
     def topic_deleted(self, topic: Topic) -> None:
         """Every stream watching `topic` sends `topic-deleted` for it."""
         self.strong.pop(topic, None)
+        self._groups.pop(topic, None)
         for conn in self.watchers.pop(topic, {}):
             if conn.mode.get(topic.name) == LIVE:
                 conn.mode[topic.name] = PULL
