@@ -64,7 +64,7 @@ async def new_watch(http: httpx.AsyncClient, topics: dict) -> str:
 
 
 async def test_resume_after_disconnect_delivers_exactly_the_missing_records(server):
-    engine, http, host, port = server
+    _engine, http, host, port = server
     await http.put("/v0/topics/r", json={})
     wid = await new_watch(http, {"r": {}})
     c = await RawSseClient.connect(host, port, f"/v0/watch/{wid}")
