@@ -543,6 +543,10 @@ class SseConfig:
         8388608, "Bytes one SSE connection may have queued before it is marked lagged.", min=1
     )
     catchup_concurrency: int = key(8, "Lagged connections catching up at once.", min=1)
+    direct_write: bool = key(
+        True,
+        "Serve HTTP/1.1 streams on the socket directly, not through Hypercorn's ASGI send.",
+    )
 
 
 @dataclass(frozen=True)

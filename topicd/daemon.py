@@ -22,7 +22,6 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import hypercorn.trio
 import trio
 from hypercorn.config import Config as HyperConfig
 
@@ -30,6 +29,7 @@ from topicd import __version__
 from topicd.clock import SystemWallClock
 from topicd.engine.engine import Engine
 from topicd.http.app import EngineRef, create_app
+from topicd.http.server import serve
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.offload import ThreadOffload
 from topicd.storage.datadir import lock_data_dir
@@ -119,9 +119,10 @@ async def run_daemon(
 
             async def serve_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
                 try:
-                    await hypercorn.trio.serve(
+                    await serve(
                         app,
                         hypercorn_config(cfg),
+                        direct=cfg.sse.direct_write,
                         shutdown_trigger=stop_http.wait,
                         task_status=task_status,
                     )

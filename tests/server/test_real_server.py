@@ -11,7 +11,6 @@ from __future__ import annotations
 from functools import partial
 
 import httpx
-import hypercorn.trio
 import pytest
 import trio
 
@@ -20,6 +19,7 @@ from topicd.daemon import hypercorn_config
 from topicd.engine.engine import open_engine
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
+from topicd.http.server import serve
 from topicd.lifecycle import Lifecycle
 from topicd.testing.harness import make_config
 
@@ -32,7 +32,13 @@ async def base_url():
     async with open_engine(cfg, SystemWallClock()) as engine, trio.open_nursery() as nursery:
         app = create_app(engine, cfg, lifecycle, KeyStore.from_config(cfg.auth))
         binds = await nursery.start(
-            partial(hypercorn.trio.serve, app, hypercorn_config(cfg), shutdown_trigger=stop.wait)
+            partial(
+                serve,
+                app,
+                hypercorn_config(cfg),
+                direct=cfg.sse.direct_write,
+                shutdown_trigger=stop.wait,
+            )
         )
         lifecycle.set_serving()
         yield binds[0]

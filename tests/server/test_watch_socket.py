@@ -1,8 +1,10 @@
 """The SSE watch over real sockets: the app on a real Hypercorn Trio server (port 0).
 
-Method: as in test_real_server.py, Hypercorn serves the full app in-process with the
-daemon's settings; clients are raw TCP sockets (`RawSseClient`, HTTP/1.1 chunked), so a
-stalled client is a real socket whose kernel buffers fill until Hypercorn's writes block.
+Method: as in test_real_server.py, the daemon's server (`topicd.http.server.serve`)
+serves the full app in-process with the daemon's settings, once with the direct socket
+path for streams and once with every stream through Hypercorn's ASGI send; clients are
+raw TCP sockets (`RawSseClient`, HTTP/1.1 chunked), so a stalled client is a real socket
+whose kernel buffers fill until the server's writes block.
 The engine is in the same process, so the tests assert the server-side bounds directly
 on the connection. Real clock: the tests assert behaviour, never timing.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 from functools import partial
 
 import httpx
-import hypercorn.trio
 import pytest
 import trio
 
@@ -21,6 +22,7 @@ from topicd.daemon import hypercorn_config
 from topicd.engine.engine import open_engine
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
+from topicd.http.server import serve
 from topicd.lifecycle import Lifecycle
 from topicd.testing.harness import make_config
 from topicd.testing.sse import Frame, RawSseClient
@@ -29,18 +31,28 @@ CHANNEL_FRAMES = 32
 CHANNEL_BYTES = 131072
 
 
-@pytest.fixture
-async def server():
+@pytest.fixture(params=[True, False], ids=["direct", "asgi"])
+async def server(request):
     cfg = make_config(
         server={"port": 0},
-        sse={"channel_frames": CHANNEL_FRAMES, "channel_bytes": CHANNEL_BYTES},
+        sse={
+            "channel_frames": CHANNEL_FRAMES,
+            "channel_bytes": CHANNEL_BYTES,
+            "direct_write": request.param,
+        },
     )
     lifecycle = Lifecycle()
     stop = trio.Event()
     async with open_engine(cfg, SystemWallClock()) as engine, trio.open_nursery() as nursery:
         app = create_app(engine, cfg, lifecycle, KeyStore.from_config(cfg.auth))
         binds = await nursery.start(
-            partial(hypercorn.trio.serve, app, hypercorn_config(cfg), shutdown_trigger=stop.wait)
+            partial(
+                serve,
+                app,
+                hypercorn_config(cfg),
+                direct=cfg.sse.direct_write,
+                shutdown_trigger=stop.wait,
+            )
         )
         lifecycle.set_serving()
         host, port = binds[0].removeprefix("http://").rsplit(":", 1)

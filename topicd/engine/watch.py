@@ -331,6 +331,7 @@ class WatchStats:
     sessions_created: int = 0
     sessions_reclaimed: int = 0
     streams_opened: int = 0
+    streams_direct: int = 0  # of those, served on the direct socket path
     lagged: int = 0  # topicd_sse_lagged_total
     slow_closed: int = 0
 

@@ -247,6 +247,10 @@ class Gate:
         self.pressure = pressure
         self._inflight: dict[str, int] = {}
 
+    def is_stream(self, scope: Scope) -> bool:
+        """Whether this request opens an SSE stream (the direct socket path may serve it)."""
+        return self.streams is not None and self.streams.wid_of(scope) is not None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -451,3 +455,10 @@ def create_app(
         streams=watch.WatchStreams(ref, config, keys),
     )
     return app
+
+
+def gate_of(app: QuartTrio) -> Gate:
+    """The gate `create_app` put in front of the app's ASGI entry."""
+    gate = app.asgi_app
+    assert isinstance(gate, Gate)
+    return gate

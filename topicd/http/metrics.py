@@ -137,6 +137,14 @@ class _Collector:
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(name, doc, value=value)
 
+        opened = CounterMetricFamily(
+            "topicd_sse_streams_opened_total",
+            "SSE streams opened, by write path (direct socket or Hypercorn's ASGI send).",
+            labels=["path"],
+        )
+        opened.add_metric(["direct"], watch.stats.streams_direct)
+        opened.add_metric(["asgi"], watch.stats.streams_opened - watch.stats.streams_direct)
+        yield opened
         yield counter(
             "topicd_sse_lagged_total",
             "SSE connections marked lagged (channel full: they re-read from the log).",

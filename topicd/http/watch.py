@@ -165,6 +165,8 @@ class WatchStreams:
             await send_error(send, err)
             return
         engine = self.ref.engine
+        if scope.get("topicd.direct"):
+            engine.watch.stats.streams_direct += 1
         headers = list(_HEAD)
         if scope.get("http_version") in ("1.0", "1.1"):
             headers.append((b"connection", b"keep-alive"))

@@ -1,0 +1,193 @@
+"""The direct socket path for SSE streams (`topicd.http.server`), on a real server.
+
+Method: the daemon's server runs in-process on port 0 (as in test_watch_socket.py);
+clients speak raw HTTP/1.x over TCP so the tests control how the request head arrives
+(split, pipelined after another request, HTTP/1.0) and see exactly what the server
+writes. Which path served a stream is read from `topicd_sse_streams_opened_total{path}`.
+Real clock and sockets: the tests assert behaviour, never timing.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+
+import httpx
+import orjson
+import pytest
+import trio
+
+from topicd.clock import SystemWallClock
+from topicd.daemon import hypercorn_config
+from topicd.engine.engine import open_engine
+from topicd.http.app import create_app
+from topicd.http.auth import KeyStore
+from topicd.http.server import serve as serve_http
+from topicd.http.server import sniff
+from topicd.lifecycle import Lifecycle
+from topicd.testing.harness import make_config
+from topicd.testing.sse import RawSseClient, SseParser
+
+IDLE_MS = 300
+
+
+@pytest.fixture
+async def server():
+    cfg = make_config(server={"port": 0, "header_read_timeout_ms": IDLE_MS})
+    lifecycle = Lifecycle()
+    stop = trio.Event()
+    async with open_engine(cfg, SystemWallClock()) as engine, trio.open_nursery() as nursery:
+        app = create_app(engine, cfg, lifecycle, KeyStore.from_config(cfg.auth))
+        binds = await nursery.start(
+            partial(serve_http, app, hypercorn_config(cfg), shutdown_trigger=stop.wait)
+        )
+        lifecycle.set_serving()
+        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
+        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
+            await http.put("/v0/topics/d", json={})
+            yield engine, http, host, int(port)
+        stop.set()
+
+
+async def new_watch(http: httpx.AsyncClient) -> str:
+    r = await http.post("/v0/watch", json={"topics": {"d": {}}})
+    assert r.status_code == 200, r.text
+    return r.json()["wid"]
+
+
+def opened(engine) -> tuple[int, int]:
+    stats = engine.watch.stats
+    return stats.streams_direct, stats.streams_opened - stats.streams_direct
+
+
+async def read_to_eof(stream: trio.SocketStream) -> bytes:
+    out = b""
+    with trio.fail_after(10):
+        while data := await stream.receive_some(65536):
+            out += data
+    return out
+
+
+def test_sniff_decides_as_early_as_the_bytes_allow():
+    assert sniff(b"P") is False
+    assert sniff(b"GET /v0/topics") is False
+    assert sniff(b"PRI * HTTP/2.0\r\n") is False
+    assert sniff(b"GET /v0/wa") is None
+    assert sniff(b"GET /v0/watch/wid_x HTTP/1.1\r\n") is True
+
+
+async def test_streams_are_direct_and_deliver(server):
+    engine, http, host, port = server
+    wid = await new_watch(http)
+    c = await RawSseClient.connect(host, port, f"/v0/watch/{wid}")
+    await c.read_head()
+    assert c.status == 200
+    assert c.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert "x-topicd-pressure" in c.headers
+    assert "date" in c.headers
+    await c.read_until(lambda f: f.event == "caught-up")
+    await http.post("/v0/topics/d", json={"records": [{"data": {"n": 1.10}}]})
+    got = await c.read_until(lambda f: f.event == "record")
+    assert got[-1].data["records"][0]["data"] == {"n": 1.10}
+    assert opened(engine) == (1, 0)
+    await c.aclose()
+
+
+async def test_a_head_split_across_segments_is_still_direct(server):
+    engine, http, host, port = server
+    wid = await new_watch(http)
+    stream = await trio.open_tcp_stream(host, port)
+    request = f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n"
+    for part in (request[:6], request[6:20], request[20:]):
+        await stream.send_all(part.encode())
+        await trio.sleep(0.01)  # separate segments, not a wait for a condition
+    c = RawSseClient(stream)
+    await c.read_head()
+    assert c.status == 200
+    await c.read_until(lambda f: f.event == "caught-up")
+    assert opened(engine) == (1, 0)
+    await c.aclose()
+
+
+async def test_errors_on_the_direct_path_use_the_canonical_body_and_close(server):
+    engine, _http, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(b"GET /v0/watch/wid_nope HTTP/1.1\r\nHost: x\r\n\r\n")
+    raw = await read_to_eof(stream)  # the server closes after the answer
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 ")
+    assert b"connection: close" in head.lower()
+    length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+    assert len(body) == length
+    doc = orjson.loads(body)
+    assert doc["error"]["code"] == "not_found"
+    assert opened(engine) == (0, 0)
+
+
+async def test_a_stream_after_another_request_on_the_connection_goes_through_hypercorn(
+    server,
+):
+    engine, http, host, port = server
+    wid = await new_watch(http)
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = b""
+    with trio.fail_after(10):
+        while b"}" not in first:
+            first += await stream.receive_some(65536)
+    assert first.startswith(b"HTTP/1.1 200")
+    await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    c = RawSseClient(stream)
+    await c.read_head()
+    assert c.status == 200
+    await c.read_until(lambda f: f.event == "caught-up")
+    assert opened(engine) == (0, 1)  # the connection was Hypercorn's from its first byte
+    await c.aclose()
+
+
+async def test_http10_stream_is_unchunked(server):
+    engine, http, host, port = server
+    wid = await new_watch(http)
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.0\r\n\r\n".encode())
+    raw = b""
+    with trio.fail_after(10):
+        while b"event: caught-up" not in raw:
+            raw += await stream.receive_some(65536)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    parser = SseParser()
+    frames = parser.feed(body)
+    assert frames[0].retry == 2000
+    assert any(f.event == "caught-up" for f in frames)
+    assert opened(engine) == (1, 0)
+    await stream.aclose()
+
+
+async def test_an_idle_new_connection_is_closed_after_the_head_timeout(server):
+    _engine, _http, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    assert await read_to_eof(stream) == b""
+
+
+async def test_a_reconnect_after_a_direct_stream_resumes_on_its_session(server):
+    engine, http, host, port = server
+    wid = await new_watch(http)
+    c = await RawSseClient.connect(host, port, f"/v0/watch/{wid}")
+    await c.read_head()
+    await c.read_until(lambda f: f.event == "caught-up")
+    await http.post("/v0/topics/d", json={"records": [{"data": 1}]})
+    first = await c.read_until(lambda f: f.event == "record")
+    await c.aclose()
+    await http.post("/v0/topics/d", json={"records": [{"data": 2}]})
+    c = await RawSseClient.connect(
+        host, port, f"/v0/watch/{wid}", {"Last-Event-ID": first[-1].id or ""}
+    )
+    await c.read_head()
+    assert c.status == 200
+    got = await c.read_until(lambda f: f.event == "caught-up")
+    seqs = [r["$seq"] for f in got if f.event == "record" for r in f.data["records"]]
+    assert seqs == [2]
+    assert opened(engine) == (2, 0)
+    await c.aclose()

@@ -1,0 +1,378 @@
+"""The HTTP server: Hypercorn's Trio worker, plus a direct socket path for SSE streams.
+
+`serve()` does what `hypercorn.trio.serve` does for one plain-TCP worker (bind, the ASGI
+lifespan, one `TCPServer` per connection, graceful shutdown with
+`graceful_timeout`), with one difference: each new connection's first request head is
+looked at before Hypercorn gets the connection.
+
+* When it is `GET /v0/watch/<wid>` over HTTP/1.x (no body, no `Upgrade`), the request is
+  served **directly**: a one-request ASGI exchange (`DirectExchange`) runs topicd's own
+  ASGI entry (`app.asgi_app`: the gate, so admission, drain accounting, the pressure
+  header and the access log are the same as on the Hypercorn path) with a `send` that
+  writes the response head and then each pre-encoded SSE chunk straight to the
+  connection's trio socket stream, in HTTP/1.1 chunked framing. This removes Hypercorn's
+  per-chunk work (h11 events, its send lock and shielded scopes), which measured about
+  half of a watch stream's per-frame CPU (docs/PERFORMANCE.md, "SSE fan-out").
+* Anything else — every other request, h2c prior knowledge, an `Upgrade`, a malformed
+  or oversized head — goes to Hypercorn unchanged: the bytes already read are replayed to
+  it first (`Replay`), so it parses the connection from its first byte.
+
+`sse.direct_write = false` turns the direct path off (every stream then goes through
+Hypercorn's ASGI send); both paths run the same watch code and the same tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Final, cast
+from urllib.parse import unquote
+from wsgiref.handlers import format_date_time
+
+import h11
+import trio
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
+
+from topicd.errors import Internal
+from topicd.http.app import gate_of, send_error
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.typing import AppWrapper, Framework, LifespanState
+    from quart_trio import QuartTrio
+
+    from topicd.http.app import AsgiApp, Message, Scope
+
+log = logging.getLogger("topicd.http")
+
+STREAM_HEAD: Final = b"GET /v0/watch/"
+RECV_BYTES: Final = 65536
+DISCARD_LIMIT: Final = 65536  # bytes a streaming client may send before it is cut off
+_REASONS: Final = {
+    200: b"OK",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    406: b"Not Acceptable",
+    409: b"Conflict",
+    429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
+
+
+class Replay(trio.abc.HalfCloseableStream):
+    """A socket stream that first returns bytes already read from it (for Hypercorn)."""
+
+    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+        self.stream = stream
+        self.socket = stream.socket
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._prefix:
+            data, self._prefix = self._prefix, b""
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self.stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def sniff(head: bytes) -> bool | None:
+    """True: a stream open, read on to the end of the head; False: not ours; None: unsure."""
+    n = min(len(head), len(STREAM_HEAD))
+    if head[:n] != STREAM_HEAD[:n]:
+        return False
+    return True if n == len(STREAM_HEAD) else None
+
+
+def stream_scope(head: bytes, stream: trio.SocketStream, max_head: int) -> Scope | None:
+    """The ASGI scope of a head that may be served directly, or None (Hypercorn's)."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
+    try:
+        conn.receive_data(head)
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return None
+    if not isinstance(event, h11.Request) or event.method != b"GET":
+        return None
+    headers = [(k.lower(), v) for k, v in event.headers]
+    for name, _ in headers:
+        if name in (b"upgrade", b"content-length", b"transfer-encoding", b"expect"):
+            return None
+    target = event.target
+    raw_path, _, query = target.partition(b"?")
+    sock = stream.socket
+    try:
+        client = sock.getpeername()
+        server = sock.getsockname()
+    except OSError:
+        return None
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": event.http_version.decode("ascii"),
+        "method": "GET",
+        "scheme": "http",
+        "path": unquote(raw_path.decode("ascii", "replace")),
+        "raw_path": raw_path,
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": (client[0], client[1]),
+        "server": (server[0], server[1]),
+        "extensions": {},
+        "state": {},
+        "topicd.direct": True,
+    }
+
+
+class DirectExchange:
+    """One request served on a raw socket stream (see module docstring)."""
+
+    def __init__(self, stream: trio.SocketStream, scope: Scope) -> None:
+        self.stream = stream
+        self.scope = scope
+        self.http11 = scope["http_version"] == "1.1"
+        self.cancel = trio.CancelScope()
+        self._requested = False
+        self._head: bytes | None = None  # the response head, sent with the first body
+        self._chunked = False
+        self._done = False
+        self._broken = False
+        self._sent = False  # any byte of the response written
+
+    async def run(self, app: AsgiApp) -> None:
+        try:
+            with self.cancel:
+                try:
+                    await app(self.scope, self.receive, self.send)
+                except Exception:
+                    # the gate renders every known error; this is a bug: log it, answer
+                    # 500 if nothing was sent yet, and keep the server up
+                    log.exception("unhandled error on a direct stream")
+                    if self._head is None and not self._sent:
+                        await send_error(self.send, Internal("internal error (see the server log)"))
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await self.stream.aclose()
+
+    async def receive(self) -> Message:
+        if not self._requested:
+            self._requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        received = 0
+        while not self._broken:
+            try:
+                data = await self.stream.receive_some(RECV_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                break
+            received += len(data)
+            if not data or received > DISCARD_LIMIT:
+                break  # EOF, or a client that talks instead of listening
+        self._broken = True
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        if self._done or self._broken:
+            return
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._head = self._render_head(message)
+            return
+        if kind != "http.response.body":
+            return
+        body = cast("bytes", message.get("body", b""))
+        more = bool(message.get("more_body", False))
+        out = b""
+        if self._head is not None:
+            out, self._head = self._head, None
+        if self._chunked:
+            if body:
+                out += b"%x\r\n" % len(body) + body + b"\r\n"
+            if not more:
+                out += b"0\r\n\r\n"
+        else:
+            out += body
+        if not more:
+            self._done = True
+        if out:
+            self._sent = True
+            try:
+                await self.stream.send_all(out)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._broken = True
+                self.cancel.cancel()  # the client is gone: end the exchange
+
+    def _render_head(self, message: Message) -> bytes:
+        status = cast("int", message["status"])
+        headers = cast("list[tuple[bytes, bytes]]", message.get("headers", []))
+        sized = any(k.lower() == b"content-length" for k, _ in headers)
+        self._chunked = self.http11 and not sized
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
+        for key, value in headers:
+            if key.lower() == b"connection" and not self._chunked:
+                continue
+            lines.append(key + b": " + value + b"\r\n")
+        lines.append(b"date: " + format_date_time(None).encode("ascii") + b"\r\n")
+        if self._chunked:
+            lines.append(b"transfer-encoding: chunked\r\n")
+        else:
+            lines.append(b"connection: close\r\n")  # one exchange per direct connection
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+
+class Listener:
+    """Per-connection entry: sniff the first head, then serve it directly or via Hypercorn."""
+
+    def __init__(
+        self,
+        app: AppWrapper,
+        asgi: AsgiApp,
+        is_stream: Callable[[Scope], bool],
+        config: HyperConfig,
+        context: WorkerContext,
+        state: ConnectionState,
+        *,
+        direct: bool,
+    ) -> None:
+        self.app = app
+        self.asgi = asgi
+        self.is_stream = is_stream
+        self.config = config
+        self.context = context
+        self.state = state
+        self.direct = direct
+        self.max_head = config.h11_max_incomplete_size
+        self.sniffing: set[trio.CancelScope] = set()
+        self.closing = False
+
+    def shutdown(self) -> None:
+        """Stop waiting for first requests (idle new connections close)."""
+        self.closing = True
+        for scope in list(self.sniffing):
+            scope.cancel()
+
+    async def __call__(self, stream: trio.SocketStream) -> None:
+        head = b""
+        ours: bool | None = False
+        if self.direct and not self.closing:
+            ours = None
+            with trio.CancelScope() as scope:
+                scope.deadline = trio.current_time() + self.config.keep_alive_timeout
+                self.sniffing.add(scope)
+                try:
+                    while ours is None or (ours and b"\r\n\r\n" not in head):
+                        data = await stream.receive_some(RECV_BYTES)
+                        if not data:
+                            break
+                        head += data
+                        ours = sniff(head)
+                        if len(head) > self.max_head:
+                            ours = False
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    head = b""
+                finally:
+                    self.sniffing.discard(scope)
+            if not head or scope.cancelled_caught:
+                # idle past the keep-alive timeout, gone, or the server is shutting down
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await stream.aclose()
+                return
+        if ours and b"\r\n\r\n" in head:
+            scope_ = stream_scope(head, stream, self.max_head)
+            if scope_ is not None and self.is_stream(scope_):
+                await DirectExchange(stream, scope_).run(self.asgi)
+                return
+        conn_stream = Replay(stream, head) if head else stream
+        server = TCPServer(
+            self.app,
+            self.config,
+            self.context,
+            self.state,
+            cast("trio.SSLStream[trio.SocketStream]", conn_stream),
+        )
+        await server.run()
+
+
+async def serve(
+    app: QuartTrio,
+    config: HyperConfig,
+    *,
+    direct: bool = True,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve topicd's `app` (from `create_app`) on `config.bind` until `shutdown_trigger`.
+
+    The direct path runs the app's gate (its ASGI entry) for the stream opens the gate
+    recognises (see module docstring); `direct=False` gives every request to Hypercorn.
+    """
+    gate = gate_of(app)
+    asgi: AsgiApp = gate
+    is_stream = gate.is_stream
+    wrapped = wrap_app(cast("Framework", app), config.wsgi_max_body_size, "asgi")
+    lifespan_state: LifespanState = {}
+    lifespan = Lifespan(wrapped, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            sockets = config.create_sockets()
+            listeners: list[trio.SocketListener] = []
+            binds: list[str] = []
+            for sock in sockets.insecure_sockets:
+                sock.listen(config.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            handler = Listener(
+                wrapped,
+                asgi,
+                is_stream,
+                config,
+                context,
+                ConnectionState(lifespan_state.copy()),
+                direct=direct,
+            )
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(
+                        partial(
+                            trio.serve_listeners,
+                            handler,
+                            listeners,
+                            handler_nursery=server_nursery,
+                        )
+                    )
+                    await trio.sleep_forever()
+            except* ShutdownError:
+                pass
+            finally:
+                handler.shutdown()
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
