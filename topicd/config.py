@@ -581,11 +581,51 @@ class BackpressureConfig:
 
 @dataclass(frozen=True)
 class GovernorConfig:
+    sample_interval_ms: int = key(100, "Period of the governor's sample.", min=10, max=10000)
+    ewma_alpha: float = key(0.3, "Smoothing of pressure toward the raw signal.", min=0.01, max=1)
+    sched_latency_alpha: float = key(
+        0.2, "EWMA weight of one drain's scheduling latency (signal s2).", min=0.01, max=1
+    )
+    loop_lag_alpha: float = key(
+        0.3, "EWMA weight of one sample's loop lag (signal s2).", min=0.01, max=1
+    )
+    depth_per_worker: int = key(
+        64, "Ripe dirty topics per delivery shard that read as saturation (s1).", min=1
+    )
+    latency_ceiling_ms: float = key(
+        5.0, "Scheduling latency or loop lag that reads as saturation (s2, ms).", min=0.1
+    )
+    coalesce_above: float = key(0.2, "Pressure above which frames coalesce.", min=0, max=1)
+    coalesce_max_ms: float = key(20.0, "Coalescing window at pressure 1.0 (ms).", min=0, max=1000)
+    widen_above: float = key(
+        0.4, "Pressure above which the group-commit window widens.", min=0, max=1
+    )
     commit_window_min_ms: float = key(
         0.5, "Group-commit window at low pressure (ms).", min=0, max=1000
     )
     commit_window_max_ms: float = key(
         10.0, "Group-commit window at high pressure (ms).", min=0, max=1000
+    )
+    defer_above: float = key(
+        0.8, "Sustained pressure above which low-priority push pauses.", min=0, max=1
+    )
+    defer_release_below: float = key(
+        0.6, "Pressure below which deferral ends (hysteresis).", min=0, max=1
+    )
+    defer_sustain_samples: int = key(
+        3, "Consecutive samples above defer_above that start deferral.", min=1
+    )
+    throttle_at: float = key(
+        0.98,
+        "Pressure at which writes to a WAL shard whose ingest is critical get 429.",
+        min=0,
+        max=1,
+    )
+    ingest_critical: float = key(
+        0.85,
+        "Fill ratio of a WAL shard's ingest queue that arms pressure admission.",
+        min=0,
+        max=1,
     )
 
 

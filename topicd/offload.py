@@ -32,8 +32,13 @@ _Ts = TypeVarTuple("_Ts")
 @dataclass
 class GroupStats:
     calls: int = 0
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # token-seconds of finished calls
     in_flight: int = 0
+    started_sum: float = 0.0  # sum of the start times of the calls in flight
+
+    def busy_integral(self, now: float) -> float:
+        """Token-seconds busy up to `now`, calls still running included."""
+        return self.busy_s + self.in_flight * now - self.started_sum
 
 
 class Offload(Protocol):
@@ -42,6 +47,10 @@ class Offload(Protocol):
     ) -> _T: ...
 
     def stats(self, group: str) -> GroupStats: ...
+
+    def tokens(self, group: str) -> int:
+        """Concurrent calls the group allows."""
+        ...
 
 
 class ThreadOffload:
@@ -58,16 +67,21 @@ class ThreadOffload:
         stats.calls += 1
         stats.in_flight += 1
         t0 = trio.current_time()
+        stats.started_sum += t0
         try:
             return await trio.to_thread.run_sync(
                 fn, *args, limiter=self._limiters[group], abandon_on_cancel=cancellable
             )
         finally:
             stats.in_flight -= 1
+            stats.started_sum -= t0
             stats.busy_s += trio.current_time() - t0
 
     def stats(self, group: str) -> GroupStats:
         return self._stats[group]
+
+    def tokens(self, group: str) -> int:
+        return int(self._limiters[group].total_tokens)
 
 
 class InlineOffload:
@@ -84,6 +98,7 @@ class InlineOffload:
         stats.calls += 1
         stats.in_flight += 1
         t0 = trio.current_time()
+        stats.started_sum += t0
         try:
             delay = self._delay(group) if self._delay is not None else 0.0
             # a non-cancellable call completes and returns even if the caller is cancelled
@@ -95,7 +110,11 @@ class InlineOffload:
             return result
         finally:
             stats.in_flight -= 1
+            stats.started_sum -= t0
             stats.busy_s += trio.current_time() - t0
 
     def stats(self, group: str) -> GroupStats:
         return self._stats.setdefault(group, GroupStats())
+
+    def tokens(self, group: str) -> int:
+        return 1

@@ -139,3 +139,30 @@ async def test_watch_and_scheduler_series(autojump_clock, nursery):
         assert sample(text, "topicd_sched_served_total", '{band="B3"}') >= 2  # read recency
         body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
         assert (body["sse_connections"], body["watch_sessions"]) == (1, 2)
+
+
+async def test_governor_series(autojump_clock):
+    async with open_app() as h:
+        c = h.app.test_client()
+        engine = h.engine
+        engine._govern(0.7, 12.5, 5.25)
+        engine.governor.signals["pool"] = 0.7
+        text = (await (await c.get("/v0/metrics")).get_data()).decode()
+        fam = families(text)
+        for name in (
+            "topicd_pressure_signal",
+            "topicd_coalesce_window_ms",
+            "topicd_commit_window_ms",
+            "topicd_defer_active",
+            "topicd_sched_latency_ms",
+            "topicd_loop_lag_ms",
+        ):
+            assert fam[name] == "gauge", name
+        assert fam["topicd_dropped_total"] == "counter"
+        assert fam["topicd_defer_episodes_total"] == "counter"
+        assert sample(text, "topicd_pressure") == 0.7
+        assert sample(text, "topicd_pressure_signal", '{signal="pool"}') == 0.7
+        assert sample(text, "topicd_dropped_total", '{kind="sse_advisory"}') == 0
+        body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
+        assert body["pressure"] == 0.7
+        assert set(body["governor"]) >= {"signals", "commit_window_ms", "defer_active"}

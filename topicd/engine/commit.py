@@ -138,10 +138,21 @@ class CommitHooks(Protocol):
 class CommitPath(Protocol):
     def attach(self, hooks: CommitHooks) -> None: ...
 
-    def admit(self, topic: Topic, nbytes: int) -> None:
+    def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
         """Steps 9-10 of api-topics §6.2 for a write of `nbytes`: the shard's breaker is
-        closed (every class but `ephemeral`) and its ingest has room. Raises
-        `StorageUnavailable` or `Throttled` (cause `wal_ingest`). Synchronous."""
+        closed (every class but `ephemeral`), pressure admission passes (skipped with
+        `bypass`: a `disable_backpressure` write) and its ingest has room. Raises
+        `StorageUnavailable` or `Throttled` (cause `wal_ingest`, or pressure).
+        Synchronous."""
+        ...
+
+    def govern(self, pressure: float, commit_window_ms: float | None) -> None:
+        """The governor's sample: current pressure, and the group-commit window when it
+        moved (None: unchanged)."""
+        ...
+
+    def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
+        """Offload groups as (group, busy token-seconds up to `now`, tokens): signal s3."""
         ...
 
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
@@ -176,8 +187,14 @@ class InMemoryCommitPath:
     def attach(self, hooks: CommitHooks) -> None:
         self._hooks = hooks
 
-    def admit(self, topic: Topic, nbytes: int) -> None:
+    def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
         return None
+
+    def govern(self, pressure: float, commit_window_ms: float | None) -> None:
+        return None
+
+    def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
+        return []
 
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
         await trio.lowlevel.checkpoint()

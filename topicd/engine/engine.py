@@ -40,6 +40,7 @@ from topicd.errors import (
     TopicNotFound,
 )
 from topicd.model import Shape, TopicConfig
+from topicd.sched.governor import Governor, Sources
 from topicd.sched.scheduler import DeliveryScheduler
 from topicd.storage import frame as frames
 from topicd.wire import (
@@ -60,6 +61,12 @@ if TYPE_CHECKING:
     from topicd.config import Config
 
 log = logging.getLogger("topicd.engine")
+
+
+def _push_paused(topic: Topic) -> bool:
+    """Under defer, push pauses for negative manual priorities (B0; scheduler spec B.5)."""
+    p = topic.config.priority
+    return p is not None and p < 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +122,20 @@ class Engine:
         self.pressure = 0.0
         self.watch = WatchRegistry(config)
         self.sched = DeliveryScheduler(config, clock, self.watch, self.enforce)
+        self._applied = (0.0, config.governor.commit_window_min_ms)  # coalesce, window
+        self.governor = Governor(
+            config.governor,
+            Sources(
+                workers=len(self.sched.shards),
+                ripe=self.sched.ripe_count,
+                queued=self.sched.queued,
+                sched_latency_ms=lambda: self.sched.stats.ewma_sched_ms,
+                decay_sched_latency=self._decay_sched_latency,
+                pool_loads=lambda now: self.commit.pool_loads(now),
+                apply=self._govern,
+                set_defer=self._set_defer,
+            ),
+        )
 
     # ------------------------------------------------------------------------------------
     # lifecycle
@@ -126,12 +147,39 @@ class Engine:
         pruning, idle watch sessions)."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.sched.run)
+            await nursery.start(self.governor.run)
             nursery.start_soon(self._watchdog)
             task_status.started()
             interval = self.cfg.engine.housekeeping_interval_ms / 1000
             while True:
                 await trio.sleep(interval)
                 await self.housekeep()
+
+    # ---- the governor's controls (topicd.sched.governor) ----------------------------------
+
+    def _decay_sched_latency(self, alpha: float) -> None:
+        stats = self.sched.stats
+        stats.ewma_sched_ms *= 1 - alpha
+
+    def _govern(self, pressure: float, coalesce_ms: float, window_ms: float) -> None:
+        """Publish pressure; move the coalescing and commit windows when they change."""
+        self.pressure = pressure
+        coalesce, window = self._applied
+        if coalesce_ms != coalesce:
+            self.sched.coalesce_s = coalesce_ms / 1000
+        self._applied = (coalesce_ms, window_ms)
+        self.commit.govern(pressure, window_ms if window_ms != window else None)
+
+    def retry_hint_ms(self) -> int:
+        """`retry_after_ms` from pressure alone (scheduler spec B.5, no jitter)."""
+        bp = self.cfg.backpressure
+        ms = bp.retry_after_min_ms + bp.retry_after_pressure_span_ms * self.pressure
+        return round(min(max(ms, bp.retry_after_min_ms), bp.retry_after_max_ms))
+
+    def _set_defer(self, on: bool) -> None:
+        self.sched.set_defer(on)
+        if on:
+            self.watch.advise_paused(_push_paused, self.retry_hint_ms())
 
     async def _watchdog(self) -> None:
         """Close SSE streams whose socket write has been blocked too long (§2.7)."""
@@ -665,10 +713,11 @@ class Engine:
                         name, entry.first_seq, entry.count, entry.head_seq, False, True, 0.0
                     )
             self._admit(topic, prepared, now)
+            bypass = req.disable_backpressure and self.cfg.backpressure.allow_bypass
             try:
-                self.commit.admit(topic, prepared.nbytes)
+                self.commit.admit(topic, prepared.nbytes, bypass=bypass)
             except Throttled:
-                if not (req.disable_backpressure and self.cfg.backpressure.allow_bypass):
+                if not bypass:
                     raise
                 await self._wait_for_room(topic, prepared.nbytes)
                 continue  # state may have changed while waiting: run every check again
@@ -691,7 +740,7 @@ class Engine:
         with trio.move_on_after(self.cfg.backpressure.bypass_wait_ms / 1000):
             await self.commit.wait_for_room(topic, nbytes)
             return
-        self.commit.admit(topic, nbytes)  # still full: raises its 429
+        self.commit.admit(topic, nbytes, bypass=True)  # still full: raises its 429
 
     async def _lazy_create(self, name: str, req: WriteIn | PlainWriteIn) -> Topic | None:
         """api-topics §6.3. Returns None when a concurrent creation won (caller retries)."""

@@ -297,6 +297,18 @@ class Conn:
         ):
             self.send_ch.send_nowait(_POKE)
 
+    def advise(self, body: bytes) -> bool:
+        """Queue an advisory frame (no `id:`, moves no cursor). False when the channel is
+        full or gone: advisories are the one frame kind that may be dropped (R4)."""
+        if self.lagged or self.buffered_bytes + len(body) > self.max_bytes:
+            return False
+        try:
+            self.send_ch.send_nowait(FrameRef("", 0, 0, body, len(body)))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        self.buffered_bytes += len(body)
+        return True
+
     def stopping(self) -> bool:
         return self.stop is not None
 
@@ -334,6 +346,8 @@ class WatchStats:
     streams_direct: int = 0  # of those, served on the direct socket path
     lagged: int = 0  # topicd_sse_lagged_total
     slow_closed: int = 0
+    advisories: int = 0  # pacing `error` 429 frames queued
+    advisories_dropped: int = 0  # ... and dropped at a full channel
 
 
 @dataclass
@@ -524,6 +538,33 @@ class WatchRegistry:
                 conn.mode[topic.name] = PULL
             conn.poke()
 
+    def advise_paused(self, paused: Callable[[Topic], bool], retry_after_ms: int) -> None:
+        """One advisory `error` frame (`code` 429) to every stream watching a topic whose
+        push the governor paused (api-routers-watch §2.6; scheduler spec B.5)."""
+        message = "push paused under load"
+        for conn in list(self.conns):
+            session = conn.session
+            names = [
+                name
+                for name in session.topics
+                if (t := session.instances.get(name)) is not None and not t.deleted and paused(t)
+            ]
+            if not names:
+                continue
+            data = orjson.dumps(
+                {
+                    "code": 429,
+                    "error": message,
+                    "message": message,
+                    "retry_after_ms": retry_after_ms,
+                    "topics": names,
+                }
+            )
+            if conn.advise(b"event: error\ndata: " + data + b"\n\n"):
+                self.stats.advisories += 1
+            else:
+                self.stats.advisories_dropped += 1
+
     def shutdown(self) -> None:
         """Graceful drain: every stream ends with the terminal `server_shutting_down`."""
         self.shutting_down = True
@@ -668,6 +709,9 @@ async def pump(
                             size += ref.nbytes
                     elif ref.to_seq > cur:
                         conn.set_pull(name)  # not contiguous: re-read from the position
+                elif ref.body is not None:
+                    out.append(ref.body)  # an advisory frame: no id, no cursor
+                    size += ref.nbytes
                 if size >= COALESCE_BYTES or len(out) >= COALESCE_FRAMES or conn.stop:
                     break
                 try:

@@ -120,6 +120,7 @@ class _Collector:
         info.add_metric([__version__, platform.python_version()], 1)
         yield info
         yield gauge("topicd_pressure", "Governor pressure 0.0-1.0.", engine.pressure)
+        yield from self._governor(engine)
         throttled = CounterMetricFamily(
             "topicd_throttled_total", "429 responses issued, by cause.", labels=["cause"]
         )
@@ -127,6 +128,49 @@ class _Collector:
             throttled.add_metric([cause], engine.throttled.get(cause, 0))
         yield throttled
         yield from self._delivery(engine)
+
+    def _governor(self, engine: Engine) -> Iterator[Metric]:
+        """The governor's signals and the ladder's controls (scheduler spec B.5)."""
+        gov = engine.governor
+        signals = GaugeMetricFamily(
+            "topicd_pressure_signal",
+            "Governor input signals 0.0-1.0 (depth, latency, pool); pressure follows the max.",
+            labels=["signal"],
+        )
+        for name, value in gov.signals.items():
+            signals.add_metric([name], value)
+        yield signals
+        yield gauge_of(
+            "topicd_coalesce_window_ms", "Delivery coalescing window (ms).", gov.coalesce_ms
+        )
+        yield gauge_of(
+            "topicd_commit_window_ms", "WAL group-commit window (ms).", gov.commit_window_ms
+        )
+        yield gauge_of(
+            "topicd_defer_active",
+            "1 while low-priority push is deferred.",
+            1 if gov.defer_active else 0,
+        )
+        yield CounterMetricFamily(
+            "topicd_defer_episodes_total",
+            "Times deferral started.",
+            value=gov.stats.defer_episodes,
+        )
+        yield gauge_of(
+            "topicd_sched_latency_ms",
+            "Scheduling latency EWMA: drain start minus ripe time (ms).",
+            engine.sched.stats.ewma_sched_ms,
+        )
+        yield gauge_of(
+            "topicd_loop_lag_ms", "Event-loop lag EWMA: one scheduling batch (ms).", gov.loop_lag_ms
+        )
+        dropped = CounterMetricFamily(
+            "topicd_dropped_total",
+            "Non-critical items dropped at a full queue, by kind (never data).",
+            labels=["kind"],
+        )
+        dropped.add_metric(["sse_advisory"], engine.watch.stats.advisories_dropped)
+        yield dropped
 
     def _delivery(self, engine: Engine) -> Iterator[Metric]:
         """The watch and the delivery scheduler (scheduler spec B, R4)."""
@@ -336,6 +380,14 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> dict[str, JsonValue]:
         "replay_progress": lifecycle.replay_progress,
         "uptime_ms": lifecycle.uptime_ms(),
         "pressure": engine.pressure,
+        "governor": {
+            "signals": dict(engine.governor.signals),
+            "coalesce_window_ms": engine.governor.coalesce_ms,
+            "commit_window_ms": engine.governor.commit_window_ms,
+            "defer_active": engine.governor.defer_active,
+            "loop_lag_ms": engine.governor.loop_lag_ms,
+            "sched_latency_ms": engine.sched.stats.ewma_sched_ms,
+        },
     }
     wal = engine.commit
     if isinstance(wal, WalCommitPath):

@@ -182,15 +182,35 @@ class ReadySet(Generic[_T]):
             self._schedule_promotion(slot)
         return moved
 
-    def next_ripe_at(self) -> float | None:
-        """The earliest `ripe_at` among queued topics, if any are queued."""
-        best: float | None = None
+    def ripe_count(self, now: float) -> int:
+        """Queued topics ready to drain now (the governor's depth signal; O(queued))."""
+        n = 0
         for heap in self._heaps:
+            for _, _, gen, slot in heap:
+                if gen == slot.gen and slot.queued and not slot.draining and slot.ripe_at <= now:
+                    n += 1
+        return n
+
+    def next_ripe_at(self) -> float | None:
+        """The earliest `ripe_at` among queued topics a pick may serve, if any.
+
+        Under defer, B0 and negative manual priorities are left out (they are not
+        served, so waking for them would spin)."""
+        best: float | None = None
+        for band, heap in enumerate(self._heaps):
             self._drop_stale(heap)
-            if heap:
-                slot = heap[0][3]
-                if best is None or slot.ripe_at < best:
-                    best = slot.ripe_at
+            if not heap or not self._creditable(band):
+                continue
+            if self.defer:
+                for _, _, gen, slot in heap:
+                    if gen != slot.gen or slot.manual_negative or slot.draining:
+                        continue
+                    if slot.queued and (best is None or slot.ripe_at < best):
+                        best = slot.ripe_at
+                continue
+            slot = heap[0][3]
+            if best is None or slot.ripe_at < best:
+                best = slot.ripe_at
         return best
 
     # ---- DWRR ---------------------------------------------------------------------------

@@ -53,8 +53,9 @@ class SchedStats:
     frames_built: int = 0
     frames_offered: int = 0
     requeued: int = 0
-    sched_delay_s_total: float = 0.0  # enqueue → drain, summed (the latency EWMA's input)
+    sched_delay_s_total: float = 0.0  # enqueue → drain, summed
     sched_delay_s_max: float = 0.0
+    ewma_sched_ms: float = 0.0  # drain start − ripe_at, EWMA per drain (governor s2)
 
 
 class Shard:
@@ -88,6 +89,7 @@ class DeliveryScheduler:
         self.registry = registry
         self.shards = [Shard(i, cfg) for i in range(cfg.scheduler.shards)]
         self.coalesce_s = 0.0  # ripeness delay of a newly dirty topic (the governor's)
+        self.sched_alpha = cfg.governor.sched_latency_alpha
         self.max_scan = cfg.protocol.max_scan_per_read
         self.stats = SchedStats()
         self.running = False
@@ -159,6 +161,21 @@ class DeliveryScheduler:
                 manual_negative=cfg.priority is not None and cfg.priority < 0,
             )
 
+    def ripe_count(self) -> int:
+        """Dirty topics ready to drain now, over every shard (governor signal s1)."""
+        now = trio.current_time()
+        return sum(shard.ready.ripe_count(now) for shard in self.shards)
+
+    def queued(self) -> int:
+        return sum(len(shard.ready) for shard in self.shards)
+
+    def set_defer(self, on: bool) -> None:
+        """The governor's defer rung: B0 and negative manual priorities get no credit."""
+        for shard in self.shards:
+            shard.ready.defer = on
+            if not on:
+                shard.wakeup.set()  # deferred topics may be served again
+
     def forget(self, topic: Topic) -> None:
         """The topic was deleted."""
         self.shard(topic).ready.remove(topic.slot)
@@ -197,6 +214,8 @@ class DeliveryScheduler:
             topic = slot.topic
             delay = now - slot.enqueued_at
             stats = self.stats
+            late_ms = max(0.0, now - slot.ripe_at) * 1000
+            stats.ewma_sched_ms += self.sched_alpha * (late_ms - stats.ewma_sched_ms)
             stats.sched_delay_s_total += delay
             if delay > stats.sched_delay_s_max:
                 stats.sched_delay_s_max = delay

@@ -40,6 +40,7 @@ import bisect
 import logging
 import math
 import posixpath
+import random
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -228,6 +229,8 @@ class Shard:
         self.pending_bytes = 0
         self.pending_peak = 0
         self.submit_full = 0
+        self.pressure_refused = 0
+        self.ewma_bytes_per_s = 0.0  # commit throughput (retry_after_ms estimate)
         self._work = trio.Event()
         self._room = trio.Event()
         self.sync_due = False
@@ -269,9 +272,25 @@ class Shard:
             return "shard"
         return None
 
-    def retry_after_ms(self) -> int:
+    def ingest_ratio(self) -> float:
+        """How full the shard's ingest is (the larger of submissions and bytes), 0..1."""
+        w = self.wal
+        return max(
+            self.pending / w.max_pending_per_shard,
+            self.pending_bytes / w.max_pending_bytes_per_shard,
+        )
+
+    def retry_after_ms(self, pressure: float, rng: random.Random) -> int:
+        """Scheduler spec B.5: `clamp(max(min + span·pressure, est_drain_ms), min, max)`
+        with ± `retry_after_jitter`; `est_drain_ms` = pending bytes ÷ the EWMA commit
+        throughput."""
         bp = self.cfg.backpressure
-        return min(max(bp.retry_after_min_ms, 250), bp.retry_after_max_ms)
+        ms = bp.retry_after_min_ms + bp.retry_after_pressure_span_ms * pressure
+        if self.ewma_bytes_per_s > 0:
+            ms = max(ms, self.pending_bytes * 1000 / self.ewma_bytes_per_s)
+        ms = min(max(ms, bp.retry_after_min_ms), bp.retry_after_max_ms)
+        j = bp.retry_after_jitter
+        return max(1, round(ms * (1 + rng.uniform(-j, j))))
 
     def enqueue(self, sub: Submission, *, front: bool = False) -> None:
         """Queue a submission in its topic's FIFO (synchronous, never fails).
@@ -444,6 +463,9 @@ class Shard:
                 self._fail(subs, exc)
                 return
             self.tail += len(data)
+            elapsed_s = (perf_ms() - t0) / 1000
+            if elapsed_s > 0:
+                self.ewma_bytes_per_s += 0.2 * (len(data) / elapsed_s - self.ewma_bytes_per_s)
             self.batches += 1
             self.frames_written += len(out)
             self.bytes_written += len(data)
@@ -691,6 +713,8 @@ class WalCommitPath:
         self._shard_files = shard_files
         self.shards: list[Shard] = []
         self._hooks: CommitHooks | None = None
+        self.pressure = 0.0  # the governor's, for pressure admission and retry hints
+        self.rng = random.Random()  # retry_after_ms jitter (tests may seed it)
 
     @property
     def shard_count(self) -> int:
@@ -709,14 +733,38 @@ class WalCommitPath:
 
     # ---- CommitPath ----------------------------------------------------------------------
 
-    def admit(self, topic: Topic, nbytes: int) -> None:
+    def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
         shard = self.shard(topic)
         if topic.config.durability != "ephemeral":
             shard.breaker.check()
+        gov = self.cfg.governor
+        if (
+            not bypass
+            and self.pressure >= gov.throttle_at
+            and shard.ingest_ratio() >= gov.ingest_critical
+        ):
+            # saturated and this shard's ingest is critical (scheduler spec B.5)
+            shard.pressure_refused += 1
+            raise Throttled.pressure(shard.retry_after_ms(self.pressure, self.rng))
         scope = shard.room_for(topic, nbytes)
         if scope is not None:
             shard.submit_full += 1
-            raise Throttled.pressure(shard.retry_after_ms(), cause="wal_ingest", scope=scope)
+            raise Throttled.pressure(
+                shard.retry_after_ms(self.pressure, self.rng), cause="wal_ingest", scope=scope
+            )
+
+    def govern(self, pressure: float, commit_window_ms: float | None) -> None:
+        self.pressure = pressure
+        if commit_window_ms is not None:
+            for shard in self.shards:
+                shard.commit_window_ms = commit_window_ms
+
+    def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
+        out: list[tuple[str, float, int]] = []
+        for group in ("wal", "misc", "read", "snapshot"):
+            tokens = len(self.shards) if group == "wal" else self.offload.tokens(group)
+            out.append((group, self.offload.stats(group).busy_integral(now), max(tokens, 1)))
+        return out
 
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
         shard = self.shard(topic)

@@ -1,0 +1,354 @@
+"""The pressure governor and its ladder (scheduler spec A.6-A.7, B.5).
+
+Method: the governor's arithmetic against scripted signals (`FakeSources`: every number
+below follows from the spec's formulas and the default `[governor]` keys), then each rung
+inside a running engine on Trio's `MockClock`: coalescing packs a burst into one frame,
+the commit window reaches the WAL shards, deferral pauses negative-priority push with one
+advisory frame per episode, and a saturated WAL (a virtual 100 ms sync) drives pressure
+to the `429` rung through the real signals.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import orjson
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from topicd.engine.watch import LIVE, Conn, FrameRef
+from topicd.errors import Throttled
+from topicd.offload import InlineOffload
+from topicd.sched.governor import Governor, Sources, coalesce_ms, commit_window_ms
+from topicd.testing.fake_fs import FakeDisk
+from topicd.testing.harness import durable_config, make_config, open_app, open_durable
+from topicd.wire import DiffIn, RecordIn, TopicConfigIn, WatchIn, WatchTopicIn, WriteIn
+
+CFG = make_config().governor
+
+
+class FakeSources:
+    def __init__(self, workers: int = 1) -> None:
+        self.ripe = 0
+        self.queued = 0
+        self.sched_ms = 0.0
+        self.pools: list[tuple[str, float, int]] = []
+        self.applied: list[tuple[float, float, float]] = []
+        self.defers: list[bool] = []
+        self.workers = workers
+
+    def sources(self) -> Sources:
+        def decay(alpha: float) -> None:
+            self.sched_ms *= 1 - alpha
+
+        return Sources(
+            workers=self.workers,
+            ripe=lambda: self.ripe,
+            queued=lambda: self.queued,
+            sched_latency_ms=lambda: self.sched_ms,
+            decay_sched_latency=decay,
+            pool_loads=lambda now: list(self.pools),
+            apply=lambda p, c, w: self.applied.append((p, c, w)),
+            set_defer=self.defers.append,
+        )
+
+
+def governor(fake: FakeSources, **cfg: object) -> Governor:
+    return Governor(make_config(governor=cfg).governor if cfg else CFG, fake.sources())
+
+
+# ---- the derived controls ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pressure", "expected"),
+    [(0.0, 0.0), (0.2, 0.0), (0.3, 2.5), (0.6, 10.0), (1.0, 20.0)],
+)
+def test_coalescing_window_grows_from_0_to_20_ms_above_0_2(pressure, expected):
+    assert coalesce_ms(pressure, CFG) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("pressure", "expected"),
+    [(0.0, 0.5), (0.4, 0.5), (0.4000001, 0.5), (0.7, 5.25), (1.0, 10.0)],
+)
+def test_commit_window_widens_from_0_5_to_10_ms_above_0_4(pressure, expected):
+    assert commit_window_ms(pressure, CFG) == pytest.approx(expected, abs=1e-4)
+
+
+# ---- signals and smoothing -----------------------------------------------------------------
+
+
+def test_pressure_moves_30_percent_toward_the_raw_signal_per_sample():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.ripe = 64  # s1 = 64 / (1 worker x 64) = 1
+    seen = []
+    for i in range(1, 6):
+        g.sample(i * 0.1)
+        seen.append(g.pressure)
+    assert seen == pytest.approx([1 - 0.7**n for n in range(1, 6)])
+    assert fake.applied[-1] == (
+        pytest.approx(seen[-1]),
+        pytest.approx(coalesce_ms(seen[-1], CFG)),
+        pytest.approx(commit_window_ms(seen[-1], CFG)),
+    )
+
+
+def test_depth_counts_ripe_topics_per_worker():
+    fake = FakeSources(workers=2)
+    g = governor(fake)
+    fake.ripe = 64  # 64 / (2 x 64)
+    g.sample(0.1)
+    assert g.signals["depth"] == pytest.approx(0.5)
+    fake.ripe = 1000
+    g.sample(0.2)
+    assert g.signals["depth"] == 1.0  # capped
+
+
+def test_latency_is_the_larger_of_sched_latency_and_loop_lag_over_5_ms():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.queued = 1
+    fake.sched_ms = 2.5
+    g.sample(0.1)
+    assert g.signals["latency"] == pytest.approx(0.5)
+    g.sample(0.2, lag_ms=20.0)  # loop-lag EWMA: 0.3 x 20 = 6 ms > 5 ms ceiling
+    assert g.loop_lag_ms == pytest.approx(6.0)
+    assert g.signals["latency"] == 1.0
+
+
+def test_sched_latency_decays_while_nothing_is_queued():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.sched_ms = 5.0
+    g.sample(0.1)
+    assert fake.sched_ms == pytest.approx(4.0)  # x (1 - 0.2)
+    fake.queued = 3
+    g.sample(0.2)
+    assert fake.sched_ms == pytest.approx(4.0)  # work is waiting: the EWMA holds
+
+
+def test_pool_signal_is_the_busiest_group_over_the_interval():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.pools = [("wal", 0.0, 2), ("misc", 0.0, 4)]
+    g.sample(1.0)  # first sample: a baseline only
+    assert g.signals["pool"] == 0.0
+    fake.pools = [("wal", 0.1, 2), ("misc", 0.3, 4)]  # over 0.1 s: 0.5 and 0.75 busy
+    g.sample(1.1)
+    assert g.signals["pool"] == pytest.approx(0.75)
+    fake.pools = [("wal", 0.5, 2), ("misc", 0.3, 4)]  # 0.4 token-s over 0.1 s x 2 tokens
+    g.sample(1.2)
+    assert g.signals["pool"] == 1.0  # capped
+
+
+def test_raw_signal_is_the_maximum_of_the_three():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.ripe = 16  # 0.25
+    fake.queued = 1
+    fake.sched_ms = 3.0  # 0.6
+    g.sample(0.1)
+    assert g.pressure == pytest.approx(0.3 * 0.6)
+
+
+# ---- deferral and its hysteresis -------------------------------------------------------------
+
+
+def drive_to(g: Governor, fake: FakeSources, target: float, t: list[float]) -> None:
+    """Set the raw signal to `target` (through depth) and take one sample."""
+    fake.ripe = round(target * 64)
+    t[0] += 0.1
+    g.sample(t[0])
+
+
+def test_defer_needs_3_consecutive_samples_above_0_8_and_releases_below_0_6():
+    fake = FakeSources()
+    g = governor(fake)
+    t = [0.0]
+    g.pressure = 0.79
+    drive_to(g, fake, 1.0, t)  # 0.853
+    drive_to(g, fake, 1.0, t)  # 0.897
+    assert not g.defer_active
+    drive_to(g, fake, 0.5, t)  # 0.778: the streak breaks
+    drive_to(g, fake, 1.0, t)  # 0.845
+    drive_to(g, fake, 1.0, t)  # 0.891
+    assert not g.defer_active and fake.defers == []
+    drive_to(g, fake, 1.0, t)  # 0.924: third in a row
+    assert g.defer_active and fake.defers == [True]
+    # between 0.6 and 0.8 it stays on (hysteresis)
+    for _ in range(4):
+        drive_to(g, fake, 0.7, t)
+        assert g.defer_active
+    assert 0.6 < g.pressure < 0.8
+    drive_to(g, fake, 0.0, t)  # 0.7 x p < 0.6
+    assert g.pressure < 0.6
+    assert not g.defer_active and fake.defers == [True, False]
+    assert g.stats.defer_episodes == 1
+
+
+# ---- the rungs inside the engine ----------------------------------------------------------------
+
+
+def write_req(*values: object) -> WriteIn:
+    return WriteIn(records=[RecordIn(data=msgspec.Raw(orjson.dumps(v))) for v in values])
+
+
+async def live_conn(engine, name: str) -> Conn:
+    req = WatchIn(topics={name: WatchTopicIn(tail=True)})
+    session, _ = engine.create_watch(None, req, False)
+    conn = engine.watch.open_stream(session, None)
+    conn.mode[name] = LIVE
+    conn.enqueued_to[name] = session.cursors[name]
+    return conn
+
+
+def received(conn: Conn) -> list[FrameRef]:
+    out = []
+    while True:
+        try:
+            ref = conn.recv_ch.receive_nowait()
+        except trio.WouldBlock:
+            return out
+        conn.buffered_bytes -= ref.nbytes
+        out.append(ref)
+
+
+async def test_coalescing_packs_a_burst_into_one_frame(autojump_clock):
+    async with open_app() as h:
+        engine = h.engine
+        await engine.put_topic("t", None)
+        conn = await live_conn(engine, "t")
+        engine._govern(0.6, coalesce_ms(0.6, CFG), commit_window_ms(0.6, CFG))  # 10 ms
+        assert engine.sched.coalesce_s == pytest.approx(0.010)
+        t0 = trio.current_time()
+        for i in range(3):
+            await engine.append("t", write_req(i))
+            await trio.sleep(0.002)
+        assert received(conn) == []  # held for the window
+        await trio.sleep(0.01)
+        refs = [r for r in received(conn) if r.topic]
+        assert len(refs) == 1
+        assert (refs[0].from_seq, refs[0].to_seq) == (0, 3)
+        assert trio.current_time() - t0 >= 0.010
+        # pressure falls: frames are per write again
+        engine._govern(0.1, 0.0, 0.5)
+        assert engine.sched.coalesce_s == 0.0
+        await engine.append("t", write_req("x"))
+        await trio.lowlevel.checkpoint()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [(r.from_seq, r.to_seq) for r in received(conn) if r.topic] == [(3, 4)]
+
+
+async def test_pressure_reaches_the_header(autojump_clock):
+    async with open_app() as h:
+        h.engine._govern(0.456, 0.0, 0.5)
+        r = await h.app.test_client().get("/v0/health")
+        assert r.headers["X-Topicd-Pressure"] == "0.456"
+
+
+async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autojump_clock):
+    async with open_app() as h:
+        engine = h.engine
+        await engine.put_topic("low", TopicConfigIn(priority=-10))
+        await engine.put_topic("high", TopicConfigIn(priority=100))
+        low = await live_conn(engine, "low")
+        high = await live_conn(engine, "high")
+        engine._govern(0.9, coalesce_ms(0.9, CFG), commit_window_ms(0.9, CFG))
+        engine._set_defer(True)
+        advisories = [r for r in received(low) if not r.topic]
+        assert len(advisories) == 1
+        body = advisories[0].body
+        assert body is not None and body.startswith(b"event: error\ndata: ")
+        data = orjson.loads(body.split(b"data: ", 1)[1])
+        assert data["code"] == 429
+        assert data["topics"] == ["low"]
+        assert data["error"] == data["message"]
+        assert data["retry_after_ms"] == round(250 + 1750 * 0.9)
+        assert received(high) == []  # nothing paused there: no advisory
+        await engine.append("low", write_req(1))
+        await engine.append("high", write_req(1))
+        await trio.sleep(1.0)
+        assert [r.to_seq for r in received(high) if r.topic] == [1]
+        assert received(low) == []  # paused: stored, not pushed
+        _, res = await engine.diff("low", DiffIn())
+        assert len(res.records) == 1  # still readable
+        # a long-poll on the paused topic is not woken by the append (no drain); at its
+        # deadline it returns its first result (api-topics §7.2 step 9) and the next
+        # poll reads the record at once
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+
+            async def later() -> None:
+                await trio.sleep(0.1)
+                await engine.append("low", write_req(2))
+
+            n.start_soon(later)
+            _, res = await engine.diff("low", DiffIn(from_seq=1, wait_ms=500))
+        assert res.records == []
+        assert trio.current_time() - t0 == pytest.approx(0.5)
+        _, res = await engine.diff("low", DiffIn(from_seq=1, wait_ms=500))
+        assert len(res.records) == 1 and trio.current_time() - t0 == pytest.approx(0.5)
+        engine._set_defer(False)
+        await trio.sleep(0.1)
+        assert [r.to_seq for r in received(low) if r.topic] == [2]
+
+
+async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):
+    # one WAL shard whose every sync takes a virtual 100 ms: the pool signal saturates
+    slow = InlineOffload(lambda group: 0.1 if group == "wal" else 0.0)
+    cfg = durable_config(shards=1, wal={"max_pending_per_shard": 40})
+    async with open_durable(FakeDisk(), cfg, offload=slow) as engine:
+        await engine.put_topic("t", TopicConfigIn(durability="fsync"))
+        wal = engine.commit
+        seen = {"ok": 0, "pressure": 0, "wal_ingest": 0}
+        firsts: dict[str, float] = {}
+        hints: list[int] = []
+        gov = engine.governor
+        stop = trio.Event()
+
+        async def writer() -> None:
+            while not stop.is_set():
+                try:
+                    await engine.append("t", write_req(1))
+                    seen["ok"] += 1
+                except Throttled as exc:
+                    cause = exc.detail.get("cause", "pressure")
+                    seen[str(cause)] += 1
+                    hints.append(exc.retry_after_s())
+                    await trio.sleep(0.01)
+
+        async def watch() -> None:
+            while not stop.is_set():
+                now = trio.current_time()
+                if gov.coalesce_ms > 0:
+                    firsts.setdefault("coalesce", now)
+                if wal.shards[0].commit_window_ms > CFG.commit_window_min_ms:
+                    firsts.setdefault("widen", now)
+                if gov.defer_active:
+                    firsts.setdefault("defer", now)
+                if seen["pressure"]:
+                    firsts.setdefault("throttle", now)
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(watch)
+            for _ in range(60):
+                n.start_soon(writer)
+            await trio.sleep(5.0)
+            stop.set()
+        assert gov.signals["pool"] > 0.9
+        assert gov.pressure > 0.98
+        assert seen["ok"] > 0 and seen["pressure"] > 0
+        assert hints and min(hints) >= 1
+        # the rungs appear in the ladder's order
+        order = [firsts[k] for k in ("coalesce", "widen", "defer", "throttle")]
+        assert order == sorted(order)
+        assert wal.shards[0].commit_window_ms == pytest.approx(CFG.commit_window_max_ms, rel=0.05)
+        # a disable_backpressure write skips pressure admission
+        res = await engine.append(
+            "t", WriteIn(records=write_req(2).records, disable_backpressure=True)
+        )
+        assert res.count == 1

@@ -1,0 +1,172 @@
+"""The pressure governor (scheduler spec A.6, B.5).
+
+One task samples every `governor.sample_interval_ms` (100 ms) and folds three cheap
+signals into `pressure ∈ [0, 1]`:
+
+* **s1 depth** — ripe dirty topics ÷ (delivery shards × `depth_per_worker`). Topics
+  held back on purpose by the coalescing window are not ripe, so coalescing does not feed
+  back into pressure;
+* **s2 latency** — the larger of the scheduling-latency EWMA (drain start − `ripe_at`,
+  kept by the scheduler per drain) and the loop-lag EWMA (how long a checkpoint of this
+  task takes to come back: one scheduling batch, in a single-threaded loop the direct
+  symptom of CPU saturation), ÷
+  `latency_ceiling_ms`. When nothing is queued the scheduling EWMA decays by its own
+  weight each sample (topicd decision: otherwise the last burst's latency would hold
+  pressure up forever on an idle server);
+* **s3 pool** — the busiest offload group (WAL normalized by its shard count, misc, read,
+  snapshot): busy token-seconds over the interval ÷ (interval × tokens).
+
+`raw = max(s1, s2, s3)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
+sample, the ladder's controls (all lossless: latency, never correctness):
+
+* `coalesce_ms` = 0 up to `coalesce_above`, then linear to `coalesce_max_ms` at 1.0: a
+  newly dirty topic waits that long before its drain, so a burst becomes one
+  multi-record frame (the scheduler's ripeness delay);
+* `commit_window_ms` = `commit_window_min_ms` up to `widen_above`, then linear to
+  `commit_window_max_ms` at 1.0 (continuous at the threshold): WAL batches that sync
+  wait longer for company, so fewer fsyncs carry more records;
+* **defer** starts after `defer_sustain_samples` consecutive samples above
+  `defer_above` and ends at the first sample below `defer_release_below`: B0 and
+  negative-manual-priority topics get no scheduler credit (their data stays readable by
+  diff), and each stream watching such a topic gets one advisory `error` 429 frame per
+  episode;
+* **pressure admission**: the WAL refuses writes with `429` when pressure reaches
+  `throttle_at` and the target shard's ingest is at `ingest_critical` (the WAL reads the
+  pressure the governor hands it).
+
+`pressure` is published as a float attribute (atomic under the GIL): the engine's
+`pressure` (the `X-Topicd-Pressure` header, `topicd_pressure`) and the WAL's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from topicd.config import GovernorConfig
+
+log = logging.getLogger("topicd.governor")
+
+
+def coalesce_ms(pressure: float, cfg: GovernorConfig) -> float:
+    """The coalescing window for `pressure` (0 at or below `coalesce_above`)."""
+    lo = cfg.coalesce_above
+    if pressure <= lo or lo >= 1:
+        return 0.0
+    return cfg.coalesce_max_ms * min(1.0, (pressure - lo) / (1 - lo))
+
+
+def commit_window_ms(pressure: float, cfg: GovernorConfig) -> float:
+    """The group-commit window for `pressure` (the minimum at or below `widen_above`)."""
+    lo = cfg.widen_above
+    if pressure <= lo or lo >= 1:
+        return cfg.commit_window_min_ms
+    span = cfg.commit_window_max_ms - cfg.commit_window_min_ms
+    return cfg.commit_window_min_ms + span * min(1.0, (pressure - lo) / (1 - lo))
+
+
+class Sources:
+    """What the governor reads and drives (the engine wires its parts in)."""
+
+    def __init__(
+        self,
+        *,
+        workers: int,
+        ripe: Callable[[], int],
+        queued: Callable[[], int],
+        sched_latency_ms: Callable[[], float],
+        decay_sched_latency: Callable[[float], None],
+        pool_loads: Callable[[float], list[tuple[str, float, int]]],
+        apply: Callable[[float, float, float], None],
+        set_defer: Callable[[bool], None],
+    ) -> None:
+        self.workers = workers
+        self.ripe = ripe
+        self.queued = queued
+        self.sched_latency_ms = sched_latency_ms
+        self.decay_sched_latency = decay_sched_latency
+        self.pool_loads = pool_loads
+        self.apply = apply  # (pressure, coalesce_ms, commit_window_ms)
+        self.set_defer = set_defer
+
+
+@dataclass
+class GovernorStats:
+    samples: int = 0
+    defer_episodes: int = 0
+    pressure_max: float = 0.0
+
+
+class Governor:
+    def __init__(self, cfg: GovernorConfig, sources: Sources) -> None:
+        self.cfg = cfg
+        self.src = sources
+        self.pressure = 0.0
+        self.signals = {"depth": 0.0, "latency": 0.0, "pool": 0.0}
+        self.loop_lag_ms = 0.0  # EWMA
+        self.coalesce_ms = 0.0
+        self.commit_window_ms = cfg.commit_window_min_ms
+        self.defer_active = False
+        self._above = 0  # consecutive samples above defer_above
+        self._pools: dict[str, tuple[float, float]] = {}  # group -> (integral, at)
+        self.stats = GovernorStats()
+
+    def sample(self, now: float, lag_ms: float = 0.0) -> None:
+        """One governor step at Trio time `now`; `lag_ms`: how late this tick fired."""
+        cfg = self.cfg
+        src = self.src
+        self.loop_lag_ms += cfg.loop_lag_alpha * (lag_ms - self.loop_lag_ms)
+        if src.queued() == 0:
+            src.decay_sched_latency(cfg.sched_latency_alpha)
+        depth = min(1.0, src.ripe() / (max(src.workers, 1) * cfg.depth_per_worker))
+        latency = min(1.0, max(src.sched_latency_ms(), self.loop_lag_ms) / cfg.latency_ceiling_ms)
+        pool = 0.0
+        for group, integral, tokens in src.pool_loads(now):
+            prev = self._pools.get(group)
+            self._pools[group] = (integral, now)
+            if prev is not None and now > prev[1]:
+                busy = (integral - prev[0]) / ((now - prev[1]) * tokens)
+                pool = max(pool, min(1.0, max(0.0, busy)))
+        self.signals["depth"] = depth
+        self.signals["latency"] = latency
+        self.signals["pool"] = pool
+        raw = max(depth, latency, pool)
+        p = self.pressure + cfg.ewma_alpha * (raw - self.pressure)
+        self.pressure = p = min(1.0, max(0.0, p))
+        self.coalesce_ms = coalesce_ms(p, cfg)
+        self.commit_window_ms = commit_window_ms(p, cfg)
+        src.apply(p, self.coalesce_ms, self.commit_window_ms)
+        self._above = self._above + 1 if p > cfg.defer_above else 0
+        if not self.defer_active and self._above >= cfg.defer_sustain_samples:
+            self.defer_active = True
+            self.stats.defer_episodes += 1
+            log.warning("pressure %.2f: deferring low-priority push", p)
+            src.set_defer(True)
+        elif self.defer_active and p < cfg.defer_release_below:
+            self.defer_active = False
+            log.info("pressure %.2f: low-priority push resumed", p)
+            src.set_defer(False)
+        self.stats.samples += 1
+        self.stats.pressure_max = max(self.stats.pressure_max, p)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sample every `sample_interval_ms`.
+
+        Loop lag is measured as the time one checkpoint takes to come back to this task:
+        the length of one scheduling batch, i.e. how long any runnable task waits for
+        the loop. (How late the timer fired measures the same on a real clock, but a test
+        clock that jumps would read as lag.)"""
+        interval = self.cfg.sample_interval_ms / 1000
+        task_status.started()
+        while True:
+            await trio.sleep(interval)
+            t0 = trio.current_time()
+            await trio.lowlevel.checkpoint()
+            now = trio.current_time()
+            self.sample(now, (now - t0) * 1000)
