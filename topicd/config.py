@@ -621,11 +621,28 @@ class GovernorConfig:
         min=0,
         max=1,
     )
-    ingest_critical: float = key(
-        0.85,
-        "Fill ratio of a WAL shard's ingest queue that arms pressure admission.",
-        min=0,
-        max=1,
+
+
+@dataclass(frozen=True)
+class LevelsConfig:
+    warning: float = key(0.70, "Queue fill ratio of the warning level.", min=0, max=1)
+    critical: float = key(
+        0.85, "Critical level (a WAL ingest here arms pressure admission).", min=0, max=1
+    )
+    overflow: float = key(0.95, "Overflow level (above it).", min=0, max=1)
+    hysteresis: float = key(0.05, "A level is left this far below its bound.", min=0, max=1)
+    warn_log_interval_ms: int = key(
+        60000, "At most one level warning per queue in this interval.", min=0
+    )
+
+
+@dataclass(frozen=True)
+class ClassesConfig:
+    client_permits: int = key(
+        32, "Client requests running at once (probes, metrics and streams take none).", min=1
+    )
+    client_waiters: int = key(
+        4096, "Client requests waiting for a permit before 429 client_waiters.", min=0
     )
 
 
@@ -685,6 +702,8 @@ class Config:
     breaker: BreakerConfig = section(BreakerConfig, "Storage circuit breaker (per WAL shard)")
     backpressure: BackpressureConfig = section(BackpressureConfig, "Write backpressure")
     governor: GovernorConfig = section(GovernorConfig, "Pressure governor")
+    classes: ClassesConfig = section(ClassesConfig, "Work classes (scheduler spec R1)")
+    levels: LevelsConfig = section(LevelsConfig, "Queue-depth levels (scheduler spec R5)")
     logging: LoggingConfig = section(LoggingConfig, "Logging")
 
 

@@ -16,6 +16,7 @@ import bisect
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import orjson
@@ -40,7 +41,9 @@ from topicd.errors import (
     TopicNotFound,
 )
 from topicd.model import Shape, TopicConfig
+from topicd.sched.classes import give_back
 from topicd.sched.governor import Governor, Sources
+from topicd.sched.saturation import SaturationRegistry
 from topicd.sched.scheduler import DeliveryScheduler
 from topicd.storage import frame as frames
 from topicd.wire import (
@@ -134,8 +137,11 @@ class Engine:
                 pool_loads=lambda now: self.commit.pool_loads(now),
                 apply=self._govern,
                 set_defer=self._set_defer,
+                on_sample=lambda now: self.saturation.sample(now),
             ),
         )
+        self.saturation = SaturationRegistry(config.levels)
+        self._register_queues()
 
     # ------------------------------------------------------------------------------------
     # lifecycle
@@ -154,6 +160,27 @@ class Engine:
             while True:
                 await trio.sleep(interval)
                 await self.housekeep()
+
+    def _register_queues(self) -> None:
+        """The engine's bounded queues in the saturation registry (scheduler spec R4)."""
+        reg = self.saturation
+        max_topics = self.cfg.limits.max_topics
+        for shard in self.sched.shards:
+            ready = shard.ready
+            reg.register(
+                f"sched_ready.{shard.index}",
+                partial(len, ready),
+                lambda: max_topics,
+            )
+        watch = self.watch
+        frames = self.cfg.sse.channel_frames
+
+        def fullest_channel() -> int:
+            return max((c.recv_ch.statistics().current_buffer_used for c in watch.conns), default=0)
+
+        reg.register(
+            "sse_channel", fullest_channel, lambda: frames, full=lambda: watch.stats.lagged
+        )
 
     # ---- the governor's controls (topicd.sched.governor) ----------------------------------
 
@@ -723,6 +750,8 @@ class Engine:
                 continue  # state may have changed while waiting: run every check again
             batch = self._stage(topic, prepared, now)
             break
+        if not batch.completion.resolved:
+            give_back()  # only waits for the WAL from here (scheduler spec R1)
         await batch.completion.wait()
         return WriteResult(
             name,
@@ -737,6 +766,7 @@ class Engine:
 
     async def _wait_for_room(self, topic: Topic, nbytes: int) -> None:
         """A `disable_backpressure` write at a full ingest: wait, at most bypass_wait_ms."""
+        give_back()
         with trio.move_on_after(self.cfg.backpressure.bypass_wait_ms / 1000):
             await self.commit.wait_for_room(topic, nbytes)
             return
@@ -842,6 +872,7 @@ class Engine:
             and not self.draining
         ):
             woken = topic.waiter()
+            give_back()  # a parked long-poll holds no client permit
             with trio.move_on_after(wait_ms / 1000):
                 await woken.wait()
             if not woken.is_set():

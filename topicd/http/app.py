@@ -47,6 +47,7 @@ from topicd.errors import (
 )
 from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
 from topicd.lifecycle import Lifecycle, Phase
+from topicd.sched.classes import ClientPermits, Permit
 
 if TYPE_CHECKING:
     from topicd.config import Config
@@ -66,6 +67,7 @@ AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PROBE_PATHS: Final = frozenset({"/v0/health", "/healthz", "/v0/ready", "/readyz"})
 METRICS_PATH: Final = "/v0/metrics"
+CONTROL_PATHS: Final = PROBE_PATHS | {METRICS_PATH}  # control work: no client permit (R1)
 JSON: Final = "application/json"
 
 
@@ -234,8 +236,10 @@ class Gate:
         pressure: Callable[[], float],
         on_error: Callable[[TopicdError], None] | None = None,
         streams: WatchStreams | None = None,
+        permits: ClientPermits | None = None,
     ) -> None:
         self.app = app
+        self.permits = permits
         self.streams = streams
         self.on_error = on_error
         self.lifecycle = lifecycle
@@ -272,6 +276,7 @@ class Gate:
         lifecycle = self.lifecycle
         lifecycle.request_started()
         key_id: str | None = None
+        permit: Permit | None = None
         wid = None if self.streams is None else self.streams.wid_of(scope)
         try:
             if wid is not None:
@@ -296,13 +301,24 @@ class Gate:
                 else:
                     key_id = p.key_id
                     self._inflight[key_id] = count + 1
+            if err is None and self.permits is not None and path not in CONTROL_PATHS:
+                try:
+                    permit = await self.permits.admit()  # client work (scheduler spec R1)
+                except Throttled as exc:
+                    err = exc
             if err is not None:
                 if self.on_error is not None:
                     self.on_error(err)
                 await send_error(send_stamped, err)
             else:
-                await self.app(scope, receive, send_stamped)
+                token = ClientPermits.hold(permit)
+                try:
+                    await self.app(scope, receive, send_stamped)
+                finally:
+                    ClientPermits.unhold(token)
         finally:
+            if permit is not None:
+                permit.release()
             if key_id is not None:
                 left = self._inflight[key_id] - 1
                 if left:
@@ -385,7 +401,33 @@ class EngineRef:
     every other route `503 not_ready`, so no handler touches the placeholder)."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+        self._engine = engine
+        self.permits: ClientPermits | None = None  # create_app's (metrics read them)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self._engine = engine
+        self.register_permits()
+
+    def register_permits(self) -> None:
+        """The client-permit queues in the engine's saturation registry (R4)."""
+        permits = self.permits
+        if permits is None:
+            return
+        st = permits.stats
+        reg = self._engine.saturation
+        reg.register("client_permits", lambda: st.in_use, lambda: st.capacity)
+        reg.register(
+            "client_waiters",
+            lambda: st.waiting,
+            lambda: permits.max_waiters,
+            full=lambda: st.rejected,
+            peak=lambda: st.peak_waiting,
+        )
 
 
 def create_app(
@@ -445,6 +487,12 @@ def create_app(
         log.exception("unhandled error on %s %s", request.method, path_template(request.path))
         return _render_error(Internal("internal error (a bug; see the server log)"))
 
+    ref.permits = ClientPermits(
+        config.classes.client_permits,
+        config.classes.client_waiters,
+        lambda: ref.engine.retry_hint_ms(),
+    )
+    ref.register_permits()
     app.asgi_app = Gate(  # type: ignore[assignment,method-assign]
         cast("AsgiApp", app.asgi_app),
         lifecycle=lifecycle,
@@ -453,6 +501,7 @@ def create_app(
         pressure=lambda: ref.engine.pressure,
         on_error=lambda err: _count(ref, err),
         streams=watch.WatchStreams(ref, config, keys),
+        permits=ref.permits,
     )
     return app
 

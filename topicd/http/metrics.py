@@ -31,6 +31,7 @@ from quart import Response, request
 from topicd import __version__
 from topicd.http.app import principal
 from topicd.lifecycle import Phase
+from topicd.sched.saturation import LEVELS
 from topicd.storage.wal import FSYNC_BUCKETS_US, WalCommitPath
 
 if TYPE_CHECKING:
@@ -121,13 +122,75 @@ class _Collector:
         yield info
         yield gauge("topicd_pressure", "Governor pressure 0.0-1.0.", engine.pressure)
         yield from self._governor(engine)
+        yield from self._classes()
+        yield from self._saturation(engine)
         throttled = CounterMetricFamily(
             "topicd_throttled_total", "429 responses issued, by cause.", labels=["cause"]
         )
-        for cause in sorted({"pressure", "limit", "wal_ingest", *engine.throttled}):
+        for cause in sorted(
+            {"pressure", "limit", "wal_ingest", "client_waiters", *engine.throttled}
+        ):
             throttled.add_metric([cause], engine.throttled.get(cause, 0))
         yield throttled
         yield from self._delivery(engine)
+
+    def _saturation(self, engine: Engine) -> Iterator[Metric]:
+        """Every registered bounded queue (scheduler spec R4, R5)."""
+        queues = list(engine.saturation.queues.values())
+        fams = {
+            "depth": GaugeMetricFamily("topicd_queue_depth", "Items queued.", labels=["queue"]),
+            "capacity": GaugeMetricFamily(
+                "topicd_queue_capacity", "Queue bound (0 = bounded elsewhere).", labels=["queue"]
+            ),
+            "saturation": GaugeMetricFamily(
+                "topicd_queue_saturation", "Depth / capacity (alert above 0.8).", labels=["queue"]
+            ),
+            "peak": GaugeMetricFamily("topicd_queue_peak", "Highest depth seen.", labels=["queue"]),
+            "level": GaugeMetricFamily(
+                "topicd_queue_level",
+                "0 normal, 1 warning, 2 critical, 3 overflow.",
+                labels=["queue"],
+            ),
+        }
+        full = CounterMetricFamily(
+            "topicd_queue_full_total", "Times the queue was found full.", labels=["queue"]
+        )
+        changes = CounterMetricFamily(
+            "topicd_queue_level_changes_total",
+            "Level changes, by the level entered.",
+            labels=["queue", "level"],
+        )
+        for q in queues:
+            depth = q.depth()
+            fams["depth"].add_metric([q.name], depth)
+            fams["capacity"].add_metric([q.name], q.capacity())
+            fams["saturation"].add_metric([q.name], q.saturation())
+            fams["peak"].add_metric([q.name], max(q.peak, depth))
+            fams["level"].add_metric([q.name], q.level)
+            full.add_metric([q.name], q.full() if q.full is not None else 0)
+            for level, n in sorted(q.changes.items()):
+                changes.add_metric([q.name, LEVELS[level]], n)
+        yield from fams.values()
+        yield full
+        yield changes
+
+    def _classes(self) -> Iterator[Metric]:
+        """Client permits (scheduler spec R1)."""
+        permits = self.ref.permits
+        if permits is None:
+            return
+        st = permits.stats
+        yield gauge_of("topicd_client_permits", "Client permits (capacity).", st.capacity)
+        yield gauge_of("topicd_client_permits_in_use", "Client permits held now.", st.in_use)
+        yield gauge_of("topicd_client_waiters", "Client requests waiting for a permit.", st.waiting)
+        admitted = st.waited or 1
+        wait = GaugeMetricFamily(
+            "topicd_class_wait_ms",
+            "Mean wait for a permit of the requests that waited (ms), by work class.",
+            labels=["class"],
+        )
+        wait.add_metric(["client"], st.wait_s_total * 1000 / admitted)
+        yield wait
 
     def _governor(self, engine: Engine) -> Iterator[Metric]:
         """The governor's signals and the ladder's controls (scheduler spec B.5)."""

@@ -31,7 +31,7 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   diff), and each stream watching such a topic gets one advisory `error` 429 frame per
   episode;
 * **pressure admission**: the WAL refuses writes with `429` when pressure reaches
-  `throttle_at` and the target shard's ingest is at `ingest_critical` (the WAL reads the
+  `throttle_at` and the target shard's ingest is at `levels.critical` (the WAL reads the
   pressure the governor hands it).
 
 `pressure` is published as a float attribute (atomic under the GIL): the engine's
@@ -85,6 +85,7 @@ class Sources:
         pool_loads: Callable[[float], list[tuple[str, float, int]]],
         apply: Callable[[float, float, float], None],
         set_defer: Callable[[bool], None],
+        on_sample: Callable[[float], None] | None = None,
     ) -> None:
         self.workers = workers
         self.ripe = ripe
@@ -94,6 +95,7 @@ class Sources:
         self.pool_loads = pool_loads
         self.apply = apply  # (pressure, coalesce_ms, commit_window_ms)
         self.set_defer = set_defer
+        self.on_sample = on_sample  # e.g. the saturation registry's peaks and levels
 
 
 @dataclass
@@ -152,6 +154,8 @@ class Governor:
             self.defer_active = False
             log.info("pressure %.2f: low-priority push resumed", p)
             src.set_defer(False)
+        if src.on_sample is not None:
+            src.on_sample(now)
         self.stats.samples += 1
         self.stats.pressure_max = max(self.stats.pressure_max, p)
 

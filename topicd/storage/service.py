@@ -133,6 +133,7 @@ async def open_durable_engine(
     wal = WalCommitPath(cfg, fs, offload, clock, root, result.shard_files)
     engine.commit = wal
     wal.attach(engine)
+    wal.register_queues(engine.saturation)
     checkpointer = Checkpointer(cfg, engine, wal, fs, offload, clock, number, positions)
     engine.checkpointer = checkpointer
     async with trio.open_nursery() as nursery:

@@ -44,6 +44,7 @@ import random
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from topicd.engine.commit import AppendBatch, CommitHooks
     from topicd.engine.topic import Topic
     from topicd.offload import Offload
+    from topicd.sched.saturation import SaturationRegistry
 
 log = logging.getLogger("topicd.storage")
 
@@ -737,11 +739,10 @@ class WalCommitPath:
         shard = self.shard(topic)
         if topic.config.durability != "ephemeral":
             shard.breaker.check()
-        gov = self.cfg.governor
         if (
             not bypass
-            and self.pressure >= gov.throttle_at
-            and shard.ingest_ratio() >= gov.ingest_critical
+            and self.pressure >= self.cfg.governor.throttle_at
+            and shard.ingest_ratio() >= self.cfg.levels.critical
         ):
             # saturated and this shard's ingest is critical (scheduler spec B.5)
             shard.pressure_refused += 1
@@ -751,6 +752,18 @@ class WalCommitPath:
             shard.submit_full += 1
             raise Throttled.pressure(
                 shard.retry_after_ms(self.pressure, self.rng), cause="wal_ingest", scope=scope
+            )
+
+    def register_queues(self, registry: SaturationRegistry) -> None:
+        """Each shard's ingest queue in the saturation registry (scheduler spec R4)."""
+        w = self.cfg.storage.wal
+        for shard in self.shards:
+            registry.register(
+                f"wal_ingest.{shard.index}",
+                partial(getattr, shard, "pending"),
+                lambda: w.max_pending_per_shard,
+                full=partial(getattr, shard, "submit_full"),
+                peak=partial(getattr, shard, "pending_peak"),
             )
 
     def govern(self, pressure: float, commit_window_ms: float | None) -> None:

@@ -1,0 +1,101 @@
+"""Client permits: control work first (scheduler spec R1.3).
+
+Method: the permit pool alone, then through the full app (Quart test client, MockClock):
+the permits are taken by the test itself so the pool's edges are exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from topicd.errors import Throttled
+from topicd.http.app import gate_of
+from topicd.sched.classes import ClientPermits, give_back
+from topicd.testing.harness import make_config, open_app
+
+
+async def test_permits_then_bounded_waiters_then_429():
+    pool = ClientPermits(2, 1, lambda: 700)
+    a = await pool.admit()
+    b = await pool.admit()
+    assert pool.stats.in_use == 2
+    got = []
+
+    async def third() -> None:
+        got.append(await pool.admit())
+
+    async with trio.open_nursery() as n:
+        n.start_soon(third)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.stats.waiting == 1
+        with pytest.raises(Throttled) as exc:
+            await pool.admit()  # a second waiter is one too many
+        assert exc.value.detail == {"cause": "client_waiters", "retry_after_ms": 700}
+        assert pool.stats.rejected == 1
+        a.release()
+        a.release()  # idempotent
+    assert len(got) == 1 and pool.stats.in_use == 2 and pool.stats.waiting == 0
+    b.release()
+    got[0].release()
+    assert pool.stats.in_use == 0
+    assert pool.stats.peak_in_use == 2 and pool.stats.peak_waiting == 1
+
+
+async def test_give_back_frees_the_current_requests_permit():
+    pool = ClientPermits(1, 0, lambda: 250)
+    permit = await pool.admit()
+    token = ClientPermits.hold(permit)
+    try:
+        give_back()
+        assert not permit.held and pool.stats.in_use == 0
+        other = await pool.admit()  # the freed permit is usable at once
+        other.release()
+    finally:
+        ClientPermits.unhold(token)
+    permit.release()  # the gate's own release is a no-op now
+    assert pool.stats.in_use == 0
+    give_back()  # no request: nothing to do
+
+
+async def test_saturated_permits_answer_429_but_probes_and_metrics_pass(autojump_clock):
+    cfg = make_config(classes={"client_permits": 1, "client_waiters": 0})
+    async with open_app(cfg) as h:
+        c = h.app.test_client()
+        pool = gate_of(h.app).permits
+        assert pool is not None
+        held = await pool.admit()
+        r = await c.get("/v0/topics")
+        assert r.status_code == 429
+        body = await r.get_json()
+        assert body["error"]["code"] == "throttled"
+        assert body["error"]["detail"]["cause"] == "client_waiters"
+        assert r.headers["Retry-After"] == "1"
+        for path in ("/v0/health", "/healthz", "/v0/ready", "/readyz", "/v0/metrics"):
+            assert (await c.get(path)).status_code == 200, path
+        text = (await (await c.get("/v0/metrics")).get_data()).decode()
+        assert 'topicd_throttled_total{cause="client_waiters"} 1.0' in text
+        assert "topicd_client_permits_in_use 1.0" in text
+        held.release()
+        assert (await c.get("/v0/topics")).status_code == 200
+
+
+async def test_a_parked_long_poll_holds_no_permit(autojump_clock):
+    cfg = make_config(classes={"client_permits": 1, "client_waiters": 0})
+    async with open_app(cfg) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/t", json={})
+        out = []
+
+        async def poll() -> None:
+            r = await c.post("/v0/topics/t/diff", json={"from_seq": 0, "wait_ms": 10000})
+            out.append(await r.get_json())
+
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            await trio.testing.wait_all_tasks_blocked()
+            # the only permit is free while the poll is parked: the write gets it
+            r = await c.post("/v0/topics/t", json={"records": [{"data": 1}]})
+            assert r.status_code == 200
+        assert [rec["$seq"] for rec in out[0]["records"]] == [1]

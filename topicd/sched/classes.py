@@ -1,0 +1,108 @@
+"""Work classes: client permits (scheduler spec R1).
+
+Client work — REST handlers: writes, reads, claims, control-plane changes — runs only
+while it holds one of `classes.client_permits` permits, so at most that many client
+requests are runnable at once and one pass of the event loop stays short: probes,
+metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
+which take no permit) are served within one batch however many clients push. At most
+`classes.client_waiters` requests wait for a permit; beyond that a request gets `429
+throttled` with `cause:"client_waiters"` before its body is read.
+
+A request gives its permit back as soon as it only waits — for a long-poll's wake-up, a
+WAL completion, room at a full ingest — with `give_back()`: a parked task costs no loop
+time, and holding permits while parked would let 32 long-polls starve every writer. It
+does not take one again: what is left (rendering the answer) is short and bounded.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from topicd.errors import Throttled
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+@dataclass
+class PermitStats:
+    capacity: int
+    in_use: int = 0
+    waiting: int = 0
+    peak_in_use: int = 0
+    peak_waiting: int = 0
+    waited: int = 0  # admissions that had to wait
+    rejected: int = 0  # 429 client_waiters
+    wait_s_total: float = 0.0
+
+
+class Permit:
+    """One admitted request's hold on a permit."""
+
+    __slots__ = ("held", "pool")
+
+    def __init__(self, pool: ClientPermits) -> None:
+        self.pool = pool
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.pool.release()
+
+
+_HELD: ContextVar[Permit | None] = ContextVar("topicd_client_permit", default=None)
+
+
+class ClientPermits:
+    def __init__(self, permits: int, max_waiters: int, retry_hint_ms: Callable[[], int]) -> None:
+        self._sem = trio.Semaphore(permits)
+        self.max_waiters = max_waiters
+        self.retry_hint_ms = retry_hint_ms
+        self.stats = PermitStats(capacity=permits)
+
+    async def admit(self) -> Permit:
+        """A permit, waiting for one if needed; `429 client_waiters` when too many wait."""
+        stats = self.stats
+        try:
+            self._sem.acquire_nowait()
+        except trio.WouldBlock:
+            if stats.waiting >= self.max_waiters:
+                stats.rejected += 1
+                raise Throttled.pressure(self.retry_hint_ms(), cause="client_waiters") from None
+            stats.waiting += 1
+            stats.waited += 1
+            stats.peak_waiting = max(stats.peak_waiting, stats.waiting)
+            t0 = trio.current_time()
+            try:
+                await self._sem.acquire()
+            finally:
+                stats.waiting -= 1
+                stats.wait_s_total += trio.current_time() - t0
+        stats.in_use += 1
+        stats.peak_in_use = max(stats.peak_in_use, stats.in_use)
+        return Permit(self)
+
+    def release(self) -> None:
+        self.stats.in_use -= 1
+        self._sem.release()
+
+    @staticmethod
+    def hold(permit: Permit | None) -> Token[Permit | None]:
+        """Make `permit` the current task's (and its children's); returns a reset token."""
+        return _HELD.set(permit)
+
+    @staticmethod
+    def unhold(token: Token[Permit | None]) -> None:
+        _HELD.reset(token)
+
+
+def give_back() -> None:
+    """The current request only waits from here on: free its permit (see module doc)."""
+    permit = _HELD.get()
+    if permit is not None:
+        permit.release()
