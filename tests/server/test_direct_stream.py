@@ -74,6 +74,9 @@ def test_sniff_decides_as_early_as_the_bytes_allow():
     assert sniff(b"PRI * HTTP/2.0\r\n") is False
     assert sniff(b"GET /v0/wa") is None
     assert sniff(b"GET /v0/watch/wid_x HTTP/1.1\r\n") is True
+    assert sniff(b"GET /v0/health HTTP/1.1\r\n") is True
+    assert sniff(b"GET /v0/health?x=1 HTTP/1.1\r\n") is False
+    assert sniff(b"GET /v0/metrics HTTP/1.1\r\n") is False
 
 
 async def test_streams_are_direct_and_deliver(server):
@@ -130,10 +133,10 @@ async def test_a_stream_after_another_request_on_the_connection_goes_through_hyp
     engine, http, host, port = server
     wid = await new_watch(http)
     stream = await trio.open_tcp_stream(host, port)
-    await stream.send_all(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    await stream.send_all(b"GET /v0/topics HTTP/1.1\r\nHost: x\r\n\r\n")
     first = b""
     with trio.fail_after(10):
-        while b"}" not in first:
+        while not first.endswith(b"}}"):
             first += await stream.receive_some(65536)
     assert first.startswith(b"HTTP/1.1 200")
     await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -191,3 +194,43 @@ async def test_a_reconnect_after_a_direct_stream_resumes_on_its_session(server):
     assert seqs == [2]
     assert opened(engine) == (2, 0)
     await c.aclose()
+
+
+async def test_probes_are_direct_and_keep_the_connection(server):
+    engine, http, host, port = server
+    wid = await new_watch(http)
+    stream = await trio.open_tcp_stream(host, port)
+    # two probes pipelined in one segment, then a stream open on the same connection
+    await stream.send_all(
+        b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    raw = b""
+    with trio.fail_after(10):
+        while raw.count(b"}}") < 2:
+            raw += await stream.receive_some(65536)
+    answers = raw.split(b"HTTP/1.1 ")[1:]
+    assert len(answers) == 2
+    for answer, status in zip(answers, ("ok", "ready"), strict=True):
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"200 OK")
+        assert b"connection: close" not in head.lower()
+        assert b"x-topicd-pressure" in head.lower()
+        doc = orjson.loads(body)
+        assert doc["status"] == status
+        assert "server_total_ms" in doc["performance"]
+    await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    c = RawSseClient(stream)
+    await c.read_head()
+    assert c.status == 200
+    await c.read_until(lambda f: f.event == "caught-up")
+    assert opened(engine) == (1, 0)
+    await c.aclose()
+
+
+async def test_a_probe_asking_to_close_gets_its_connection_closed(server):
+    _engine, _http, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw = await read_to_eof(stream)
+    assert raw.startswith(b"HTTP/1.1 200 OK")
+    assert b"connection: close" in raw.lower()

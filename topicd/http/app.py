@@ -237,9 +237,11 @@ class Gate:
         on_error: Callable[[TopicdError], None] | None = None,
         streams: WatchStreams | None = None,
         permits: ClientPermits | None = None,
+        probe: Callable[[str], dict[str, JsonValue]] | None = None,
     ) -> None:
         self.app = app
         self.permits = permits
+        self.probe = probe
         self.streams = streams
         self.on_error = on_error
         self.lifecycle = lifecycle
@@ -250,6 +252,30 @@ class Gate:
         self.access = config.logging.access_log
         self.pressure = pressure
         self._inflight: dict[str, int] = {}
+
+    async def _answer_probe(self, path: str, t0: float, send: Send) -> None:
+        """A probe answered here, without the framework (control work, scheduler spec R1)."""
+        assert self.probe is not None
+        try:
+            payload = self.probe(path)
+        except TopicdError as err:
+            if self.on_error is not None:
+                self.on_error(err)
+            await send_error(send, err)
+            return
+        payload["performance"] = {"server_total_ms": round(perf_ms() - t0, 3)}
+        body = orjson.dumps(payload)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", JSON.encode()),
+                    (b"content-length", b"%d" % len(body)),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
     def is_stream(self, scope: Scope) -> bool:
         """Whether this request opens an SSE stream (the direct socket path may serve it)."""
@@ -292,6 +318,14 @@ class Gate:
                 await send_error(send_stamped, err)
                 return
             err = self._admit(scope, path)
+            if (
+                err is None
+                and self.probe is not None
+                and path in PROBE_PATHS
+                and scope.get("method") == "GET"
+            ):
+                await self._answer_probe(path, t0, send_stamped)
+                return
             if err is None and self.keys.enabled and path not in PROBE_PATHS and self.max_inflight:
                 p = scope["topicd.principal"]
                 assert isinstance(p, Principal)
@@ -302,10 +336,11 @@ class Gate:
                     key_id = p.key_id
                     self._inflight[key_id] = count + 1
             if err is None and self.permits is not None and path not in CONTROL_PATHS:
-                try:
-                    permit = await self.permits.admit()  # client work (scheduler spec R1)
-                except Throttled as exc:
-                    err = exc
+                # client work (scheduler spec R1)
+                if self.permits.full():
+                    err = self.permits.refusal()
+                else:
+                    permit = await self.permits.admit()
             if err is not None:
                 if self.on_error is not None:
                     self.on_error(err)
@@ -502,6 +537,7 @@ def create_app(
         on_error=lambda err: _count(ref, err),
         streams=watch.WatchStreams(ref, config, keys),
         permits=ref.permits,
+        probe=lambda path: ops.probe_payload(path, ref, config, lifecycle),
     )
     return app
 

@@ -18,33 +18,42 @@ if TYPE_CHECKING:
     from topicd.http.app import EngineRef
 
 
-def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
-    async def health() -> Response:
-        return json_response(
-            {"status": "ok", "version": __version__, "uptime_ms": lifecycle.uptime_ms()}
+def probe_payload(
+    path: str, ref: EngineRef, config: Config, lifecycle: Lifecycle
+) -> dict[str, JsonValue]:
+    """The answer of a probe path (without `performance`), or the `TopicdError` it is."""
+    if path in ("/v0/health", "/healthz"):
+        return {"status": "ok", "version": __version__, "uptime_ms": lifecycle.uptime_ms()}
+    phase = lifecycle.phase.value
+    if phase is Phase.SERVING:
+        engine = ref.engine
+        body: dict[str, JsonValue] = {
+            "status": "ready",
+            "wal_replay_complete": True,
+            "topics": len(engine.topics),
+        }
+        storage = engine.commit.status()
+        if storage is not None:
+            body["storage"] = storage
+            if config.breaker.unready_when_open:
+                engine.commit.check_all()  # 503 storage_unavailable while not closed
+        return body
+    if phase in (Phase.STARTING, Phase.FAILED):
+        raise NotReady(
+            "recovery in progress" if phase is Phase.STARTING else "recovery failed",
+            {"replay_progress": round(lifecycle.replay_progress, 4)},
         )
+    raise ShuttingDown("the server is shutting down")
+
+
+def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
+    # GET is answered by the gate itself (`Gate.probe`, no framework work: control class);
+    # these routes serve HEAD and make other methods answer 405
+    async def health() -> Response:
+        return json_response(probe_payload("/v0/health", ref, config, lifecycle))
 
     async def ready() -> Response:
-        phase = lifecycle.phase.value
-        if phase is Phase.SERVING:
-            engine = ref.engine
-            body: dict[str, JsonValue] = {
-                "status": "ready",
-                "wal_replay_complete": True,
-                "topics": len(engine.topics),
-            }
-            storage = engine.commit.status()
-            if storage is not None:
-                body["storage"] = storage
-                if config.breaker.unready_when_open:
-                    engine.commit.check_all()  # 503 storage_unavailable while not closed
-            return json_response(body)
-        if phase in (Phase.STARTING, Phase.FAILED):
-            raise NotReady(
-                "recovery in progress" if phase is Phase.STARTING else "recovery failed",
-                {"replay_progress": round(lifecycle.replay_progress, 4)},
-            )
-        raise ShuttingDown("the server is shutting down")
+        return json_response(probe_payload("/v0/ready", ref, config, lifecycle))
 
     app.add_url_rule("/v0/health", "health", health, methods=["GET"])
     app.add_url_rule("/healthz", "healthz", health, methods=["GET"])

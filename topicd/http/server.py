@@ -13,9 +13,15 @@ looked at before Hypercorn gets the connection.
   connection's trio socket stream, in HTTP/1.1 chunked framing. This removes Hypercorn's
   per-chunk work (h11 events, its send lock and shielded scopes), which measured about
   half of a watch stream's per-frame CPU (docs/PERFORMANCE.md, "SSE fan-out").
+* Probes (`GET /v0/health`, `/healthz`, `/v0/ready`, `/readyz`) are served the same way
+  (the gate answers them without the framework), and the connection is kept for the next
+  request: a prober on a keep-alive connection is served directly every time. Under a
+  flood every request through Hypercorn waits for several turns of a crowded event loop;
+  a direct probe waits for about one (scheduler spec R1: control work first).
 * Anything else — every other request, h2c prior knowledge, an `Upgrade`, a malformed
-  or oversized head — goes to Hypercorn unchanged: the bytes already read are replayed to
-  it first (`Replay`), so it parses the connection from its first byte.
+  or oversized head, any request after a non-probe one — goes to Hypercorn unchanged:
+  the bytes already read are replayed to it first (`Replay`), so it parses the
+  connection from that request on.
 
 `sse.direct_write = false` turns the direct path off (every stream then goes through
 Hypercorn's ASGI send); both paths run the same watch code and the same tests.
@@ -38,7 +44,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from topicd.errors import Internal
-from topicd.http.app import gate_of, send_error
+from topicd.http.app import PROBE_PATHS, gate_of, send_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -97,12 +103,21 @@ class Replay(trio.abc.HalfCloseableStream):
         await self.stream.aclose()
 
 
+PROBE_HEADS: Final = (b"GET /v0/health ", b"GET /healthz ", b"GET /v0/ready ", b"GET /readyz ")
+DIRECT_HEADS: Final = (STREAM_HEAD, *PROBE_HEADS)
+
+
 def sniff(head: bytes) -> bool | None:
-    """True: a stream open, read on to the end of the head; False: not ours; None: unsure."""
-    n = min(len(head), len(STREAM_HEAD))
-    if head[:n] != STREAM_HEAD[:n]:
-        return False
-    return True if n == len(STREAM_HEAD) else None
+    """True: a request the direct path may serve (read on to the end of its head);
+    False: Hypercorn's; None: too few bytes to tell."""
+    undecided = False
+    for prefix in DIRECT_HEADS:
+        n = min(len(head), len(prefix))
+        if head[:n] == prefix[:n]:
+            if n == len(prefix):
+                return True
+            undecided = True
+    return None if undecided else False
 
 
 def stream_scope(head: bytes, stream: trio.SocketStream, max_head: int) -> Scope | None:
@@ -147,12 +162,18 @@ def stream_scope(head: bytes, stream: trio.SocketStream, max_head: int) -> Scope
 
 
 class DirectExchange:
-    """One request served on a raw socket stream (see module docstring)."""
+    """One request served on a raw socket stream (see module docstring).
 
-    def __init__(self, stream: trio.SocketStream, scope: Scope) -> None:
+    A stream open ends the connection with the stream. A probe answered with a
+    `content-length` may keep the connection (`keep_alive`) for the next request."""
+
+    def __init__(
+        self, stream: trio.SocketStream, scope: Scope, *, keep_alive: bool = False
+    ) -> None:
         self.stream = stream
         self.scope = scope
         self.http11 = scope["http_version"] == "1.1"
+        self.keep_alive = keep_alive
         self.cancel = trio.CancelScope()
         self._requested = False
         self._head: bytes | None = None  # the response head, sent with the first body
@@ -161,7 +182,8 @@ class DirectExchange:
         self._broken = False
         self._sent = False  # any byte of the response written
 
-    async def run(self, app: AsgiApp) -> None:
+    async def run(self, app: AsgiApp) -> bool:
+        """Serve the request; True if the connection stays open for another one."""
         try:
             with self.cancel:
                 try:
@@ -169,17 +191,22 @@ class DirectExchange:
                 except Exception:
                     # the gate renders every known error; this is a bug: log it, answer
                     # 500 if nothing was sent yet, and keep the server up
-                    log.exception("unhandled error on a direct stream")
+                    log.exception("unhandled error on a direct request")
                     if self._head is None and not self._sent:
                         await send_error(self.send, Internal("internal error (see the server log)"))
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                await self.stream.aclose()
+            if not (self.keep_alive and self._done and not self._broken):
+                self.keep_alive = False
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await self.stream.aclose()
+        return self.keep_alive
 
     async def receive(self) -> Message:
         if not self._requested:
             self._requested = True
             return {"type": "http.request", "body": b"", "more_body": False}
+        if self.keep_alive:
+            await trio.sleep_forever()  # the next bytes are the next request's
         received = 0
         while not self._broken:
             try:
@@ -228,6 +255,8 @@ class DirectExchange:
         headers = cast("list[tuple[bytes, bytes]]", message.get("headers", []))
         sized = any(k.lower() == b"content-length" for k, _ in headers)
         self._chunked = self.http11 and not sized
+        if not sized:
+            self.keep_alive = False  # a body without a length ends with the connection
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
         for key, value in headers:
             if key.lower() == b"connection" and not self._chunked:
@@ -236,8 +265,8 @@ class DirectExchange:
         lines.append(b"date: " + format_date_time(None).encode("ascii") + b"\r\n")
         if self._chunked:
             lines.append(b"transfer-encoding: chunked\r\n")
-        else:
-            lines.append(b"connection: close\r\n")  # one exchange per direct connection
+        elif not self.keep_alive:
+            lines.append(b"connection: close\r\n")
         lines.append(b"\r\n")
         return b"".join(lines)
 
@@ -273,37 +302,55 @@ class Listener:
         for scope in list(self.sniffing):
             scope.cancel()
 
+    async def _read_head(self, stream: trio.SocketStream, head: bytes) -> tuple[bytes, str]:
+        """Read until the head can be classified: ("direct" with a complete head,
+        "other": Hypercorn's, "closed": EOF, idle past the keep-alive timeout, or shutting
+        down)."""
+        with trio.CancelScope() as scope:
+            scope.deadline = trio.current_time() + self.config.keep_alive_timeout
+            self.sniffing.add(scope)
+            try:
+                while True:
+                    verdict = sniff(head)
+                    if verdict is False or len(head) > self.max_head:
+                        return head, "other"
+                    if verdict and b"\r\n\r\n" in head:
+                        return head, "direct"
+                    data = await stream.receive_some(RECV_BYTES)
+                    if not data:
+                        return head, "other" if head else "closed"
+                    head += data
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return head, "closed"
+            finally:
+                self.sniffing.discard(scope)
+        return head, "closed"  # cancelled: the deadline or the shutdown
+
     async def __call__(self, stream: trio.SocketStream) -> None:
         head = b""
-        ours: bool | None = False
-        if self.direct and not self.closing:
-            ours = None
-            with trio.CancelScope() as scope:
-                scope.deadline = trio.current_time() + self.config.keep_alive_timeout
-                self.sniffing.add(scope)
-                try:
-                    while ours is None or (ours and b"\r\n\r\n" not in head):
-                        data = await stream.receive_some(RECV_BYTES)
-                        if not data:
-                            break
-                        head += data
-                        ours = sniff(head)
-                        if len(head) > self.max_head:
-                            ours = False
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    head = b""
-                finally:
-                    self.sniffing.discard(scope)
-            if not head or scope.cancelled_caught:
-                # idle past the keep-alive timeout, gone, or the server is shutting down
+        while self.direct and not self.closing:
+            head, verdict = await self._read_head(stream, head)
+            if verdict == "closed":
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                     await stream.aclose()
                 return
-        if ours and b"\r\n\r\n" in head:
-            scope_ = stream_scope(head, stream, self.max_head)
-            if scope_ is not None and self.is_stream(scope_):
-                await DirectExchange(stream, scope_).run(self.asgi)
+            if verdict == "other":
+                break
+            end = head.index(b"\r\n\r\n") + 4
+            scope = stream_scope(head[:end], stream, self.max_head)
+            if scope is None:
+                break
+            if cast("str", scope["path"]) in PROBE_PATHS:
+                keep = scope["http_version"] == "1.1" and not _closes(scope)
+                exchange = DirectExchange(stream, scope, keep_alive=keep)
+                if not await exchange.run(self.asgi):
+                    return
+                head = head[end:]  # what the client already sent of its next request
+                continue
+            if self.is_stream(scope):
+                await DirectExchange(stream, scope).run(self.asgi)
                 return
+            break
         conn_stream = Replay(stream, head) if head else stream
         server = TCPServer(
             self.app,
@@ -313,6 +360,13 @@ class Listener:
             cast("trio.SSLStream[trio.SocketStream]", conn_stream),
         )
         await server.run()
+
+
+def _closes(scope: Scope) -> bool:
+    for key, value in cast("list[tuple[bytes, bytes]]", scope["headers"]):
+        if key == b"connection" and b"close" in value.lower():
+            return True
+    return False
 
 
 async def serve(

@@ -65,15 +65,25 @@ class ClientPermits:
         self.retry_hint_ms = retry_hint_ms
         self.stats = PermitStats(capacity=permits)
 
+    def full(self) -> bool:
+        """Whether a request arriving now would be refused (no permit, waiters full)."""
+        return self._sem.value == 0 and self.stats.waiting >= self.max_waiters
+
+    def refusal(self) -> Throttled:
+        """The `429 client_waiters` for a request `full()` refused (not raised: a raised
+        and caught exception keeps its frame alive in a reference cycle, and a flood of
+        refusals would fill the cyclic garbage collector)."""
+        self.stats.rejected += 1
+        return Throttled.pressure(self.retry_hint_ms(), cause="client_waiters")
+
     async def admit(self) -> Permit:
         """A permit, waiting for one if needed; `429 client_waiters` when too many wait."""
         stats = self.stats
-        try:
+        if self._sem.value > 0:
             self._sem.acquire_nowait()
-        except trio.WouldBlock:
+        else:
             if stats.waiting >= self.max_waiters:
-                stats.rejected += 1
-                raise Throttled.pressure(self.retry_hint_ms(), cause="client_waiters") from None
+                raise self.refusal()
             stats.waiting += 1
             stats.waited += 1
             stats.peak_waiting = max(stats.peak_waiting, stats.waiting)

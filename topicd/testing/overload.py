@@ -22,7 +22,16 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Any
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Tally:
+    status: dict[str, int] = field(default_factory=dict)
+    no_retry_after: int = 0
+    causes: dict[str, int] = field(default_factory=dict)
+    acked: dict[str, list[list[int]]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
@@ -40,7 +49,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, s
 
 
 async def _conn(
-    port: int, w: int, topics: int, deadline: float, answer_s: float, out: dict[str, Any]
+    port: int, w: int, topics: int, deadline: float, answer_s: float, out: Tally
 ) -> None:
     topic = f"ovl-{w % topics}"
     try:
@@ -48,7 +57,7 @@ async def _conn(
             asyncio.open_connection("127.0.0.1", port), answer_s
         )
     except (OSError, TimeoutError) as exc:
-        out["errors"].append(f"connect {w}: {exc!r}")
+        out.errors.append(f"connect {w}: {exc!r}")
         return
     i = 0
     try:
@@ -63,31 +72,25 @@ async def _conn(
             try:
                 status, headers, payload = await asyncio.wait_for(_read_response(reader), answer_s)
             except (TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
-                out["errors"].append(f"conn {w} write {i}: {exc!r}")
+                out.errors.append(f"conn {w} write {i}: {exc!r}")
                 return
-            out["status"][str(status)] = out["status"].get(str(status), 0) + 1
+            out.status[str(status)] = out.status.get(str(status), 0) + 1
             if 200 <= status < 300:
                 seqs = json.loads(payload)["seqs"]
-                out["acked"].setdefault(topic, []).append([seqs[0], w, i])
+                out.acked.setdefault(topic, []).append([seqs[0], w, i])
             elif status in (429, 503):
                 if "retry-after" not in headers:
-                    out["no_retry_after"] += 1
+                    out.no_retry_after += 1
                 if status == 429:
                     cause = json.loads(payload)["error"]["detail"].get("cause", "pressure")
-                    out["causes"][cause] = out["causes"].get(cause, 0) + 1
+                    out.causes[cause] = out.causes.get(cause, 0) + 1
             i += 1
     finally:
         writer.close()
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "status": {},
-        "no_retry_after": 0,
-        "causes": {},
-        "acked": {},
-        "errors": [],
-    }
+async def _main(args: argparse.Namespace) -> Tally:
+    out = Tally()
     deadline = asyncio.get_running_loop().time() + args.seconds
     await asyncio.gather(
         *(_conn(args.port, w, args.topics, deadline, args.timeout, out) for w in range(args.conns))
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topics", type=int, default=4)
     p.add_argument("--timeout", type=float, default=30.0)
     args = p.parse_args(argv)
-    json.dump(asyncio.run(_main(args)), sys.stdout)
+    json.dump(asdict(asyncio.run(_main(args))), sys.stdout)
     return 0
 
 
