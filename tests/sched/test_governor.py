@@ -10,20 +10,19 @@ to the `429` rung through the real signals.
 
 from __future__ import annotations
 
-import msgspec
 import orjson
 import pytest
 import trio
 import trio.lowlevel
 import trio.testing
 
-from topicd.engine.watch import LIVE, Conn, FrameRef
+from tests.sched.helpers import live_conn, received, write_req
 from topicd.errors import Throttled
 from topicd.offload import InlineOffload
 from topicd.sched.governor import Governor, Sources, coalesce_ms, commit_window_ms
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, make_config, open_app, open_durable
-from topicd.wire import DiffIn, RecordIn, TopicConfigIn, WatchIn, WatchTopicIn, WriteIn
+from topicd.wire import DiffIn, TopicConfigIn, WriteIn
 
 CFG = make_config().governor
 
@@ -192,30 +191,6 @@ def test_defer_needs_3_consecutive_samples_above_0_8_and_releases_below_0_6():
 # ---- the rungs inside the engine ----------------------------------------------------------------
 
 
-def write_req(*values: object) -> WriteIn:
-    return WriteIn(records=[RecordIn(data=msgspec.Raw(orjson.dumps(v))) for v in values])
-
-
-async def live_conn(engine, name: str) -> Conn:
-    req = WatchIn(topics={name: WatchTopicIn(tail=True)})
-    session, _ = engine.create_watch(None, req, False)
-    conn = engine.watch.open_stream(session, None)
-    conn.mode[name] = LIVE
-    conn.enqueued_to[name] = session.cursors[name]
-    return conn
-
-
-def received(conn: Conn) -> list[FrameRef]:
-    out = []
-    while True:
-        try:
-            ref = conn.recv_ch.receive_nowait()
-        except trio.WouldBlock:
-            return out
-        conn.buffered_bytes -= ref.nbytes
-        out.append(ref)
-
-
 async def test_coalescing_packs_a_burst_into_one_frame(autojump_clock):
     async with open_app() as h:
         engine = h.engine
@@ -229,7 +204,7 @@ async def test_coalescing_packs_a_burst_into_one_frame(autojump_clock):
             await trio.sleep(0.002)
         assert received(conn) == []  # held for the window
         await trio.sleep(0.01)
-        refs = [r for r in received(conn) if r.topic]
+        refs = received(conn)
         assert len(refs) == 1
         assert (refs[0].from_seq, refs[0].to_seq) == (0, 3)
         assert trio.current_time() - t0 >= 0.010
@@ -239,7 +214,7 @@ async def test_coalescing_packs_a_burst_into_one_frame(autojump_clock):
         await engine.append("t", write_req("x"))
         await trio.lowlevel.checkpoint()
         await trio.testing.wait_all_tasks_blocked()
-        assert [(r.from_seq, r.to_seq) for r in received(conn) if r.topic] == [(3, 4)]
+        assert [(r.from_seq, r.to_seq) for r in received(conn)] == [(3, 4)]
 
 
 async def test_pressure_reaches_the_header(autojump_clock):
@@ -258,7 +233,7 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
         high = await live_conn(engine, "high")
         engine._govern(0.9, coalesce_ms(0.9, CFG), commit_window_ms(0.9, CFG))
         engine._set_defer(True)
-        advisories = [r for r in received(low) if not r.topic]
+        advisories = [r for r in received(low, advisories=True) if not r.topic]
         assert len(advisories) == 1
         body = advisories[0].body
         assert body is not None and body.startswith(b"event: error\ndata: ")
@@ -267,12 +242,12 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
         assert data["topics"] == ["low"]
         assert data["error"] == data["message"]
         assert data["retry_after_ms"] == round(250 + 1750 * 0.9)
-        assert received(high) == []  # nothing paused there: no advisory
+        assert received(high, advisories=True) == []  # nothing paused there: no advisory
         await engine.append("low", write_req(1))
         await engine.append("high", write_req(1))
         await trio.sleep(1.0)
-        assert [r.to_seq for r in received(high) if r.topic] == [1]
-        assert received(low) == []  # paused: stored, not pushed
+        assert [r.to_seq for r in received(high)] == [1]
+        assert received(low, advisories=True) == []  # paused: stored, not pushed
         _, res = await engine.diff("low", DiffIn())
         assert len(res.records) == 1  # still readable
         # a long-poll on the paused topic is not woken by the append (no drain); at its
@@ -293,7 +268,7 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
         assert len(res.records) == 1 and trio.current_time() - t0 == pytest.approx(0.5)
         engine._set_defer(False)
         await trio.sleep(0.1)
-        assert [r.to_seq for r in received(low) if r.topic] == [2]
+        assert [r.to_seq for r in received(low)] == [2]
 
 
 async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):

@@ -9,40 +9,14 @@ from __future__ import annotations
 
 import itertools
 
-import msgspec
 import orjson
 import pytest
 import trio
 
-from topicd.engine.watch import LIVE, Conn, FrameRef
+from tests.sched.helpers import live_conn, received, write_req
+from topicd.engine.watch import FrameRef
 from topicd.testing.harness import make_config, open_app
-from topicd.wire import DiffIn, RecordIn, TopicConfigIn, WatchIn, WatchTopicIn, WriteIn
-
-
-def write_req(*values: object) -> WriteIn:
-    return WriteIn(records=[RecordIn(data=msgspec.Raw(orjson.dumps(v))) for v in values])
-
-
-async def live_conn(engine, name: str, **opts: object) -> Conn:
-    """A registered connection with `name` already in live mode at its head."""
-    req = WatchIn(topics={name: WatchTopicIn(tail=True)}, **opts)  # type: ignore[arg-type]
-    session, _ = engine.create_watch(None, req, False)
-    conn = engine.watch.open_stream(session, None)
-    conn.mode[name] = LIVE
-    conn.enqueued_to[name] = session.cursors[name]
-    return conn
-
-
-def received(conn: Conn) -> list[FrameRef]:
-    out = []
-    while True:
-        try:
-            ref = conn.recv_ch.receive_nowait()
-        except trio.WouldBlock:
-            return out
-        conn.buffered_bytes -= ref.nbytes
-        if ref.topic:
-            out.append(ref)
+from topicd.wire import DiffIn, TopicConfigIn
 
 
 def seqs_of(refs: list[FrameRef]) -> list[int]:

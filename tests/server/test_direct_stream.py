@@ -10,22 +10,14 @@ Real clock and sockets: the tests assert behaviour, never timing.
 from __future__ import annotations
 
 import re
-from functools import partial
 
 import httpx
 import orjson
 import pytest
 import trio
 
-from topicd.clock import SystemWallClock
-from topicd.daemon import hypercorn_config
-from topicd.engine.engine import open_engine
-from topicd.http.app import create_app
-from topicd.http.auth import KeyStore
-from topicd.http.server import serve as serve_http
 from topicd.http.server import sniff
-from topicd.lifecycle import Lifecycle
-from topicd.testing.harness import make_config
+from topicd.testing.harness import make_config, serve_in_process
 from topicd.testing.sse import RawSseClient, SseParser
 
 IDLE_MS = 300
@@ -34,19 +26,11 @@ IDLE_MS = 300
 @pytest.fixture
 async def server():
     cfg = make_config(server={"port": 0, "header_read_timeout_ms": IDLE_MS})
-    lifecycle = Lifecycle()
-    stop = trio.Event()
-    async with open_engine(cfg, SystemWallClock()) as engine, trio.open_nursery() as nursery:
-        app = create_app(engine, cfg, lifecycle, KeyStore.from_config(cfg.auth))
-        binds = await nursery.start(
-            partial(serve_http, app, hypercorn_config(cfg), shutdown_trigger=stop.wait)
-        )
-        lifecycle.set_serving()
-        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
-        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
+    async with serve_in_process(cfg) as (engine, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             await http.put("/v0/topics/d", json={})
             yield engine, http, host, int(port)
-        stop.set()
 
 
 async def new_watch(http: httpx.AsyncClient) -> str:
@@ -58,6 +42,16 @@ async def new_watch(http: httpx.AsyncClient) -> str:
 def opened(engine) -> tuple[int, int]:
     stats = engine.watch.stats
     return stats.streams_direct, stats.streams_opened - stats.streams_direct
+
+
+async def expect_stream(engine, stream: trio.SocketStream, opened_as: tuple[int, int]) -> None:
+    """The stream just requested on `stream` opens, catches up, and was served as said."""
+    c = RawSseClient(stream)
+    await c.read_head()
+    assert c.status == 200
+    await c.read_until(lambda f: f.event == "caught-up")
+    assert opened(engine) == opened_as
+    await c.aclose()
 
 
 async def read_to_eof(stream: trio.SocketStream) -> bytes:
@@ -104,12 +98,7 @@ async def test_a_head_split_across_segments_is_still_direct(server):
     for part in (request[:6], request[6:20], request[20:]):
         await stream.send_all(part.encode())
         await trio.sleep(0.01)  # separate segments, not a wait for a condition
-    c = RawSseClient(stream)
-    await c.read_head()
-    assert c.status == 200
-    await c.read_until(lambda f: f.event == "caught-up")
-    assert opened(engine) == (1, 0)
-    await c.aclose()
+    await expect_stream(engine, stream, (1, 0))
 
 
 async def test_errors_on_the_direct_path_use_the_canonical_body_and_close(server):
@@ -140,12 +129,7 @@ async def test_a_stream_after_another_request_on_the_connection_goes_through_hyp
             first += await stream.receive_some(65536)
     assert first.startswith(b"HTTP/1.1 200")
     await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    c = RawSseClient(stream)
-    await c.read_head()
-    assert c.status == 200
-    await c.read_until(lambda f: f.event == "caught-up")
-    assert opened(engine) == (0, 1)  # the connection was Hypercorn's from its first byte
-    await c.aclose()
+    await expect_stream(engine, stream, (0, 1))  # Hypercorn's from the first non-probe
 
 
 async def test_http10_stream_is_unchunked(server):
@@ -219,12 +203,7 @@ async def test_probes_are_direct_and_keep_the_connection(server):
         assert doc["status"] == status
         assert "server_total_ms" in doc["performance"]
     await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    c = RawSseClient(stream)
-    await c.read_head()
-    assert c.status == 200
-    await c.read_until(lambda f: f.event == "caught-up")
-    assert opened(engine) == (1, 0)
-    await c.aclose()
+    await expect_stream(engine, stream, (1, 0))
 
 
 async def test_a_probe_asking_to_close_gets_its_connection_closed(server):

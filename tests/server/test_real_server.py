@@ -8,41 +8,17 @@ sockets, so they assert behaviour, never timing.
 
 from __future__ import annotations
 
-from functools import partial
-
 import httpx
 import pytest
 import trio
 
-from topicd.clock import SystemWallClock
-from topicd.daemon import hypercorn_config
-from topicd.engine.engine import open_engine
-from topicd.http.app import create_app
-from topicd.http.auth import KeyStore
-from topicd.http.server import serve
-from topicd.lifecycle import Lifecycle
-from topicd.testing.harness import make_config
+from topicd.testing.harness import make_config, serve_in_process
 
 
 @pytest.fixture
 async def base_url():
-    cfg = make_config(server={"port": 0})
-    lifecycle = Lifecycle()
-    stop = trio.Event()
-    async with open_engine(cfg, SystemWallClock()) as engine, trio.open_nursery() as nursery:
-        app = create_app(engine, cfg, lifecycle, KeyStore.from_config(cfg.auth))
-        binds = await nursery.start(
-            partial(
-                serve,
-                app,
-                hypercorn_config(cfg),
-                direct=cfg.sse.direct_write,
-                shutdown_trigger=stop.wait,
-            )
-        )
-        lifecycle.set_serving()
-        yield binds[0]
-        stop.set()
+    async with serve_in_process(make_config(server={"port": 0})) as (_engine, url):
+        yield url
 
 
 async def test_http11_round_trip(base_url):

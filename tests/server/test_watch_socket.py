@@ -11,20 +11,10 @@ on the connection. Real clock: the tests assert behaviour, never timing.
 
 from __future__ import annotations
 
-from functools import partial
-
 import httpx
 import pytest
-import trio
 
-from topicd.clock import SystemWallClock
-from topicd.daemon import hypercorn_config
-from topicd.engine.engine import open_engine
-from topicd.http.app import create_app
-from topicd.http.auth import KeyStore
-from topicd.http.server import serve
-from topicd.lifecycle import Lifecycle
-from topicd.testing.harness import make_config
+from topicd.testing.harness import make_config, serve_in_process
 from topicd.testing.sse import Frame, RawSseClient
 
 CHANNEL_FRAMES = 32
@@ -41,24 +31,10 @@ async def server(request):
             "direct_write": request.param,
         },
     )
-    lifecycle = Lifecycle()
-    stop = trio.Event()
-    async with open_engine(cfg, SystemWallClock()) as engine, trio.open_nursery() as nursery:
-        app = create_app(engine, cfg, lifecycle, KeyStore.from_config(cfg.auth))
-        binds = await nursery.start(
-            partial(
-                serve,
-                app,
-                hypercorn_config(cfg),
-                direct=cfg.sse.direct_write,
-                shutdown_trigger=stop.wait,
-            )
-        )
-        lifecycle.set_serving()
-        host, port = binds[0].removeprefix("http://").rsplit(":", 1)
-        async with httpx.AsyncClient(base_url=binds[0], timeout=30) as http:
+    async with serve_in_process(cfg) as (engine, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             yield engine, http, host, int(port)
-        stop.set()
 
 
 def records(frames: list[Frame], topic: str) -> list[int]:

@@ -7,10 +7,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import trio
+
+from topicd.clock import SystemWallClock
 from topicd.config import Config
+from topicd.daemon import hypercorn_config
 from topicd.engine.engine import Engine, open_engine
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
+from topicd.http.server import serve
 from topicd.lifecycle import Lifecycle
 from topicd.offload import InlineOffload, Offload
 from topicd.storage.service import open_durable_engine
@@ -122,3 +127,29 @@ async def open_durable_app(
         lifecycle.set_serving()
         async with app.test_app():
             yield AppHarness(app, engine, lifecycle, clock)
+
+
+@asynccontextmanager
+async def serve_in_process(config: Config) -> AsyncIterator[tuple[Engine, str]]:
+    """The whole app on the daemon's HTTP server (`topicd.http.server.serve`, port 0)
+    in this process, with the real clock: yields the engine and the base URL."""
+    lifecycle = Lifecycle()
+    stop = trio.Event()
+    async with open_engine(config, SystemWallClock()) as engine, trio.open_nursery() as nursery:
+        app = create_app(engine, config, lifecycle, KeyStore.from_config(config.auth))
+
+        async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve(
+                app,
+                hypercorn_config(config),
+                direct=config.sse.direct_write,
+                shutdown_trigger=stop.wait,
+                task_status=task_status,
+            )
+
+        binds = await nursery.start(run)
+        lifecycle.set_serving()
+        try:
+            yield engine, binds[0]
+        finally:
+            stop.set()
