@@ -135,6 +135,9 @@ async def test_watch_and_scheduler_series(autojump_clock, nursery):
         assert sample(text, "topicd_sse_lagged_total") == 1
         assert sample(text, "topicd_sse_lagged") == 1
         assert sample(text, "topicd_sched_drains_total") >= 2
+        assert sample(text, "topicd_sched_latency_seconds_count") == sample(
+            text, "topicd_sched_drains_total"
+        )
         assert sample(text, "topicd_sched_ready", '{band="B1",shard="0"}') == 0
         assert sample(text, "topicd_sched_served_total", '{band="B3"}') >= 2  # read recency
         body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
@@ -159,6 +162,8 @@ async def test_governor_series(autojump_clock):
         ):
             assert fam[name] == "gauge", name
         assert fam["topicd_dropped_total"] == "counter"
+        assert fam["topicd_sched_latency_seconds"] == "histogram"
+        assert 'topicd_sched_latency_seconds_bucket{le="+Inf"}' in text
         assert fam["topicd_defer_episodes_total"] == "counter"
         assert sample(text, "topicd_pressure") == 0.7
         assert sample(text, "topicd_pressure_signal", '{signal="pool"}') == 0.7

@@ -32,6 +32,7 @@ from topicd import __version__
 from topicd.http.app import principal
 from topicd.lifecycle import Phase
 from topicd.sched.saturation import LEVELS
+from topicd.sched.scheduler import SCHED_BUCKETS_MS
 from topicd.storage.wal import FSYNC_BUCKETS_US, WalCommitPath
 
 if TYPE_CHECKING:
@@ -223,6 +224,19 @@ class _Collector:
             "topicd_sched_latency_ms",
             "Scheduling latency EWMA: drain start minus ripe time (ms).",
             engine.sched.stats.ewma_sched_ms,
+        )
+        stats = engine.sched.stats
+        running = 0
+        cumulative: list[tuple[str, float]] = []
+        bounds = [*(str(b / 1000) for b in SCHED_BUCKETS_MS), "+Inf"]
+        for bound, n in zip(bounds, stats.latency_buckets, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        yield HistogramMetricFamily(
+            "topicd_sched_latency_seconds",
+            "Scheduling latency per drain: drain start minus the topic's ripe time.",
+            buckets=cumulative,
+            sum_value=stats.latency_ms_total / 1000,
         )
         yield gauge_of(
             "topicd_loop_lag_ms", "Event-loop lag EWMA: one scheduling batch (ms).", gov.loop_lag_ms

@@ -24,9 +24,10 @@ band. Time is Trio's clock (`MockClock` in tests); recency uses the engine's wal
 
 from __future__ import annotations
 
+import bisect
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topicd.sched")
 
+SCHED_BUCKETS_MS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 500.0, 1000.0)
+
 
 @dataclass
 class SchedStats:
@@ -56,6 +59,9 @@ class SchedStats:
     sched_delay_s_total: float = 0.0  # enqueue → drain, summed
     sched_delay_s_max: float = 0.0
     ewma_sched_ms: float = 0.0  # drain start − ripe_at, EWMA per drain (governor s2)
+    # the same latency as a histogram: counts per bucket of SCHED_BUCKETS_MS (+Inf last)
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(SCHED_BUCKETS_MS) + 1))
+    latency_ms_total: float = 0.0
 
 
 class Shard:
@@ -216,6 +222,8 @@ class DeliveryScheduler:
             stats = self.stats
             late_ms = max(0.0, now - slot.ripe_at) * 1000
             stats.ewma_sched_ms += self.sched_alpha * (late_ms - stats.ewma_sched_ms)
+            stats.latency_buckets[bisect.bisect_left(SCHED_BUCKETS_MS, late_ms)] += 1
+            stats.latency_ms_total += late_ms
             stats.sched_delay_s_total += delay
             if delay > stats.sched_delay_s_max:
                 stats.sched_delay_s_max = delay
