@@ -246,6 +246,15 @@ class Conn:
         self.cancel_scope = trio.CancelScope()
         self.write_started: float | None = None  # when the current socket write began
         self.frames_written = 0
+        self.last_write = 0.0  # Trio time of the last write (the heartbeat counts from it)
+        # the direct socket path (set by the transport; None: every frame via the pump):
+        # `direct(payload)` frames and sends without blocking and returns what the socket
+        # did not take (None: the connection is broken); `raw_write` sends such a
+        # remainder as is
+        self.direct: Callable[[bytes], bytes | None] | None = None
+        self.raw_write: Callable[[bytes], Awaitable[None]] | None = None
+        self.idle = False  # the pump waits on an empty channel: the drain may write itself
+        self.remainder = b""  # bytes a direct write left unsent: the pump writes them first
 
     def set_pull(self, name: str) -> None:
         """Switch one topic to pull; the pump catches it up from its position."""
@@ -276,6 +285,8 @@ class Conn:
         if self.enqueued_to.get(name) != ref.from_seq:
             self.set_pull(name)  # range mismatch: never guess
             return True
+        if self.idle and self.direct is not None and self.stop is None:
+            return self._write_now(ref)
         if self.buffered_bytes + ref.nbytes > self.max_bytes:
             self.mark_lagged()
             return True
@@ -296,6 +307,29 @@ class Conn:
             trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
         ):
             self.send_ch.send_nowait(_POKE)
+
+    def _write_now(self, ref: FrameRef) -> bool:
+        """The drain writes the frame to the idle stream's socket itself (no task switch,
+        no channel); what the socket does not take now, the pump writes next."""
+        assert self.direct is not None
+        name = ref.topic
+        pos = self.pos
+        pos[name] = ref.to_seq
+        self.enqueued_to[name] = ref.to_seq
+        if ref.body is None:
+            return True  # the range only moves the cursor
+        left = self.direct(b"id: " + composite_id(pos) + b"\n" + ref.body)
+        if left is None:
+            return False  # the connection is gone
+        self.frames_written += 1
+        self.last_write = trio.current_time()
+        if left:
+            self.remainder = left
+            self.idle = False
+            self.poke()
+        elif self.session.conn is self:
+            self.session.cursors.update(pos)  # written: a reconnect resumes after it
+        return True
 
     def advise(self, body: bytes) -> bool:
         """Queue an advisory frame (no `id:`, moves no cursor). False when the channel is
@@ -654,18 +688,28 @@ async def pump(
     recv = conn.recv_ch
     pos = conn.pos
 
-    async def emit(chunk: bytes) -> None:
+    async def emit(chunk: bytes, raw: bool = False) -> None:
         conn.write_started = trio.current_time()
-        await write(chunk)
+        if raw:
+            assert conn.raw_write is not None
+            await conn.raw_write(chunk)
+        else:
+            await write(chunk)
         conn.write_started = None
+        conn.last_write = trio.current_time()
         conn.frames_written += 1
         if session.conn is conn:
             session.cursors.update(pos)  # written: a reconnect resumes after it
 
     try:
         await emit(b"retry: %d\n\n" % retry_ms + HEARTBEAT)
-        last_write = trio.current_time()
         while True:
+            if conn.remainder:
+                # the rest of a frame the drain wrote directly: first, and as is
+                rest, conn.remainder = conn.remainder, b""
+                conn.frames_written -= 1  # counted when the drain wrote its start
+                await emit(rest, raw=True)
+                continue
             if conn.stop is not None:
                 if conn.stop_with_id:
                     await emit(b"id: " + composite_id(pos) + b"\n" + conn.stop)
@@ -677,23 +721,32 @@ async def pump(
                     out, moved = catch_up(conn, max_scan, now_ms(), enforce)
                 if out:
                     await emit(b"".join(out))
-                    last_write = trio.current_time()
                 if conn.finished():
                     return
                 if moved:
                     continue
             ref: FrameRef | None = None
-            with trio.move_on_at(last_write + heartbeat):
-                try:
+            # idle only when this receive will park: a receive that finds a frame queued
+            # still yields once, and the drain must not overtake that frame
+            conn.idle = (
+                conn.direct is not None
+                and not conn.pulling()
+                and recv.statistics().current_buffer_used == 0
+            )
+            try:
+                with trio.move_on_at(conn.last_write + heartbeat):
                     ref = await recv.receive()
-                except trio.EndOfChannel:
-                    if not conn.stopping():
-                        return
-                    continue  # superseded: write the terminal frame
+            except trio.EndOfChannel:
+                if not conn.stopping():
+                    return
+                continue  # superseded: write the terminal frame
+            finally:
+                conn.idle = False
             if ref is None:
+                if trio.current_time() < conn.last_write + heartbeat:
+                    continue  # the drain wrote meanwhile: silence starts from there
                 # the heartbeat is the pump's own timer: never queued behind frames
                 await emit(HEARTBEAT)
-                last_write = trio.current_time()
                 continue
             out = []
             size = 0
@@ -720,6 +773,5 @@ async def pump(
                     break
             if out:
                 await emit(b"".join(out))
-                last_write = trio.current_time()
     finally:
         registry.close(conn)

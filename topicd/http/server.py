@@ -47,6 +47,7 @@ from topicd.errors import Internal
 from topicd.http.app import PROBE_PATHS, gate_of, send_error
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Awaitable, Callable
 
     from hypercorn.config import Config as HyperConfig
@@ -181,6 +182,10 @@ class DirectExchange:
         self._done = False
         self._broken = False
         self._sent = False  # any byte of the response written
+        # the stdlib socket under trio's, for the drain's non-blocking writes (trio's own
+        # send is a coroutine; the drain is synchronous)
+        self._sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
+        scope["topicd.direct_write"] = (self.try_write, self.send_raw)
 
     async def run(self, app: AsgiApp) -> bool:
         """Serve the request; True if the connection stays open for another one."""
@@ -249,6 +254,32 @@ class DirectExchange:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._broken = True
                 self.cancel.cancel()  # the client is gone: end the exchange
+
+    def try_write(self, payload: bytes) -> bytes | None:
+        """Frame `payload` as one body chunk and send what the socket takes now, without
+        blocking; returns the unsent rest (None: the connection is broken or finished).
+        Only called while nothing else writes: the stream's pump is parked."""
+        if self._done or self._broken or self._head is not None:
+            return None
+        data = b"%x\r\n" % len(payload) + payload + b"\r\n" if self._chunked else payload
+        try:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._broken = True
+            return None
+        return data[sent:]
+
+    async def send_raw(self, data: bytes) -> None:
+        """Send bytes as they are (the rest of a `try_write`)."""
+        if self._done or self._broken:
+            return
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._broken = True
+            self.cancel.cancel()
 
     def _render_head(self, message: Message) -> bytes:
         status = cast("int", message["status"])

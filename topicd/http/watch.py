@@ -13,6 +13,7 @@ which ends them with the terminal `server_shutting_down` frame.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, cast
 from urllib.parse import parse_qs
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from topicd.http.auth import KeyStore
 
 log = logging.getLogger("topicd.watch")
+
+DirectWriters = tuple[Callable[[bytes], bytes | None], Callable[[bytes], Awaitable[None]]]
 
 STREAM_PREFIX: Final = "/v0/watch/"
 _HEAD: Final = [
@@ -167,6 +170,10 @@ class WatchStreams:
         engine = self.ref.engine
         if scope.get("topicd.direct"):
             engine.watch.stats.streams_direct += 1
+            writers = scope.get("topicd.direct_write")
+            if writers is not None:
+                # the drain may write to this stream's socket itself while the pump waits
+                conn.direct, conn.raw_write = cast("DirectWriters", writers)
         headers = list(_HEAD)
         if scope.get("http_version") in ("1.0", "1.1"):
             headers.append((b"connection", b"keep-alive"))

@@ -1,0 +1,131 @@
+"""The drain writing to an idle stream's socket itself (architecture: the write path).
+
+Method: an engine on `MockClock` with one stream whose transport is scripted: `direct`
+records what the drain hands it and can refuse part of it (a full socket buffer); the
+pump's own writes go to the same byte list. The stream's bytes are then parsed back:
+whatever took which path, the frames are complete, in order, and contiguous.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from tests.sched.helpers import write_req
+from topicd.engine.watch import pump
+from topicd.testing.harness import open_app
+from topicd.testing.sse import SseParser
+from topicd.wire import WatchIn, WatchTopicIn
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.data = b""
+        self.direct_calls = 0
+        self.accept: int | None = None  # bytes the next direct write takes (None: all)
+        self.partials = 0
+        self.slow = 0.0  # seconds each pump write takes
+
+    def direct(self, payload: bytes) -> bytes | None:
+        self.direct_calls += 1
+        if self.accept is None:
+            self.data += payload
+            return b""
+        n, self.accept = self.accept, None
+        self.partials += 1
+        self.data += payload[:n]
+        return payload[n:]
+
+    async def write(self, chunk: bytes) -> None:
+        await trio.sleep(self.slow)
+        self.data += chunk
+
+
+async def start(engine, nursery, wire: Wire):
+    req = WatchIn(topics={"t": WatchTopicIn(tail=True)})
+    session, _ = engine.create_watch(None, req, False)
+    conn = engine.watch.open_stream(session, None)
+    conn.direct, conn.raw_write = wire.direct, wire.write
+    nursery.start_soon(
+        lambda: pump(
+            conn,
+            engine.watch,
+            wire.write,
+            retry_ms=2000,
+            max_scan=10000,
+            now_ms=engine.clock.now_ms,
+            enforce=engine.enforce,
+        )
+    )
+    await trio.testing.wait_all_tasks_blocked()
+    return session, conn
+
+
+def record_seqs(data: bytes) -> list[int]:
+    out: list[int] = []
+    pos = 0
+    for f in SseParser().feed(data):
+        if f.event == "record":
+            assert f.data["from_seq"] == pos
+            out.extend(r["$seq"] for r in f.data["records"])
+            pos = f.data["to_seq"]
+    return out
+
+
+async def test_idle_streams_are_written_by_the_drain(autojump_clock):
+    async with open_app() as h, trio.open_nursery() as nursery:
+        engine = h.engine
+        await engine.put_topic("t", None)
+        wire = Wire()
+        session, _conn = await start(engine, nursery, wire)
+        for i in range(5):
+            await engine.append("t", write_req(i))
+            await trio.testing.wait_all_tasks_blocked()
+        assert wire.direct_calls == 5  # no frame went through the channel
+        assert record_seqs(wire.data) == [1, 2, 3, 4, 5]
+        assert session.cursors["t"] == 5
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_partial_direct_write_is_finished_by_the_pump_before_anything_else(
+    autojump_clock,
+):
+    async with open_app() as h, trio.open_nursery() as nursery:
+        engine = h.engine
+        await engine.put_topic("t", None)
+        wire = Wire()
+        session, conn = await start(engine, nursery, wire)
+        await engine.append("t", write_req("a"))
+        await trio.testing.wait_all_tasks_blocked()
+        wire.accept = 7  # the socket takes 7 bytes of the next frame
+        wire.slow = 0.01  # and the pump's write of the rest takes a while
+        await engine.append("t", write_req("b"))
+        await trio.sleep(0.005)  # the rest is being written
+        assert wire.partials == 1
+        await engine.append("t", write_req("c"))  # queued behind the rest: the pump's
+        await trio.sleep(0.1)
+        assert wire.direct_calls == 2
+        assert not conn.remainder
+        assert record_seqs(wire.data) == [1, 2, 3]
+        assert session.cursors["t"] == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_heartbeat_counts_from_a_direct_write(autojump_clock):
+    async with open_app() as h, trio.open_nursery() as nursery:
+        engine = h.engine
+        await engine.put_topic("t", None)
+        wire = Wire()
+        session, _conn = await start(engine, nursery, wire)
+        period = session.heartbeat_ms / 1000
+        t0 = trio.current_time()
+        await trio.sleep(period * 0.6)
+        await engine.append("t", write_req(1))
+        await trio.testing.wait_all_tasks_blocked()
+        hb_before = wire.data.count(b": hb\n\n")
+        await trio.sleep(period * 0.6)  # 1.2 periods after the open, 0.6 after the write
+        assert wire.data.count(b": hb\n\n") == hb_before  # no heartbeat yet
+        await trio.sleep(period * 0.5)
+        assert wire.data.count(b": hb\n\n") == hb_before + 1
+        assert trio.current_time() - t0 >= period * 1.6
+        nursery.cancel_scope.cancel()
