@@ -19,8 +19,11 @@ Delivery runs in one of two modes per topic of a connection:
   synchronous step that finds it there — switches the topic to live.
 
 The pump (`pump`) is one coroutine per connection: it waits (channel, heartbeat timer,
-catch-up) and writes pre-encoded `bytes` through the `write` callable it is given — the
-ASGI send today, a faster socket path later, without touching the scheduler. The
+catch-up) and writes pre-encoded `bytes` through the `write` callable it is given (the
+ASGI send, or the direct socket path's). On the direct path a connection also has a
+non-blocking `direct` writer: while the pump is parked on an empty channel, the drain
+writes live frames to the socket itself (`Conn._write_now`), and the pump finishes
+whatever the socket did not take before it writes anything else. The
 connection's stream position (`Conn.pos`) moves as frames are produced; the session's
 cursors follow once a write has completed, so a reconnect resumes after what was written.
 The per-connection memory bound is the channel's: at most `channel_frames` references to
