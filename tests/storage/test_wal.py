@@ -317,6 +317,45 @@ async def test_ingest_full_is_429_and_bypass_waits(autojump_clock):
         assert any(r.endswith(b'"data":99}') for r in records)
 
 
+async def test_an_io_stall_opens_the_breaker_and_the_stalled_write_still_completes(
+    autojump_clock,
+):
+    stall = {"on": False}
+    slow = InlineOffload(lambda group: 12.0 if group == "wal" and stall["on"] else 0.0)
+    cfg = durable_config(shards=1)  # breaker.io_stall_ms = 10000
+    async with open_durable(FakeDisk(), cfg, offload=slow) as engine:
+        await put(engine, "f", durability="fsync")
+        await put(engine, "e", durability="ephemeral")
+        await write(engine, "e", b"0")  # its seq reservation is made before the stall
+        shard = wal(engine).shards[0]
+        await trio.sleep(1.0)  # background syncs done: the next WAL call is the write's
+        assert not shard.unsynced
+        done: list[float] = []
+
+        async def stalled() -> None:
+            await write(engine, "f", b"1")
+            done.append(trio.current_time())
+
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            stall["on"] = True
+            n.start_soon(stalled)
+            await trio.sleep(9.9)
+            assert shard.breaker.state is BreakerState.CLOSED  # not yet: 10 s is the limit
+            await trio.sleep(0.3)  # the governor samples every 100 ms
+            assert shard.breaker.state is BreakerState.OPEN
+            assert shard.breaker.reason.startswith("io stall")
+            stall["on"] = False
+            with pytest.raises(StorageUnavailable) as exc:
+                await write(engine, "f", b"2")  # refused at once while it is open
+            assert exc.value.detail["reason"].startswith("io stall")
+            await write(engine, "e", b"ephemeral writes keep working")
+        # the stalled call finished by itself: its write was committed and acked
+        assert done and done[0] - t0 == pytest.approx(12.0, abs=0.05)
+        records, _ = await dump(engine, "f")
+        assert len(records) == 1 and records[0].endswith(b'"data":1}')
+
+
 # ---- corruption ----------------------------------------------------------------------
 
 

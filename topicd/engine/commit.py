@@ -155,6 +155,10 @@ class CommitPath(Protocol):
         """Offload groups as (group, busy token-seconds up to `now`, tokens): signal s3."""
         ...
 
+    def check_stalls(self, now: float) -> None:
+        """Open a shard's breaker whose WAL call has been outstanding too long (R3.2)."""
+        ...
+
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
         """Wait until `admit` could pass (a `disable_backpressure` write); the caller
         bounds the wait with its own cancel scope."""
@@ -195,6 +199,9 @@ class InMemoryCommitPath:
 
     def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
         return []
+
+    def check_stalls(self, now: float) -> None:
+        return None
 
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
         await trio.lowlevel.checkpoint()

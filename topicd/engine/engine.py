@@ -137,7 +137,7 @@ class Engine:
                 pool_loads=lambda now: self.commit.pool_loads(now),
                 apply=self._govern,
                 set_defer=self._set_defer,
-                on_sample=lambda now: self.saturation.sample(now),
+                on_sample=self._on_sample,
             ),
         )
         self.saturation = SaturationRegistry(config.levels)
@@ -183,6 +183,11 @@ class Engine:
         )
 
     # ---- the governor's controls (topicd.sched.governor) ----------------------------------
+
+    def _on_sample(self, now: float) -> None:
+        """Each governor sample: queue peaks and levels, WAL stall detection."""
+        self.saturation.sample(now)
+        self.commit.check_stalls(now)
 
     def _decay_sched_latency(self, alpha: float) -> None:
         stats = self.sched.stats
