@@ -16,6 +16,7 @@ import orjson
 import pytest
 import trio
 
+from topicd.http.app import gate_of
 from topicd.http.server import sniff
 from topicd.testing.harness import make_config, serve_in_process
 from topicd.testing.sse import RawSseClient, SseParser
@@ -213,3 +214,47 @@ async def test_a_probe_asking_to_close_gets_its_connection_closed(server):
     raw = await read_to_eof(stream)
     assert raw.startswith(b"HTTP/1.1 200 OK")
     assert b"connection: close" in raw.lower()
+
+
+async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_connection():
+    cfg = make_config(server={"port": 0}, classes={"client_permits": 1, "client_waiters": 0})
+    apps: list = []
+    async with serve_in_process(cfg, apps) as (engine, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        pool = gate_of(apps[0]).permits
+        assert pool is not None
+        stream = await trio.open_tcp_stream(host, int(port))
+        body = b'{"records": [{"data": 1}]}'
+        post = (
+            b"POST /v0/topics/t HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        ) + body
+
+        async def answer() -> tuple[bytes, dict]:
+            raw = b""
+            with trio.fail_after(10):
+                while b"\r\n\r\n" not in raw:
+                    raw += await stream.receive_some(65536)
+                head, _, rest = raw.partition(b"\r\n\r\n")
+                n = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+                while len(rest) < n:
+                    rest += await stream.receive_some(65536)
+            return head, orjson.loads(rest[:n])
+
+        held = await pool.admit()  # every permit taken, no waiter slot: full
+        for _ in range(2):  # pipelining-safe: the body is consumed, the connection kept
+            await stream.send_all(post)
+            head, doc = await answer()
+            assert head.startswith(b"HTTP/1.1 429")
+            assert b"retry-after: 1" in head.lower()
+            assert b"connection: close" not in head.lower()
+            assert doc["error"]["detail"]["cause"] == "client_waiters"
+        assert pool.stats.rejected == 2
+        assert engine.throttled.get("client_waiters") == 2
+        assert "t" not in engine.topics  # nothing was applied
+        held.release()
+        await stream.send_all(post)  # room again: the same connection is served normally
+        head, doc = await answer()
+        assert head.startswith(b"HTTP/1.1 201") or head.startswith(b"HTTP/1.1 200")
+        assert doc["seqs"] == [1]
+        await stream.aclose()

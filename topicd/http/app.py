@@ -337,7 +337,9 @@ class Gate:
                     self._inflight[key_id] = count + 1
             if err is None and self.permits is not None and path not in CONTROL_PATHS:
                 # client work (scheduler spec R1)
-                if self.permits.full():
+                if self.permits.full() or scope.get("topicd.refuse_only"):
+                    # (`refuse_only`: the direct path read this request's body aside to
+                    # refuse it cheaply; it must never reach the framework)
                     err = self.permits.refusal()
                 else:
                     permit = await self.permits.admit()

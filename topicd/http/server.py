@@ -18,6 +18,10 @@ looked at before Hypercorn gets the connection.
   request: a prober on a keep-alive connection is served directly every time. Under a
   flood every request through Hypercorn waits for several turns of a crowded event loop;
   a direct probe waits for about one (scheduler spec R1: control work first).
+* While every client permit and waiter slot is taken, any other client request on a
+  connection the direct path still holds is read here (head and `content-length` body)
+  and answered by the gate's `429 client_waiters`, without the framework; the
+  connection stays for the next request.
 * Anything else — every other request, h2c prior knowledge, an `Upgrade`, a malformed
   or oversized head, any request after a non-probe one — goes to Hypercorn unchanged:
   the bytes already read are replayed to it first (`Replay`), so it parses the
@@ -44,7 +48,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from topicd.errors import Internal
-from topicd.http.app import PROBE_PATHS, gate_of, send_error
+from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, gate_of, send_error
 
 if TYPE_CHECKING:
     import socket
@@ -121,19 +125,27 @@ def sniff(head: bytes) -> bool | None:
     return None if undecided else False
 
 
-def stream_scope(head: bytes, stream: trio.SocketStream, max_head: int) -> Scope | None:
-    """The ASGI scope of a head that may be served directly, or None (Hypercorn's)."""
+def stream_scope(
+    head: bytes, stream: trio.SocketStream, max_head: int, *, any_request: bool = False
+) -> Scope | None:
+    """The ASGI scope of a head that may be served directly, or None (Hypercorn's).
+
+    By default only a bodiless `GET`; with `any_request` any method, and a
+    `content-length` body (the caller reads it)."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
     try:
         conn.receive_data(head)
         event = conn.next_event()
     except h11.RemoteProtocolError:
         return None
-    if not isinstance(event, h11.Request) or event.method != b"GET":
+    if not isinstance(event, h11.Request) or (event.method != b"GET" and not any_request):
         return None
     headers = [(k.lower(), v) for k, v in event.headers]
+    refused: tuple[bytes, ...] = (b"upgrade", b"transfer-encoding", b"expect")
+    if not any_request:
+        refused += (b"content-length",)
     for name, _ in headers:
-        if name in (b"upgrade", b"content-length", b"transfer-encoding", b"expect"):
+        if name in refused:
             return None
     target = event.target
     raw_path, _, query = target.partition(b"?")
@@ -147,7 +159,7 @@ def stream_scope(head: bytes, stream: trio.SocketStream, max_head: int) -> Scope
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": event.http_version.decode("ascii"),
-        "method": "GET",
+        "method": event.method.decode("ascii"),
         "scheme": "http",
         "path": unquote(raw_path.decode("ascii", "replace")),
         "raw_path": raw_path,
@@ -315,10 +327,12 @@ class Listener:
         state: ConnectionState,
         *,
         direct: bool,
+        full: Callable[[], bool] | None = None,
     ) -> None:
         self.app = app
         self.asgi = asgi
         self.is_stream = is_stream
+        self.full = full  # client permits and waiters exhausted: refuse here, cheaply
         self.config = config
         self.context = context
         self.state = state
@@ -333,19 +347,23 @@ class Listener:
         for scope in list(self.sniffing):
             scope.cancel()
 
-    async def _read_head(self, stream: trio.SocketStream, head: bytes) -> tuple[bytes, str]:
+    async def _read_head(
+        self, stream: trio.SocketStream, head: bytes, *, whole: bool = False
+    ) -> tuple[bytes, str]:
         """Read until the head can be classified: ("direct" with a complete head,
         "other": Hypercorn's, "closed": EOF, idle past the keep-alive timeout, or shutting
-        down)."""
+        down). With `whole`, a head that is not ours is still read to its end (at most
+        `max_head` bytes) before it is called "other"."""
         with trio.CancelScope() as scope:
             scope.deadline = trio.current_time() + self.config.keep_alive_timeout
             self.sniffing.add(scope)
             try:
                 while True:
                     verdict = sniff(head)
-                    if verdict is False or len(head) > self.max_head:
+                    complete = b"\r\n\r\n" in head
+                    if len(head) > self.max_head or (verdict is False and (complete or not whole)):
                         return head, "other"
-                    if verdict and b"\r\n\r\n" in head:
+                    if verdict and complete:
                         return head, "direct"
                     data = await stream.receive_some(RECV_BYTES)
                     if not data:
@@ -360,12 +378,17 @@ class Listener:
     async def __call__(self, stream: trio.SocketStream) -> None:
         head = b""
         while self.direct and not self.closing:
-            head, verdict = await self._read_head(stream, head)
+            full = self.full is not None and self.full()
+            head, verdict = await self._read_head(stream, head, whole=full)
             if verdict == "closed":
                 with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                     await stream.aclose()
                 return
             if verdict == "other":
+                if full:
+                    served, head = await self._refuse(stream, head)
+                    if served:
+                        continue
                 break
             end = head.index(b"\r\n\r\n") + 4
             scope = stream_scope(head[:end], stream, self.max_head)
@@ -392,6 +415,47 @@ class Listener:
         )
         await server.run()
 
+    async def _refuse(self, stream: trio.SocketStream, head: bytes) -> tuple[bool, bytes]:
+        """Serve a client request while every permit and waiter slot is taken: read its
+        `content-length` body, then let the gate answer (it refuses with `429
+        client_waiters`, or an earlier error, without the framework and without reading
+        the body). Returns (served, bytes read beyond it): when not served, the bytes are
+        everything read of this request, for Hypercorn."""
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            return False, head
+        end += 4
+        scope = stream_scope(head[:end], stream, self.max_head, any_request=True)
+        if scope is None or self.is_stream(scope) or cast("str", scope["path"]) in CONTROL_PATHS:
+            return False, head  # control work never waits for a permit: the usual path
+        length = _content_length(scope)
+        if length is None or length > self.max_head * 64:
+            return False, head
+        data = head
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            while len(data) < end + length:
+                more = await stream.receive_some(RECV_BYTES)
+                if not more:
+                    break
+                data += more
+        if len(data) < end + length or self.full is None or not self.full():
+            return False, data  # gone, too slow, or a permit freed meanwhile
+        scope["topicd.refuse_only"] = True
+        keep = scope["http_version"] == "1.1" and not _closes(scope)
+        if not await DirectExchange(stream, scope, keep_alive=keep).run(self.asgi):
+            return True, b""  # closed: the next read sees it
+        return True, data[end + length :]
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in cast("list[tuple[bytes, bytes]]", scope["headers"]):
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return 0
+
 
 def _closes(scope: Scope) -> bool:
     for key, value in cast("list[tuple[bytes, bytes]]", scope["headers"]):
@@ -416,6 +480,7 @@ async def serve(
     gate = gate_of(app)
     asgi: AsgiApp = gate
     is_stream = gate.is_stream
+    permits = gate.permits
     wrapped = wrap_app(cast("Framework", app), config.wsgi_max_body_size, "asgi")
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
@@ -439,6 +504,7 @@ async def serve(
                 context,
                 ConnectionState(lifespan_state.copy()),
                 direct=direct,
+                full=(lambda: permits.full()) if permits is not None else None,
             )
             task_status.started(binds)
             try:

@@ -130,13 +130,18 @@ async def open_durable_app(
 
 
 @asynccontextmanager
-async def serve_in_process(config: Config) -> AsyncIterator[tuple[Engine, str]]:
+async def serve_in_process(
+    config: Config, apps: list[QuartTrio] | None = None
+) -> AsyncIterator[tuple[Engine, str]]:
     """The whole app on the daemon's HTTP server (`topicd.http.server.serve`, port 0)
-    in this process, with the real clock: yields the engine and the base URL."""
+    in this process, with the real clock: yields the engine and the base URL (and
+    appends the app to `apps` when given)."""
     lifecycle = Lifecycle()
     stop = trio.Event()
     async with open_engine(config, SystemWallClock()) as engine, trio.open_nursery() as nursery:
         app = create_app(engine, config, lifecycle, KeyStore.from_config(config.auth))
+        if apps is not None:
+            apps.append(app)
 
         async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
             await serve(
