@@ -15,9 +15,11 @@ import httpx
 import orjson
 import pytest
 import trio
+import trio.testing
+from hypercorn.config import Config as HyperConfig
 
 from topicd.http.app import gate_of
-from topicd.http.server import sniff
+from topicd.http.server import Listener, sniff
 from topicd.testing.harness import make_config, serve_in_process
 from topicd.testing.sse import RawSseClient, SseParser
 
@@ -91,14 +93,46 @@ async def test_streams_are_direct_and_deliver(server):
     await c.aclose()
 
 
-async def test_a_head_split_across_segments_is_still_direct(server):
+async def test_a_head_split_across_reads_is_assembled_then_classified():
+    # the reader is fed one piece at a time: each read returns only what was sent
+    listener = Listener(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        lambda scope: False,
+        HyperConfig(),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        direct=True,
+    )
+    send, recv = trio.testing.memory_stream_one_way_pair()
+    request = b"GET /v0/watch/wid_x HTTP/1.1\r\nHost: x\r\n\r\nGET /next"
+    out: list[tuple[bytes, str]] = []
+
+    async def read() -> None:
+        out.append(await listener._read_head(recv, b""))  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as n:
+        n.start_soon(read)
+        for part in (request[:6], request[6:20], request[20:]):
+            await send.send_all(part)
+            await trio.testing.wait_all_tasks_blocked()  # the reader took this piece
+    assert out == [(request, "direct")]
+    # a head that is not ours is handed over as soon as the bytes say so
+    send, recv = trio.testing.memory_stream_one_way_pair()
+    out.clear()
+    async with trio.open_nursery() as n:
+        n.start_soon(read)
+        await send.send_all(b"POST /v0/to")
+    assert out == [(b"POST /v0/to", "other")]
+
+
+async def test_a_stream_open_sent_in_pieces_is_direct(server):
     engine, http, host, port = server
     wid = await new_watch(http)
     stream = await trio.open_tcp_stream(host, port)
     request = f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n"
     for part in (request[:6], request[6:20], request[20:]):
         await stream.send_all(part.encode())
-        await trio.sleep(0.01)  # separate segments, not a wait for a condition
     await expect_stream(engine, stream, (1, 0))
 
 

@@ -12,6 +12,7 @@ removed meanwhile — never a silent gap.
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from topicd.testing.harness import make_config, open_app
 from topicd.testing.sse import AsgiStream, Frame, open_stream
@@ -67,7 +68,7 @@ async def test_stalled_watcher_never_delays_others_and_loses_nothing(autojump_cl
             r = await client.post("/v0/topics/t", json={"records": [{"data": {"i": i}}]})
             assert r.status_code in (200, 201)
             written[i] = trio.current_time()
-            await trio.sleep(0.001)
+            await trio.testing.wait_all_tasks_blocked()  # the drain and pumps ran
             max_queued = max(max_queued, conn.recv_ch.statistics().current_buffer_used)
             assert conn.buffered_bytes <= cfg.sse.channel_bytes
         assert max_queued <= 8
@@ -98,7 +99,7 @@ async def test_eviction_while_lagged_arrives_as_an_exact_tombstone(autojump_cloc
         await stalled.read_frames(3)
         for i in range(1, 101):
             await client.post("/v0/topics/t", json={"records": [{"data": i}]})
-            await trio.sleep(0.001)
+            await trio.testing.wait_all_tasks_blocked()  # the drain and pumps ran
         got = await stalled.read_until(lambda f: f.event == "caught-up", timeout=5)
         seqs, gaps = delivered(got, "t")
         # what was queued before the lag is delivered, the evicted rest is one tombstone,
@@ -131,7 +132,7 @@ async def test_byte_bound_marks_lagged(autojump_clock, nursery):
         blob = "x" * 1000
         for i in range(1, 41):
             await client.post("/v0/topics/t", json={"records": [{"data": [i, blob]}]})
-            await trio.sleep(0.001)
+            await trio.testing.wait_all_tasks_blocked()  # the drain and pumps ran
             assert conn.buffered_bytes <= 8192
         assert conn.lagged
         assert conn.recv_ch.statistics().current_buffer_used < 10
@@ -176,7 +177,7 @@ async def test_memory_per_connection_is_bounded_with_many_stalled(autojump_clock
             conns.append(h.engine.watch.sessions[wid].conn)
         for i in range(300):
             await client.post("/v0/topics/t", json={"records": [{"data": i}] * 10})
-            await trio.sleep(0.001)
+            await trio.testing.wait_all_tasks_blocked()  # the drain and pumps ran
         for conn in conns:
             assert conn.lagged
             assert conn.recv_ch.statistics().current_buffer_used <= 16

@@ -65,6 +65,7 @@ deterministic tests drive it from the loop thread through `InlineOffload`.
 
 from __future__ import annotations
 
+import abc
 import errno as errno_codes
 import os
 import posixpath
@@ -1105,14 +1106,15 @@ class MonitorState:
         return not self.unsynced_adds.get(_norm(path))
 
 
-class OrderingRule:
+class OrderingRule(abc.ABC):
     """A check run before each call; returns a violation message or `None`. Subclass and
     pass to `MonitorFs.add_rule` for new rules."""
 
     name = "rule"
 
+    @abc.abstractmethod
     def check(self, call: Call, state: MonitorState) -> str | None:
-        raise NotImplementedError
+        """The violation `call` would commit given `state`, or None."""
 
 
 class SyncBeforeRename(OrderingRule):
