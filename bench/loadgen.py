@@ -32,9 +32,13 @@ import contextlib
 import os
 import socket
 import time
-from typing import Any
+import traceback
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _CRLF2 = b"\r\n\r\n"
 
@@ -360,8 +364,10 @@ def _latency(job: dict[str, Any], ctl: Any) -> dict[str, Any]:
     }
 
 
-def worker_main(ctl: Any, cpu: int | None) -> None:
-    """Serve jobs from the coordinator until it sends None."""
+def serve_jobs(ctl: Any, cpu: int | None, handlers: dict[str, Callable[..., Any]]) -> None:
+    """A client process's loop: pin to `cpu`, then run each job the coordinator sends
+    (`handlers[job["mode"]](job, ctl)`) and send back its result, until it sends None.
+    A failing job answers `{"fatal": ...}` instead of killing the process."""
     if cpu is not None:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {cpu})
@@ -370,10 +376,22 @@ def worker_main(ctl: Any, cpu: int | None) -> None:
         if job is None:
             return
         try:
-            if job["mode"] == "latency":
-                result = _latency(job, ctl)
-            else:
-                result = asyncio.run(_throughput(job, ctl))
+            handler = handlers.get(job["mode"])
+            if handler is None:
+                raise ValueError(f"unknown job {job['mode']!r}")
+            result = handler(job, ctl)
         except Exception as exc:
-            result = {"fatal": f"{type(exc).__name__}: {exc}"}
+            result = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
         ctl.send(result)
+
+
+def worker_main(ctl: Any, cpu: int | None) -> None:
+    """Serve latency and throughput jobs until the coordinator sends None."""
+    serve_jobs(
+        ctl,
+        cpu,
+        {
+            "latency": _latency,
+            "throughput": lambda job, c: asyncio.run(_throughput(job, c)),
+        },
+    )

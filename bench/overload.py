@@ -77,7 +77,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from array import array
 from pathlib import Path
 from typing import Any
@@ -479,24 +478,15 @@ def _probe(job: dict[str, Any], ctl: Any) -> dict[str, Any]:
 
 
 def client_main(ctl: Any, cpu: int | None) -> None:
-    """Serve jobs from the coordinator until it sends None (like loadgen.worker_main)."""
-    if cpu is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, {cpu})
-    while True:
-        job = ctl.recv()
-        if job is None:
-            return
-        try:
-            if job["mode"] == "write":
-                result = asyncio.run(_write(job, ctl))
-            elif job["mode"] == "probe":
-                result = _probe(job, ctl)
-            else:
-                raise ValueError(f"unknown job {job['mode']!r}")
-        except Exception as exc:
-            result = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
-        ctl.send(result)
+    """Serve jobs from the coordinator until it sends None (loadgen.serve_jobs)."""
+    loadgen.serve_jobs(
+        ctl,
+        cpu,
+        {
+            "write": lambda job, c: asyncio.run(_write(job, c)),
+            "probe": _probe,
+        },
+    )
 
 
 # ==========================================================================================

@@ -92,7 +92,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from array import array
 from pathlib import Path
 from typing import Any
@@ -518,29 +517,17 @@ def _stall_close(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def client_main(ctl: Any, cpu: int | None) -> None:
-    """Serve jobs from the coordinator until it sends None (like loadgen.worker_main)."""
-    if cpu is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, {cpu})
-    while True:
-        job = ctl.recv()
-        if job is None:
-            return
-        try:
-            mode = job["mode"]
-            if mode == "watch":
-                result = _watch(job, ctl)
-            elif mode == "paced":
-                result = _paced(job, ctl)
-            elif mode == "stall_open":
-                result = _stall_open(job)
-            elif mode == "stall_close":
-                result = _stall_close(job)
-            else:
-                raise ValueError(f"unknown job {mode!r}")
-        except Exception as exc:
-            result = {"fatal": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"}
-        ctl.send(result)
+    """Serve jobs from the coordinator until it sends None (loadgen.serve_jobs)."""
+    loadgen.serve_jobs(
+        ctl,
+        cpu,
+        {
+            "watch": _watch,
+            "paced": _paced,
+            "stall_open": lambda job, _c: _stall_open(job),
+            "stall_close": lambda job, _c: _stall_close(job),
+        },
+    )
 
 
 # ==========================================================================================

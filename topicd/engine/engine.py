@@ -42,7 +42,7 @@ from topicd.errors import (
 )
 from topicd.model import Shape, TopicConfig
 from topicd.sched.classes import give_back
-from topicd.sched.governor import Governor, Sources
+from topicd.sched.governor import Governor, Sources, retry_after_ms
 from topicd.sched.saturation import SaturationRegistry
 from topicd.sched.scheduler import DeliveryScheduler
 from topicd.storage import frame as frames
@@ -204,9 +204,7 @@ class Engine:
 
     def retry_hint_ms(self) -> int:
         """`retry_after_ms` from pressure alone (scheduler spec B.5, no jitter)."""
-        bp = self.cfg.backpressure
-        ms = bp.retry_after_min_ms + bp.retry_after_pressure_span_ms * self.pressure
-        return round(min(max(ms, bp.retry_after_min_ms), bp.retry_after_max_ms))
+        return round(retry_after_ms(self.pressure, self.cfg.backpressure))
 
     def _set_defer(self, on: bool) -> None:
         self.sched.set_defer(on)

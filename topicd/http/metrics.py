@@ -226,17 +226,12 @@ class _Collector:
             engine.sched.stats.ewma_sched_ms,
         )
         stats = engine.sched.stats
-        running = 0
-        cumulative: list[tuple[str, float]] = []
-        bounds = [*(str(b / 1000) for b in SCHED_BUCKETS_MS), "+Inf"]
-        for bound, n in zip(bounds, stats.latency_buckets, strict=True):
-            running += n
-            cumulative.append((bound, running))
-        yield HistogramMetricFamily(
+        yield histogram(
             "topicd_sched_latency_seconds",
             "Scheduling latency per drain: drain start minus the topic's ripe time.",
-            buckets=cumulative,
-            sum_value=stats.latency_ms_total / 1000,
+            [b / 1000 for b in SCHED_BUCKETS_MS],
+            stats.latency_buckets,
+            stats.latency_ms_total / 1000,
         )
         yield gauge_of(
             "topicd_loop_lag_ms", "Event-loop lag EWMA: one scheduling batch (ms).", gov.loop_lag_ms
@@ -363,16 +358,12 @@ class _Collector:
         for s in shards:
             for i, n in enumerate(s.fsync_buckets):
                 buckets[i] += n
-        cumulative: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip([*map(str, FSYNC_BUCKETS_US), "+Inf"], buckets, strict=True):
-            running += n
-            cumulative.append((bound, running))
-        yield HistogramMetricFamily(
+        yield histogram(
             "topics_wal_fsync_latency_us",
             "Fsync latency in microseconds.",
-            buckets=cumulative,
-            sum_value=sum(s.fsync_us_total for s in shards),
+            list(FSYNC_BUCKETS_US),
+            buckets,
+            sum(s.fsync_us_total for s in shards),
         )
         breaker = GaugeMetricFamily(
             "topicd_breaker_state",
@@ -498,6 +489,19 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycl
         return Response(prometheus_text(ref, lifecycle), content_type=PROMETHEUS_TYPE)
 
     app.add_url_rule("/v0/metrics", "metrics", metrics, methods=["GET"])
+
+
+def histogram(
+    name: str, doc: str, bounds: list[float], counts: list[int], total: float
+) -> HistogramMetricFamily:
+    """A histogram from per-bucket counts (`counts` has one more entry than `bounds`:
+    the +Inf bucket)."""
+    cumulative: list[tuple[str, float]] = []
+    running = 0
+    for bound, n in zip([*map(str, bounds), "+Inf"], counts, strict=True):
+        running += n
+        cumulative.append((bound, running))
+    return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=total)
 
 
 def gauge_of(name: str, doc: str, value: float) -> GaugeMetricFamily:

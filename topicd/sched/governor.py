@@ -49,7 +49,7 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from topicd.config import GovernorConfig
+    from topicd.config import BackpressureConfig, GovernorConfig
 
 log = logging.getLogger("topicd.governor")
 
@@ -69,6 +69,13 @@ def commit_window_ms(pressure: float, cfg: GovernorConfig) -> float:
         return cfg.commit_window_min_ms
     span = cfg.commit_window_max_ms - cfg.commit_window_min_ms
     return cfg.commit_window_min_ms + span * min(1.0, (pressure - lo) / (1 - lo))
+
+
+def retry_after_ms(pressure: float, cfg: BackpressureConfig, drain_ms: float = 0.0) -> float:
+    """Scheduler spec B.5 before jitter: `clamp(max(min + span·pressure, drain_ms), min,
+    max)`, `drain_ms` being how long the queue in question needs to drain."""
+    ms = max(cfg.retry_after_min_ms + cfg.retry_after_pressure_span_ms * pressure, drain_ms)
+    return min(max(ms, cfg.retry_after_min_ms), cfg.retry_after_max_ms)
 
 
 class Sources:

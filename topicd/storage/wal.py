@@ -52,6 +52,7 @@ import trio
 from topicd.clock import perf_ms
 from topicd.errors import JsonValue, StorageUnavailable, Throttled, TopicdError
 from topicd.model import shard_of
+from topicd.sched.governor import retry_after_ms as b5_retry_after_ms
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
 from topicd.storage.fs import Fs, write_all
@@ -302,10 +303,8 @@ class Shard:
         with ± `retry_after_jitter`; `est_drain_ms` = pending bytes ÷ the EWMA commit
         throughput."""
         bp = self.cfg.backpressure
-        ms = bp.retry_after_min_ms + bp.retry_after_pressure_span_ms * pressure
-        if self.ewma_bytes_per_s > 0:
-            ms = max(ms, self.pending_bytes * 1000 / self.ewma_bytes_per_s)
-        ms = min(max(ms, bp.retry_after_min_ms), bp.retry_after_max_ms)
+        rate = self.ewma_bytes_per_s
+        ms = b5_retry_after_ms(pressure, bp, self.pending_bytes * 1000 / rate if rate > 0 else 0.0)
         j = bp.retry_after_jitter
         return max(1, round(ms * (1 + rng.uniform(-j, j))))
 
