@@ -644,6 +644,23 @@ class ClassesConfig:
     client_waiters: int = key(
         4096, "Client requests waiting for a permit before 429 client_waiters.", min=0
     )
+    maintenance_permits: int = key(
+        2, "Maintenance jobs (checkpoints, retention sweeps) running at once.", min=1, max=64
+    )
+    quantum_base_us: int = key(
+        250,
+        "Yield quantum unit (µs): a long loop yields after weight × this (control 8, "
+        "delivery 4, client 2, maintenance 1).",
+        min=10,
+        max=100000,
+    )
+    quantum_items: int = key(
+        256,
+        "A long loop also yields after this many items, whatever the time (the bound a "
+        "virtual clock can test).",
+        min=1,
+        max=1000000,
+    )
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from topicd.errors import (
     TopicNotFound,
 )
 from topicd.model import Shape, TopicConfig
-from topicd.sched.classes import give_back
+from topicd.sched.classes import Budget, give_back
 from topicd.sched.governor import Governor, Sources, retry_after_ms
 from topicd.sched.saturation import SaturationRegistry
 from topicd.sched.scheduler import DeliveryScheduler
@@ -123,6 +123,8 @@ class Engine:
         self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
+        # maintenance work (checkpoints, retention sweeps) runs under these permits (R1.3)
+        self.maintenance = trio.CapacityLimiter(config.classes.maintenance_permits)
         self.watch = WatchRegistry(config)
         self.sched = DeliveryScheduler(config, clock, self.watch, self.enforce)
         self._applied = (0.0, config.governor.commit_window_min_ms)  # coalesce, window
@@ -226,11 +228,13 @@ class Engine:
         now = self.clock.now_ms()
         self.idem.prune(now)
         self.watch.reclaim_idle()
-        for i, topic in enumerate(list(self._ttl_topics)):
-            if not topic.deleted:
-                self._enforce(topic, now)
-            if i % 512 == 511:
-                await trio.lowlevel.checkpoint()
+        classes = self.cfg.classes
+        budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
+        async with self.maintenance:
+            for topic in list(self._ttl_topics):
+                if not topic.deleted:
+                    self._enforce(topic, now)
+                await budget.tick()
 
     def begin_drain(self) -> None:
         """Shutdown started: parked long-polls return at once with what is readable."""

@@ -1,4 +1,4 @@
-"""Work classes: client permits (scheduler spec R1).
+"""Work classes: client permits, maintenance permits and yield budgets (scheduler spec R1).
 
 Client work — REST handlers: writes, reads, claims, control-plane changes — runs only
 while it holds one of `classes.client_permits` permits, so at most that many client
@@ -12,6 +12,13 @@ A request gives its permit back as soon as it only waits — for a long-poll's w
 WAL completion, room at a full ingest — with `give_back()`: a parked task costs no loop
 time, and holding permits while parked would let 32 long-polls starve every writer. It
 does not take one again: what is left (rendering the answer) is short and bounded.
+
+Long loops on the loop thread (the drain's fan-out, the retention sweep) yield with a
+`Budget`: `await budget.tick()` checkpoints once a class quantum of time has passed since
+the last yield (`weight × classes.quantum_base_us`: delivery 1 ms, maintenance 0.25 ms),
+or after `classes.quantum_items` items whatever the time, so under `MockClock` (whose
+time does not move while code runs) the count bound is what tests see. Maintenance jobs
+(checkpoints, retention sweeps) run at most `classes.maintenance_permits` at once.
 """
 
 from __future__ import annotations
@@ -116,3 +123,39 @@ def give_back() -> None:
     permit = _HELD.get()
     if permit is not None:
         permit.release()
+
+
+WEIGHTS: dict[str, int] = {"control": 8, "delivery": 4, "client": 2, "maintenance": 1}
+
+
+class Budget:
+    """Cooperative yielding for one long loop (R1.2): `await tick()` per item."""
+
+    __slots__ = ("_count", "_since", "every", "quantum_s", "yields")
+
+    def __init__(self, quantum_s: float, every: int) -> None:
+        self.quantum_s = quantum_s
+        self.every = every
+        self.yields = 0
+        self._count = 0
+        self._since = trio.current_time()
+
+    @classmethod
+    def for_class(cls, name: str, quantum_base_us: int, every: int) -> Budget:
+        return cls(WEIGHTS[name] * quantum_base_us / 1_000_000, every)
+
+    def due(self) -> bool:
+        """Whether the next `tick()` will yield (counts the item)."""
+        self._count += 1
+        return self._count >= self.every or trio.current_time() - self._since >= self.quantum_s
+
+    async def tick(self) -> None:
+        """Count one item; yield to the loop when the quantum or the item bound is used."""
+        if self.due():
+            await self.pause()
+
+    async def pause(self) -> None:
+        self.yields += 1
+        await trio.lowlevel.checkpoint()
+        self._count = 0
+        self._since = trio.current_time()

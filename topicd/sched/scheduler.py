@@ -5,7 +5,7 @@ A committed write marks its topic **dirty**; each delivery shard (`scheduler.sha
 it: wait for ripe work → pick by banded DWRR → **drain** the topic → requeue it if more was
 published meanwhile → yield to the loop (the delivery quantum).
 
-A drain serves the whole topic in one synchronous block, so per-topic order holds and no
+A drain serves one topic at a time from its shard's task, so per-topic order holds and no
 topic is drained twice at once:
 
 * it wakes the topic's `wait_ms` long-pollers (they re-read on their own);
@@ -14,7 +14,12 @@ topic is drained twice at once:
   newly published range once (through the diff path: tombstones for anything cap/TTL
   removed before the drain got to it) and offers each to every connection of the group
   with a non-blocking send (`Conn.offer`); a `consistency:"strong"` group is bounded by
-  the topic's durable head instead of its head.
+  the topic's durable head instead of its head;
+* the fan-out yields to the loop every delivery quantum (`classes.quantum_base_us` × 4,
+  or `classes.quantum_items` offers; R1.2), so a drain to thousands of watchers does not
+  hold up acks, probes and heartbeats. What is published meanwhile is past the drained
+  range and requeues the topic; a stream that opens meanwhile catches up from the log and
+  refuses a frame whose range does not start at its position (`Conn.offer`).
 
 A topic nobody waits on (no watcher, long-poller or hook) is not queued at all: its
 drained watermarks just follow the head. A drain handles at most
@@ -34,6 +39,7 @@ import trio
 from topicd.engine.watch import FrameRef, build_frames, caught_up_frame
 from topicd.model import shard_of
 from topicd.sched.bands import ReadySet
+from topicd.sched.classes import Budget
 from topicd.sched.priority import base_priority
 
 if TYPE_CHECKING:
@@ -62,6 +68,7 @@ class SchedStats:
     # the same latency as a histogram: counts per bucket of SCHED_BUCKETS_MS (+Inf last)
     latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(SCHED_BUCKETS_MS) + 1))
     latency_ms_total: float = 0.0
+    drain_yields: int = 0  # fan-out yields inside drains (the delivery quantum, R1.2)
 
 
 class Shard:
@@ -97,6 +104,8 @@ class DeliveryScheduler:
         self.coalesce_s = 0.0  # ripeness delay of a newly dirty topic (the governor's)
         self.sched_alpha = cfg.governor.sched_latency_alpha
         self.max_scan = cfg.protocol.max_scan_per_read
+        self.quantum_base_us = cfg.classes.quantum_base_us
+        self.quantum_items = cfg.classes.quantum_items
         self.stats = SchedStats()
         self.running = False
 
@@ -227,7 +236,7 @@ class DeliveryScheduler:
             stats.sched_delay_s_total += delay
             if delay > stats.sched_delay_s_max:
                 stats.sched_delay_s_max = delay
-            more = self.drain(topic)
+            more = await self.drain(topic)
             if more:
                 stats.requeued += 1
             ready.done(slot, more, self.base(topic), trio.current_time())
@@ -235,25 +244,26 @@ class DeliveryScheduler:
 
     # ---- the drain ------------------------------------------------------------------------
 
-    def drain(self, topic: Topic) -> bool:
-        """Serve everything the topic published since its last drain (synchronous).
+    async def drain(self, topic: Topic) -> bool:
+        """Serve everything the topic published since its last drain.
 
-        Returns whether work is left (the `drain_max_records` bound, or a strong group
-        behind the durable head)."""
+        Returns whether work is left (the `drain_max_records` bound, a strong group behind
+        the durable head, or records published while the fan-out yielded)."""
         self.stats.drains += 1
         if topic.deleted:
             return False
         self.enforce(topic)  # TTL: what expired before the drain is a tombstone
-        budget = self.cfg.scheduler.drain_max_records
+        limit = self.cfg.scheduler.drain_max_records
         head = topic.head_seq
         start = topic.drained_to
-        end = min(head, start + budget)
+        end = min(head, start + limit)
         more = end < head
         topic.wake()  # long-pollers re-read by themselves
         if end > start:
             for hook in topic.on_drain:
                 hook(topic, start, end)
         groups = self.registry.groups(topic)
+        budget = Budget.for_class("delivery", self.quantum_base_us, self.quantum_items)
         strong_end = topic.durable_head
         strong_start = topic.drained_strong
         any_strong = False
@@ -263,7 +273,7 @@ class DeliveryScheduler:
             if opts.strong:
                 any_strong = True
                 s = strong_start
-                e = min(topic.durable_head, s + budget)
+                e = min(topic.durable_head, s + limit)
                 strong_end = e
                 more = more or e < topic.durable_head
             else:
@@ -281,15 +291,24 @@ class DeliveryScheduler:
                 body = caught_up_frame(topic)
                 frames.append(FrameRef(topic.name, last, last, body, len(body)))
             self.stats.frames_built += len(frames)
-            conns = group.conns
+            conns = group.conns  # a group is rebuilt, never changed, when streams come and go
             for ref in frames:
                 for conn in conns:
                     if not conn.offer(ref):
                         self.registry.close(conn)
+                    if budget.due():
+                        await budget.pause()
                 self.stats.frames_offered += len(conns)
             delivered = True
+        self.stats.drain_yields += budget.yields
         if delivered:
             topic.last_read_ts = self.clock.now_ms()  # watch delivery is a read (recency)
         topic.drained_to = end
         topic.drained_strong = strong_end if any_strong else topic.durable_head
+        if budget.yields:  # published while the fan-out yielded (mark_dirty saw it queued)
+            more = (
+                more
+                or topic.head_seq > end
+                or (self.registry.has_strong(topic) and topic.durable_head > strong_end)
+            )
         return more

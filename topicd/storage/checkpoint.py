@@ -130,7 +130,7 @@ class Checkpointer:
 
     async def checkpoint(self, *, final: bool = False) -> bool:
         """Take one checkpoint; True on success. Never raises for I/O errors."""
-        async with self._lock:
+        async with self._lock, self.engine.maintenance:
             t0 = trio.current_time()
             written = self._written()
             positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
