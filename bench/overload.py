@@ -1176,6 +1176,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ramp", default="1,2,4,8,16,32,64", help="peak-search concurrencies")
     p.add_argument("--peak-conc", type=int, help="use this C* and skip the peak search")
     p.add_argument("--max-conc", type=int, default=512, help="cap on writer connections")
+    p.add_argument(
+        "--bounds",
+        choices=("scaled", "default"),
+        default="scaled",
+        help="sweep with client permits = client waiters = C* (default), or the defaults",
+    )
     p.add_argument("--topics", type=int, default=8, help="disk topics the writers spread over")
     p.add_argument("--writer-procs", type=int, default=2, help="writer processes")
     p.add_argument("--timeout", type=float, default=10.0, help="no answer after S s = error")
@@ -1244,14 +1250,18 @@ def main(argv: list[str] | None = None) -> int:
         tmpdir = Path(tmp)
         env = dict(os.environ, TOPICD_PORT_FILE=str(tmpdir / "topicd.port"))
         env.update(item.split("=", 1) for item in args.env)
-        server = hc.Server(
-            "topicd",
-            [sys.executable, "-m", "topicd", "serve", "--port", "0",
-             "--data-dir", str(tmpdir / "data")],
-            env,
-            tmpdir / "topicd.port",
-            REPO_DIR,
-        )  # fmt: skip
+
+        def topicd(env: dict[str, str]) -> hc.Server:
+            return hc.Server(
+                "topicd",
+                [sys.executable, "-m", "topicd", "serve", "--port", "0",
+                 "--data-dir", str(tmpdir / "data")],
+                env,
+                tmpdir / "topicd.port",
+                REPO_DIR,
+            )  # fmt: skip
+
+        server = topicd(env)
         try:
             server.start()
             assert server.proc is not None
@@ -1269,6 +1279,16 @@ def main(argv: list[str] | None = None) -> int:
                     print("NOTE the peak is at the end of the ramp: it may lie higher (--ramp)")
             else:
                 best, c_star = math.nan, args.peak_conc
+            if args.bounds == "scaled":
+                # the admission bounds sized to this machine's peak, as 32 permits and 4096
+                # waiters are to the reference one: restart on the same data directory
+                bounds = {"TOPICD_CLASSES_CLIENT_PERMITS": str(c_star),
+                          "TOPICD_CLASSES_CLIENT_WAITERS": str(c_star)}  # fmt: skip
+                server.stop()
+                (tmpdir / "topicd.port").unlink(missing_ok=True)
+                server = bench.server = topicd(env | bounds)
+                server.start()
+                print(f"restarted with client permits = client waiters = C* = {c_star}")
             concs = [min(args.max_conc, max(1, round(m * c_star))) for m in args.multipliers]
             print(f"C* = {c_star}: sweep at concurrencies {concs}", flush=True)
             for r in range(args.repeat):
@@ -1302,8 +1322,8 @@ def main(argv: list[str] | None = None) -> int:
         k: getattr(args, k)
         for k in (
             "quick", "repeat", "window", "warmup", "ramp_window", "ramp_warmup", "multipliers",
-            "ramp", "peak_conc", "max_conc", "topics", "writer_procs", "timeout", "watchers",
-            "watch_procs", "watch_rate", "sse_grace", "env",
+            "ramp", "peak_conc", "max_conc", "bounds", "topics", "writer_procs", "timeout",
+            "watchers", "watch_procs", "watch_rate", "sse_grace", "env",
         )
     }  # fmt: skip
     doc: dict[str, Any] = {

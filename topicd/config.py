@@ -595,6 +595,12 @@ class GovernorConfig:
     latency_ceiling_ms: float = key(
         5.0, "Scheduling latency or loop lag that reads as saturation (s2, ms).", min=0.1
     )
+    admission_waiters_per_permit: float = key(
+        1.0,
+        "Client requests waiting for a permit, per permit, that read as saturation "
+        "(s4 admission; 0 = signal off).",
+        min=0,
+    )
     coalesce_above: float = key(0.2, "Pressure above which frames coalesce.", min=0, max=1)
     coalesce_max_ms: float = key(20.0, "Coalescing window at pressure 1.0 (ms).", min=0, max=1000)
     widen_above: float = key(

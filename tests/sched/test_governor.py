@@ -18,6 +18,7 @@ import trio.testing
 
 from tests.sched.helpers import live_conn, received, write_req
 from topicd.errors import Throttled
+from topicd.http.app import gate_of
 from topicd.offload import InlineOffload
 from topicd.sched.governor import Governor, Sources, coalesce_ms, commit_window_ms
 from topicd.testing.fake_fs import FakeDisk
@@ -36,6 +37,9 @@ class FakeSources:
         self.applied: list[tuple[float, float, float]] = []
         self.defers: list[bool] = []
         self.workers = workers
+        self.wait_area = 0.0  # request-seconds spent waiting for a client permit
+        self.refused = 0
+        self.permits = 32
 
     def sources(self) -> Sources:
         def decay(alpha: float) -> None:
@@ -48,6 +52,7 @@ class FakeSources:
             sched_latency_ms=lambda: self.sched_ms,
             decay_sched_latency=decay,
             pool_loads=lambda now: list(self.pools),
+            admission=lambda now: (self.wait_area, self.refused, self.permits),
             apply=lambda p, c, w: self.applied.append((p, c, w)),
             set_defer=self.defers.append,
         )
@@ -127,6 +132,56 @@ def test_sched_latency_decays_while_nothing_is_queued():
     fake.queued = 3
     g.sample(0.2)
     assert fake.sched_ms == pytest.approx(4.0)  # work is waiting: the EWMA holds
+
+
+def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
+    fake = FakeSources()
+    g = governor(fake)
+    g.sample(0.1)  # first sample: a baseline only
+    assert g.signals["admission"] == 0.0
+    fake.wait_area += 16 * 0.1  # 16 requests waited through the 0.1 s interval
+    g.sample(0.2)
+    assert g.signals["admission"] == pytest.approx(16 / 32)
+    assert g.pressure == pytest.approx(0.3 * 0.5)  # the max of the signals drives it
+    fake.wait_area += 500 * 0.1
+    g.sample(0.3)
+    assert g.signals["admission"] == 1.0  # capped
+    g.sample(0.4)
+    assert g.signals["admission"] == 0.0  # nobody waited in that interval
+    fake.refused += 1  # the waiters were full once: saturated, however short the queue
+    g.sample(0.5)
+    assert g.signals["admission"] == 1.0
+    half = governor(fake, admission_waiters_per_permit=2.0)
+    half.sample(1.0)
+    fake.wait_area += 32 * 0.1
+    half.sample(1.1)
+    assert half.signals["admission"] == pytest.approx(0.5)
+    off = governor(fake, admission_waiters_per_permit=0.0)
+    off.sample(1.0)
+    fake.refused += 1
+    off.sample(1.1)
+    assert off.signals["admission"] == 0.0
+
+
+async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autojump_clock):
+    cfg = make_config(classes={"client_permits": 2, "client_waiters": 64})
+    async with open_app(cfg) as h:
+        permits = gate_of(h.app).permits
+        held = [await permits.admit() for _ in range(2)]
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):  # 4 waiting for 2 permits: s4 = 4 / (2 x 1.0) -> 1.0
+                nursery.start_soon(permits.admit)
+            await trio.sleep(1.0)  # ten governor samples
+            assert h.engine.governor.signals["admission"] == 1.0
+            assert h.engine.pressure > 0.9
+            for p in held:
+                p.release()  # two of the four waiters are admitted (and keep their permits)
+            await trio.sleep(1.0)
+            assert h.engine.governor.signals["admission"] == pytest.approx(2 / 2)
+            nursery.cancel_scope.cancel()
+        assert permits.stats.waiting == 0
+        await trio.sleep(1.0)
+        assert h.engine.governor.signals["admission"] == 0.0
 
 
 def test_pool_signal_is_the_busiest_group_over_the_interval():

@@ -123,6 +123,8 @@ class Engine:
         self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
+        # the HTTP layer's client permits at a time, for the governor's s4 (see Sources)
+        self.admission: Callable[[float], tuple[float, int, int]] = lambda now: (0.0, 0, 1)
         # maintenance work (checkpoints, retention sweeps) runs under these permits (R1.3)
         self.maintenance = trio.CapacityLimiter(config.classes.maintenance_permits)
         self.watch = WatchRegistry(config)
@@ -137,6 +139,7 @@ class Engine:
                 sched_latency_ms=lambda: self.sched.stats.ewma_sched_ms,
                 decay_sched_latency=self._decay_sched_latency,
                 pool_loads=lambda now: self.commit.pool_loads(now),
+                admission=lambda now: self.admission(now),
                 apply=self._govern,
                 set_defer=self._set_defer,
                 on_sample=self._on_sample,

@@ -458,6 +458,11 @@ class EngineRef:
         st = permits.stats
         reg = self._engine.saturation
         reg.register("client_permits", lambda: st.in_use, lambda: st.capacity)
+        self._engine.admission = lambda now: (  # governor signal s4
+            permits.waited_area(now),
+            st.rejected,
+            st.capacity,
+        )
         reg.register(
             "client_waiters",
             lambda: st.waiting,

@@ -198,7 +198,8 @@ class _Collector:
         gov = engine.governor
         signals = GaugeMetricFamily(
             "topicd_pressure_signal",
-            "Governor input signals 0.0-1.0 (depth, latency, pool); pressure follows the max.",
+            "Governor input signals 0.0-1.0 (depth, latency, pool, admission); pressure follows "
+            "the max.",
             labels=["signal"],
         )
         for name, value in gov.signals.items():

@@ -45,6 +45,8 @@ class PermitStats:
     waited: int = 0  # admissions that had to wait
     rejected: int = 0  # 429 client_waiters
     wait_s_total: float = 0.0
+    wait_area: float = 0.0  # ∫ waiting dt (request-seconds spent waiting), up to `area_at`
+    area_at: float = 0.0
 
 
 class Permit:
@@ -76,6 +78,13 @@ class ClientPermits:
         """Whether a request arriving now would be refused (no permit, waiters full)."""
         return self._sem.value == 0 and self.stats.waiting >= self.max_waiters
 
+    def waited_area(self, now: float) -> float:
+        """Request-seconds spent waiting for a permit since start, up to `now`."""
+        st = self.stats
+        st.wait_area += st.waiting * (now - st.area_at)
+        st.area_at = now
+        return st.wait_area
+
     def refusal(self) -> Throttled:
         """The `429 client_waiters` for a request `full()` refused (not raised: a raised
         and caught exception keeps its frame alive in a reference cycle, and a flood of
@@ -91,15 +100,18 @@ class ClientPermits:
         else:
             if stats.waiting >= self.max_waiters:
                 raise self.refusal()
+            t0 = trio.current_time()
+            self.waited_area(t0)
             stats.waiting += 1
             stats.waited += 1
             stats.peak_waiting = max(stats.peak_waiting, stats.waiting)
-            t0 = trio.current_time()
             try:
                 await self._sem.acquire()
             finally:
+                t1 = trio.current_time()
+                self.waited_area(t1)
                 stats.waiting -= 1
-                stats.wait_s_total += trio.current_time() - t0
+                stats.wait_s_total += t1 - t0
         stats.in_use += 1
         stats.peak_in_use = max(stats.peak_in_use, stats.in_use)
         return Permit(self)

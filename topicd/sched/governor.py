@@ -1,6 +1,6 @@
 """The pressure governor (scheduler spec A.6, B.5).
 
-One task samples every `governor.sample_interval_ms` (100 ms) and folds three cheap
+One task samples every `governor.sample_interval_ms` (100 ms) and folds four cheap
 signals into `pressure ∈ [0, 1]`:
 
 * **s1 depth** — ripe dirty topics ÷ (delivery shards × `depth_per_worker`). Topics
@@ -14,9 +14,15 @@ signals into `pressure ∈ [0, 1]`:
   weight each sample (topicd decision: otherwise the last burst's latency would hold
   pressure up forever on an idle server);
 * **s3 pool** — the busiest offload group (WAL normalized by its shard count, misc, read,
-  snapshot): busy token-seconds over the interval ÷ (interval × tokens).
+  snapshot): busy token-seconds over the interval ÷ (interval × tokens);
+* **s4 admission** (topicd) — the mean number of client requests that waited for a
+  permit over the interval ÷ (client permits × `admission_waiters_per_permit`), or 1.0 if
+  any request was refused because the waiters were full. The permits keep each loop
+  batch short, which is what keeps probes fast under a flood, but it also keeps CPU
+  saturation out of s2: the excess waits outside the loop. This signal reads that queue,
+  so the ladder still climbs when the server is saturated with more clients than permits.
 
-`raw = max(s1, s2, s3)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
+`raw = max(s1, s2, s3, s4)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
 sample, the ladder's controls (all lossless: latency, never correctness):
 
 * `coalesce_ms` = 0 up to `coalesce_above`, then linear to `coalesce_max_ms` at 1.0: a
@@ -90,6 +96,7 @@ class Sources:
         sched_latency_ms: Callable[[], float],
         decay_sched_latency: Callable[[float], None],
         pool_loads: Callable[[float], list[tuple[str, float, int]]],
+        admission: Callable[[float], tuple[float, int, int]] | None = None,
         apply: Callable[[float, float, float], None],
         set_defer: Callable[[bool], None],
         on_sample: Callable[[float], None] | None = None,
@@ -100,6 +107,9 @@ class Sources:
         self.sched_latency_ms = sched_latency_ms
         self.decay_sched_latency = decay_sched_latency
         self.pool_loads = pool_loads
+        # at a time: (request-seconds spent waiting for a client permit so far,
+        # requests refused so far because the waiters were full, permits)
+        self.admission = admission
         self.apply = apply  # (pressure, coalesce_ms, commit_window_ms)
         self.set_defer = set_defer
         self.on_sample = on_sample  # e.g. the saturation registry's peaks and levels
@@ -117,13 +127,14 @@ class Governor:
         self.cfg = cfg
         self.src = sources
         self.pressure = 0.0
-        self.signals = {"depth": 0.0, "latency": 0.0, "pool": 0.0}
+        self.signals = {"depth": 0.0, "latency": 0.0, "pool": 0.0, "admission": 0.0}
         self.loop_lag_ms = 0.0  # EWMA
         self.coalesce_ms = 0.0
         self.commit_window_ms = cfg.commit_window_min_ms
         self.defer_active = False
         self._above = 0  # consecutive samples above defer_above
         self._pools: dict[str, tuple[float, float]] = {}  # group -> (integral, at)
+        self._admission: tuple[float, int, float] | None = None  # (area, refused, at)
         self.stats = GovernorStats()
 
     def sample(self, now: float, lag_ms: float = 0.0) -> None:
@@ -142,10 +153,20 @@ class Governor:
             if prev is not None and now > prev[1]:
                 busy = (integral - prev[0]) / ((now - prev[1]) * tokens)
                 pool = max(pool, min(1.0, max(0.0, busy)))
+        admission = 0.0
+        if src.admission is not None and cfg.admission_waiters_per_permit > 0:
+            area, refused, permits = src.admission(now)
+            last = self._admission
+            self._admission = (area, refused, now)
+            if last is not None and now > last[2]:
+                mean_waiting = (area - last[0]) / (now - last[2])
+                full = max(permits, 1) * cfg.admission_waiters_per_permit
+                admission = 1.0 if refused > last[1] else min(1.0, mean_waiting / full)
         self.signals["depth"] = depth
         self.signals["latency"] = latency
         self.signals["pool"] = pool
-        raw = max(depth, latency, pool)
+        self.signals["admission"] = admission
+        raw = max(depth, latency, pool, admission)
         p = self.pressure + cfg.ewma_alpha * (raw - self.pressure)
         self.pressure = p = min(1.0, max(0.0, p))
         self.coalesce_ms = coalesce_ms(p, cfg)
