@@ -199,10 +199,72 @@ async def test_the_final_snapshot_is_written_on_clean_shutdown():
     assert topic.reserved == topic.head == 1
 
 
+def capture_of(*runs: snapshot.RunCopy) -> snapshot.Capture:
+    topic = snapshot.TopicSnap(
+        id=1, name="t", config={}, head=10, reserved=10, earliest=1, evict_floor=0,
+        evictions=[], lost=[], last_ts=0, last_write_ts=None, last_read_ts=None, runs=[],
+    )  # fmt: skip
+    body = snapshot.SnapshotBody(2, 0, 2, 1, [(0, 64)], [topic], [])
+    return snapshot.Capture(body, [list(runs)])
+
+
+def run_copy(base: int, encs: list[bytes | None]) -> snapshot.RunCopy:
+    from array import array
+
+    n = len(encs)
+    return snapshot.RunCopy(base, encs, array("q", range(n)), array("I", [7] * n))
+
+
+async def test_records_trail_the_body_in_pieces_and_read_back_exactly(monkeypatch):
+    monkeypatch.setattr(snapshot, "CHUNK_RECORDS", 3)
+    first: list[bytes | None] = [b'{"a":%d}' % i if i % 4 else None for i in range(10)]
+    second: list[bytes | None] = [b'"x"', b"1.10"]
+    pieces = snapshot.encode(capture_of(run_copy(1, first), run_copy(11, second)))
+    header, _body, *records = pieces
+    assert len(header) == snapshot.HEADER.size
+    assert all(len(p) <= 3 * 8 for p in records)  # at most CHUNK_RECORDS records a piece
+    assert b"".join(records) == b"".join(e for e in first + second if e is not None)
+    body = snapshot.decode(b"".join(pieces))
+    (topic,) = body.topics
+    got = snapshot.restore_runs(topic)
+    assert [(base, encs) for base, encs, _, _ in got] == [(1, first), (11, second)]
+    assert list(got[0][2]) == list(range(10))
+
+
+def test_a_version_1_snapshot_still_reads():
+    import xxhash
+
+    cap = capture_of()
+    topic = cap.body.topics[0]
+    topic.runs.append(
+        snapshot.RunSnap(1, b"\x03\x00\x00\x00", b"\x00" * 8, b"\x01\x00\x00\x00", b"abc")
+    )
+    payload = msgspec.msgpack.encode(cap.body)
+    data = snapshot.HEADER.pack(
+        snapshot.MAGIC, 1, 1, len(payload), xxhash.xxh3_64_intdigest(payload)
+    )
+    body = snapshot.decode(data + payload)
+    ((base, encs, _, _),) = snapshot.restore_runs(body.topics[0])
+    assert (base, encs) == (1, [b"abc"])
+
+
+@pytest.mark.parametrize("damage", ["short", "long", "flip"])
+def test_record_bytes_after_the_body_are_checked(damage):
+    data = bytearray(b"".join(snapshot.encode(capture_of(run_copy(1, [b"12", b"34"])))))
+    if damage == "short":
+        data = data[:-1]
+    elif damage == "long":
+        data += b"5"
+    else:
+        data[-1] ^= 1
+    with pytest.raises(snapshot.SnapshotError):
+        snapshot.decode(bytes(data))
+
+
 @pytest.mark.parametrize("damage", ["header", "length", "body"])
 def test_snapshot_decoder_rejects_damage(damage):
     cap = snapshot.Capture(snapshot.SnapshotBody(1, 0, 1, 1, [(0, 64)], [], []), [])
-    data = bytearray(snapshot.encode(cap))
+    data = bytearray(b"".join(snapshot.encode(cap)))
     if damage == "header":
         data[0] ^= 1
     elif damage == "length":

@@ -166,12 +166,12 @@ class Checkpointer:
             self._written_at_last = written
             self._last_at = trio.current_time()
             self.last_duration_ms = (self._last_at - t0) * 1000
-            self.last_bytes = len(data)
+            self.last_bytes = sum(len(piece) for piece in data)
             log.info(
                 "checkpoint %d: %d topics, %d bytes in %.1f ms%s",
                 number,
                 len(cap.body.topics),
-                len(data),
+                self.last_bytes,
                 self.last_duration_ms,
                 " (final)" if final else "",
             )

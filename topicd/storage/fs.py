@@ -85,14 +85,18 @@ def write_all(fs: Fs, fd: int, data: bytes, offset: int) -> None:
         done += n
 
 
-def replace_file(fs: Fs, path: str, data: bytes) -> None:
-    """Atomically and durably make `path` hold `data`: write `path.tmp`, fdatasync it,
-    rename it over `path`, fsync the directory. A crash leaves the old or the new file."""
+def replace_file(fs: Fs, path: str, data: bytes | list[bytes]) -> None:
+    """Atomically and durably make `path` hold `data` (bytes, or pieces written in order):
+    write `path.tmp`, fdatasync it, rename it over `path`, fsync the directory. A crash
+    leaves the old or the new file."""
     tmp = path + ".tmp"
     fd = fs.open(tmp, create=True)
     try:
         fs.ftruncate(fd, 0)
-        write_all(fs, fd, data, 0)
+        offset = 0
+        for piece in [data] if isinstance(data, bytes) else data:
+            write_all(fs, fd, piece, offset)
+            offset += len(piece)
         fs.fdatasync(fd)
     finally:
         fs.close(fd)
