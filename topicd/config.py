@@ -108,6 +108,12 @@ class ServerConfig:
         max=3_600_000,
     )
     http2: bool = key(True, "Accept h2c (HTTP/2 over cleartext).", env=("TOPICD_HTTP2",))
+    direct_http1: bool = key(
+        True,
+        "Serve plain HTTP/1.1 requests on the socket directly (same gate and app); "
+        "Hypercorn keeps h2c, upgrades, chunked bodies, Expect and HEAD.",
+        env=("TOPICD_DIRECT_HTTP1",),
+    )
 
 
 @dataclass(frozen=True)

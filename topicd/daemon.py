@@ -123,6 +123,7 @@ async def run_daemon(
                         app,
                         hypercorn_config(cfg),
                         direct=cfg.sse.direct_write,
+                        direct_http1=cfg.server.direct_http1,
                         shutdown_trigger=stop_http.wait,
                         task_status=task_status,
                     )

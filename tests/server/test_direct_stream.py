@@ -151,9 +151,7 @@ async def test_errors_on_the_direct_path_use_the_canonical_body_and_close(server
     assert opened(engine) == (0, 0)
 
 
-async def test_a_stream_after_another_request_on_the_connection_goes_through_hypercorn(
-    server,
-):
+async def test_a_stream_after_another_request_on_the_connection_stays_direct(server):
     engine, http, host, port = server
     wid = await new_watch(http)
     stream = await trio.open_tcp_stream(host, port)
@@ -164,7 +162,25 @@ async def test_a_stream_after_another_request_on_the_connection_goes_through_hyp
             first += await stream.receive_some(65536)
     assert first.startswith(b"HTTP/1.1 200")
     await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await expect_stream(engine, stream, (0, 1))  # Hypercorn's from the first non-probe
+    await expect_stream(engine, stream, (1, 0))
+
+
+async def test_without_direct_http1_a_stream_after_another_request_goes_through_hypercorn():
+    cfg = make_config(server={"port": 0, "direct_http1": False})
+    async with serve_in_process(cfg) as (engine, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            await http.put("/v0/topics/d", json={})
+            wid = await new_watch(http)
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(b"GET /v0/topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        with trio.fail_after(10):
+            while not first.endswith(b"}}"):
+                first += await stream.receive_some(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        await stream.send_all(f"GET /v0/watch/{wid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await expect_stream(engine, stream, (0, 1))  # Hypercorn's from the first non-probe
 
 
 async def test_http10_stream_is_unchunked(server):

@@ -238,8 +238,10 @@ class Gate:
         streams: WatchStreams | None = None,
         permits: ClientPermits | None = None,
         probe: Callable[[str], dict[str, JsonValue]] | None = None,
+        requests_by_path: dict[str, int] | None = None,
     ) -> None:
         self.app = app
+        self.requests_by_path = requests_by_path if requests_by_path is not None else {}
         self.permits = permits
         self.probe = probe
         self.streams = streams
@@ -287,6 +289,9 @@ class Gate:
             return
         t0 = perf_ms()
         scope["topicd.t0"] = t0
+        by_path = self.requests_by_path
+        served_by = "direct" if scope.get("topicd.direct") else "hypercorn"
+        by_path[served_by] = by_path.get(served_by, 0) + 1
         path = cast("str", scope["path"])
         status_box = [0]
         pressure_value = b"%.3f" % min(max(self.pressure(), 0.0), 1.0)
@@ -440,6 +445,9 @@ class EngineRef:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self.permits: ClientPermits | None = None  # create_app's (metrics read them)
+        # requests the gate saw, by server path: "direct" (topicd's socket loop) or
+        # "hypercorn"; the gate counts into this dict, metrics read it
+        self.requests_by_path: dict[str, int] = {"direct": 0, "hypercorn": 0}
 
     @property
     def engine(self) -> Engine:
@@ -545,6 +553,7 @@ def create_app(
         streams=watch.WatchStreams(ref, config, keys),
         permits=ref.permits,
         probe=lambda path: ops.probe_payload(path, ref, config, lifecycle),
+        requests_by_path=ref.requests_by_path,
     )
     return app
 

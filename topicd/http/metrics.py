@@ -254,6 +254,14 @@ class _Collector:
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(name, doc, value=value)
 
+        served = CounterMetricFamily(
+            "topicd_http_requests_total",
+            "HTTP requests, by server path (topicd's direct socket loop or Hypercorn).",
+            labels=["path"],
+        )
+        for server_path, n in sorted(self.ref.requests_by_path.items()):
+            served.add_metric([server_path], n)
+        yield served
         opened = CounterMetricFamily(
             "topicd_sse_streams_opened_total",
             "SSE streams opened, by write path (direct socket or Hypercorn's ASGI send).",

@@ -1,40 +1,43 @@
-"""The HTTP server: Hypercorn's Trio worker, plus a direct socket path for SSE streams.
+"""The HTTP server: Hypercorn's Trio worker, plus a direct socket path for HTTP/1.1.
 
 `serve()` does what `hypercorn.trio.serve` does for one plain-TCP worker (bind, the ASGI
 lifespan, one `TCPServer` per connection, graceful shutdown with
-`graceful_timeout`), with one difference: each new connection's first request head is
-looked at before Hypercorn gets the connection.
+`graceful_timeout`), with one difference: each connection's request heads are looked at
+before Hypercorn gets the connection, and plain HTTP/1.x requests are served **directly**:
+a one-request ASGI exchange (`DirectExchange`) runs topicd's own ASGI entry
+(`app.asgi_app`: the gate, then Quart, so admission, drain accounting, the pressure header,
+the routes and the access log are the same as on the Hypercorn path) with a `receive`
+that hands over the body already read and a `send` that writes the response straight to
+the connection's trio socket stream.
 
-* When it is `GET /v0/watch/<wid>` over HTTP/1.x (no body, no `Upgrade`), the request is
-  served **directly**: a one-request ASGI exchange (`DirectExchange`) runs topicd's own
-  ASGI entry (`app.asgi_app`: the gate, so admission, drain accounting, the pressure
-  header and the access log are the same as on the Hypercorn path) with a `send` that
-  writes the response head and then each pre-encoded SSE chunk straight to the
-  connection's trio socket stream, in HTTP/1.1 chunked framing. This removes Hypercorn's
-  per-chunk work (h11 events, its send lock and shielded scopes), which measured about
-  half of a watch stream's per-frame CPU (docs/PERFORMANCE.md, "SSE fan-out").
-* Probes (`GET /v0/health`, `/healthz`, `/v0/ready`, `/readyz`) are served the same way
-  (the gate answers them without the framework), and the connection is kept for the next
-  request: a prober on a keep-alive connection is served directly every time. Under a
-  flood every request through Hypercorn waits for several turns of a crowded event loop;
-  a direct probe waits for about one (scheduler spec R1: control work first).
-* While every client permit and waiter slot is taken, any other client request on a
-  connection the direct path still holds is read here (head and `content-length` body)
-  and answered by the gate's `429 client_waiters`, without the framework; the
-  connection stays for the next request.
-* Anything else — every other request, h2c prior knowledge, an `Upgrade`, a malformed
-  or oversized head, any request after a non-probe one — goes to Hypercorn unchanged:
-  the bytes already read are replayed to it first (`Replay`), so it parses the
-  connection from that request on.
+* `GET /v0/watch/<wid>` streams write the response head and then each pre-encoded SSE
+  chunk in HTTP/1.1 chunked framing. This removes Hypercorn's per-chunk work (h11
+  events, its send lock and shielded scopes), which measured about half of a watch
+  stream's per-frame CPU (docs/PERFORMANCE.md, "SSE fan-out").
+* Probes (`GET /v0/health`, `/healthz`, `/v0/ready`, `/readyz`) are answered by the
+  gate without the framework (scheduler spec R1: control work first).
+* Every other plain request — no body, or a `content-length` body within
+  `limits.max_body_bytes` — is read whole (head and body) and served on the same
+  keep-alive loop (`server.direct_http1`, default on): Hypercorn's per-request machinery
+  (its connection task, h11 events, the spawned app task and send lock) measured about
+  half of a small request's round trip (docs/PERFORMANCE.md, "HTTP core").
+* While every client permit and waiter slot is taken, a request is refused by the gate's
+  `429 client_waiters` before the framework; the connection stays for the next request.
+* Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding`, `Expect`, a
+  `HEAD`, a body over the limit, a malformed or oversized head — goes to Hypercorn
+  unchanged: the bytes already read are replayed to it first (`Replay`), so it parses the
+  connection from that request on (and keeps it).
 
-`sse.direct_write = false` turns the direct path off (every stream then goes through
-Hypercorn's ASGI send); both paths run the same watch code and the same tests.
+`sse.direct_write = false` turns the direct path off (every request then goes through
+Hypercorn); `server.direct_http1 = false` keeps it to streams and probes. Both paths run
+the same gate, app and watch code, and the same tests.
 """
 
 from __future__ import annotations
 
 import logging
 from functools import partial
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Final, cast
 from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
@@ -65,19 +68,7 @@ log = logging.getLogger("topicd.http")
 STREAM_HEAD: Final = b"GET /v0/watch/"
 RECV_BYTES: Final = 65536
 DISCARD_LIMIT: Final = 65536  # bytes a streaming client may send before it is cut off
-_REASONS: Final = {
-    200: b"OK",
-    400: b"Bad Request",
-    401: b"Unauthorized",
-    403: b"Forbidden",
-    404: b"Not Found",
-    405: b"Method Not Allowed",
-    406: b"Not Acceptable",
-    409: b"Conflict",
-    429: b"Too Many Requests",
-    500: b"Internal Server Error",
-    503: b"Service Unavailable",
-}
+_REASONS: Final = {int(st): st.phrase.encode("ascii") for st in HTTPStatus}
 
 
 class Replay(trio.abc.HalfCloseableStream):
@@ -123,6 +114,18 @@ def sniff(head: bytes) -> bool | None:
                 return True
             undecided = True
     return None if undecided else False
+
+
+H2_PREFACE: Final = b"PRI * HTTP/2.0"
+
+
+def sniff_any(head: bytes) -> bool | None:
+    """`sniff` when every plain HTTP/1.x request may be served directly: only the h2c
+    prior-knowledge preface is Hypercorn's from the first bytes."""
+    n = min(len(head), len(H2_PREFACE))
+    if head[:n] != H2_PREFACE[:n]:
+        return True
+    return None if n < len(H2_PREFACE) else False
 
 
 def stream_scope(
@@ -181,10 +184,16 @@ class DirectExchange:
     `content-length` may keep the connection (`keep_alive`) for the next request."""
 
     def __init__(
-        self, stream: trio.SocketStream, scope: Scope, *, keep_alive: bool = False
+        self,
+        stream: trio.SocketStream,
+        scope: Scope,
+        *,
+        keep_alive: bool = False,
+        body: bytes = b"",
     ) -> None:
         self.stream = stream
         self.scope = scope
+        self.body = body
         self.http11 = scope["http_version"] == "1.1"
         self.keep_alive = keep_alive
         self.cancel = trio.CancelScope()
@@ -221,7 +230,8 @@ class DirectExchange:
     async def receive(self) -> Message:
         if not self._requested:
             self._requested = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            body, self.body = self.body, b""
+            return {"type": "http.request", "body": body, "more_body": False}
         if self.keep_alive:
             await trio.sleep_forever()  # the next bytes are the next request's
         received = 0
@@ -327,6 +337,8 @@ class Listener:
         state: ConnectionState,
         *,
         direct: bool,
+        all_http1: bool = False,
+        max_body: int = 0,
         full: Callable[[], bool] | None = None,
     ) -> None:
         self.app = app
@@ -337,6 +349,8 @@ class Listener:
         self.context = context
         self.state = state
         self.direct = direct
+        self.all_http1 = all_http1  # every plain HTTP/1.x request, not only streams/probes
+        self.max_body = max_body
         self.max_head = config.h11_max_incomplete_size
         self.sniffing: set[trio.CancelScope] = set()
         self.closing = False
@@ -359,7 +373,7 @@ class Listener:
             self.sniffing.add(scope)
             try:
                 while True:
-                    verdict = sniff(head)
+                    verdict = sniff_any(head) if self.all_http1 else sniff(head)
                     complete = b"\r\n\r\n" in head
                     if len(head) > self.max_head or (verdict is False and (complete or not whole)):
                         return head, "other"
@@ -391,20 +405,25 @@ class Listener:
                         continue
                 break
             end = head.index(b"\r\n\r\n") + 4
-            scope = stream_scope(head[:end], stream, self.max_head)
+            scope = stream_scope(head[:end], stream, self.max_head, any_request=True)
             if scope is None:
                 break
-            if cast("str", scope["path"]) in PROBE_PATHS:
+            bodiless_get = scope["method"] == "GET" and _content_length(scope, None) is None
+            if bodiless_get and cast("str", scope["path"]) in PROBE_PATHS:
                 keep = scope["http_version"] == "1.1" and not _closes(scope)
                 exchange = DirectExchange(stream, scope, keep_alive=keep)
                 if not await exchange.run(self.asgi):
                     return
                 head = head[end:]  # what the client already sent of its next request
                 continue
-            if self.is_stream(scope):
+            if bodiless_get and self.is_stream(scope):
                 await DirectExchange(stream, scope).run(self.asgi)
                 return
-            break
+            if not self.all_http1:
+                break
+            served, head = await self._serve_plain(stream, scope, head, end)
+            if not served:
+                break
         conn_stream = Replay(stream, head) if head else stream
         server = TCPServer(
             self.app,
@@ -414,6 +433,39 @@ class Listener:
             cast("trio.SSLStream[trio.SocketStream]", conn_stream),
         )
         await server.run()
+
+    async def _serve_plain(
+        self, stream: trio.SocketStream, scope: Scope, head: bytes, end: int
+    ) -> tuple[bool, bytes]:
+        """Serve one plain request (no body, or a `content-length` one) directly: read its
+        body, run the app, keep the connection when HTTP/1.1 allows. Returns (served,
+        bytes read beyond it); when not served, the bytes are everything read of this
+        request, for Hypercorn (a `HEAD`, a body over the limit, a refused header)."""
+        if scope["method"] == "HEAD":
+            return False, head
+        length = _content_length(scope)
+        if length is None or (self.max_body and length > self.max_body):
+            return False, head  # Hypercorn and Quart answer it (400 / 413)
+        data = head
+        if len(data) < end + length:
+            with trio.move_on_after(self.config.keep_alive_timeout):
+                while len(data) < end + length:
+                    try:
+                        more = await stream.receive_some(RECV_BYTES)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        more = b""
+                    if not more:
+                        break
+                    data += more
+            if len(data) < end + length:  # gone or too slow: nothing to answer
+                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                    await stream.aclose()
+                return True, b""
+        keep = scope["http_version"] == "1.1" and not _closes(scope)
+        exchange = DirectExchange(stream, scope, keep_alive=keep, body=data[end : end + length])
+        if not await exchange.run(self.asgi):
+            return True, b""  # closed: the next read sees it
+        return True, data[end + length :]
 
     async def _refuse(self, stream: trio.SocketStream, head: bytes) -> tuple[bool, bytes]:
         """Serve a client request while every permit and waiter slot is taken: read its
@@ -447,14 +499,15 @@ class Listener:
         return True, data[end + length :]
 
 
-def _content_length(scope: Scope) -> int | None:
+def _content_length(scope: Scope, absent: int | None = 0) -> int | None:
+    """The `content-length` (h11 validated it); `absent` when there is none."""
     for key, value in cast("list[tuple[bytes, bytes]]", scope["headers"]):
         if key == b"content-length":
             try:
                 return int(value)
             except ValueError:
                 return None
-    return 0
+    return absent
 
 
 def _closes(scope: Scope) -> bool:
@@ -469,6 +522,7 @@ async def serve(
     config: HyperConfig,
     *,
     direct: bool = True,
+    direct_http1: bool = False,
     shutdown_trigger: Callable[[], Awaitable[None]],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -504,6 +558,8 @@ async def serve(
                 context,
                 ConnectionState(lifespan_state.copy()),
                 direct=direct,
+                all_http1=direct_http1,
+                max_body=int(app.config.get("MAX_CONTENT_LENGTH") or 0),
                 full=(lambda: permits.full()) if permits is not None else None,
             )
             task_status.started(binds)

@@ -148,6 +148,7 @@ async def serve_in_process(
                 app,
                 hypercorn_config(config),
                 direct=config.sse.direct_write,
+                direct_http1=config.server.direct_http1,
                 shutdown_trigger=stop.wait,
                 task_status=task_status,
             )

@@ -1,0 +1,226 @@
+"""Plain HTTP/1.1 requests on the direct socket path (`server.direct_http1`).
+
+Method: a real in-process server on port 0 and raw trio sockets, so the exact bytes on the
+wire are under the test's control (pipelining, bodies split across segments, a client that
+leaves mid-body). `topicd_http_requests_total{path}` (the gate's per-path counts) tells
+which server path answered each request.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+import trio
+import trio.lowlevel
+
+from topicd.testing.harness import make_config, serve_in_process
+
+MAX_BODY = 4096
+
+
+@pytest.fixture
+async def server():
+    cfg = make_config(server={"port": 0}, limits={"max_body_bytes": MAX_BODY})
+    apps: list = []
+    async with serve_in_process(cfg, apps) as (engine, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        yield engine, apps[0], host, int(port)
+
+
+def by_path(app) -> dict[str, int]:
+    from topicd.http.app import gate_of
+
+    return dict(gate_of(app).requests_by_path)
+
+
+def post(path: str, doc: object, extra: bytes = b"", version: bytes = b"1.1") -> bytes:
+    body = orjson.dumps(doc)
+    return (
+        b"POST %s HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n%s\r\n" % (path.encode(), version, len(body), extra)
+    ) + body
+
+
+class Reader:
+    """Reads `content-length` framed responses off one connection."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = b""
+
+    async def response(self) -> tuple[int, bytes, dict]:
+        with trio.fail_after(10):
+            while b"\r\n\r\n" not in self.buf:
+                data = await self.stream.receive_some(65536)
+                assert data, "connection closed before a response"
+                self.buf += data
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            m = re.search(rb"content-length: (\d+)", head.lower())
+            n = int(m.group(1)) if m else 0
+            while len(rest) < n:
+                data = await self.stream.receive_some(65536)
+                assert data
+                rest += data
+        self.buf = rest[n:]
+        status = int(head[9:12])
+        return status, head.lower(), orjson.loads(rest[:n]) if n else {}
+
+    async def eof(self) -> bool:
+        with trio.fail_after(10):
+            while True:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    return True
+                self.buf += data
+
+
+async def test_a_keep_alive_connection_serves_every_route_directly_and_in_order(server):
+    _engine, app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    r = Reader(stream)
+    before = by_path(app)
+    # five requests in one segment (pipelined): a PUT, three writes, a diff
+    await stream.send_all(
+        b"PUT /v0/topics/t HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+        + post("/v0/topics/t", {"records": [{"data": 1}]})
+        + post("/v0/topics/t", {"records": [{"data": {"n": 2.50}}, {"data": 3}]})
+        + post("/v0/topics/t", {"records": [{"data": 4}]})
+        + post("/v0/topics/t/diff", {"from_seq": 0})
+    )
+    status, head, doc = await r.response()
+    assert status in (200, 201) and doc["topic"] == "t"
+    assert b"x-topicd-pressure: " in head
+    seqs = []
+    for _ in range(3):
+        status, head, doc = await r.response()
+        assert status in (200, 201), doc
+        seqs += doc["seqs"]
+    assert seqs == [1, 2, 3, 4]
+    status, _, doc = await r.response()
+    assert status == 200
+    assert [rec["data"] for rec in doc["records"]] == [1, {"n": 2.50}, 3, 4]
+    after = by_path(app)
+    assert after["direct"] - before["direct"] == 5
+    assert after["hypercorn"] == before["hypercorn"]
+    await stream.aclose()
+
+
+async def test_a_body_split_across_segments_is_assembled(server):
+    _engine, app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    raw = post("/v0/topics/s", {"records": [{"data": "x" * 300}]})
+    for i in range(0, len(raw), 37):
+        await stream.send_all(raw[i : i + 37])
+        await trio.lowlevel.checkpoint()
+    status, _, doc = await Reader(stream).response()
+    assert status == 201 and doc["seqs"] == [1]
+    assert by_path(app)["hypercorn"] == 0
+    await stream.aclose()
+
+
+async def test_a_client_gone_mid_body_applies_nothing(server):
+    engine, _app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    raw = post("/v0/topics/gone", {"records": [{"data": 1}]})
+    await stream.send_all(raw[:-5])
+    await stream.send_eof()
+    assert await Reader(stream).eof()
+    assert "gone" not in engine.topics
+
+
+async def test_errors_keep_the_connection_and_use_the_canonical_body(server):
+    _engine, app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    r = Reader(stream)
+    await stream.send_all(
+        b"POST /v0/topics/e HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+        + post("/v0/topics/e", {"records": "nope"})
+        + b"DELETE /v0/nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
+        + post("/v0/topics/e", {"records": [{"data": 1}]})
+    )
+    status, _, doc = await r.response()
+    assert (status, doc["error"]["code"]) == (415, "unsupported_media_type")
+    status, _, doc = await r.response()
+    assert (status, doc["error"]["code"]) == (400, "invalid_request")
+    status, _, doc = await r.response()
+    assert status in (404, 405) and "code" in doc["error"]
+    status, _, doc = await r.response()
+    assert status == 201 and doc["seqs"] == [1]
+    assert by_path(app)["hypercorn"] == 0
+    await stream.aclose()
+
+
+async def test_connection_close_and_http10_end_the_connection_after_the_answer(server):
+    engine, _app, host, port = server
+    for req in (
+        post("/v0/topics/c", {"records": [{"data": 1}]}, extra=b"Connection: close\r\n"),
+        post("/v0/topics/c", {"records": [{"data": 2}]}, version=b"1.0"),
+    ):
+        stream = await trio.open_tcp_stream(host, port)
+        r = Reader(stream)
+        await stream.send_all(req)
+        status, head, _ = await r.response()
+        assert status in (200, 201)
+        assert b"connection: close" in head
+        assert await r.eof()
+    assert engine.topics["c"].head_seq == 2
+
+
+async def test_what_the_direct_path_leaves_to_hypercorn_still_works(server):
+    """HEAD, a chunked body, `Expect: 100-continue` and a body over the limit go to
+    Hypercorn, on the same connection after direct requests."""
+    engine, app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    r = Reader(stream)
+    await stream.send_all(post("/v0/topics/h", {"records": [{"data": 1}]}))
+    assert (await r.response())[0] == 201
+    assert by_path(app) == {"direct": 1, "hypercorn": 0}
+    chunk = b'{"records":[{"data":2}]}'
+    await stream.send_all(
+        b"POST /v0/topics/h HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk)
+    )
+    status, _, doc = await r.response()
+    assert status == 200 and doc["seqs"] == [2]
+    assert by_path(app) == {"direct": 1, "hypercorn": 1}
+    await stream.aclose()
+
+    stream = await trio.open_tcp_stream(host, port)
+    r = Reader(stream)
+    await stream.send_all(b"HEAD /v0/topics/h HTTP/1.1\r\nHost: x\r\n\r\n")
+    with trio.fail_after(10):
+        while b"\r\n\r\n" not in r.buf:
+            r.buf += await stream.receive_some(65536)
+    assert r.buf.startswith(b"HTTP/1.1 200")
+    assert r.buf.endswith(b"\r\n\r\n")  # no body after a HEAD
+    await stream.aclose()
+
+    stream = await trio.open_tcp_stream(host, port)
+    big = post("/v0/topics/h", {"records": [{"data": "y" * MAX_BODY}]})
+    await stream.send_all(big)
+    status, _, doc = await Reader(stream).response()
+    assert (status, doc["error"]["code"]) == (413, "payload_too_large")
+    await stream.aclose()
+    assert engine.topics["h"].head_seq == 2
+    assert by_path(app)["hypercorn"] == 3
+
+
+async def test_the_metric_reports_requests_by_server_path(server):
+    _engine, _app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    r = Reader(stream)
+    await stream.send_all(b"GET /v0/metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    with trio.fail_after(10):
+        while b"\r\n\r\n" not in r.buf:
+            r.buf += await stream.receive_some(65536)
+        head, _, rest = r.buf.partition(b"\r\n\r\n")
+        n = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+        while len(rest) < n:
+            rest += await stream.receive_some(65536)
+    text = rest[:n].decode()
+    assert re.search(r'^topicd_http_requests_total\{path="direct"\} 1\.0$', text, re.M), text
+    await stream.aclose()
