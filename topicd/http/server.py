@@ -36,6 +36,7 @@ the same gate, app and watch code, and the same tests.
 from __future__ import annotations
 
 import logging
+import time
 from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Final, cast
@@ -69,6 +70,18 @@ STREAM_HEAD: Final = b"GET /v0/watch/"
 RECV_BYTES: Final = 65536
 DISCARD_LIMIT: Final = 65536  # bytes a streaming client may send before it is cut off
 _REASONS: Final = {int(st): st.phrase.encode("ascii") for st in HTTPStatus}
+
+
+_date_cache: list[object] = [0, b""]
+
+
+def _date_line() -> bytes:
+    """The `date:` header line, formatted once per second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = b"date: " + format_date_time(now).encode("ascii") + b"\r\n"
+    return cast("bytes", _date_cache[1])
 
 
 class Replay(trio.abc.HalfCloseableStream):
@@ -128,8 +141,27 @@ def sniff_any(head: bytes) -> bool | None:
     return None if n < len(H2_PREFACE) else False
 
 
+Addrs = tuple[tuple[str, int], tuple[str, int]]  # (client, server)
+
+
+def socket_addrs(stream: trio.SocketStream) -> Addrs | None:
+    """The connection's (peer, local) addresses, or None when it is already gone."""
+    sock = stream.socket
+    try:
+        client = sock.getpeername()
+        server = sock.getsockname()
+    except OSError:
+        return None
+    return (client[0], client[1]), (server[0], server[1])
+
+
 def stream_scope(
-    head: bytes, stream: trio.SocketStream, max_head: int, *, any_request: bool = False
+    head: bytes,
+    stream: trio.SocketStream,
+    max_head: int,
+    *,
+    any_request: bool = False,
+    addrs: Addrs | None = None,
 ) -> Scope | None:
     """The ASGI scope of a head that may be served directly, or None (Hypercorn's).
 
@@ -152,12 +184,10 @@ def stream_scope(
             return None
     target = event.target
     raw_path, _, query = target.partition(b"?")
-    sock = stream.socket
-    try:
-        client = sock.getpeername()
-        server = sock.getsockname()
-    except OSError:
-        return None
+    if addrs is None:
+        addrs = socket_addrs(stream)  # (one connection's pair is asked once by the caller)
+        if addrs is None:
+            return None
     return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -169,8 +199,8 @@ def stream_scope(
         "query_string": query,
         "root_path": "",
         "headers": headers,
-        "client": (client[0], client[1]),
-        "server": (server[0], server[1]),
+        "client": addrs[0],
+        "server": addrs[1],
         "extensions": {},
         "state": {},
         "topicd.direct": True,
@@ -315,7 +345,7 @@ class DirectExchange:
             if key.lower() == b"connection" and not self._chunked:
                 continue
             lines.append(key + b": " + value + b"\r\n")
-        lines.append(b"date: " + format_date_time(None).encode("ascii") + b"\r\n")
+        lines.append(_date_line())
         if self._chunked:
             lines.append(b"transfer-encoding: chunked\r\n")
         elif not self.keep_alive:
@@ -391,6 +421,7 @@ class Listener:
 
     async def __call__(self, stream: trio.SocketStream) -> None:
         head = b""
+        addrs = socket_addrs(stream) if self.direct else None
         while self.direct and not self.closing:
             full = self.full is not None and self.full()
             head, verdict = await self._read_head(stream, head, whole=full)
@@ -405,7 +436,7 @@ class Listener:
                         continue
                 break
             end = head.index(b"\r\n\r\n") + 4
-            scope = stream_scope(head[:end], stream, self.max_head, any_request=True)
+            scope = stream_scope(head[:end], stream, self.max_head, any_request=True, addrs=addrs)
             if scope is None:
                 break
             bodiless_get = scope["method"] == "GET" and _content_length(scope, None) is None
