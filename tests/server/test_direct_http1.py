@@ -224,3 +224,54 @@ async def test_the_metric_reports_requests_by_server_path(server):
     text = rest[:n].decode()
     assert re.search(r'^topicd_http_requests_total\{path="direct"\} 1\.0$', text, re.M), text
     await stream.aclose()
+
+
+def test_the_glance_reads_only_plain_heads():
+    from topicd.http.server import _glance
+
+    def g(raw: bytes):
+        raw += b"\r\n"
+        return _glance(raw, len(raw))
+
+    head = b"POST /v0/topics/t?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n"
+    assert g(head) == (b"POST", "/v0/topics/t", 12, True)
+    assert g(head + b"Connection: close\r\n")[3] is False
+    assert g(head.replace(b"HTTP/1.1", b"HTTP/1.0"))[3] is False
+    assert g(b"GET /v0/topics HTTP/1.1\r\nHost: x\r\n") == (b"GET", "/v0/topics", 0, True)
+    # anything unusual is left to the parser
+    assert g(head + b"Transfer-Encoding: chunked\r\n") is None
+    assert g(head + b"Expect: 100-continue\r\n") is None
+    assert g(head + b"Upgrade: h2c\r\n") is None
+    assert g(head + b"Content-Length: 13\r\n") is None
+    assert g(head.replace(b"12", b"-1")) is None
+    assert g(head.replace(b"12", b"1" * 16)) is None
+    assert g(b"POST /v0/topics/t HTTP/2.0\r\nHost: x\r\n") is None
+    assert g(b"POST  /v0/topics/t HTTP/1.1\r\nHost: x\r\n") is None
+
+
+async def test_at_full_permits_with_auth_on_the_gate_still_answers_401_first():
+    cfg = make_config(
+        server={"port": 0},
+        auth={"api_keys": ("k1:rw",)},
+        classes={"client_permits": 1, "client_waiters": 0},
+    )
+    apps: list = []
+    async with serve_in_process(cfg, apps) as (_engine, url):
+        from topicd.http.app import gate_of
+
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        pool = gate_of(apps[0]).permits
+        held = await pool.admit()
+        stream = await trio.open_tcp_stream(host, int(port))
+        r = Reader(stream)
+        await stream.send_all(post("/v0/topics/a", {"records": [{"data": 1}]}))
+        status, _, doc = await r.response()
+        assert (status, doc["error"]["code"]) == (401, "unauthorized")
+        await stream.send_all(
+            post("/v0/topics/a", {"records": [{"data": 1}]}, extra=b"Authorization: Bearer k1\r\n")
+        )
+        status, head, doc = await r.response()
+        assert (status, doc["error"]["code"]) == (429, "throttled")
+        assert b"retry-after: " in head
+        held.release()
+        await stream.aclose()

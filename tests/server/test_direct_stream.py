@@ -292,6 +292,7 @@ async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_co
             return head, orjson.loads(rest[:n])
 
         held = await pool.admit()  # every permit taken, no waiter slot: full
+        served_before = dict(gate_of(apps[0]).requests_by_path)
         for _ in range(2):  # pipelining-safe: the body is consumed, the connection kept
             await stream.send_all(post)
             head, doc = await answer()
@@ -301,6 +302,8 @@ async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_co
             assert doc["error"]["detail"]["cause"] == "client_waiters"
         assert pool.stats.rejected == 2
         assert engine.throttled.get("client_waiters") == 2
+        # refused from a glance at the head: the gate's ASGI entry never ran
+        assert gate_of(apps[0]).requests_by_path == served_before
         assert "t" not in engine.topics  # nothing was applied
         held.release()
         await stream.send_all(post)  # room again: the same connection is served normally

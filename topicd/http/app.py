@@ -279,6 +279,29 @@ class Gate:
         )
         await send({"type": "http.response.body", "body": body})
 
+    def quick_refusal(self) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """(status, headers, body) of a `429 client_waiters` for a client request that
+        arrives while every permit and waiter slot is taken, decided before the request is
+        parsed (the cheap refusal of scheduler spec B.5); None when only the full gate may
+        answer (authentication on: a `401` comes first; not serving: `503` does)."""
+        permits = self.permits
+        if (
+            permits is None
+            or self.keys.enabled
+            or self.lifecycle.phase.value is not Phase.SERVING
+            or not permits.full()
+        ):
+            return None
+        err = permits.refusal()
+        if self.on_error is not None:
+            self.on_error(err)
+        status, headers, body = error_parts(err)
+        headers.append((b"content-length", b"%d" % len(body)))
+        headers.append((b"x-topicd-pressure", b"%.3f" % min(max(self.pressure(), 0.0), 1.0)))
+        if self.access:
+            access_log.info("%s %s %d %.2fms", "-", "-", status, 0.0)
+        return status, headers, body
+
     def is_stream(self, scope: Scope) -> bool:
         """Whether this request opens an SSE stream (the direct socket path may serve it)."""
         return self.streams is not None and self.streams.wid_of(scope) is not None

@@ -370,11 +370,14 @@ class Listener:
         all_http1: bool = False,
         max_body: int = 0,
         full: Callable[[], bool] | None = None,
+        quick_refusal: Callable[[], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
+        | None = None,
     ) -> None:
         self.app = app
         self.asgi = asgi
         self.is_stream = is_stream
         self.full = full  # client permits and waiters exhausted: refuse here, cheaply
+        self.quick_refusal = quick_refusal
         self.config = config
         self.context = context
         self.state = state
@@ -436,6 +439,14 @@ class Listener:
                         continue
                 break
             end = head.index(b"\r\n\r\n") + 4
+            quick = self.all_http1 and self.quick_refusal is not None
+            if quick and self.full is not None and self.full():
+                # (`full` asked again: it may have turned while the head was on its way)
+                refused, head = await self._refuse_unparsed(stream, head, end)
+                if refused is None:
+                    return
+                if refused:
+                    continue
             scope = stream_scope(head[:end], stream, self.max_head, any_request=True, addrs=addrs)
             if scope is None:
                 break
@@ -498,6 +509,62 @@ class Listener:
             return True, b""  # closed: the next read sees it
         return True, data[end + length :]
 
+    async def _refuse_unparsed(
+        self, stream: trio.SocketStream, head: bytes, end: int
+    ) -> tuple[bool | None, bytes]:
+        """At full client permits and waiters, answer a client request `429
+        client_waiters` from a glance at its head (request line, `content-length`,
+        `connection`), without parsing it (no h11, no scope, no gate task, no framework):
+        a refusal must cost far less than an accepted write (scheduler spec B.5). Returns
+        (True, bytes after it) when refused, (False, head) when the usual path must serve
+        it (control work, streams, anything unusual, a permit freed meanwhile), (None, _)
+        when the connection is gone."""
+        glance = _glance(head, end)
+        if glance is None:
+            return False, head
+        method, path, length, keep = glance
+        if (
+            path in CONTROL_PATHS
+            or method == b"HEAD"
+            or (method == b"GET" and path.startswith("/v0/watch/"))
+            or length > self.max_body
+        ):
+            return False, head
+        data = head
+        if len(data) < end + length:
+            with trio.move_on_after(self.config.keep_alive_timeout):
+                while len(data) < end + length:
+                    try:
+                        more = await stream.receive_some(RECV_BYTES)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        more = b""
+                    if not more:
+                        break
+                    data += more
+            if len(data) < end + length:
+                return None, b""
+        assert self.quick_refusal is not None
+        answer = self.quick_refusal()
+        if answer is None:
+            return False, data  # room again, or the full gate decides
+        status, headers, body = answer
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
+        lines.extend(k + b": " + v + b"\r\n" for k, v in headers)
+        lines.append(_date_line())
+        if not keep:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        lines.append(body)
+        try:
+            await stream.send_all(b"".join(lines))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None, b""
+        if not keep:
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await stream.aclose()
+            return None, b""
+        return True, data[end + length :]
+
     async def _refuse(self, stream: trio.SocketStream, head: bytes) -> tuple[bool, bytes]:
         """Serve a client request while every permit and waiter slot is taken: read its
         `content-length` body, then let the gate answer (it refuses with `429
@@ -528,6 +595,34 @@ class Listener:
         if not await DirectExchange(stream, scope, keep_alive=keep).run(self.asgi):
             return True, b""  # closed: the next read sees it
         return True, data[end + length :]
+
+
+_GLANCE_REFUSED: Final = (b"\r\ntransfer-encoding:", b"\r\nexpect:", b"\r\nupgrade:")
+
+
+def _glance(head: bytes, end: int) -> tuple[bytes, str, int, bool] | None:
+    """(method, path, content-length, keep-alive) of a complete head, read without a
+    parser, for the quick refusal; None when anything is unusual (the parser decides)."""
+    line_end = head.find(b"\r\n")
+    parts = head[:line_end].split(b" ")
+    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+        return None
+    method, target, version = parts
+    fields = head[line_end : end - 2].lower()
+    if any(name in fields for name in _GLANCE_REFUSED):
+        return None
+    length = 0
+    at = fields.find(b"\r\ncontent-length:")
+    if at >= 0:
+        if fields.find(b"\r\ncontent-length:", at + 2) >= 0:
+            return None  # a repeated length: the parser rules on it
+        stop = fields.find(b"\r\n", at + 2)
+        value = fields[at + 17 : stop if stop >= 0 else None].strip()
+        if not value.isdigit() or len(value) > 15:
+            return None
+        length = int(value)
+    keep = version == b"HTTP/1.1" and b"\r\nconnection: close" not in fields
+    return method, target.partition(b"?")[0].decode("latin-1"), length, keep
 
 
 def _content_length(scope: Scope, absent: int | None = 0) -> int | None:
@@ -592,6 +687,7 @@ async def serve(
                 all_http1=direct_http1,
                 max_body=int(app.config.get("MAX_CONTENT_LENGTH") or 0),
                 full=(lambda: permits.full()) if permits is not None else None,
+                quick_refusal=gate.quick_refusal,
             )
             task_status.started(binds)
             try:
