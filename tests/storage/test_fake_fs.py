@@ -1162,3 +1162,24 @@ def test_custom_rule(monitored):
     fd = fs.open("/data/ro/f", create=True)
     with pytest.raises(OrderingViolation, match="no-writes: write to /data/ro/f"):
         fs.pwrite(fd, b"x", 0)
+
+
+def test_replace_file_syncs_every_so_many_bytes_and_survives_a_crash_whole():
+    from topicd.storage.fs import replace_file
+
+    disk = FakeDisk()
+    disk.mkdir("/d")
+    disk.fsync_dir("/")
+    mon = MonitorFs(disk)
+    mon.require_synced_before_rename("/d")
+    pieces = [b"a" * 6, b"b" * 6, b"c" * 6, b"d" * 2]
+    replace_file(mon, "/d/f", pieces, sync_every=10)
+    ops = [c[0] for c in mon.calls]
+    # a sync after 12 bytes (≥ 10), none after the next 6, then the final one
+    assert ops.count("fdatasync") == 2
+    writes_before_first_sync = ops[: ops.index("fdatasync")].count("pwrite")
+    assert writes_before_first_sync == 2
+    mon.assert_ok()
+    disk.crash()
+    fd = disk.open("/d/f")
+    assert disk.pread(fd, 100, 0) == b"".join(pieces)

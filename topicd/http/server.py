@@ -21,8 +21,10 @@ the connection's trio socket stream.
   keep-alive loop (`server.direct_http1`, default on): Hypercorn's per-request machinery
   (its connection task, h11 events, the spawned app task and send lock) measured about
   half of a small request's round trip (docs/PERFORMANCE.md, "HTTP core").
-* While every client permit and waiter slot is taken, a request is refused by the gate's
-  `429 client_waiters` before the framework; the connection stays for the next request.
+* While every client permit and waiter slot is taken, a client request is answered `429
+  client_waiters` from a glance at its head (`_refuse_unparsed`: no h11, no scope, no
+  gate task, no framework; with authentication on, the gate decides, still without
+  Quart); the connection stays for the next request.
 * Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding`, `Expect`, a
   `HEAD`, a body over the limit, a malformed or oversized head — goes to Hypercorn
   unchanged: the bytes already read are replayed to it first (`Replay`), so it parses the

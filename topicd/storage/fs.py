@@ -85,18 +85,28 @@ def write_all(fs: Fs, fd: int, data: bytes, offset: int) -> None:
         done += n
 
 
-def replace_file(fs: Fs, path: str, data: bytes | list[bytes]) -> None:
+def replace_file(fs: Fs, path: str, data: bytes | list[bytes], *, sync_every: int = 0) -> None:
     """Atomically and durably make `path` hold `data` (bytes, or pieces written in order):
     write `path.tmp`, fdatasync it, rename it over `path`, fsync the directory. A crash
-    leaves the old or the new file."""
+    leaves the old or the new file.
+
+    With `sync_every`, the file is also synced each time that many bytes were written
+    since the last sync: a large file then never has more than that much dirty in the
+    page cache, so a WAL `fdatasync` running meanwhile (whose journal commit may have to
+    write this file's newly allocated blocks first) waits for at most that much."""
     tmp = path + ".tmp"
     fd = fs.open(tmp, create=True)
     try:
         fs.ftruncate(fd, 0)
         offset = 0
+        unsynced = 0
         for piece in [data] if isinstance(data, bytes) else data:
             write_all(fs, fd, piece, offset)
             offset += len(piece)
+            unsynced += len(piece)
+            if sync_every and unsynced >= sync_every:
+                fs.fdatasync(fd)
+                unsynced = 0
         fs.fdatasync(fd)
     finally:
         fs.close(fd)

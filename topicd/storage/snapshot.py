@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 MAGIC: Final = b"TOPICDSN"
 VERSION: Final = 2
 CHUNK_RECORDS: Final = 16384  # records joined per piece (~1 MB of typical records)
+# a snapshot is synced every this many bytes as it is written (fs.replace_file): a WAL
+# sync meanwhile never waits behind hundreds of MB of the snapshot's dirty pages
+SYNC_EVERY_BYTES: Final = 8 << 20
 HEADER: Final = struct.Struct("<8sIB3xQQ")  # 32 bytes
 META_DIR: Final = "meta"
 _NAME: Final = re.compile(r"snapshot-([0-9]{20})\.bin")
@@ -286,7 +289,7 @@ def write_snapshot(fs: Fs, root: str, number: int, data: list[bytes], keep: int)
         fs.mkdir(meta)
         fs.fsync_dir(root)
     path = posixpath.join(meta, snapshot_name(number))
-    replace_file(fs, path, data)
+    replace_file(fs, path, data, sync_every=SYNC_EVERY_BYTES)
     for _, old in list_snapshots(fs, root)[keep:]:
         fs.unlink(old)
     for name in fs.listdir(meta):
