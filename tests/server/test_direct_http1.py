@@ -275,3 +275,25 @@ async def test_at_full_permits_with_auth_on_the_gate_still_answers_401_first():
         assert b"retry-after: " in head
         held.release()
         await stream.aclose()
+
+
+async def test_a_body_larger_than_the_head_limit_is_still_served_directly():
+    """Only the head counts against `h11_max_incomplete_size`: a 1000-record batch sent
+    in one segment with its head stays on the direct path."""
+    cfg = make_config(server={"port": 0})
+    apps: list = []
+    async with serve_in_process(cfg, apps) as (engine, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        doc = {"records": [{"data": {"i": i, "pad": "x" * 100}} for i in range(1000)]}
+        raw = post("/v0/topics/big", doc)
+        assert len(raw) > 100_000
+        await stream.send_all(raw + raw)  # two, pipelined
+        r = Reader(stream)
+        status, _, first = await r.response()
+        assert status == 201 and first["count"] == 1000
+        status, _, second = await r.response()
+        assert status == 200 and second["first_seq"] == 1001
+        assert by_path(apps[0]) == {"direct": 2, "hypercorn": 0}
+        assert engine.topics["big"].head_seq == 2000
+        await stream.aclose()

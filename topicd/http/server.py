@@ -409,8 +409,11 @@ class Listener:
             try:
                 while True:
                     verdict = sniff_any(head) if self.all_http1 else sniff(head)
-                    complete = b"\r\n\r\n" in head
-                    if len(head) > self.max_head or (verdict is False and (complete or not whole)):
+                    end = head.find(b"\r\n\r\n")
+                    complete = end >= 0
+                    # (only the head counts against the limit: a body may follow it)
+                    too_big = (end if complete else len(head)) > self.max_head
+                    if too_big or (verdict is False and (complete or not whole)):
                         return head, "other"
                     if verdict and complete:
                         return head, "direct"
@@ -478,6 +481,25 @@ class Listener:
         )
         await server.run()
 
+    async def _read_to(self, stream: trio.SocketStream, data: bytes, total: int) -> bytes:
+        """`data` and what follows it on the connection, until `total` bytes (or more, when
+        the client pipelines) are there; fewer when the client leaves or is too slow."""
+        if len(data) >= total:
+            return data
+        pieces = [data]
+        have = len(data)
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            while have < total:
+                try:
+                    more = await stream.receive_some(max(RECV_BYTES, total - have))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                if not more:
+                    break
+                pieces.append(more)
+                have += len(more)
+        return b"".join(pieces)
+
     async def _serve_plain(
         self, stream: trio.SocketStream, scope: Scope, head: bytes, end: int
     ) -> tuple[bool, bytes]:
@@ -490,21 +512,11 @@ class Listener:
         length = _content_length(scope)
         if length is None or (self.max_body and length > self.max_body):
             return False, head  # Hypercorn and Quart answer it (400 / 413)
-        data = head
-        if len(data) < end + length:
-            with trio.move_on_after(self.config.keep_alive_timeout):
-                while len(data) < end + length:
-                    try:
-                        more = await stream.receive_some(RECV_BYTES)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        more = b""
-                    if not more:
-                        break
-                    data += more
-            if len(data) < end + length:  # gone or too slow: nothing to answer
-                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    await stream.aclose()
-                return True, b""
+        data = await self._read_to(stream, head, end + length)
+        if len(data) < end + length:  # gone or too slow: nothing to answer
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await stream.aclose()
+            return True, b""
         keep = scope["http_version"] == "1.1" and not _closes(scope)
         exchange = DirectExchange(stream, scope, keep_alive=keep, body=data[end : end + length])
         if not await exchange.run(self.asgi):
@@ -532,19 +544,9 @@ class Listener:
             or length > self.max_body
         ):
             return False, head
-        data = head
+        data = await self._read_to(stream, head, end + length)
         if len(data) < end + length:
-            with trio.move_on_after(self.config.keep_alive_timeout):
-                while len(data) < end + length:
-                    try:
-                        more = await stream.receive_some(RECV_BYTES)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        more = b""
-                    if not more:
-                        break
-                    data += more
-            if len(data) < end + length:
-                return None, b""
+            return None, b""
         assert self.quick_refusal is not None
         answer = self.quick_refusal()
         if answer is None:
@@ -583,13 +585,7 @@ class Listener:
         length = _content_length(scope)
         if length is None or length > self.max_head * 64:
             return False, head
-        data = head
-        with trio.move_on_after(self.config.keep_alive_timeout):
-            while len(data) < end + length:
-                more = await stream.receive_some(RECV_BYTES)
-                if not more:
-                    break
-                data += more
+        data = await self._read_to(stream, head, end + length)
         if len(data) < end + length or self.full is None or not self.full():
             return False, data  # gone, too slow, or a permit freed meanwhile
         scope["topicd.refuse_only"] = True
