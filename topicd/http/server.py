@@ -38,7 +38,6 @@ the same gate, app and watch code, and the same tests.
 from __future__ import annotations
 
 import logging
-import time
 from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Final, cast
@@ -53,6 +52,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
+from topicd.clock import SystemWallClock
 from topicd.errors import Internal
 from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, gate_of, send_error
 
@@ -74,12 +74,13 @@ DISCARD_LIMIT: Final = 65536  # bytes a streaming client may send before it is c
 _REASONS: Final = {int(st): st.phrase.encode("ascii") for st in HTTPStatus}
 
 
+_WALL: Final = SystemWallClock()  # the `date` header is real time by definition
 _date_cache: list[object] = [0, b""]
 
 
 def _date_line() -> bytes:
     """The `date:` header line, formatted once per second."""
-    now = int(time.time())
+    now = _WALL.now_ms() // 1000
     if _date_cache[0] != now:
         _date_cache[0] = now
         _date_cache[1] = b"date: " + format_date_time(now).encode("ascii") + b"\r\n"
