@@ -50,12 +50,19 @@ class Reader:
         self.stream = stream
         self.buf = b""
 
-    async def response(self) -> tuple[int, bytes, dict]:
+    async def head(self) -> bytes:
+        """Everything up to the end of the next response head (kept in `buf`)."""
         with trio.fail_after(10):
             while b"\r\n\r\n" not in self.buf:
                 data = await self.stream.receive_some(65536)
                 assert data, "connection closed before a response"
                 self.buf += data
+        return self.buf[: self.buf.index(b"\r\n\r\n") + 4]
+
+    async def raw(self) -> tuple[int, bytes, bytes]:
+        """(status, lowercased head, body) of the next `content-length` framed response."""
+        await self.head()
+        with trio.fail_after(10):
             head, _, rest = self.buf.partition(b"\r\n\r\n")
             m = re.search(rb"content-length: (\d+)", head.lower())
             n = int(m.group(1)) if m else 0
@@ -64,8 +71,11 @@ class Reader:
                 assert data
                 rest += data
         self.buf = rest[n:]
-        status = int(head[9:12])
-        return status, head.lower(), orjson.loads(rest[:n]) if n else {}
+        return int(head[9:12]), head.lower(), rest[:n]
+
+    async def response(self) -> tuple[int, bytes, dict]:
+        status, head, body = await self.raw()
+        return status, head, orjson.loads(body) if body else {}
 
     async def eof(self) -> bool:
         with trio.fail_after(10):
@@ -192,9 +202,7 @@ async def test_what_the_direct_path_leaves_to_hypercorn_still_works(server):
     stream = await trio.open_tcp_stream(host, port)
     r = Reader(stream)
     await stream.send_all(b"HEAD /v0/topics/h HTTP/1.1\r\nHost: x\r\n\r\n")
-    with trio.fail_after(10):
-        while b"\r\n\r\n" not in r.buf:
-            r.buf += await stream.receive_some(65536)
+    await r.head()
     assert r.buf.startswith(b"HTTP/1.1 200")
     assert r.buf.endswith(b"\r\n\r\n")  # no body after a HEAD
     await stream.aclose()
@@ -214,14 +222,9 @@ async def test_the_metric_reports_requests_by_server_path(server):
     stream = await trio.open_tcp_stream(host, port)
     r = Reader(stream)
     await stream.send_all(b"GET /v0/metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-    with trio.fail_after(10):
-        while b"\r\n\r\n" not in r.buf:
-            r.buf += await stream.receive_some(65536)
-        head, _, rest = r.buf.partition(b"\r\n\r\n")
-        n = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
-        while len(rest) < n:
-            rest += await stream.receive_some(65536)
-    text = rest[:n].decode()
+    status, _, body = await r.raw()
+    assert status == 200
+    text = body.decode()
     assert re.search(r'^topicd_http_requests_total\{path="direct"\} 1\.0$', text, re.M), text
     await stream.aclose()
 
