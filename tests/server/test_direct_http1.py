@@ -300,3 +300,31 @@ async def test_a_body_larger_than_the_head_limit_is_still_served_directly():
         assert by_path(apps[0]) == {"direct": 2, "hypercorn": 0}
         assert engine.topics["big"].head_seq == 2000
         await stream.aclose()
+
+
+async def test_a_quick_refusal_honours_connection_close_and_leaves_a_half_sent_body():
+    cfg = make_config(server={"port": 0}, classes={"client_permits": 1, "client_waiters": 0})
+    apps: list = []
+    async with serve_in_process(cfg, apps) as (engine, url):
+        from topicd.http.app import gate_of
+
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        pool = gate_of(apps[0]).permits
+        held = await pool.admit()
+        stream = await trio.open_tcp_stream(host, int(port))
+        r = Reader(stream)
+        await stream.send_all(
+            post("/v0/topics/q", {"records": [{"data": 1}]}, extra=b"Connection: close\r\n")
+        )
+        status, head, doc = await r.response()
+        assert (status, doc["error"]["detail"]["cause"]) == (429, "client_waiters")
+        assert b"connection: close" in head
+        assert await r.eof()
+        stream = await trio.open_tcp_stream(host, int(port))
+        raw = post("/v0/topics/q", {"records": [{"data": 2}]})
+        await stream.send_all(raw[:-3])  # the body never completes
+        await stream.send_eof()
+        assert await Reader(stream).eof()  # closed without an answer
+        assert pool.stats.rejected == 1
+        assert "q" not in engine.topics
+        held.release()

@@ -449,7 +449,9 @@ class Listener:
             if quick and self.full is not None and self.full():
                 # (`full` asked again: it may have turned while the head was on its way)
                 refused, head = await self._refuse_unparsed(stream, head, end)
-                if refused is None:
+                if refused is None:  # the client left (or asked to close)
+                    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                        await stream.aclose()
                     return
                 if refused:
                     continue
@@ -542,7 +544,7 @@ class Listener:
             path in CONTROL_PATHS
             or method == b"HEAD"
             or (method == b"GET" and path.startswith("/v0/watch/"))
-            or length > self.max_body
+            or (self.max_body and length > self.max_body)
         ):
             return False, head
         data = await self._read_to(stream, head, end + length)
@@ -565,9 +567,7 @@ class Listener:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None, b""
         if not keep:
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                await stream.aclose()
-            return None, b""
+            return None, b""  # the caller closes
         return True, data[end + length :]
 
     async def _refuse(self, stream: trio.SocketStream, head: bytes) -> tuple[bool, bytes]:
