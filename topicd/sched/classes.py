@@ -6,7 +6,9 @@ requests are runnable at once and one pass of the event loop stays short: probes
 metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
 which take no permit) are served within one batch however many clients push. At most
 `classes.client_waiters` requests wait for a permit; beyond that a request gets `429
-throttled` with `cause:"client_waiters"` before its body is read.
+throttled` with `cause:"client_waiters"` before its body is parsed (the direct HTTP path
+answers from a glance at the head and reads the body off the socket unparsed, so the
+connection stays usable; see `http/server.py`).
 
 A request gives its permit back as soon as it only waits — for a long-poll's wake-up, a
 WAL completion, room at a full ingest — with `give_back()`: a parked task costs no loop
