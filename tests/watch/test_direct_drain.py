@@ -2,11 +2,15 @@
 
 Method: an engine on `MockClock` with one stream whose transport is scripted: `direct`
 records what the drain hands it and can refuse part of it (a full socket buffer); the
-pump's own writes go to the same byte list. The stream's bytes are then parsed back:
-whatever took which path, the frames are complete, in order, and contiguous.
+pump's own writes go to the same byte list, and can be held (a slow socket) until the
+test lets them through. The stream's bytes are then parsed back: whatever took which
+path, the frames are complete, in order, and contiguous. Time moves only where the test
+moves it (`advance`), so the heartbeat is checked at exact virtual instants.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -24,7 +28,8 @@ class Wire:
         self.direct_calls = 0
         self.accept: int | None = None  # bytes the next direct write takes (None: all)
         self.partials = 0
-        self.slow = 0.0  # seconds each pump write takes
+        self.hold: trio.Event | None = None  # set: the pump's writes wait for it
+        self._changed = trio.Event()
 
     def direct(self, payload: bytes) -> bytes | None:
         self.direct_calls += 1
@@ -37,8 +42,23 @@ class Wire:
         return payload[n:]
 
     async def write(self, chunk: bytes) -> None:
-        await trio.sleep(self.slow)
+        if self.hold is not None:
+            await self.hold.wait()
         self.data += chunk
+        self._changed.set()
+
+    async def wait_for(self, cond: Callable[[], bool]) -> None:
+        """Wait until `cond()` holds after one of the pump's writes."""
+        with trio.fail_after(10):
+            while not cond():
+                self._changed = trio.Event()
+                await self._changed.wait()
+
+
+async def advance(clock: trio.testing.MockClock, seconds: float) -> None:
+    """Move virtual time forward and let every task due by then run."""
+    clock.jump(seconds)
+    await trio.testing.wait_all_tasks_blocked()
 
 
 async def start(engine, nursery, wire: Wire):
@@ -98,12 +118,14 @@ async def test_a_partial_direct_write_is_finished_by_the_pump_before_anything_el
         await engine.append("t", write_req("a"))
         await trio.testing.wait_all_tasks_blocked()
         wire.accept = 7  # the socket takes 7 bytes of the next frame
-        wire.slow = 0.01  # and the pump's write of the rest takes a while
+        wire.hold = trio.Event()  # and the pump's write of the rest is slow
         await engine.append("t", write_req("b"))
-        await trio.sleep(0.005)  # the rest is being written
+        await trio.testing.wait_all_tasks_blocked()  # the rest is being written
         assert wire.partials == 1
         await engine.append("t", write_req("c"))  # queued behind the rest: the pump's
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()
+        wire.hold.set()
+        await wire.wait_for(lambda: len(record_seqs(wire.data)) == 3)
         assert wire.direct_calls == 2
         assert not conn.remainder
         assert record_seqs(wire.data) == [1, 2, 3]
@@ -119,13 +141,15 @@ async def test_the_heartbeat_counts_from_a_direct_write(autojump_clock):
         session, _conn = await start(engine, nursery, wire)
         period = session.heartbeat_ms / 1000
         t0 = trio.current_time()
-        await trio.sleep(period * 0.6)
+        await advance(autojump_clock, period * 0.6)
         await engine.append("t", write_req(1))
         await trio.testing.wait_all_tasks_blocked()
         hb_before = wire.data.count(b": hb\n\n")
-        await trio.sleep(period * 0.6)  # 1.2 periods after the open, 0.6 after the write
+        await advance(
+            autojump_clock, period * 0.6
+        )  # 1.2 periods after the open, 0.6 after the write
         assert wire.data.count(b": hb\n\n") == hb_before  # no heartbeat yet
-        await trio.sleep(period * 0.5)
+        await advance(autojump_clock, period * 0.5)
         assert wire.data.count(b": hb\n\n") == hb_before + 1
         assert trio.current_time() - t0 >= period * 1.6
         nursery.cancel_scope.cancel()
