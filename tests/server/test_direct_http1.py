@@ -15,23 +15,24 @@ import pytest
 import trio
 import trio.lowlevel
 
-from topicd.testing.harness import make_config, serve_in_process
+from tests.server.helpers import permits_taken, served
+from topicd.http.app import gate_of
+from topicd.testing.harness import make_config
 
 MAX_BODY = 4096
+
+
+FULL = {"client_permits": 1, "client_waiters": 0}  # with the permit held: full
 
 
 @pytest.fixture
 async def server():
     cfg = make_config(server={"port": 0}, limits={"max_body_bytes": MAX_BODY})
-    apps: list = []
-    async with serve_in_process(cfg, apps) as (engine, url):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        yield engine, apps[0], host, int(port)
+    async with served(cfg) as running:
+        yield running
 
 
 def by_path(app) -> dict[str, int]:
-    from topicd.http.app import gate_of
-
     return dict(gate_of(app).requests_by_path)
 
 
@@ -253,19 +254,9 @@ def test_the_glance_reads_only_plain_heads():
 
 
 async def test_at_full_permits_with_auth_on_the_gate_still_answers_401_first():
-    cfg = make_config(
-        server={"port": 0},
-        auth={"api_keys": ("k1:rw",)},
-        classes={"client_permits": 1, "client_waiters": 0},
-    )
-    apps: list = []
-    async with serve_in_process(cfg, apps) as (_engine, url):
-        from topicd.http.app import gate_of
-
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        pool = gate_of(apps[0]).permits
-        held = await pool.admit()
-        stream = await trio.open_tcp_stream(host, int(port))
+    cfg = make_config(server={"port": 0}, auth={"api_keys": ("k1:rw",)}, classes=FULL)
+    async with served(cfg) as (_engine, app, host, port), permits_taken(app):
+        stream = await trio.open_tcp_stream(host, port)
         r = Reader(stream)
         await stream.send_all(post("/v0/topics/a", {"records": [{"data": 1}]}))
         status, _, doc = await r.response()
@@ -276,18 +267,14 @@ async def test_at_full_permits_with_auth_on_the_gate_still_answers_401_first():
         status, head, doc = await r.response()
         assert (status, doc["error"]["code"]) == (429, "throttled")
         assert b"retry-after: " in head
-        held.release()
         await stream.aclose()
 
 
 async def test_a_body_larger_than_the_head_limit_is_still_served_directly():
     """Only the head counts against `h11_max_incomplete_size`: a 1000-record batch sent
     in one segment with its head stays on the direct path."""
-    cfg = make_config(server={"port": 0})
-    apps: list = []
-    async with serve_in_process(cfg, apps) as (engine, url):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        stream = await trio.open_tcp_stream(host, int(port))
+    async with served(make_config(server={"port": 0})) as (engine, app, host, port):
+        stream = await trio.open_tcp_stream(host, port)
         doc = {"records": [{"data": {"i": i, "pad": "x" * 100}} for i in range(1000)]}
         raw = post("/v0/topics/big", doc)
         assert len(raw) > 100_000
@@ -297,21 +284,15 @@ async def test_a_body_larger_than_the_head_limit_is_still_served_directly():
         assert status == 201 and first["count"] == 1000
         status, _, second = await r.response()
         assert status == 200 and second["first_seq"] == 1001
-        assert by_path(apps[0]) == {"direct": 2, "hypercorn": 0}
+        assert by_path(app) == {"direct": 2, "hypercorn": 0}
         assert engine.topics["big"].head_seq == 2000
         await stream.aclose()
 
 
 async def test_a_quick_refusal_honours_connection_close_and_leaves_a_half_sent_body():
-    cfg = make_config(server={"port": 0}, classes={"client_permits": 1, "client_waiters": 0})
-    apps: list = []
-    async with serve_in_process(cfg, apps) as (engine, url):
-        from topicd.http.app import gate_of
-
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        pool = gate_of(apps[0]).permits
-        held = await pool.admit()
-        stream = await trio.open_tcp_stream(host, int(port))
+    cfg = make_config(server={"port": 0}, classes=FULL)
+    async with served(cfg) as (engine, app, host, port), permits_taken(app) as pool:
+        stream = await trio.open_tcp_stream(host, port)
         r = Reader(stream)
         await stream.send_all(
             post("/v0/topics/q", {"records": [{"data": 1}]}, extra=b"Connection: close\r\n")
@@ -320,11 +301,10 @@ async def test_a_quick_refusal_honours_connection_close_and_leaves_a_half_sent_b
         assert (status, doc["error"]["detail"]["cause"]) == (429, "client_waiters")
         assert b"connection: close" in head
         assert await r.eof()
-        stream = await trio.open_tcp_stream(host, int(port))
+        stream = await trio.open_tcp_stream(host, port)
         raw = post("/v0/topics/q", {"records": [{"data": 2}]})
         await stream.send_all(raw[:-3])  # the body never completes
         await stream.send_eof()
         assert await Reader(stream).eof()  # closed without an answer
         assert pool.stats.rejected == 1
         assert "q" not in engine.topics
-        held.release()

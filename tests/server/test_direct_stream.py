@@ -18,9 +18,10 @@ import trio
 import trio.testing
 from hypercorn.config import Config as HyperConfig
 
+from tests.server.helpers import served, served_with_topic
 from topicd.http.app import gate_of
 from topicd.http.server import Listener, sniff
-from topicd.testing.harness import make_config, serve_in_process
+from topicd.testing.harness import make_config
 from topicd.testing.sse import RawSseClient, SseParser
 
 IDLE_MS = 300
@@ -29,11 +30,8 @@ IDLE_MS = 300
 @pytest.fixture
 async def server():
     cfg = make_config(server={"port": 0, "header_read_timeout_ms": IDLE_MS})
-    async with serve_in_process(cfg) as (engine, url):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            await http.put("/v0/topics/d", json={})
-            yield engine, http, host, int(port)
+    async with served_with_topic(cfg) as running:
+        yield running
 
 
 async def new_watch(http: httpx.AsyncClient) -> str:
@@ -172,13 +170,10 @@ async def test_a_stream_after_another_request_on_the_connection_stays_direct(ser
 
 async def test_without_direct_http1_a_stream_after_another_request_goes_through_hypercorn():
     cfg = make_config(server={"port": 0, "direct_http1": False})
-    async with serve_in_process(cfg) as (engine, url):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            await http.put("/v0/topics/d", json={})
-            wid = await new_watch(http)
+    async with served_with_topic(cfg) as (engine, http, host, port):
+        wid = await new_watch(http)
         # Hypercorn's from the first non-probe request
-        await stream_after_a_list(engine, host, int(port), wid, (0, 1))
+        await stream_after_a_list(engine, host, port, wid, (0, 1))
 
 
 async def test_http10_stream_is_unchunked(server):
@@ -266,12 +261,10 @@ async def test_a_probe_asking_to_close_gets_its_connection_closed(server):
 
 async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_connection():
     cfg = make_config(server={"port": 0}, classes={"client_permits": 1, "client_waiters": 0})
-    apps: list = []
-    async with serve_in_process(cfg, apps) as (engine, url):
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        pool = gate_of(apps[0]).permits
+    async with served(cfg) as (engine, app, host, port):
+        pool = gate_of(app).permits
         assert pool is not None
-        stream = await trio.open_tcp_stream(host, int(port))
+        stream = await trio.open_tcp_stream(host, port)
         body = b'{"records": [{"data": 1}]}'
         post = (
             b"POST /v0/topics/t HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -290,7 +283,7 @@ async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_co
             return head, orjson.loads(rest[:n])
 
         held = await pool.admit()  # every permit taken, no waiter slot: full
-        served_before = dict(gate_of(apps[0]).requests_by_path)
+        served_before = dict(gate_of(app).requests_by_path)
         for _ in range(2):  # pipelining-safe: the body is consumed, the connection kept
             await stream.send_all(post)
             head, doc = await answer()
@@ -301,7 +294,7 @@ async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_co
         assert pool.stats.rejected == 2
         assert engine.throttled.get("client_waiters") == 2
         # refused from a glance at the head: the gate's ASGI entry never ran
-        assert gate_of(apps[0]).requests_by_path == served_before
+        assert gate_of(app).requests_by_path == served_before
         assert "t" not in engine.topics  # nothing was applied
         held.release()
         await stream.send_all(post)  # room again: the same connection is served normally
