@@ -308,3 +308,17 @@ async def test_a_quick_refusal_honours_connection_close_and_leaves_a_half_sent_b
         assert await Reader(stream).eof()  # closed without an answer
         assert pool.stats.rejected == 1
         assert "q" not in engine.topics
+
+
+async def test_without_direct_http1_a_full_server_still_refuses_from_a_glance():
+    cfg = make_config(server={"port": 0, "direct_http1": False}, classes=FULL)
+    async with served(cfg) as (_engine, app, host, port), permits_taken(app) as pool:
+        stream = await trio.open_tcp_stream(host, port)
+        r = Reader(stream)
+        for n in (1, 2):  # the connection stays usable
+            await stream.send_all(post("/v0/topics/n", {"records": [{"data": n}]}))
+            status, _, doc = await r.response()
+            assert (status, doc["error"]["detail"]["cause"]) == (429, "client_waiters")
+        assert pool.stats.rejected == 2
+        assert by_path(app) == {"direct": 0, "hypercorn": 0}  # neither gate nor framework
+        await stream.aclose()

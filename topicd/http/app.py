@@ -279,6 +279,10 @@ class Gate:
         )
         await send({"type": "http.response.body", "body": body})
 
+    def pressure_header(self) -> bytes:
+        """The `X-Topicd-Pressure` value (README §6), clamped to [0, 1]."""
+        return b"%.3f" % min(max(self.pressure(), 0.0), 1.0)
+
     def quick_refusal(self) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
         """(status, headers, body) of a `429 client_waiters` for a client request that
         arrives while every permit and waiter slot is taken, decided before the request is
@@ -297,7 +301,7 @@ class Gate:
             self.on_error(err)
         status, headers, body = error_parts(err)
         headers.append((b"content-length", b"%d" % len(body)))
-        headers.append((b"x-topicd-pressure", b"%.3f" % min(max(self.pressure(), 0.0), 1.0)))
+        headers.append((b"x-topicd-pressure", self.pressure_header()))
         if self.access:
             access_log.info("%s %s %d %.2fms", "-", "-", status, 0.0)
         return status, headers, body
@@ -317,7 +321,7 @@ class Gate:
         by_path[served_by] = by_path.get(served_by, 0) + 1
         path = cast("str", scope["path"])
         status_box = [0]
-        pressure_value = b"%.3f" % min(max(self.pressure(), 0.0), 1.0)
+        pressure_value = self.pressure_header()
 
         async def send_stamped(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -365,9 +369,7 @@ class Gate:
                     self._inflight[key_id] = count + 1
             if err is None and self.permits is not None and path not in CONTROL_PATHS:
                 # client work (scheduler spec R1)
-                if self.permits.full() or scope.get("topicd.refuse_only"):
-                    # (`refuse_only`: the direct path read this request's body aside to
-                    # refuse it cheaply; it must never reach the framework)
+                if self.permits.full():
                     err = self.permits.refusal()
                 else:
                     permit = await self.permits.admit()

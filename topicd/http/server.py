@@ -87,6 +87,28 @@ def _date_line() -> bytes:
     return cast("bytes", _date_cache[1])
 
 
+async def close_quietly(stream: trio.SocketStream) -> None:
+    """Close a connection, shielded and bounded (the peer may be gone or stuck)."""
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        await stream.aclose()
+
+
+def response_head(
+    status: int, headers: list[tuple[bytes, bytes]], *, chunked: bool = False, close: bool
+) -> bytes:
+    """An HTTP/1.1 response head: status line, `headers`, `date`, then either
+    `transfer-encoding: chunked` or (with `close`) `connection: close`."""
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
+    lines.extend(key + b": " + value + b"\r\n" for key, value in headers)
+    lines.append(_date_line())
+    if chunked:
+        lines.append(b"transfer-encoding: chunked\r\n")
+    elif close:
+        lines.append(b"connection: close\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
 class Replay(trio.abc.HalfCloseableStream):
     """A socket stream that first returns bytes already read from it (for Hypercorn)."""
 
@@ -158,32 +180,30 @@ def socket_addrs(stream: trio.SocketStream) -> Addrs | None:
     return (client[0], client[1]), (server[0], server[1])
 
 
+_LEFT_TO_HYPERCORN: Final = (b"upgrade", b"transfer-encoding", b"expect")
+
+
 def stream_scope(
     head: bytes,
     stream: trio.SocketStream,
     max_head: int,
     *,
-    any_request: bool = False,
     addrs: Addrs | None = None,
 ) -> Scope | None:
-    """The ASGI scope of a head that may be served directly, or None (Hypercorn's).
-
-    By default only a bodiless `GET`; with `any_request` any method, and a
-    `content-length` body (the caller reads it)."""
+    """The ASGI scope of a head that may be served directly, or None (Hypercorn's: a
+    malformed head, `Upgrade`, `Transfer-Encoding`, `Expect`). A `content-length` body
+    is the caller's to read."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
     try:
         conn.receive_data(head)
         event = conn.next_event()
     except h11.RemoteProtocolError:
         return None
-    if not isinstance(event, h11.Request) or (event.method != b"GET" and not any_request):
+    if not isinstance(event, h11.Request):
         return None
     headers = [(k.lower(), v) for k, v in event.headers]
-    refused: tuple[bytes, ...] = (b"upgrade", b"transfer-encoding", b"expect")
-    if not any_request:
-        refused += (b"content-length",)
     for name, _ in headers:
-        if name in refused:
+        if name in _LEFT_TO_HYPERCORN:
             return None
     target = event.target
     raw_path, _, query = target.partition(b"?")
@@ -256,8 +276,7 @@ class DirectExchange:
         finally:
             if not (self.keep_alive and self._done and not self._broken):
                 self.keep_alive = False
-                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    await self.stream.aclose()
+                await close_quietly(self.stream)
         return self.keep_alive
 
     async def receive(self) -> Message:
@@ -343,18 +362,11 @@ class DirectExchange:
         self._chunked = self.http11 and not sized
         if not sized:
             self.keep_alive = False  # a body without a length ends with the connection
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
-        for key, value in headers:
-            if key.lower() == b"connection" and not self._chunked:
-                continue
-            lines.append(key + b": " + value + b"\r\n")
-        lines.append(_date_line())
-        if self._chunked:
-            lines.append(b"transfer-encoding: chunked\r\n")
-        elif not self.keep_alive:
-            lines.append(b"connection: close\r\n")
-        lines.append(b"\r\n")
-        return b"".join(lines)
+        if not self._chunked:
+            headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
+        return response_head(
+            status, headers, chunked=self._chunked, close=not self._chunked and not self.keep_alive
+        )
 
 
 class Listener:
@@ -435,27 +447,20 @@ class Listener:
             full = self.full is not None and self.full()
             head, verdict = await self._read_head(stream, head, whole=full)
             if verdict == "closed":
-                with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                    await stream.aclose()
+                await close_quietly(stream)
                 return
-            if verdict == "other":
-                if full:
-                    served, head = await self._refuse(stream, head)
-                    if served:
-                        continue
-                break
-            end = head.index(b"\r\n\r\n") + 4
-            quick = self.all_http1 and self.quick_refusal is not None
-            if quick and self.full is not None and self.full():
+            if self.full is not None and self.full():
                 # (`full` asked again: it may have turned while the head was on its way)
-                refused, head = await self._refuse_unparsed(stream, head, end)
+                refused, head = await self._refuse_unparsed(stream, head)
                 if refused is None:  # the client left (or asked to close)
-                    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                        await stream.aclose()
+                    await close_quietly(stream)
                     return
                 if refused:
                     continue
-            scope = stream_scope(head[:end], stream, self.max_head, any_request=True, addrs=addrs)
+            if verdict == "other":
+                break
+            end = head.index(b"\r\n\r\n") + 4
+            scope = stream_scope(head[:end], stream, self.max_head, addrs=addrs)
             if scope is None:
                 break
             bodiless_get = scope["method"] == "GET" and _content_length(scope, None) is None
@@ -517,8 +522,7 @@ class Listener:
             return False, head  # Hypercorn and Quart answer it (400 / 413)
         data = await self._read_to(stream, head, end + length)
         if len(data) < end + length:  # gone or too slow: nothing to answer
-            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-                await stream.aclose()
+            await close_quietly(stream)
             return True, b""
         keep = scope["http_version"] == "1.1" and not _closes(scope)
         exchange = DirectExchange(stream, scope, keep_alive=keep, body=data[end : end + length])
@@ -527,7 +531,7 @@ class Listener:
         return True, data[end + length :]
 
     async def _refuse_unparsed(
-        self, stream: trio.SocketStream, head: bytes, end: int
+        self, stream: trio.SocketStream, head: bytes
     ) -> tuple[bool | None, bytes]:
         """At full client permits and waiters, answer a client request `429
         client_waiters` from a glance at its head (request line, `content-length`,
@@ -536,7 +540,8 @@ class Listener:
         (True, bytes after it) when refused, (False, head) when the usual path must serve
         it (control work, streams, anything unusual, a permit freed meanwhile), (None, _)
         when the connection is gone."""
-        glance = _glance(head, end)
+        end = head.find(b"\r\n\r\n") + 4
+        glance = _glance(head, end) if end >= 4 and self.quick_refusal is not None else None
         if glance is None:
             return False, head
         method, path, length, keep = glance
@@ -555,44 +560,12 @@ class Listener:
         if answer is None:
             return False, data  # room again, or the full gate decides
         status, headers, body = answer
-        lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
-        lines.extend(k + b": " + v + b"\r\n" for k, v in headers)
-        lines.append(_date_line())
-        if not keep:
-            lines.append(b"connection: close\r\n")
-        lines.append(b"\r\n")
-        lines.append(body)
         try:
-            await stream.send_all(b"".join(lines))
+            await stream.send_all(response_head(status, headers, close=not keep) + body)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None, b""
         if not keep:
             return None, b""  # the caller closes
-        return True, data[end + length :]
-
-    async def _refuse(self, stream: trio.SocketStream, head: bytes) -> tuple[bool, bytes]:
-        """Serve a client request while every permit and waiter slot is taken: read its
-        `content-length` body, then let the gate answer (it refuses with `429
-        client_waiters`, or an earlier error, without the framework and without reading
-        the body). Returns (served, bytes read beyond it): when not served, the bytes are
-        everything read of this request, for Hypercorn."""
-        end = head.find(b"\r\n\r\n")
-        if end < 0:
-            return False, head
-        end += 4
-        scope = stream_scope(head[:end], stream, self.max_head, any_request=True)
-        if scope is None or self.is_stream(scope) or cast("str", scope["path"]) in CONTROL_PATHS:
-            return False, head  # control work never waits for a permit: the usual path
-        length = _content_length(scope)
-        if length is None or length > self.max_head * 64:
-            return False, head
-        data = await self._read_to(stream, head, end + length)
-        if len(data) < end + length or self.full is None or not self.full():
-            return False, data  # gone, too slow, or a permit freed meanwhile
-        scope["topicd.refuse_only"] = True
-        keep = scope["http_version"] == "1.1" and not _closes(scope)
-        if not await DirectExchange(stream, scope, keep_alive=keep).run(self.asgi):
-            return True, b""  # closed: the next read sees it
         return True, data[end + length :]
 
 
