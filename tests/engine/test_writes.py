@@ -20,6 +20,10 @@ from topicd.wire import WRITE_DECODER, PlainWriteIn, WriteIn, decode_write
 LIMITS = ProtocolConfig()
 
 
+def bytes_of(x):
+    return x if isinstance(x, list) else bytes(x)
+
+
 def body(records, **batch) -> bytes:
     return orjson.dumps({"records": records, **batch})
 
@@ -38,9 +42,10 @@ def test_plain_and_general_paths_encode_identically(data):
     b = prepare_write(full, None, LIMITS)
     assert a.plain and not b.plain
     assert (a.sizes, a.nbytes) == (b.sizes, b.nbytes)
-    assert encode_batch(a, 41, 7) == encode_batch(b, 41, 7)
-    enc = encode_batch(a, 41, 7)
+    enc, joined = encode_batch(a, 41, 7)
+    assert (enc, bytes(joined)) == tuple(map(bytes_of, encode_batch(b, 41, 7)))
     assert orjson.loads(enc[1]) == {"$seq": 42, "$ts": 7, "data": data}
+    assert bytes(joined) == b"\x00".join(enc)
 
 
 def test_non_plain_shapes_fall_back_to_the_full_decoder():
@@ -66,7 +71,8 @@ def test_mixed_batch_keeps_extras_sparse():
     assert p.tags == {1: "t"}
     assert p.nodes == {2: "n"}
     assert set(p.shapes) == {1, 2}
-    encs = encode_batch(p, 1, 5)
+    encs, joined = encode_batch(p, 1, 5)
+    assert bytes(joined).split(b"\x00") == encs
     assert encs[1] == b'{"$seq":2,"$ts":5,"meta":{"m":1},"data":2}'
     assert encs[2] == b'{"$seq":3,"$ts":5,"$node":"n","data":3}'
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,10 +96,52 @@ def test_snapshot_decoder(data, with_header):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=200), st.integers(1, 5))
-def test_append_body_decoder(body, count):
-    f = frames.Frame(frames.APPEND, 0, 1, 1, 0, count, memoryview(body), 0, 0)
+@given(st.binary(max_size=200), st.integers(1, 5), st.sampled_from([0, frames.FLAG_NUL_JOINED]))
+def test_append_body_decoder(body, count, flags):
+    f = frames.Frame(frames.APPEND, flags, 1, 1, 0, count, memoryview(body), 0, 0)
     with contextlib.suppress(frames.FrameError):
+        frames.decode_append(f)
+
+
+_TEXT = st.binary(max_size=40).map(lambda b: b.replace(b"\x00", b"."))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_TEXT, min_size=1, max_size=8),
+    st.booleans(),
+    st.booleans(),
+    st.dictionaries(st.integers(0, 7), st.text(max_size=5), max_size=3),
+)
+def test_append_round_trip(encs, pass_joined, fsync, tags):
+    """Both layouts decode to what was encoded: NUL-joined (with or without the caller's
+    joined text) for batches, the length column when a record holds a raw NUL byte."""
+    sizes = [len(e) % 7 for e in encs]
+    extras = frames.Extras(key="k" if fsync else None, tags=tags)
+    joined = b"\x00".join(encs) if pass_joined else None
+    data = frames.encode_append(9, 5, 77, encs, sizes, extras, fsync_class=fsync, joined=joined)
+    f = frames.read_frame(data, 0, len(data), MAX)
+    assert f is not None and (f.topic_id, f.seq, f.ts_ms, f.count) == (9, 5, 77, len(encs))
+    assert bool(f.flags & frames.FLAG_NUL_JOINED) == (len(encs) > 1)
+    assert bool(f.flags & frames.FLAG_FSYNC) == fsync
+    body = frames.decode_append(f)
+    assert (body.encs, body.sizes, body.extras) == (encs, sizes, extras)
+
+
+def test_a_record_with_a_raw_nul_keeps_the_length_column():
+    encs = [b"a\x00b", b"c"]
+    data = frames.encode_append(1, 1, 1, encs, [1, 1], frames.Extras(), fsync_class=False)
+    f = frames.read_frame(data, 0, len(data), MAX)
+    assert f is not None and not f.flags & frames.FLAG_NUL_JOINED
+    assert frames.decode_append(f).encs == encs
+
+
+def test_nul_joined_separator_count_must_match():
+    import struct
+
+    body = struct.pack("<II", 3, 0) + struct.pack("<III", 1, 1, 1) + b"a\x00b"
+    f = frames.Frame(frames.APPEND, frames.FLAG_NUL_JOINED, 1, 1, 0, 3, memoryview(body), 0, 0)
+    with pytest.raises(frames.FrameError, match="separators"):
         frames.decode_append(f)
 
 

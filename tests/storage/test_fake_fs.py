@@ -1179,6 +1179,10 @@ def test_replace_file_syncs_every_so_many_bytes_and_survives_a_crash_whole():
     assert ops.count("fdatasync") == 2
     writes_before_first_sync = ops[: ops.index("fdatasync")].count("pwrite")
     assert writes_before_first_sync == 2
+    # each sync is followed by the advice to drop what it synced from the page cache
+    syncs = [i for i, op in enumerate(ops) if op == "fdatasync"]
+    assert [ops[i + 1] for i in syncs] == ["drop_cache", "drop_cache"]
+    assert disk.drops == 2
     mon.assert_ok()
     disk.crash()
     fd = disk.open("/d/f")

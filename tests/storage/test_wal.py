@@ -238,6 +238,49 @@ async def test_fsync_ack_waits_for_the_sync(autojump_clock):
         assert res.first_seq == 1
 
 
+async def test_synced_wal_bytes_are_dropped_from_the_page_cache_and_errors_are_ignored():
+    """After its syncs the WAL advises the OS to drop what is now synced from the page cache
+    (docs/decisions.md); a failing advice fails nothing."""
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    cfg = durable_config(wal={"file_bytes": 8192})
+    async with open_durable(fs, cfg) as engine:
+        await put(engine, "t", durability="fsync")
+        fs.fail("drop_cache", always=True)
+        for i in range(60):
+            await write(engine, "t", b'"%d-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"' % i)
+        assert fs.injected and all(c[0] == "drop_cache" for c in fs.injected)
+        assert engine.get("t").head_seq == 60
+        fs.clear()
+        calls, dropped = len(fs.calls), disk.drops
+        for i in range(60, 200):
+            await write(engine, "t", b'"%d-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"' % i)
+        assert sum(s.rotations for s in wal(engine).shards) > 2
+        expected = await dump(engine, "t")
+    drops = [c for c in fs.calls[calls:] if c[0] == "drop_cache"]
+    syncs = [c for c in fs.calls[calls:] if c[0] == "fdatasync"]
+    assert drops and len(drops) <= len(syncs)
+    assert disk.drops - dropped == len(drops)
+    disk.crash(power_off=True)  # advice never loses data: a power loss keeps every fsync ack
+    disk.reboot()
+    async with open_durable(disk, cfg, boot_id="boot-2") as engine:
+        assert await dump(engine, "t") == expected
+
+
+def test_drop_synced_advises_exactly_the_synced_range():
+    from topicd.storage.fs import drop_synced
+
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    fd = fs.open("/f", create=True)
+    drop_synced(fs, fd, 10, 10)  # nothing new: no call
+    drop_synced(fs, fd, 10, 4096)
+    assert [c for c in fs.calls if c[0] == "drop_cache"] == [("drop_cache", "/f")]
+    assert disk.drops == 1
+    fs.fail("drop_cache", nth=1, errno=errno.EINVAL)
+    drop_synced(fs, fd, 4096, 8192)  # swallowed
+
+
 # ---- failures ------------------------------------------------------------------------
 
 

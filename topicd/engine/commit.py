@@ -55,6 +55,9 @@ class AppendBatch:
     fsync_ms: float = 0.0
     wal_append_ms: float | None = None  # None: the batch never touched the WAL
     completion: Completion = field(default_factory=lambda: Completion())
+    # the encs joined by NUL bytes, as `encode_batch` formatted them: the WAL's Append
+    # body takes it without per-record work; the commit path drops it once framed
+    joined: bytes | memoryview | None = None
 
     @property
     def count(self) -> int:

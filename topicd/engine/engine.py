@@ -851,15 +851,17 @@ class Engine:
         topic.pending_records += n
         topic.pending_bytes += prepared.nbytes
         self.pending_bytes += prepared.nbytes
+        encs, joined = encode_batch(prepared, first, ts)
         batch = AppendBatch(
             topic,
             first,
             ts,
-            encode_batch(prepared, first, ts),
+            encs,
             prepared,
             key,
             entry,
             durability=topic.config.durability,
+            joined=joined,
         )
         self.commit.submit(batch)
         return batch

@@ -180,14 +180,18 @@ def _field_error(index: int, field: str, what: str) -> InvalidRequest:
     return InvalidRequest(f"records[{index}].{field} is {what}", {"index": index, "field": field})
 
 
-def encode_batch(prepared: PreparedWrite, first_seq: int, ts: int) -> list[bytes]:
-    """Each record's stored JSON: `{"$seq":S,"$ts":T` + its tail (see module docstring)."""
+def encode_batch(
+    prepared: PreparedWrite, first_seq: int, ts: int
+) -> tuple[list[bytes], memoryview]:
+    """Each record's stored JSON: `{"$seq":S,"$ts":T` + its tail (see module docstring),
+    and the same texts joined by NUL bytes (the WAL's Append body takes that as it is)."""
     parts = prepared.parts
     n = len(parts)
     head = b'{"$seq":%d,"$ts":' + b"%d" % ts
     template = head + (b',"data":%b}\x00' if prepared.plain else b"%b\x00")
     args = tuple(chain.from_iterable(zip(range(first_seq, first_seq + n), parts, strict=True)))
-    encs = ((template * n) % args).split(b"\x00")
+    text = (template * n) % args
+    encs = text.split(b"\x00")
     assert len(encs) == n + 1, "a NUL byte inside JSON text"  # msgspec rejects raw NULs
     encs.pop()
-    return encs
+    return encs, memoryview(text)[:-1]

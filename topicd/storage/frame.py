@@ -35,8 +35,16 @@ of per record, which is what keeps the WAL cheap in Python. Append body::
 
 where `enc_i` is the record's stored JSON (it carries `$seq` and `$ts`), `size_i` its
 payload size, and `extras` a msgpack map of the sparse per-record fields (tags, nodes,
-priorities, projection shapes) plus the idempotency key. Control frame bodies are compact
-JSON objects.
+priorities, projection shapes) plus the idempotency key. A frame with flag b1
+(`FLAG_NUL_JOINED`, what topicd writes for n > 1) drops the length column and separates
+the records by NUL bytes instead, which JSON text never holds raw::
+
+    u32 n | u32 extras_len | n × u32 size | extras | enc_0 0x00 enc_1 .. 0x00 enc_{n-1}
+
+That text is exactly what `engine.writes.encode_batch` formats before it splits it, so a
+batch's frame costs no per-record work (docs/storage.md). A single record keeps
+`u32 1 | u32 extras_len | u32 enc_len | u32 size | extras | enc_0`. Control frame bodies
+are compact JSON objects.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ FRAME_TRAILER_LEN: Final = 9  # checksum + tail
 MIN_FRAME_LEN: Final = FRAME_HEAD_LEN - 4 + FRAME_TRAILER_LEN  # 45
 
 FLAG_FSYNC: Final = 0x01
+FLAG_NUL_JOINED: Final = 0x02  # Append body layout 2 (see the module docstring)
 
 # frame types (storage spec §3.3; 1 carries a whole write)
 APPEND: Final = 1
@@ -147,8 +156,22 @@ def encode_frame(
     ftype: int, topic_id: int, seq: int, ts_ms: int, count: int, body: bytes, flags: int = 0
 ) -> bytes:
     """One framed, checksummed record of the log."""
+    return _frame_of(ftype, topic_id, seq, ts_ms, count, (body,), flags)
+
+
+def _frame_of(
+    ftype: int,
+    topic_id: int,
+    seq: int,
+    ts_ms: int,
+    count: int,
+    body: tuple[bytes | memoryview, ...],
+    flags: int,
+) -> bytes:
+    """The frame whose body is the concatenation of `body` (copied once, into the frame)."""
+    body_len = sum(map(len, body))
     head = FRAME_HEAD.pack(
-        FRAME_HEAD_LEN - 4 + len(body) + FRAME_TRAILER_LEN,
+        FRAME_HEAD_LEN - 4 + body_len + FRAME_TRAILER_LEN,
         ftype,
         flags,
         0,
@@ -156,10 +179,12 @@ def encode_frame(
         seq,
         ts_ms,
         count,
-        len(body),
+        body_len,
     )
-    digest = xxhash.xxh3_64_intdigest(head[4:] + body)
-    return b"".join((head, body, struct.pack("<QB", digest, 0)))
+    digest = xxhash.xxh3_64(memoryview(head)[4:])
+    for piece in body:
+        digest.update(piece)
+    return b"".join((head, *body, struct.pack("<QB", digest.intdigest(), 0)))
 
 
 def encode_control(ftype: int, topic_id: int, ts_ms: int, payload: dict[str, object]) -> bytes:
@@ -196,19 +221,30 @@ def encode_append(
     extras: Extras,
     *,
     fsync_class: bool,
+    joined: bytes | memoryview | None = None,
 ) -> bytes:
-    """The Append frame of one write submission."""
+    """The Append frame of one write submission.
+
+    `joined`, if given, must be `b"\\x00".join(encs)` (what `encode_batch` formats anyway).
+    """
     n = len(encs)
     blob = b"" if extras == _EMPTY_EXTRAS else _EXTRAS_ENC.encode(extras)
+    flags = FLAG_FSYNC if fsync_class else 0
     if n == 1:  # the common single-record write: no arrays
-        body = b"".join((_U32X4.pack(1, len(blob), len(encs[0]), sizes[0]), blob, encs[0]))
-    else:
-        body = b"".join(
-            (_U32X2.pack(n, len(blob)), _u32s(list(map(len, encs))), _u32s(sizes), blob, *encs)
+        body: tuple[bytes | memoryview, ...] = (
+            _U32X4.pack(1, len(blob), len(encs[0]), sizes[0]),
+            blob,
+            encs[0],
         )
-    return encode_frame(
-        APPEND, topic_id, first_seq, ts_ms, n, body, FLAG_FSYNC if fsync_class else 0
-    )
+    else:
+        if joined is None:
+            joined = b"\x00".join(encs)
+            if joined.count(0) != n - 1:  # a record holding a raw NUL: layout 1
+                body = (_U32X2.pack(n, len(blob)), _u32s(list(map(len, encs))), _u32s(sizes))
+                return _frame_of(APPEND, topic_id, first_seq, ts_ms, n, (*body, blob, *encs), flags)
+        body = (_U32X2.pack(n, len(blob)), _u32s(sizes), blob, joined)
+        flags |= FLAG_NUL_JOINED
+    return _frame_of(APPEND, topic_id, first_seq, ts_ms, n, body, flags)
 
 
 _EMPTY_EXTRAS: Final = Extras()
@@ -266,6 +302,8 @@ def decode_append(frame: Frame) -> AppendBody:
         if 16 + extras_len + length != len(body):
             raise FrameError("append lengths do not add up")
         return AppendBody([bytes(body[16 + extras_len :])], [size], extras)
+    if frame.flags & FLAG_NUL_JOINED:
+        return _decode_nul_joined(body, n, extras_len)
     if len(body) < 8 + 8 * n:
         raise FrameError("append body too short for its record count")
     pos = 8
@@ -290,6 +328,26 @@ def decode_append(frame: Frame) -> AppendBody:
     blob = bytes(body[pos:])
     offs = [0, *accumulate(lens)]
     encs = [blob[a:b] for a, b in pairwise(offs)]
+    return AppendBody(encs, sizes.tolist(), extras)
+
+
+def _decode_nul_joined(body: memoryview, n: int, extras_len: int) -> AppendBody:
+    pos = 8 + 4 * n
+    if len(body) < pos + extras_len:
+        raise FrameError("append body too short for its record count")
+    sizes = array("I")
+    sizes.frombytes(body[8:pos])
+    if not _LITTLE:  # pragma: no cover
+        sizes.byteswap()
+    extras = _EMPTY_EXTRAS
+    if extras_len:
+        try:
+            extras = _EXTRAS_DEC.decode(body[pos : pos + extras_len])
+        except msgspec.DecodeError as exc:
+            raise FrameError(f"append extras: {exc}") from None
+    encs = bytes(body[pos + extras_len :]).split(b"\x00")
+    if len(encs) != n:
+        raise FrameError("append record count does not match its separators")
     return AppendBody(encs, sizes.tolist(), extras)
 
 

@@ -55,7 +55,7 @@ from topicd.model import shard_of
 from topicd.sched.governor import retry_after_ms as b5_retry_after_ms
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
-from topicd.storage.fs import Fs, write_all
+from topicd.storage.fs import Fs, drop_synced, write_all
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -105,8 +105,11 @@ class _SyncFailed(Exception):
         self.exc = exc
 
 
-def _write_and_sync(fs: Fs, fd: int, data: bytes, offset: int, sync: bool) -> float:
-    """One offload call: write every byte, then (optionally) fdatasync. Returns sync ms."""
+def _write_and_sync(
+    fs: Fs, fd: int, data: bytes, offset: int, sync: bool, drop_from: int = 0
+) -> float:
+    """One offload call: write every byte, then (optionally) fdatasync and let the page
+    cache drop what is now synced from `drop_from` on (`fs.drop_synced`). Returns sync ms."""
     try:
         write_all(fs, fd, data, offset)
     except OSError as exc:
@@ -118,7 +121,14 @@ def _write_and_sync(fs: Fs, fd: int, data: bytes, offset: int, sync: bool) -> fl
         fs.fdatasync(fd)
     except OSError as exc:
         raise _SyncFailed(exc) from None
-    return perf_ms() - t0
+    ms = perf_ms() - t0
+    drop_synced(fs, fd, drop_from, offset + len(data))
+    return ms
+
+
+def _sync_and_drop(fs: Fs, fd: int, drop_from: int, end: int) -> None:
+    fs.fdatasync(fd)
+    drop_synced(fs, fd, drop_from, end)
 
 
 def _create_file(fs: Fs, path: str, dir_path: str, header: bytes, size: int) -> int:
@@ -246,6 +256,7 @@ class Shard:
         self.file_index = -1
         self.tail = 0
         self.allocated = 0
+        self.dropped_to = 0  # the page cache was advised to drop this file's bytes below
         self.broken = False
         self.unsynced = False
         self.last_sync = 0.0
@@ -453,9 +464,10 @@ class Shard:
         out: list[bytes] = []
         reserving: dict[Topic, int] = {}
         nbytes, sync = self._take(subs, out, 0, reserving)
-        if sync and (len(subs) > 1 or self.ready):
-            # concurrent writers: keep taking arrivals while they keep coming (a lone
-            # durable write with nothing else pending syncs at once)
+        if sync and (len(subs) > 1 or self.ready) and any(sub.sync for sub in subs):
+            # concurrent durable writers: keep taking arrivals while they keep coming (a
+            # lone durable write with nothing else pending syncs at once; a sync that only
+            # a seq reservation needs has no one to wait for)
             opened = trio.current_time()
             window = self.commit_window_ms / 1000
             slice_s = self.wal.gc_slice_us / 1_000_000
@@ -475,7 +487,14 @@ class Shard:
                 self.io_since = trio.current_time()
                 try:
                     sync_ms = await self.offload.run(
-                        _write_and_sync, self.fs, self.fd, data, self.tail, sync, group="wal"
+                        _write_and_sync,
+                        self.fs,
+                        self.fd,
+                        data,
+                        self.tail,
+                        sync,
+                        self.dropped_to,
+                        group="wal",
                     )
                 finally:
                     self.io_since = None
@@ -483,6 +502,8 @@ class Shard:
                 self._fail(subs, exc)
                 return
             self.tail += len(data)
+            if sync:
+                self.dropped_to = self.tail
             elapsed_s = (perf_ms() - t0) / 1000
             if elapsed_s > 0:
                 self.ewma_bytes_per_s += 0.2 * (len(data) / elapsed_s - self.ewma_bytes_per_s)
@@ -633,9 +654,12 @@ class Shard:
                 t0 = perf_ms()
                 self.io_since = trio.current_time()
                 try:
-                    await self.offload.run(self.fs.fdatasync, self.fd, group="wal")
+                    await self.offload.run(
+                        _sync_and_drop, self.fs, self.fd, self.dropped_to, self.tail, group="wal"
+                    )
                 finally:
                     self.io_since = None
+            self.dropped_to = self.tail
             self._synced(perf_ms() - t0, 0)
         except OSError as exc:
             self._fail([], _SyncFailed(exc))
@@ -682,6 +706,7 @@ class Shard:
         old = self.fd
         self.fd, self.file_index = fd, index
         self.tail, self.allocated = frames.FILE_HEADER_LEN, size
+        self.dropped_to = 0
         self.broken = False
         self.unsynced = False
         self.last_sync = trio.current_time()
@@ -694,7 +719,9 @@ class Shard:
         with trio.CancelScope(shield=True):
             if self.unsynced and not self.broken:
                 try:
-                    await self.offload.run(self.fs.fdatasync, self.fd, group="wal")
+                    await self.offload.run(
+                        _sync_and_drop, self.fs, self.fd, self.dropped_to, self.tail, group="wal"
+                    )
                     self._synced(0.0, 0)
                 except OSError as exc:
                     raise _SyncFailed(exc) from None
@@ -814,6 +841,7 @@ class WalCommitPath:
         assert self._hooks is not None
         topic = batch.topic
         shard = self.shard(topic)
+        joined, batch.joined = batch.joined, None
         if batch.durability == "ephemeral":
             if topic not in shard.unpublished and batch.last_seq <= topic.reserved_head:
                 self._hooks.publish_append(batch)  # in-memory only: ack = the append
@@ -830,6 +858,7 @@ class WalCommitPath:
                 p.sizes,
                 extras,
                 fsync_class=batch.durability == "fsync",
+                joined=joined,
             )
         shard.enqueue(
             Submission(

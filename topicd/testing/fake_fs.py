@@ -104,6 +104,7 @@ FS_OPS = frozenset(
         "pread",
         "fdatasync",
         "fallocate",
+        "drop_cache",
         "ftruncate",
         "close",
         "size",
@@ -230,6 +231,8 @@ class FakeDisk:
         """Successful mutating calls so far (see `MUTATING_OPS`)."""
         self.last_damage: list[TornWrite] = []
         """What the last `crash(torn=True)` did, one entry per damaged file."""
+        self.drops = 0
+        """`drop_cache` calls so far (advisory, no effect on contents)."""
 
     # --- Fs ------------------------------------------------------------------------------
 
@@ -290,6 +293,15 @@ class FakeDisk:
             f.durable = bytes(f.data)
             f.last_write = None
             self._mutated()
+
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        """Advisory: no effect on contents (the fake has no page cache); counted."""
+        with self._lock:
+            self._check_power()
+            self._file(fd)
+            if offset < 0 or length < 0:
+                raise _oserror(errno_codes.EINVAL)
+            self.drops += 1
 
     def fallocate(self, fd: int, length: int) -> None:
         with self._lock:
@@ -838,6 +850,11 @@ class _Forwarding:
     def fallocate(self, fd: int, length: int) -> None:
         call = self._begin("fallocate", self._fd(fd), (fd, length))
         self.inner.fallocate(fd, length)
+        self._after(call)
+
+    def drop_cache(self, fd: int, offset: int, length: int) -> None:
+        call = self._begin("drop_cache", self._fd(fd), (fd, offset, length))
+        self.inner.drop_cache(fd, offset, length)
         self._after(call)
 
     def ftruncate(self, fd: int, length: int) -> None:
