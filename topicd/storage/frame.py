@@ -282,6 +282,23 @@ class FrameError(ValueError):
     """A checksum-valid frame whose content cannot be decoded (format error)."""
 
 
+def _extras(body: memoryview, pos: int, length: int) -> Extras:
+    if not length:
+        return _EMPTY_EXTRAS
+    try:
+        return _EXTRAS_DEC.decode(body[pos : pos + length])
+    except msgspec.DecodeError as exc:
+        raise FrameError(f"append extras: {exc}") from None
+
+
+def _u32_column(body: memoryview, pos: int, n: int) -> array[int]:
+    column = array("I")
+    column.frombytes(body[pos : pos + 4 * n])
+    if not _LITTLE:  # pragma: no cover
+        column.byteswap()
+    return column
+
+
 def decode_append(frame: Frame) -> AppendBody:
     body = frame.body
     if len(body) < 8:
@@ -293,62 +310,28 @@ def decode_append(frame: Frame) -> AppendBody:
         if len(body) < 16:
             raise FrameError("append body too short")
         length, size = _U32X2.unpack_from(body, 8)
-        extras = _EMPTY_EXTRAS
-        if extras_len:
-            try:
-                extras = _EXTRAS_DEC.decode(body[16 : 16 + extras_len])
-            except msgspec.DecodeError as exc:
-                raise FrameError(f"append extras: {exc}") from None
+        extras = _extras(body, 16, extras_len)
         if 16 + extras_len + length != len(body):
             raise FrameError("append lengths do not add up")
         return AppendBody([bytes(body[16 + extras_len :])], [size], extras)
-    if frame.flags & FLAG_NUL_JOINED:
-        return _decode_nul_joined(body, n, extras_len)
-    if len(body) < 8 + 8 * n:
+    columns = 1 if frame.flags & FLAG_NUL_JOINED else 2
+    pos = 8 + 4 * n * columns
+    if len(body) < pos + extras_len:
         raise FrameError("append body too short for its record count")
-    pos = 8
-    lens = array("I")
-    lens.frombytes(body[pos : pos + 4 * n])
-    pos += 4 * n
-    sizes = array("I")
-    sizes.frombytes(body[pos : pos + 4 * n])
-    pos += 4 * n
-    if not _LITTLE:  # pragma: no cover
-        lens.byteswap()
-        sizes.byteswap()
-    extras = _EMPTY_EXTRAS
-    if extras_len:
-        try:
-            extras = _EXTRAS_DEC.decode(body[pos : pos + extras_len])
-        except msgspec.DecodeError as exc:
-            raise FrameError(f"append extras: {exc}") from None
+    sizes = _u32_column(body, pos - 4 * n, n).tolist()
+    extras = _extras(body, pos, extras_len)
     pos += extras_len
+    if columns == 1:  # NUL-joined
+        encs = bytes(body[pos:]).split(b"\x00")
+        if len(encs) != n:
+            raise FrameError("append record count does not match its separators")
+        return AppendBody(encs, sizes, extras)
+    lens = _u32_column(body, 8, n)
     if pos + sum(lens) != len(body):
         raise FrameError("append lengths do not add up")
     blob = bytes(body[pos:])
     offs = [0, *accumulate(lens)]
-    encs = [blob[a:b] for a, b in pairwise(offs)]
-    return AppendBody(encs, sizes.tolist(), extras)
-
-
-def _decode_nul_joined(body: memoryview, n: int, extras_len: int) -> AppendBody:
-    pos = 8 + 4 * n
-    if len(body) < pos + extras_len:
-        raise FrameError("append body too short for its record count")
-    sizes = array("I")
-    sizes.frombytes(body[8:pos])
-    if not _LITTLE:  # pragma: no cover
-        sizes.byteswap()
-    extras = _EMPTY_EXTRAS
-    if extras_len:
-        try:
-            extras = _EXTRAS_DEC.decode(body[pos : pos + extras_len])
-        except msgspec.DecodeError as exc:
-            raise FrameError(f"append extras: {exc}") from None
-    encs = bytes(body[pos + extras_len :]).split(b"\x00")
-    if len(encs) != n:
-        raise FrameError("append record count does not match its separators")
-    return AppendBody(encs, sizes.tolist(), extras)
+    return AppendBody([blob[a:b] for a, b in pairwise(offs)], sizes, extras)
 
 
 def read_frame(buf: bytes | memoryview, offset: int, limit: int, max_frame: int) -> Frame | None:
