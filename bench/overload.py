@@ -54,9 +54,9 @@ Method:
 
 **Pinning** (`--pin`, off by default): topicd and its threads run on CPU 0, the
 coordinator and every client process on CPU 1. On this project's 2-CPU machines the
-unpinned writers share the server's CPU. Pinned, 4× came to 90.6 % of the peak but with
-almost no `429`s (the ladder's last rung did not show); unpinned, the `429`s show and
-4× reaches 84–85 % (docs/PERFORMANCE.md, "Overload").
+unpinned writers share the server's CPU. One pinned run (2026-11-25) came to 90.6 % of
+the peak at 4× but with almost no `429`s, so the ladder's last rung did not show.
+Unpinned runs at 7e208c9 met every target (docs/PERFORMANCE.md, "Overload").
 
 Per step: accepted writes/s, 429/s and 429 %, 503 %, errors, ack p50/p99 (accepted writes
 only), health p50/p99/max, pressure mean/max, the largest coalesce and commit windows,
