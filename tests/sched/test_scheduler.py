@@ -12,6 +12,7 @@ import itertools
 import orjson
 import pytest
 import trio
+import trio.testing
 
 from tests.sched.helpers import live_conn, received, write_req
 from topicd.engine.watch import FrameRef
@@ -44,7 +45,7 @@ async def test_a_burst_of_1000_writes_is_one_unit_of_work(autojump_clock):
         async with trio.open_nursery() as nursery:
             for i in range(1000):
                 nursery.start_soon(engine.append, "t", write_req(i))
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()  # every drain done
         assert engine.sched.stats.drains - drains == 1
         refs = received(conn)
         assert_contiguous(refs, 0)
@@ -60,7 +61,7 @@ async def test_drain_bound_requeues_the_rest(autojump_clock):
         async with trio.open_nursery() as nursery:
             for i in range(250):
                 nursery.start_soon(engine.append, "t", write_req(i))
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()  # every drain done
         assert engine.sched.stats.requeued >= 2
         refs = received(conn)
         assert_contiguous(refs, 0)
@@ -101,7 +102,7 @@ async def test_topic_without_interest_is_not_queued(autojump_clock):
         # a watcher joining later starts cleanly from the head
         conn = await live_conn(engine, "t")
         await engine.append("t", write_req("x"))
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()  # every drain done
         refs = received(conn)
         assert [(r.from_seq, r.to_seq) for r in refs] == [(5, 6)]
 
@@ -116,8 +117,8 @@ async def test_on_drain_hook_sees_every_range_once_in_order(autojump_clock):
         for i in range(7):
             await engine.append("t", write_req(i))
             if i % 3 == 0:
-                await trio.sleep(0.01)
-        await trio.sleep(0.01)
+                await trio.testing.wait_all_tasks_blocked()  # every drain done
+        await trio.testing.wait_all_tasks_blocked()  # every drain done
         assert ranges[0][0] == 0
         for (_, b), (a, _) in itertools.pairwise(ranges):
             assert a == b

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable_app
 from topicd.testing.sse import AsgiStream, open_stream
+
+
+async def advance(clock: trio.testing.MockClock, seconds: float) -> None:
+    """Move virtual time forward, then let every task due by then run and settle."""
+    clock.jump(seconds)
+    await trio.testing.wait_all_tasks_blocked()
 
 
 async def collect(stream: AsgiStream, out: list[tuple[int, float]]) -> None:
@@ -58,8 +65,11 @@ async def test_strong_waits_for_the_sync(autojump_clock, nursery, durability):
         for i in range(1, 6):
             await client.post("/v0/topics/t", json={"records": [{"data": i}]})
             written[i] = trio.current_time()
-            await trio.sleep(0.03)
-        await trio.sleep(0.5)
+            await advance(autojump_clock, 0.03)  # writes 30 ms apart: they span syncs
+        with trio.fail_after(1):
+            while len(got["strong"]) < 5:  # the last ones wait for the next tail sync
+                await advance(autojump_clock, 0.01)
+        assert trio.current_time() - written[5] <= 0.1 + 0.01
         assert [s for s, _ in got["eventual"]] == [1, 2, 3, 4, 5]
         assert [s for s, _ in got["strong"]] == [1, 2, 3, 4, 5]
         for seq, at in got["eventual"]:
@@ -104,7 +114,8 @@ async def test_strong_catch_up_stops_at_the_durable_head(autojump_clock, nursery
         client = h.app.test_client()
         await client.put("/v0/topics/t", json={"durability": "disk"})
         await client.post("/v0/topics/t", json={"records": [{"data": 1}]})
-        await trio.sleep(2)  # synced
+        await advance(autojump_clock, 1.0)  # one tail-sync interval
+        assert h.engine.topics["t"].durable_head == 1
         await client.post("/v0/topics/t", json={"records": [{"data": 2}]})
         r = await client.post("/v0/watch", json={"topics": {"t": {}}, "consistency": "strong"})
         s = await open_stream(nursery, h.app.asgi_app, (await r.get_json())["wid"])
