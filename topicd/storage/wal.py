@@ -502,8 +502,6 @@ class Shard:
                 self._fail(subs, exc)
                 return
             self.tail += len(data)
-            if sync:
-                self.dropped_to = self.tail
             elapsed_s = (perf_ms() - t0) / 1000
             if elapsed_s > 0:
                 self.ewma_bytes_per_s += 0.2 * (len(data) / elapsed_s - self.ewma_bytes_per_s)
@@ -538,7 +536,9 @@ class Shard:
                 self.hooks.durable(topic, head)
 
     def _synced(self, sync_ms: float, records: int) -> None:
+        """A sync covered everything written (and advised the page cache to drop it)."""
         self._durable()
+        self.dropped_to = self.tail
         self.unsynced = False
         self.last_sync = trio.current_time()
         self.fsyncs += 1
@@ -659,7 +659,6 @@ class Shard:
                     )
                 finally:
                     self.io_since = None
-            self.dropped_to = self.tail
             self._synced(perf_ms() - t0, 0)
         except OSError as exc:
             self._fail([], _SyncFailed(exc))
