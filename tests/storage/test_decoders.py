@@ -156,3 +156,115 @@ def test_short_append_bodies_are_format_errors():
         except frames.FrameError:
             continue
         raise AssertionError("accepted a short body")
+
+
+# ---- multi-frame writes and the search for the next valid frame ----------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.binary(min_size=1, max_size=300).map(lambda b: b.replace(b"\x00", b".")),
+        min_size=1,
+        max_size=40,
+    ),
+    st.booleans(),
+    st.dictionaries(st.integers(0, 39), st.text(max_size=8), max_size=6),
+    st.dictionaries(st.integers(0, 39), st.integers(-5, 5).filter(bool), max_size=4),
+    st.integers(700, 3000),
+)
+def test_a_write_too_large_for_one_frame_splits_and_merges_back(encs, joined, tags, prios, cap):
+    """Every frame of a split write fits `max_frame`, only the last lacks FLAG_MORE, seqs
+    continue frame to frame, only the first carries the key, and merging the frames gives
+    back exactly the write."""
+    n = len(encs)
+    tags = {i: t for i, t in tags.items() if i < n}
+    prios = {i: p for i, p in prios.items() if i < n}
+    sizes = [len(e) for e in encs]
+    extras = frames.Extras(key="idem-key", tags=tags, prios=prios)
+    data = frames.encode_append(
+        3,
+        10,
+        55,
+        encs,
+        sizes,
+        extras,
+        fsync_class=True,
+        joined=b"\x00".join(encs) if joined else None,
+        max_frame=cap,
+    )
+    parts = []
+    pos = 0
+    while pos < len(data):
+        f = frames.read_frame(data, pos, len(data), cap)
+        assert f is not None, "a frame over the limit (or a broken one)"
+        parts.append((f, frames.decode_append(f)))
+        pos = f.end
+    assert [bool(f.flags & frames.FLAG_MORE) for f, _ in parts] == [True] * (len(parts) - 1) + [
+        False
+    ]
+    assert all(f.flags & frames.FLAG_FSYNC for f, _ in parts)
+    seq = 10
+    for i, (f, body) in enumerate(parts):
+        assert f.seq == seq
+        seq += f.count
+        assert (body.extras.key is not None) == (i == 0)
+    assert seq == 10 + n
+    merged = frames.merge_appends(parts)
+    assert (merged.encs, merged.sizes, merged.extras) == (encs, sizes, extras)
+    if len(data) - 4 <= cap and len(parts) == 1:
+        assert not parts[0][0].flags & frames.FLAG_MORE
+
+
+def test_a_record_too_large_for_any_frame_is_refused_by_the_encoder():
+    with pytest.raises(ValueError, match="max_frame_bytes"):
+        frames.encode_append(
+            1,
+            1,
+            1,
+            [b"x" * 5000, b"y"],
+            [5000, 1],
+            frames.Extras(),
+            fsync_class=False,
+            max_frame=4096,
+        )
+
+
+def _brute_find(buf: bytes, start: int, limit: int, max_frame: int) -> int:
+    for pos in range(start, max(start, limit - frames.FRAME_HEAD_LEN + 1)):
+        try:
+            if frames.read_frame(buf, pos, limit, max_frame) is not None:
+                return pos
+        except frames.FrameError:
+            return pos
+    return -1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(max_size=200),
+    st.binary(max_size=200),
+    st.integers(0, 2),
+    st.integers(0, 60),
+    st.sampled_from([b"", b"\x00" * 50, b"\x01\x00\x00\x00" * 20]),
+)
+def test_the_valid_frame_search_agrees_with_trying_every_offset(pre, post, nframes, start, pad):
+    """The C-speed scan finds exactly the offset that parsing at every offset finds."""
+    frame = _frame()
+    buf = pre + pad + frame * nframes + post
+    start = min(start, len(buf))
+    assert frames.find_valid_frame(buf, start, len(buf), MAX) == _brute_find(
+        buf, start, len(buf), MAX
+    )
+
+
+def test_a_frame_with_a_non_zero_reserved_field_is_not_valid():
+    import struct
+
+    data = bytearray(_frame())
+    data[6] = 1  # checksummed again, so only the reserved field is wrong
+    struct.pack_into("<Q", data, len(data) - 9, frames.checksum(bytes(data[4:-9])))
+    assert frames.read_frame(bytes(data), 0, len(data), MAX) is None
+    data[6] = 0
+    struct.pack_into("<Q", data, len(data) - 9, frames.checksum(bytes(data[4:-9])))
+    assert frames.read_frame(bytes(data), 0, len(data), MAX) is not None

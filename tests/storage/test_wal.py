@@ -507,3 +507,137 @@ async def test_breaker_state_shows_in_ready_and_can_make_it_unready(autojump_clo
         r = await client.get("/v0/ready")
         assert r.status_code == 503
         assert (await r.get_json())["error"]["code"] == "storage_unavailable"
+
+
+# ---- writes larger than one frame ------------------------------------------------------
+
+SMALL_FRAME = 1 << 16  # the smallest storage.wal.max_frame_bytes allowed
+
+
+def _split_config(**wal: int):
+    return durable_config(shards=1, wal={"max_frame_bytes": SMALL_FRAME, **wal})
+
+
+def _frames_of(disk: FakeDisk, path: str) -> tuple[bytearray, list[frames.Frame]]:
+    data = bytearray(disk.pending_bytes(path) or disk.read(path))
+    found, pos = [], frames.FILE_HEADER_LEN
+    while (f := frames.read_frame(bytes(data), pos, len(data), SMALL_FRAME)) is not None:
+        found.append(f)
+        pos = f.end
+    return data, found
+
+
+def _rewrite(disk: FakeDisk, path: str, data: bytes) -> None:
+    fd = disk.open(path)
+    disk.pwrite(fd, data, 0)
+    disk.fdatasync(fd)
+    disk.close(fd)
+
+
+def _big(n: int, tag: str | None = None) -> list[RecordIn]:
+    return [
+        RecordIn(data=msgspec.Raw(b'"%05d-%s"' % (i, b"x" * 900)), tag=tag if i % 7 else None)
+        for i in range(n)
+    ]
+
+
+async def test_a_write_larger_than_a_frame_is_split_and_survives_a_crash():
+    disk = FakeDisk()
+    cfg = _split_config()
+    async with until_power_loss(disk, cfg) as engine:  # no final snapshot: replay
+        acks = {}
+        for cls in ("fsync", "disk", "memory"):
+            await put(engine, cls, durability=cls)
+            await write(engine, cls, b"0")
+            acks[cls] = await engine.append(
+                cls, WriteIn(records=_big(300, tag="t"), idempotency_key="big")
+            )
+            await write(engine, cls, b"1")
+        before = {cls: await dump(engine, cls) for cls in acks}
+        disk.sync_all()
+    _, found = _frames_of(disk, _wal_file(0))
+    assert sum(1 for f in found if f.flags & frames.FLAG_MORE) >= 3 * 4  # really split
+    async with open_durable(disk, cfg) as engine:
+        for cls, ack in acks.items():
+            assert await dump(engine, cls) == before[cls]
+            again = await engine.append(
+                cls, WriteIn(records=_big(300, tag="t"), idempotency_key="big")
+            )
+            assert (again.first_seq, again.last_seq) == (ack.first_seq, ack.last_seq)
+            assert again.deduped
+
+
+async def test_a_split_write_missing_its_last_frame_is_dropped_whole():
+    disk = FakeDisk()
+    cfg = _split_config()
+    async with until_power_loss(disk, cfg) as engine:
+        await put(engine, "f", durability="fsync")
+        await write(engine, "f", b"0")
+        await engine.append("f", WriteIn(records=_big(300)))
+    path = _wal_file(0)
+    data, found = _frames_of(disk, path)
+    last = found[-1]
+    assert not last.flags & frames.FLAG_MORE and found[-2].flags & frames.FLAG_MORE
+    data[last.offset : last.end] = bytes(last.end - last.offset)  # the last frame torn away
+    _rewrite(disk, path, bytes(data))
+    async with open_durable(disk, cfg) as engine:
+        records, tomb = await dump(engine, "f")
+        assert [r.rsplit(b":", 1)[1] for r in records] == [b"0}"] and tomb is None
+        res = await write(engine, "f", b"2")
+        assert res.first_seq == 2  # never acknowledged: its seqs were never handed out
+        disk.sync_all()
+        disk.crash(power_off=True)
+    disk.reboot()
+    async with open_durable(disk, cfg) as engine:  # the repaired tail replays cleanly
+        records, tomb = await dump(engine, "f")
+        assert [r.rsplit(b":", 1)[1] for r in records] == [b"0}", b"2}"] and tomb is None
+
+
+async def test_a_split_write_interrupted_by_another_frame_is_mid_log_corruption():
+    disk = FakeDisk()
+    cfg = _split_config()
+    async with until_power_loss(disk, cfg) as engine:
+        await put(engine, "f", durability="fsync")
+        await engine.append("f", WriteIn(records=_big(300)))
+        await write(engine, "f", b"after")
+    path = _wal_file(0)
+    data, found = _frames_of(disk, path)
+    last_of_big = next(
+        i
+        for i, f in enumerate(found)
+        if i and found[i - 1].flags & frames.FLAG_MORE and not f.flags & frames.FLAG_MORE
+    )
+    cut = found[last_of_big]
+    tail = bytes(data[cut.end : found[-1].end])
+    data[cut.offset :] = tail + bytes(len(data) - cut.offset - len(tail))
+    _rewrite(disk, path, bytes(data))
+    with pytest.raises(RecoveryRefused, match="interrupted by another frame.*mid-log"):
+        async with open_durable(disk, cfg):
+            pass
+
+
+async def test_a_write_over_an_ingest_byte_bound_is_admitted_when_alone(autojump_clock):
+    disk = FakeDisk()
+    slow = InlineOffload(lambda group: 0.1 if group == "wal" else 0.0)
+    bound = 100_000  # below the 300-record write's ~280 KB
+    cfg = _split_config(max_pending_bytes_per_topic=bound, max_pending_bytes_per_shard=bound)
+    async with open_durable(disk, cfg, offload=slow) as engine:
+        await put(engine, "t", durability="fsync")
+        refused: list[Throttled] = []
+
+        async def small() -> None:
+            await write(engine, "t", b"1")
+
+        async def big() -> None:
+            try:
+                await engine.append("t", WriteIn(records=_big(300)))
+            except Throttled as exc:
+                refused.append(exc)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(small)
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(big)  # not alone: the small write is still queued
+        assert refused and refused[0].detail["cause"] == "wal_ingest"
+        res = await engine.append("t", WriteIn(records=_big(300)))  # alone: admitted
+        assert res.count == 300

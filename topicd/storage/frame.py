@@ -49,12 +49,13 @@ are compact JSON objects.
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 import orjson
@@ -72,9 +73,13 @@ FRAME_HEAD: Final = struct.Struct("<IBBHQQQII")  # 40 bytes
 FRAME_HEAD_LEN: Final = 40
 FRAME_TRAILER_LEN: Final = 9  # checksum + tail
 MIN_FRAME_LEN: Final = FRAME_HEAD_LEN - 4 + FRAME_TRAILER_LEN  # 45
+DEFAULT_MAX_FRAME: Final = 16 << 20  # storage.wal.max_frame_bytes' default
 
 FLAG_FSYNC: Final = 0x01
 FLAG_NUL_JOINED: Final = 0x02  # Append body layout 2 (see the module docstring)
+# more Append frames of the same write follow (the spec's `batch_end`, inverted so that a
+# frame written before multi-frame writes existed reads as a complete write)
+FLAG_MORE: Final = 0x04
 
 # frame types (storage spec §3.3; 1 carries a whole write)
 APPEND: Final = 1
@@ -92,6 +97,7 @@ PROBE: Final = 12
 LOST_RANGE: Final = 13
 KNOWN_TYPES: Final = frozenset(range(1, 14))
 
+_V = TypeVar("_V")
 _U32X2: Final = struct.Struct("<II")
 _U32X4: Final = struct.Struct("<IIII")
 _LITTLE: Final = sys.byteorder == "little"
@@ -222,14 +228,39 @@ def encode_append(
     *,
     fsync_class: bool,
     joined: bytes | memoryview | None = None,
+    max_frame: int = DEFAULT_MAX_FRAME,
 ) -> bytes:
-    """The Append frame of one write submission.
+    """The Append frame(s) of one write submission, each at most `max_frame` long.
 
     `joined`, if given, must be `b"\\x00".join(encs)` (what `encode_batch` formats anyway).
+    A write too large for one frame becomes several contiguous frames, every one but the
+    last flagged `FLAG_MORE`; recovery applies them all or none (docs/storage.md).
     """
     n = len(encs)
     blob = b"" if extras == _EMPTY_EXTRAS else _EXTRAS_ENC.encode(extras)
-    flags = FLAG_FSYNC if fsync_class else 0
+    text = len(joined) if joined is not None else sum(map(len, encs)) + n - 1
+    if MIN_FRAME_LEN + 8 + 8 * n + len(blob) + text > max_frame:
+        return b"".join(
+            _split_append(
+                topic_id, first_seq, ts_ms, encs, sizes, extras, fsync_class, joined, max_frame
+            )
+        )
+    return _append_frame(topic_id, first_seq, ts_ms, encs, sizes, blob, fsync_class, joined)
+
+
+def _append_frame(
+    topic_id: int,
+    first_seq: int,
+    ts_ms: int,
+    encs: list[bytes],
+    sizes: list[int],
+    blob: bytes,
+    fsync_class: bool,
+    joined: bytes | memoryview | None,
+    more: bool = False,
+) -> bytes:
+    n = len(encs)
+    flags = (FLAG_FSYNC if fsync_class else 0) | (FLAG_MORE if more else 0)
     if n == 1:  # the common single-record write: no arrays
         body: tuple[bytes | memoryview, ...] = (
             _U32X4.pack(1, len(blob), len(encs[0]), sizes[0]),
@@ -248,6 +279,92 @@ def encode_append(
 
 
 _EMPTY_EXTRAS: Final = Extras()
+# what an Append frame's extras may add per record beyond a tag's or node's text (msgpack
+# map keys, integers and string headers; generous)
+_EXTRA_SLACK: Final = 24
+
+
+def _split_append(
+    topic_id: int,
+    first_seq: int,
+    ts_ms: int,
+    encs: list[bytes],
+    sizes: list[int],
+    extras: Extras,
+    fsync_class: bool,
+    joined: bytes | memoryview | None,
+    max_frame: int,
+) -> list[bytes]:
+    """A write too large for one frame, as frames of whole records (all but the last
+    flagged `FLAG_MORE`). Only the first carries the idempotency key."""
+    n = len(encs)
+    key_cost = 4 * len(extras.key) + _EXTRA_SLACK if extras.key is not None else 0
+    budget = max_frame - MIN_FRAME_LEN - 8 - _EXTRA_SLACK - key_cost
+    cost = [len(enc) + 9 for enc in encs]  # text, separator, up to two u32 columns
+    for sparse in (extras.tags, extras.nodes):
+        for i, text in sparse.items():
+            cost[i] += 4 * len(text) + _EXTRA_SLACK
+    for sparse_ in (extras.prios, extras.shapes):
+        for i in sparse_:
+            cost[i] += _EXTRA_SLACK
+    cuts = [0]
+    used = 0
+    for i, c in enumerate(cost):
+        if c > budget:
+            raise ValueError(
+                f"record {i} needs {c} bytes of frame, over storage.wal.max_frame_bytes {max_frame}"
+            )
+        if used + c > budget:
+            cuts.append(i)
+            used = 0
+        used += c
+    cuts.append(n)
+    starts = [0, *accumulate(len(enc) + 1 for enc in encs)] if joined is not None else []
+    out = []
+    for a, b in pairwise(cuts):
+        part = Extras(
+            extras.key if a == 0 else None,
+            _window(extras.tags, a, b),
+            _window(extras.nodes, a, b),
+            _window(extras.prios, a, b),
+            _window(extras.shapes, a, b),
+        )
+        blob = b"" if part == _EMPTY_EXTRAS else _EXTRAS_ENC.encode(part)
+        piece = None if joined is None else joined[starts[a] : starts[b] - 1]
+        frame = _append_frame(
+            topic_id, first_seq + a, ts_ms, encs[a:b], sizes[a:b], blob, fsync_class, piece, b < n
+        )
+        assert len(frame) - 4 <= max_frame, "append split under-estimated its frame"
+        out.append(frame)
+    return out
+
+
+def _window(sparse: dict[int, _V], a: int, b: int) -> dict[int, _V]:
+    """The entries of `sparse` for records a..b-1, re-indexed from 0."""
+    return {i - a: v for i, v in sparse.items() if a <= i < b}
+
+
+def _shifted(sparse: dict[int, _V], base: int) -> dict[int, _V]:
+    return {base + i: v for i, v in sparse.items()}
+
+
+def merge_appends(parts: list[tuple[Frame, AppendBody]]) -> AppendBody:
+    """The records of one multi-frame write, as if they had been one frame."""
+    if len(parts) == 1:
+        return parts[0][1]
+    encs: list[bytes] = []
+    sizes: list[int] = []
+    merged = Extras(parts[0][1].extras.key, {}, {}, {}, {})
+    for _, body in parts:
+        base = len(encs)
+        ex = body.extras
+        merged.tags.update(_shifted(ex.tags, base))
+        merged.nodes.update(_shifted(ex.nodes, base))
+        merged.prios.update(_shifted(ex.prios, base))
+        merged.shapes.update(_shifted(ex.shapes, base))
+        encs += body.encs
+        sizes += body.sizes
+    return AppendBody(encs, sizes, merged)
 
 
 @dataclass(slots=True)
@@ -337,15 +454,16 @@ def decode_append(frame: Frame) -> AppendBody:
 def read_frame(buf: bytes | memoryview, offset: int, limit: int, max_frame: int) -> Frame | None:
     """The valid frame at `offset` (within `buf[:limit]`), or None if there is none.
 
-    Valid means: `45 ≤ frame_len ≤ max_frame`, it fits, the lengths add up, the checksum
-    matches and the type is known. Zero bytes fail the first test (end of data).
+    Valid means: `45 ≤ frame_len ≤ max_frame`, the reserved field is zero, it fits, the
+    lengths add up, the checksum matches and the type is known. Zero bytes fail the first
+    test (end of data).
     """
     if offset + FRAME_HEAD_LEN > limit:
         return None
-    frame_len, ftype, flags, _, topic_id, seq, ts, count, body_len = FRAME_HEAD.unpack_from(
+    frame_len, ftype, flags, reserved, topic_id, seq, ts, count, body_len = FRAME_HEAD.unpack_from(
         buf, offset
     )
-    if frame_len < MIN_FRAME_LEN or frame_len > max_frame:
+    if frame_len < MIN_FRAME_LEN or frame_len > max_frame or reserved:
         return None
     end = offset + 4 + frame_len
     if end > limit or frame_len != FRAME_HEAD_LEN - 4 + body_len + FRAME_TRAILER_LEN:
@@ -370,37 +488,34 @@ def read_frame(buf: bytes | memoryview, offset: int, limit: int, max_frame: int)
     )
 
 
+# where a frame could start: a non-zero type byte, any flags, then the two reserved zero
+# bytes (offsets 4-7 of the head); JSON text never holds two zero bytes in a row and a
+# zero run never holds a non-zero byte, so candidates are rare and the scan runs in C
+_CANDIDATE: Final = re.compile(rb"[^\x00].\x00\x00", re.DOTALL)
+
+
 def find_valid_frame(buf: bytes, start: int, limit: int, max_frame: int) -> int:
     """Offset of the first checksum-valid frame at or after `start`, or -1.
 
     Used after an invalid frame: none found means a torn tail, one found means corruption
-    in the middle of the log. Runs of zero bytes (preallocated space) are skipped at C
-    speed; every other offset is tried.
+    in the middle of the log. Every offset is considered, at C speed: a regular-expression
+    scan finds the offsets whose head bytes 4-7 could belong to a frame, and only those
+    are parsed and checksummed.
     """
-
-    def valid_at(pos: int) -> bool:
+    search = _CANDIDATE.search
+    pos = start + 4  # the pattern starts at the type byte, four bytes into the head
+    end = limit - (FRAME_HEAD_LEN - 4)
+    while True:
+        m = search(buf, pos, end + 4) if pos <= end else None
+        if m is None:
+            return -1
+        cand = m.start() - 4
         try:
-            return read_frame(buf, pos, limit, max_frame) is not None
+            if read_frame(buf, cand, limit, max_frame) is not None:
+                return cand
         except FrameError:
-            return True  # checksum-valid, unknown type: still a valid frame boundary
-
-    pos = start
-    while pos + FRAME_HEAD_LEN <= limit:
-        if buf[pos] == 0:
-            # skip a zero run at C speed; a frame_len's low bytes may be zero, so the
-            # three offsets before the next non-zero byte are candidates too
-            nxt = next_nonzero(buf, pos, limit)
-            if nxt < 0:
-                return -1
-            for cand in range(max(pos, nxt - 3), nxt):
-                if valid_at(cand):
-                    return cand
-            pos = nxt
-            continue
-        if valid_at(pos):
-            return pos
-        pos += 1
-    return -1
+            return cand  # checksum-valid, unknown type: still a valid frame boundary
+        pos = m.start() + 1
 
 
 def all_zero(buf: bytes, start: int, end: int) -> bool:

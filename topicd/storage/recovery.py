@@ -31,10 +31,11 @@ import logging
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import orjson
 
+from topicd.clock import perf_ms
 from topicd.engine.engine import Engine
 from topicd.engine.topic import Run, Topic
 from topicd.errors import TopicNotEmpty
@@ -117,6 +118,53 @@ def read_boot_id() -> str | None:
         return None
 
 
+class ReplayReport:
+    """Progress of a long replay, logged at most every `log_every_ms` (and only once a
+    replay has run that long): frames, bytes, topics and elapsed time, so an operator
+    watching a slow start or `topicd verify` sees it move. `now` is a reporting clock
+    (milliseconds), injectable for tests."""
+
+    def __init__(self, log_every_ms: float, now: Callable[[], float] = perf_ms) -> None:
+        self.every = log_every_ms
+        self.now = now
+        self.started = now()
+        self.next_at = self.started + log_every_ms
+        self.frames = 0
+        self.bytes = 0
+        self.topics = 0
+        self.current = ""
+        self.lines = 0
+
+    def file(self, name: str) -> None:
+        self.current = name
+        self.tick()
+
+    def advance(self, nbytes: int, topics: int) -> None:
+        self.frames += 1
+        self.bytes += nbytes
+        self.topics = topics
+        if not self.frames & 1023:
+            self.tick()
+
+    def tick(self) -> None:
+        t = self.now()
+        if t < self.next_at:
+            return
+        self.next_at = t + self.every
+        self.lines += 1
+        log.info(
+            "replay in progress: %d frames, %d bytes, %d topics, %.1f s elapsed (at %s)",
+            self.frames,
+            self.bytes,
+            self.topics,
+            (t - self.started) / 1000,
+            self.current,
+        )
+
+
+_A = TypeVar("_A")
+
+
 class _Replayer:
     def __init__(
         self,
@@ -137,10 +185,13 @@ class _Replayer:
         self.engine.replaying = True
         self.now = clock.now_ms()
         self.frames = 0
-        self.bytes_done = 0
+        self.bytes_done = 0  # file bytes gone through (replay progress)
+        self.replayed = 0  # bytes of valid log replayed
         self.bytes_total = 1
         self.torn: list[str] = []
         self.dirty_tail = False  # the last replayed file has non-zero bytes after its end
+        self.pending: list[frames.Frame] = []  # a multi-frame write awaiting its last frame
+        self.report = ReplayReport(log_every_ms=1000.0)
 
     # ---- files ------------------------------------------------------------------------
 
@@ -248,7 +299,9 @@ class _Replayer:
         valid_len = frames.FILE_HEADER_LEN
         for i, ((_index, path), data) in enumerate(zip(files, datas, strict=True)):
             fence = headers[i + 1].prev_valid_len if i + 1 < len(files) else None
-            valid_len = self.replay_file(path, data, fence, start_offset if i == 0 else 0)
+            begin = max(frames.FILE_HEADER_LEN, start_offset if i == 0 else 0)
+            valid_len = self.replay_file(path, data, fence, begin)
+            self.replayed += max(0, valid_len - begin)
             self.bytes_done += len(data)
             self.progress(min(0.99, self.bytes_done / self.bytes_total))
         repair = self.dirty_tail
@@ -264,6 +317,8 @@ class _Replayer:
                 f"({fence}); restore a backup."
             )
         pos = max(frames.FILE_HEADER_LEN, start)
+        self.pending = []
+        self.report.file(self._rel(path))
         while pos < limit:
             try:
                 frame = frames.read_frame(data, pos, limit, max_frame)
@@ -275,22 +330,28 @@ class _Replayer:
             if frame is None:
                 break
             self.apply(frame, path)
+            self.report.advance(frame.end - pos, len(self.engine.by_id))
             pos = frame.end
+        # a write whose last frame is missing was never acknowledged: it ends the valid log
+        end = self.pending[0].offset if self.pending else pos
         if fence is not None:
-            if pos != fence:
+            if pos != fence or self.pending:
                 raise RecoveryRefused(
-                    f"{self._rel(path)} offset {pos}: invalid frame before the fence at "
-                    f"{fence} (mid-log corruption). Acknowledged writes may lie beyond this "
-                    "point. Nothing was modified. To discard everything from this offset on, "
-                    "restart with --recovery-on-corruption=truncate."
+                    f"{self._rel(path)} offset {end}: "
+                    + ("invalid frame" if pos != fence else "a write's frames cut")
+                    + f" before the fence at {fence} (mid-log corruption). Acknowledged "
+                    "writes may lie beyond this point. Nothing was modified. To discard "
+                    "everything from this offset on, restart with "
+                    "--recovery-on-corruption=truncate."
                 )
             return fence
         # the last file: is the rest zeros, a torn tail, or corruption? (one scan)
-        first_nonzero = frames.next_nonzero(data, pos, len(data))
+        first_nonzero = frames.next_nonzero(data, end, len(data))
         self.dirty_tail = first_nonzero >= 0
+        self.pending = []
         if first_nonzero < 0:
-            return pos
-        nxt = frames.find_valid_frame(data, max(pos + 1, first_nonzero - 3), len(data), max_frame)
+            return end
+        nxt = frames.find_valid_frame(data, pos + 1, len(data), max_frame)
         if nxt >= 0:
             message = (
                 f"{self._rel(path)} offset {pos}: invalid frame followed by a valid frame at "
@@ -322,8 +383,8 @@ class _Replayer:
                 discarded,
             )
         else:
-            self.torn.append(f"{self._rel(path)} at {pos}")
-        return pos
+            self.torn.append(f"{self._rel(path)} at {end}")
+        return end
 
     # ---- snapshot -------------------------------------------------------------------
 
@@ -369,19 +430,46 @@ class _Replayer:
 
     def apply(self, frame: frames.Frame, path: str) -> None:
         self.frames += 1
+        pending = self.pending
+        if pending:
+            # the next frame of a multi-frame write: it must continue that write
+            last = pending[-1]
+            if (
+                frame.ftype != frames.APPEND
+                or frame.topic_id != last.topic_id
+                or frame.seq != last.seq + last.count
+            ):
+                raise RecoveryRefused(
+                    f"{self._rel(path)} offset {frame.offset}: a write's frames are "
+                    f"interrupted by another frame (type {frame.ftype}) (mid-log corruption). "
+                    "Acknowledged writes may lie beyond this point. Nothing was modified. To "
+                    "discard everything from this offset on, restart with "
+                    "--recovery-on-corruption=truncate."
+                )
+        elif not (frame.ftype == frames.APPEND and frame.flags & frames.FLAG_MORE):
+            self._guarded(self._apply, frame, path)
+            return
+        pending.append(frame)
+        if not frame.flags & frames.FLAG_MORE:
+            self.pending = []
+            self._guarded(self.apply_write, pending, path)
+
+    def _guarded(self, fn: Callable[[_A], None], arg: _A, path: str) -> None:
         try:
-            self._apply(frame)
+            fn(arg)
         except (frames.FrameError, KeyError, TypeError, ValueError) as exc:
+            first = arg[0] if isinstance(arg, list) else arg
+            assert isinstance(first, frames.Frame)
             raise RecoveryRefused(
-                f"{self._rel(path)} offset {frame.offset}: undecodable frame "
-                f"(type {frame.ftype}: {exc}); run a topicd version that knows this format."
+                f"{self._rel(path)} offset {first.offset}: undecodable frame "
+                f"(type {first.ftype}: {exc}); run a topicd version that knows this format."
             ) from None
 
     def _apply(self, frame: frames.Frame) -> None:
         engine = self.engine
         ftype = frame.ftype
         if ftype == frames.APPEND:
-            self.apply_append(frame)
+            self.apply_write([frame])
             return
         if ftype == frames.PROBE:
             return
@@ -426,11 +514,13 @@ class _Replayer:
                 topic.add_lost_range(max(lo, topic.head_seq + 1), hi)
         # EVICT_WATERMARK, router and lease frames: nothing to restore in this version
 
-    def apply_append(self, frame: frames.Frame) -> None:
+    def apply_write(self, parts: list[frames.Frame]) -> None:
+        """One write: its Append frame, or every frame of a multi-frame write."""
+        frame = parts[0]
         topic = self.engine.by_id.get(frame.topic_id)
         if topic is None:
             return  # written after its topic's deletion committed: never published
-        body = frames.decode_append(frame)
+        body = frames.merge_appends([(f, frames.decode_append(f)) for f in parts])
         first = frame.seq
         if first + len(body.encs) - 1 <= topic.head_seq:
             return  # already applied (from a snapshot's segments)
@@ -550,7 +640,7 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
         files[:layout],
         lost,
         r.frames,
-        r.bytes_done,
+        r.replayed,
         r.torn,
         fresh,
         snap_number,

@@ -274,15 +274,20 @@ class Shard:
     # ---- admission (synchronous, on the handler's task) ------------------------------
 
     def room_for(self, topic: Topic, nbytes: int) -> str | None:
-        """None if a submission of `nbytes` fits, else the scope that is full."""
+        """None if a submission of `nbytes` fits, else the scope that is full.
+
+        A byte bound never refuses a submission that would be alone in its queue: a write
+        larger than the bound (one the request limits allow) waits for an empty queue
+        instead of being refused forever."""
         w = self.wal
         mine = self.topic_pending.get(topic)
         if mine is not None and (
-            mine[0] >= w.max_pending_per_topic or mine[1] + nbytes > w.max_pending_bytes_per_topic
+            mine[0] >= w.max_pending_per_topic
+            or (mine[1] and mine[1] + nbytes > w.max_pending_bytes_per_topic)
         ):
             return "topic"
         if self.pending >= w.max_pending_per_shard or (
-            self.pending_bytes + nbytes > w.max_pending_bytes_per_shard
+            self.pending_bytes and self.pending_bytes + nbytes > w.max_pending_bytes_per_shard
         ):
             return "shard"
         return None
@@ -858,6 +863,7 @@ class WalCommitPath:
                 extras,
                 fsync_class=batch.durability == "fsync",
                 joined=joined,
+                max_frame=self.cfg.storage.wal.max_frame_bytes,
             )
         shard.enqueue(
             Submission(
