@@ -611,7 +611,7 @@ async def test_a_split_write_interrupted_by_another_frame_is_mid_log_corruption(
     tail = bytes(data[cut.end : found[-1].end])
     data[cut.offset :] = tail + bytes(len(data) - cut.offset - len(tail))
     _rewrite(disk, path, bytes(data))
-    with pytest.raises(RecoveryRefused, match="interrupted by another frame.*mid-log"):
+    with pytest.raises(RecoveryRefused, match=r"interrupted by another frame.*mid-log"):
         async with open_durable(disk, cfg):
             pass
 
