@@ -1008,7 +1008,39 @@ def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
         raise ConfigError("protocol.default_max_batch_bytes: above protocol.max_batch_bytes")
     if p.default_page_size > p.max_page_size:
         raise ConfigError("protocol.default_page_size: above protocol.max_page_size")
+    _check_recoverable(cfg)
     return dataclasses.replace(cfg, server=server)
+
+
+def record_frame_bound(p: ProtocolConfig) -> int:
+    """The most bytes one record the protocol limits accept can need in a WAL frame.
+
+    A write is split across frames at record boundaries, so a record is the unit that must
+    fit one frame: its data+meta, its stored JSON around them (`$seq`, `$ts`, a node
+    JSON-escaped up to 6 bytes per byte, `$priority`), and the frame's sparse extras (tag,
+    node and idempotency key counted at up to 4 bytes per character), plus fixed headers.
+    Generous on purpose; `tests/storage` encodes the worst case against it."""
+    return (
+        p.max_record_bytes
+        + 11 * p.max_node_bytes
+        + 4 * p.max_tag_bytes
+        + 4 * p.max_idempotency_key_bytes
+        + 1024
+    )
+
+
+def _check_recoverable(cfg: Config) -> None:
+    """Refuse limits under which the server could acknowledge a write that recovery
+    cannot read back (every other pair is safe by construction: docs/configuration.md)."""
+    need = record_frame_bound(cfg.protocol)
+    have = cfg.storage.wal.max_frame_bytes
+    if need > have:
+        raise ConfigError(
+            f"storage.wal.max_frame_bytes: {have} is too small for one record the protocol "
+            f"limits accept (up to {need} bytes framed: protocol.max_record_bytes "
+            f"{cfg.protocol.max_record_bytes} plus node, tag, key and headers); raise it to "
+            f"at least {need} or lower protocol.max_record_bytes"
+        )
 
 
 def parse_log_level(text: str) -> tuple[str, dict[str, str]]:
