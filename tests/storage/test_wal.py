@@ -641,3 +641,39 @@ async def test_a_write_over_an_ingest_byte_bound_is_admitted_when_alone(autojump
         assert refused and refused[0].detail["cause"] == "wal_ingest"
         res = await engine.append("t", WriteIn(records=_big(300)))  # alone: admitted
         assert res.count == 300
+
+
+# ---- what recovery reports --------------------------------------------------------------
+
+
+async def test_the_start_up_line_reports_bytes_replayed_not_file_sizes(caplog):
+    disk = FakeDisk()
+    cfg = durable_config(shards=1)
+    async with until_power_loss(disk, cfg) as engine:
+        await put(engine, "f", durability="fsync")
+        for i in range(10):
+            await write(engine, "f", b"%d" % i)
+        disk.sync_all()
+    _, found = _frames_of(disk, _wal_file(0))
+    logged = sum(f.end - f.offset for f in found)
+    caplog.set_level("INFO", logger="topicd.storage")
+    async with open_durable(disk, cfg):
+        pass
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("recovered"))
+    assert f"({logged} bytes)" in line, line  # the WAL file itself is 1 MiB preallocated
+
+
+def test_replay_progress_is_logged_about_every_second(caplog):
+    from topicd.storage.recovery import ReplayReport
+
+    now = [0.0]
+    report = ReplayReport(log_every_ms=1000.0, now=lambda: now[0])
+    caplog.set_level("INFO", logger="topicd.recovery")
+    report.file("wal/shard-00/wal-0000000000000000.log")
+    for i in range(10_000):
+        now[0] = i * 0.5  # 5 s in all, in steps of half a millisecond
+        report.advance(100, 3)
+    lines = [r.getMessage() for r in caplog.records if "replay in progress" in r.getMessage()]
+    assert 4 <= len(lines) <= 5  # at most one a second, and never silent for long
+    assert "frames" in lines[0] and "bytes" in lines[0] and "3 topics" in lines[0]
+    assert "wal-0000000000000000.log" in lines[0]

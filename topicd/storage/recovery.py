@@ -143,7 +143,7 @@ class ReplayReport:
         self.frames += 1
         self.bytes += nbytes
         self.topics = topics
-        if not self.frames & 1023:
+        if not self.frames & 1023 or nbytes >= 1 << 20:  # a clock read per 1024 frames or MiB
             self.tick()
 
     def tick(self) -> None:
