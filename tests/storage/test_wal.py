@@ -521,7 +521,7 @@ def _split_config(**wal: int):
 def _frames_of(disk: FakeDisk, path: str) -> tuple[bytearray, list[frames.Frame]]:
     data = bytearray(disk.pending_bytes(path) or disk.read(path))
     found, pos = [], frames.FILE_HEADER_LEN
-    while (f := frames.read_frame(bytes(data), pos, len(data), SMALL_FRAME)) is not None:
+    while (f := frames.read_frame(bytes(data), pos, len(data), frames.LEGACY_MAX_FRAME)):
         found.append(f)
         pos = f.end
     return data, found
@@ -677,3 +677,21 @@ def test_replay_progress_is_logged_about_every_second(caplog):
     assert 4 <= len(lines) <= 5  # at most one a second, and never silent for long
     assert "frames" in lines[0] and "bytes" in lines[0] and "3 topics" in lines[0]
     assert "wal-0000000000000000.log" in lines[0]
+
+
+async def test_a_single_frame_larger_than_the_limit_from_an_older_version_still_replays():
+    """topicd 0.1 stored a write of any size as one frame; such a directory still opens
+    with every record (earlier, recovery took the frame for corruption)."""
+    disk = FakeDisk()
+    old = durable_config(shards=1, wal={"max_frame_bytes": 1 << 24})
+    async with until_power_loss(disk, old) as engine:
+        await put(engine, "f", durability="fsync")
+        await engine.append("f", WriteIn(records=_big(300)))  # ~280 KB: one frame here
+        await write(engine, "f", b"after")
+        before = await dump(engine, "f")
+        disk.sync_all()
+    _, found = _frames_of(disk, _wal_file(0))
+    assert not any(f.flags & frames.FLAG_MORE for f in found)
+    assert max(f.end - f.offset for f in found) > 1 << 16
+    async with open_durable(disk, _split_config()) as engine:  # a 64 KiB frame limit
+        assert await dump(engine, "f") == before

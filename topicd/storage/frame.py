@@ -74,6 +74,8 @@ FRAME_HEAD_LEN: Final = 40
 FRAME_TRAILER_LEN: Final = 9  # checksum + tail
 MIN_FRAME_LEN: Final = FRAME_HEAD_LEN - 4 + FRAME_TRAILER_LEN  # 45
 DEFAULT_MAX_FRAME: Final = 16 << 20  # storage.wal.max_frame_bytes' default
+# the largest frame recovery reads: topicd 0.1 wrote a write of any size as one frame
+LEGACY_MAX_FRAME: Final = 1 << 30
 
 FLAG_FSYNC: Final = 0x01
 FLAG_NUL_JOINED: Final = 0x02  # Append body layout 2 (see the module docstring)

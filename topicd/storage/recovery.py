@@ -309,7 +309,9 @@ class _Replayer:
 
     def replay_file(self, path: str, data: bytes, fence: int | None, start: int = 0) -> int:
         """Apply the frames of one file from offset `start`; return its valid length."""
-        max_frame = self.cfg.storage.wal.max_frame_bytes
+        # frames topicd writes are at most max_frame_bytes, but versions before multi-frame
+        # writes stored a whole write as one frame of any size: those are read too
+        max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
         limit = len(data) if fence is None else fence
         if fence is not None and fence > len(data):
             raise RecoveryRefused(
