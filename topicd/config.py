@@ -180,7 +180,13 @@ class TieringConfig:
 @dataclass(frozen=True)
 class WalConfig:
     file_bytes: int = key(67108864, "Preallocated WAL file size.", min=4096, max=1 << 40)
-    max_frame_bytes: int = key(16777216, "Largest valid frame_len.", min=1 << 16, max=1 << 31)
+    max_frame_bytes: int = key(
+        16777216,
+        "Largest WAL frame written; a larger write is split across frames (recovery also "
+        "reads single frames up to 1 GiB that topicd 0.1 wrote).",
+        min=1 << 16,
+        max=1 << 30,
+    )
     gc_slice_us: int = key(
         500, "Group-commit coalescing slice: wait this long for more arrivals.", min=0
     )
