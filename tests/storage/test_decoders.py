@@ -246,7 +246,7 @@ def _brute_find(buf: bytes, start: int, limit: int, max_frame: int) -> int:
     st.binary(max_size=200),
     st.integers(0, 2),
     st.integers(0, 60),
-    st.sampled_from([b"", b"\x00" * 50, b"\x01\x00\x00\x00" * 20]),
+    st.sampled_from([b"", b"\x00" * 50, b"\x01\x00\x00\x00" * 20, b"ab\x00\x01\x00\x00\x00"]),
 )
 def test_the_valid_frame_search_agrees_with_trying_every_offset(pre, post, nframes, start, pad):
     """The C-speed scan finds exactly the offset that parsing at every offset finds."""

@@ -521,7 +521,7 @@ def _split_config(**wal: int):
 def _frames_of(disk: FakeDisk, path: str) -> tuple[bytearray, list[frames.Frame]]:
     data = bytearray(disk.pending_bytes(path) or disk.read(path))
     found, pos = [], frames.FILE_HEADER_LEN
-    while (f := frames.read_frame(bytes(data), pos, len(data), frames.LEGACY_MAX_FRAME)):
+    while f := frames.read_frame(bytes(data), pos, len(data), frames.LEGACY_MAX_FRAME):
         found.append(f)
         pos = f.end
     return data, found

@@ -49,7 +49,6 @@ are compact JSON objects.
 
 from __future__ import annotations
 
-import re
 import struct
 import sys
 from array import array
@@ -490,34 +489,45 @@ def read_frame(buf: bytes | memoryview, offset: int, limit: int, max_frame: int)
     )
 
 
-# where a frame could start: a non-zero type byte, any flags, then the two reserved zero
-# bytes (offsets 4-7 of the head); JSON text never holds two zero bytes in a row and a
-# zero run never holds a non-zero byte, so candidates are rare and the scan runs in C
-_CANDIDATE: Final = re.compile(rb"[^\x00].\x00\x00", re.DOTALL)
-
-
 def find_valid_frame(buf: bytes, start: int, limit: int, max_frame: int) -> int:
     """Offset of the first checksum-valid frame at or after `start`, or -1.
 
     Used after an invalid frame: none found means a torn tail, one found means corruption
-    in the middle of the log. Every offset is considered, at C speed: a regular-expression
-    scan finds the offsets whose head bytes 4-7 could belong to a frame, and only those
-    are parsed and checksummed.
+    in the middle of the log. Every offset is considered, at C speed: a frame head holds a
+    non-zero type byte at offset 4 followed (after the flags) by two reserved zero bytes at
+    6-7, so only offsets 6 bytes before a pair of zero bytes can start a frame. Record text
+    never holds two zero bytes in a row (`bytes.find` passes over it), and of a run of zeros
+    only its first two pairs can qualify (the rest is skipped by `next_nonzero`).
     """
-    search = _CANDIDATE.search
-    pos = start + 4  # the pattern starts at the type byte, four bytes into the head
-    end = limit - (FRAME_HEAD_LEN - 4)
-    while True:
-        m = search(buf, pos, end + 4) if pos <= end else None
-        if m is None:
+    find = buf.find
+    last = limit - FRAME_HEAD_LEN  # the last offset a frame head fits at
+    pos = start + 6
+    while pos <= last + 6:
+        pair = find(b"\x00\x00", pos, last + 8)
+        if pair < 0:
             return -1
-        cand = m.start() - 4
-        try:
-            if read_frame(buf, cand, limit, max_frame) is not None:
+        for k in (pair, pair + 1):
+            cand = k - 6
+            if (
+                start <= cand <= last
+                and buf[k - 2]
+                and not buf[k]
+                and not buf[k + 1]
+                and _valid_at(buf, cand, limit, max_frame)
+            ):
                 return cand
-        except FrameError:
-            return cand  # checksum-valid, unknown type: still a valid frame boundary
-        pos = m.start() + 1
+        nxt = next_nonzero(buf, pair, limit)
+        if nxt < 0:
+            return -1
+        pos = max(nxt, pair + 2)
+    return -1
+
+
+def _valid_at(buf: bytes, pos: int, limit: int, max_frame: int) -> bool:
+    try:
+        return read_frame(buf, pos, limit, max_frame) is not None
+    except FrameError:
+        return True  # checksum-valid, unknown type: still a valid frame boundary
 
 
 def all_zero(buf: bytes, start: int, end: int) -> bool:
