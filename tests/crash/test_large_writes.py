@@ -1,7 +1,7 @@
 """Writes as large as the request limits allow survive `kill -9` (issue: acked, then lost).
 
 Method: a real `topicd serve` child (see `tests/crash/harness.py`, 1 MiB WAL files) takes
-writes of 15, 20, 40 and 63 MiB bodies on `disk` and `fsync` topics, each followed by a
+writes of 15, 20, 40 and 63 MiB bodies on `memory`, `disk` and `fsync` topics, each followed by a
 small write to the same topic (so a bad frame would sit in the middle of the log, not at
 its torn tail), is killed with SIGKILL and restarted: every acknowledged record reads back
 with its seq and exact payload. One frame may hold at most `storage.wal.max_frame_bytes`
@@ -71,7 +71,7 @@ async def read_digests(c, topic: str) -> list[tuple[int, str]]:
             return out
 
 
-@pytest.mark.parametrize("durability", ["disk", "fsync"])
+@pytest.mark.parametrize("durability", ["memory", "disk", "fsync"])
 async def test_writes_up_to_the_body_limit_survive_kill9(tmp_path, durability):
     topic = f"big-{durability}"
     expected: list[tuple[int, str]] = []
