@@ -7,8 +7,8 @@
     topicd version | --version
 
 Exit codes: 0 clean, 1 runtime failure (bind error, second signal), 2 usage or
-configuration error, 3 refused by the no-auth startup guard, 5 data directory locked,
-70 unexpected internal error.
+configuration error, 3 refused by the no-auth startup guard, 4 recovery refused, 5 data
+directory locked, 70 unexpected internal error.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def _insecure(cfg: Config, keys: KeyStore) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from topicd.daemon import SecondSignal, run_daemon
+    from topicd.daemon import BindError, SecondSignal, run_daemon
     from topicd.storage.datadir import DataDirError, DataDirLocked
     from topicd.storage.recovery import RecoveryRefused
 
@@ -195,6 +195,9 @@ def _serve(args: argparse.Namespace) -> int:
     except* DataDirLocked as eg:
         print(f"topicd: {leaf(eg)}", file=sys.stderr)
         code = EXIT_LOCKED
+    except* BindError as eg:
+        print(f"topicd: {leaf(eg)}", file=sys.stderr)
+        code = EXIT_RUNTIME
     except* RecoveryRefused as eg:
         print(f"topicd: recovery refused: {leaf(eg)}", file=sys.stderr)
         code = EXIT_RECOVERY
@@ -238,7 +241,7 @@ def _check_config(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     """Run recovery read-only against a data directory (storage spec §10.3)."""
     from topicd.clock import SystemWallClock
-    from topicd.storage.datadir import DataDirLocked, hold_lock
+    from topicd.storage.datadir import DataDirError, DataDirLocked, hold_lock
     from topicd.storage.fs import RealFs
     from topicd.storage.recovery import RecoveryRefused, read_boot_id, recover
 
@@ -249,7 +252,8 @@ def _verify(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     root = cfg.storage.data_dir
     if not os.path.isdir(root):
-        print(f"topicd: {root} is not a directory", file=sys.stderr)
+        why = "is not a directory" if os.path.exists(root) else "does not exist"
+        print(f"topicd: verify: data directory {root} {why}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         with hold_lock(root):
@@ -257,6 +261,9 @@ def _verify(args: argparse.Namespace) -> int:
     except DataDirLocked as exc:
         print(f"topicd: {exc} (stop it before verifying)", file=sys.stderr)
         return EXIT_LOCKED
+    except DataDirError as exc:
+        print(f"topicd: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     except RecoveryRefused as exc:
         print(f"topicd: verify: recovery would be refused: {exc}", file=sys.stderr)
         return EXIT_RECOVERY

@@ -20,6 +20,11 @@ once when draining starts). With that request open:
 - SIGINT, then SIGTERM: the second signal exits `1` at once (api-ops §6.2), asserted
   exactly, since a clean `0` would need the 20 s drain deadline;
 - SIGTERM with `drain_timeout_ms = 300`: the drain deadline ends it with exit `0`.
+
+A start that fails leaves no trace: a port already taken (held by a plain socket of this
+test) exits 1 naming the address, and a data directory that did not exist is still absent
+(it is created only once the listener is bound); a second server on a directory exits 5
+and the directory's `tree_state` is unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tomllib
@@ -40,6 +46,7 @@ import pytest
 import trio
 
 import topicd
+from tests.server.helpers import tree_state
 
 REPO = Path(__file__).resolve().parents[2]
 TOPICD = [sys.executable, "-m", "topicd"]
@@ -426,6 +433,7 @@ async def test_second_server_on_same_data_dir_exits_5(tmp_path):
     with trio.fail_after(DEADLINE_S):
         async with serving(tmp_path, "--port", "0", "--data-dir", "shared") as first:
             port = await first.port()
+            before = tree_state(tmp_path / "shared")  # an idle server writes nothing
             second = await trio.run_process(
                 [*TOPICD, "serve", "--port", "0", "--data-dir", "shared"],
                 cwd=tmp_path,
@@ -437,29 +445,45 @@ async def test_second_server_on_same_data_dir_exits_5(tmp_path):
             )
             assert second.returncode == 5
             assert b"locked" in second.stderr
+            assert tree_state(tmp_path / "shared") == before
             assert (await get_json(port, "/v0/health"))[0] == 200
             first.proc.send_signal(signal.SIGTERM)
             with trio.fail_after(5):
                 assert await first.exit_code() == 0
 
 
-async def test_bind_error_exits_1(tmp_path):
+def test_a_start_that_cannot_bind_names_the_address_and_creates_nothing(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"TOPICD_PORT_FILE": str(tmp_path / "port")}
+        r = run(tmp_path, "serve", "--port", str(port), "--data-dir", "new/data", env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"topicd: cannot bind 127.0.0.1:{port}: address already in use"
+    )
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no data dir, no port file
+
+
+async def test_a_directory_with_an_earlier_versions_lock_file_still_opens(tmp_path):
+    """Earlier versions kept `.topicd.lock` (holding a pid) in the data directory; such a
+    directory starts as before, and the file is left exactly as it was."""
     with trio.fail_after(DEADLINE_S):
-        async with serving(tmp_path, "--port", "0", "--data-dir", "a") as first:
-            port = await first.port()
-            second = await trio.run_process(
-                [*TOPICD, "serve", "--port", str(port), "--data-dir", "b"],
-                cwd=tmp_path,
-                env=child_env(),
-                stdin=b"",
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-            )
-            assert second.returncode == 1, second.stderr
-            first.proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(5):
-                assert await first.exit_code() == 0
+        for start in range(2):
+            async with serving(tmp_path, "--port", "0", "--data-dir", "d") as child:
+                port = await child.port()
+                assert (await get_json(port, "/v0/ready"))[0] == 200
+                child.proc.send_signal(signal.SIGTERM)
+                assert await child.exit_code() == 0, child.stderr
+            if start == 0:
+                assert not (tmp_path / "d" / ".topicd.lock").exists()
+                (tmp_path / "d" / ".topicd.lock").write_text("4242\n")
+                before = (tmp_path / "d" / ".topicd.lock").stat()
+    after = (tmp_path / "d" / ".topicd.lock").stat()
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+    assert (tmp_path / "d" / ".topicd.lock").read_text() == "4242\n"
 
 
 async def test_serve_with_keys_never_logs_secrets(tmp_path):
