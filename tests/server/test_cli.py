@@ -147,7 +147,11 @@ def test_committed_file_loads_as_the_defaults(tmp_path):
 def test_check_config_ok_without_any_config(tmp_path):
     r = run(tmp_path, "check-config")
     assert r.returncode == 0
-    assert "OK" in r.stdout
+    assert r.stdout.splitlines() == [
+        "no configuration file (no --config, $TOPICD_CONFIG unset, no ./conf/topicd.toml): "
+        "built-in defaults and the environment",
+        "configuration OK (0 keys, dev mode)",
+    ]
     assert r.stderr == ""
 
 
@@ -175,6 +179,66 @@ def test_check_config_file_resolution(tmp_path):
     env = {"TOPICD_CONFIG": str(tmp_path / "env.toml")}
     assert printed(tmp_path, env=env)["server"]["port"] == 4002
     assert printed(tmp_path, "--config", "flag.toml", env=env)["server"]["port"] == 4003
+
+
+def test_check_config_names_the_file_it_loaded(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "topicd.toml").write_text("[server]\nport = 4001\n")
+    (tmp_path / "env.toml").write_text("")
+    (tmp_path / "flag.toml").write_text("")
+    env = {"TOPICD_CONFIG": str(tmp_path / "env.toml")}
+    implicit, by_env, by_flag, printing = run_many(
+        tmp_path,
+        [
+            (["check-config"], {}),
+            (["check-config"], env),
+            (["check-config", "--config", "flag.toml"], env),
+            (["check-config", "--print"], {}),
+        ],
+    )
+    found = tmp_path / "conf" / "topicd.toml"
+    assert implicit.stdout.splitlines()[0] == (
+        f"configuration file {found} (from ./conf/topicd.toml in the working directory), "
+        "then the environment"
+    )
+    assert by_env.stdout.splitlines()[0] == (
+        f"configuration file {tmp_path / 'env.toml'} (from $TOPICD_CONFIG), then the environment"
+    )
+    assert by_flag.stdout.splitlines()[0] == (
+        f"configuration file {tmp_path / 'flag.toml'} (from --config), then the environment"
+    )
+    # with --print the line is a TOML comment: the output still parses
+    assert printing.stdout.startswith(f"# configuration file {found} ")
+    assert tomllib.loads(printing.stdout)["server"]["port"] == 4001
+
+
+SERVE_FLAGS = {
+    "--config": "./conf/topicd.toml",
+    "--host": "127.0.0.1",
+    "--port": "4000",
+    "--data-dir": "./topicd-data",
+    "--log-level": "info",
+    "--recovery-on-corruption": "refuse",
+}
+
+
+def test_serve_help_documents_every_flag_with_its_default(tmp_path):
+    r = run(tmp_path, "serve", "--help", env={"COLUMNS": "1000"})  # no wrapped help text
+    assert r.returncode == 0, r.stderr
+    helps: dict[str, str] = {}
+    flag = ""
+    for line in r.stdout.split("\noptions:\n", 1)[1].split("\n\n", 1)[0].splitlines():
+        if line.startswith("  -"):  # a flag; its help follows on this line or the next
+            flag = line.split()[0].rstrip(",")
+        helps[flag] = helps.get(flag, "") + line
+    assert set(helps) == {"-h", *SERVE_FLAGS}
+    wrong = {
+        flag: helps[flag]
+        for flag, default in SERVE_FLAGS.items()
+        if "(default: " not in helps[flag] or default not in helps[flag]
+    }
+    assert wrong == {}
+    assert "exit codes:" in r.stdout
 
 
 def test_legacy_topics_port_alias(tmp_path):
