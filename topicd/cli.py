@@ -7,8 +7,8 @@
     topicd version | --version
 
 Exit codes: 0 clean, 1 runtime failure (bind error, second signal), 2 usage or
-configuration error, 3 refused by the no-auth startup guard, 5 data directory locked,
-70 unexpected internal error.
+configuration error, 3 refused by the no-auth startup guard, 4 recovery refused, 5 data
+directory locked, 70 unexpected internal error.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from topicd.config import (
     DEFAULT,
     Config,
     ConfigError,
+    KeySpec,
     check_paths,
     contract_warnings,
+    env_names,
     hash_secret,
     is_loopback_host,
     load_config,
@@ -42,6 +44,7 @@ from topicd.http.auth import KeyStore
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -91,30 +94,104 @@ def setup_logging(cfg: Config) -> None:
         logging.getLogger("topicd.access").setLevel(logging.INFO)
 
 
+CONFIG_HELP = (
+    "configuration file (default: $TOPICD_CONFIG if set, else ./conf/topicd.toml if it "
+    "exists, else none: built-in defaults and the environment)"
+)
+SERVE_EPILOG = """\
+Each flag overrides the environment and the configuration file; without it the setting
+comes from TOPICD_* (or legacy TOPICS_*) variables, then the file, then the built-in
+default shown. `topicd check-config` shows which file is used.
+
+exit codes: 0 clean shutdown, 1 runtime failure (cannot bind, second signal during the
+drain), 2 usage or configuration error, 3 refused by the no-auth guard, 4 recovery
+refused (nothing was modified), 5 data directory locked by another process, 70 internal
+error.
+"""
+
+
+def _setting(path: str, what: str) -> str:
+    """Flag help for the setting at `path`: what it does, its key, variable and default."""
+    section_path, _, name = path.rpartition(".")
+    section: object = DEFAULT
+    for part in section_path.split("."):
+        section = getattr(section, part)
+    assert dataclasses.is_dataclass(section)
+    spec = next(f for f in dataclasses.fields(section) if f.name == name).metadata["key"]
+    assert isinstance(spec, KeySpec)
+    env = env_names(path, spec)[0]
+    return f"{what} (default: ${env}, else {path} in the file, else {getattr(section, name)})"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="topicd", description="topicd: a persistent event engine")
     p.add_argument("--version", action="version", version=f"topicd {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the server")
-    serve.add_argument("--config", metavar="FILE")
-    serve.add_argument("--host", metavar="H")
-    serve.add_argument("--port", metavar="P", type=int)
-    serve.add_argument("--data-dir", metavar="DIR")
-    serve.add_argument("--log-level", metavar="L")
+    serve = sub.add_parser(
+        "serve",
+        help="run the server",
+        description="Run the topicd server until SIGINT or SIGTERM drains it.",
+        epilog=SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    serve.add_argument("--host", metavar="H", help=_setting("server.host", "address to listen on"))
+    serve.add_argument(
+        "--port",
+        metavar="P",
+        type=int,
+        help=_setting("server.port", "port to listen on, 0 = any free port"),
+    )
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help=_setting(
+            "storage.data_dir", "data directory; created (once the port is bound) if missing"
+        ),
+    )
+    serve.add_argument(
+        "--log-level",
+        metavar="L",
+        help=_setting(
+            "logging.level",
+            "error, warn, info, debug or trace, optionally with per-logger filters such as "
+            "info,topicd.http=debug",
+        ),
+    )
     serve.add_argument(
         "--recovery-on-corruption",
         choices=("refuse", "truncate"),
-        help="truncate: discard the WAL from the first corrupt frame on (operator decision)",
+        help=_setting(
+            "storage.recovery.on_corruption",
+            "refuse to start on a corrupt WAL, or truncate it at the first corrupt frame "
+            "(an operator decision: acknowledged writes after it are discarded)",
+        ),
     )
 
-    verify = sub.add_parser("verify", help="check a data directory offline (read-only)")
-    verify.add_argument("--data-dir", metavar="DIR", required=True)
-    verify.add_argument("--config", metavar="FILE")
+    verify = sub.add_parser(
+        "verify",
+        help="check a data directory offline (read-only)",
+        description="Run recovery against a stopped server's data directory without "
+        "modifying it: exit 0 if serve would start, 4 if it would refuse, 5 if locked.",
+    )
+    verify.add_argument(
+        "--data-dir", metavar="DIR", required=True, help="the data directory (required)"
+    )
+    verify.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
 
-    check = sub.add_parser("check-config", help="validate the configuration and exit")
-    check.add_argument("--config", metavar="FILE")
-    check.add_argument("--print", action="store_true", help="print the effective config")
+    check = sub.add_parser(
+        "check-config",
+        help="validate the configuration and exit",
+        description="Load and validate the configuration exactly as serve does; say which "
+        "file was loaded. Starts nothing.",
+    )
+    check.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    check.add_argument(
+        "--print",
+        action="store_true",
+        help="print the effective configuration as TOML, secrets redacted (default: off)",
+    )
 
     sub.add_parser("print-default-config", help="print the default TOML with comments")
     sub.add_parser("hash-key", help="read a secret on stdin, print its SHA-256 for [[auth.key]]")
@@ -122,9 +199,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace) -> tuple[Config, KeyStore]:
+def config_source(explicit: str | None, path: Path | None) -> str:
+    """Which configuration file is used and why, in words (`check-config`, the serve log)."""
+    if path is None:
+        return (
+            "no configuration file (no --config, $TOPICD_CONFIG unset, no "
+            "./conf/topicd.toml): built-in defaults and the environment"
+        )
+    why = (
+        "--config"
+        if explicit
+        else "$TOPICD_CONFIG"
+        if os.environ.get("TOPICD_CONFIG")
+        else "./conf/topicd.toml in the working directory"
+    )
+    return f"configuration file {path.absolute()} (from {why}), then the environment"
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, KeyStore, str]:
+    """The configuration, its key store, and `config_source` (which file, in words)."""
     flags: dict[str, object] = {}
-    for attr, path in (
+    for attr, key_path in (
         ("host", "server.host"),
         ("port", "server.port"),
         ("data_dir", "storage.data_dir"),
@@ -133,10 +228,11 @@ def _load(args: argparse.Namespace) -> tuple[Config, KeyStore]:
     ):
         value = getattr(args, attr, None)
         if value is not None:
-            flags[path] = value
-    cfg = load_config(resolve_config_path(args.config, os.environ), os.environ, flags)
+            flags[key_path] = value
+    path = resolve_config_path(args.config, os.environ)
+    cfg = load_config(path, os.environ, flags)
     keys = KeyStore.from_config(cfg.auth)
-    return cfg, keys
+    return cfg, keys, config_source(args.config, path)
 
 
 def _without_secrets(cfg: Config) -> Config:
@@ -155,18 +251,19 @@ def _insecure(cfg: Config, keys: KeyStore) -> bool:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from topicd.daemon import SecondSignal, run_daemon
+    from topicd.daemon import BindError, SecondSignal, run_daemon
     from topicd.storage.datadir import DataDirError, DataDirLocked
     from topicd.storage.recovery import RecoveryRefused
 
     try:
-        cfg, keys = _load(args)
+        cfg, keys, source = _load(args)
     except ConfigError as exc:
         print(f"topicd: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     cfg = _without_secrets(cfg)
     setup_logging(cfg)
     log = logging.getLogger("topicd")
+    log.info("%s", source)
     if _insecure(cfg, keys):
         print(
             f"topicd: refusing to start: bind address {cfg.server.host} is not loopback and no "
@@ -195,6 +292,9 @@ def _serve(args: argparse.Namespace) -> int:
     except* DataDirLocked as eg:
         print(f"topicd: {leaf(eg)}", file=sys.stderr)
         code = EXIT_LOCKED
+    except* BindError as eg:
+        print(f"topicd: {leaf(eg)}", file=sys.stderr)
+        code = EXIT_RUNTIME
     except* RecoveryRefused as eg:
         print(f"topicd: recovery refused: {leaf(eg)}", file=sys.stderr)
         code = EXIT_RECOVERY
@@ -214,7 +314,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     try:
-        cfg, keys = _load(args)
+        cfg, keys, source = _load(args)
         check_paths(cfg)
     except ConfigError as exc:
         print(f"topicd: configuration error: {exc}", file=sys.stderr)
@@ -229,8 +329,10 @@ def _check_config(args: argparse.Namespace) -> int:
         )
         return EXIT_INSECURE
     if args.print:
+        sys.stdout.write(f"# {source}\n")
         sys.stdout.write(render_toml(cfg, redact=True))
     else:
+        print(source)
         print(f"configuration OK ({len(keys)} keys{'' if keys.enabled else ', dev mode'})")
     return EXIT_OK
 
@@ -238,18 +340,19 @@ def _check_config(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     """Run recovery read-only against a data directory (storage spec §10.3)."""
     from topicd.clock import SystemWallClock
-    from topicd.storage.datadir import DataDirLocked, hold_lock
+    from topicd.storage.datadir import DataDirError, DataDirLocked, hold_lock
     from topicd.storage.fs import RealFs
     from topicd.storage.recovery import RecoveryRefused, read_boot_id, recover
 
     try:
-        cfg, _ = _load(args)
+        cfg, _, _ = _load(args)
     except ConfigError as exc:
         print(f"topicd: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     root = cfg.storage.data_dir
     if not os.path.isdir(root):
-        print(f"topicd: {root} is not a directory", file=sys.stderr)
+        why = "is not a directory" if os.path.exists(root) else "does not exist"
+        print(f"topicd: verify: data directory {root} {why}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         with hold_lock(root):
@@ -257,6 +360,9 @@ def _verify(args: argparse.Namespace) -> int:
     except DataDirLocked as exc:
         print(f"topicd: {exc} (stop it before verifying)", file=sys.stderr)
         return EXIT_LOCKED
+    except DataDirError as exc:
+        print(f"topicd: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     except RecoveryRefused as exc:
         print(f"topicd: verify: recovery would be refused: {exc}", file=sys.stderr)
         return EXIT_RECOVERY

@@ -2,11 +2,15 @@
 
 One root nursery. Start order is dependency order, so shutdown unwinds in reverse:
 
-1. lock the data directory;
-2. open the engine (its own nursery: housekeeping);
-3. start Hypercorn's Trio server with `nursery.start`, so the listener is bound before the
-   daemon reports ready; write `server.port_file`;
-4. phase SERVING; wait for SIGINT/SIGTERM.
+1. lock the data directory if it exists (a `flock` on the directory: nothing is added
+   to it);
+2. start Hypercorn's Trio server with `nursery.start`, so the listener is bound before
+   anything else happens; a bind failure raises `BindError` naming the address;
+3. only now create a missing data directory (and lock it), so a start that cannot bind
+   leaves nothing behind; write `server.port_file`;
+4. recover and open the engine (its own nursery: housekeeping); a refused recovery has
+   written nothing;
+5. phase SERVING; wait for SIGINT/SIGTERM.
 
 Graceful drain (api-ops §6.2): phase DRAINING (readiness `503 shutting_down`, new requests
 `503`), parked long-polls return at once, Hypercorn's listener closes while in-flight
@@ -32,7 +36,7 @@ from topicd.http.app import EngineRef, create_app
 from topicd.http.server import serve
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.offload import ThreadOffload
-from topicd.storage.datadir import lock_data_dir
+from topicd.storage.datadir import create_data_dir, open_data_dir
 from topicd.storage.fs import RealFs
 from topicd.storage.recovery import RecoveryRefused, read_boot_id
 from topicd.storage.service import open_durable_engine
@@ -49,6 +53,20 @@ EXIT_RUNTIME = 1
 
 class SecondSignal(Exception):
     """A second SIGINT/SIGTERM arrived during the drain."""
+
+
+class BindError(Exception):
+    """The listener could not be bound; the message names the address (exit 1)."""
+
+
+def bind_error(cfg: Config, exc: BaseException) -> BindError:
+    """`cannot bind 127.0.0.1:4000: address already in use`, from what binding raised."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    host = cfg.server.host
+    address = f"[{host}]:{cfg.server.port}" if ":" in host else f"{host}:{cfg.server.port}"
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return BindError(f"cannot bind {address}: {reason[:1].lower()}{reason[1:]}")
 
 
 def caps_summary(cfg: Config) -> str:
@@ -101,12 +119,16 @@ async def run_daemon(
 ) -> None:
     """Run topicd until a signal drains it.
 
-    Raises `SecondSignal` on a forced exit and `RecoveryRefused` when the data directory
-    cannot be vouched for (the server answered probes, never turned ready).
+    Raises `SecondSignal` on a forced exit, `BindError` when the listener cannot be bound
+    (nothing was created), `DataDirLocked` / `DataDirError` when the data directory is held
+    by another process or cannot be opened, created or locked, and `RecoveryRefused` when
+    it cannot be vouched for (the server answered probes, never turned ready; nothing in
+    the directory was modified).
     """
     lifecycle = Lifecycle()
     clock = SystemWallClock()
-    lock = await lock_data_dir(Path(cfg.storage.data_dir))
+    data_dir = Path(cfg.storage.data_dir)
+    lock = await open_data_dir(data_dir)  # None: missing, created once bound
     try:
         async with trio.open_nursery() as root:
             drain = trio.Event()
@@ -131,7 +153,12 @@ async def run_daemon(
                     http_done.set()
 
             async with trio.open_nursery() as http:
-                binds = await http.start(serve_http)
+                try:
+                    binds = await http.start(serve_http)
+                except* OSError as group:
+                    raise bind_error(cfg, group) from None
+                if lock is None:
+                    lock = await create_data_dir(data_dir)
                 port = int(binds[0].rsplit(":", 1)[1])
                 if cfg.server.port_file:
                     await trio.Path(cfg.server.port_file).write_text(f"{port}\n")
@@ -182,4 +209,5 @@ async def run_daemon(
         lifecycle.phase.value = Phase.STOPPED
         log.info("topicd stopped cleanly")
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()

@@ -1,9 +1,14 @@
-"""Shared set-up for the real-socket server tests."""
+"""Shared set-up for the real-socket server tests, and `tree_state` for the tests that
+prove a command left a directory exactly as it found it."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,3 +48,25 @@ async def permits_taken(app) -> AsyncIterator[Any]:
         yield pool
     finally:
         held.release()
+
+
+def tree_state(root: Path) -> dict[str, tuple[object, ...]]:
+    """Everything a command could change under `root` (which must exist): for the root and
+    every entry below it (hidden ones included), its kind, mode and mtime, and for a file
+    also its size and SHA-256, for a link its target. Equal states mean nothing was
+    created, removed, renamed, written or truncated, not even a file made and removed
+    again (that changes the directory's mtime)."""
+    out: dict[str, tuple[object, ...]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames]:
+            path = Path(dirpath, name)
+            st = path.lstat()
+            key = path.relative_to(root).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                out[key] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                out[key] = ("dir", st.st_mode, st.st_mtime_ns)
+            else:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                out[key] = ("file", st.st_mode, st.st_mtime_ns, st.st_size, digest)
+    return out

@@ -20,6 +20,11 @@ once when draining starts). With that request open:
 - SIGINT, then SIGTERM: the second signal exits `1` at once (api-ops §6.2), asserted
   exactly, since a clean `0` would need the 20 s drain deadline;
 - SIGTERM with `drain_timeout_ms = 300`: the drain deadline ends it with exit `0`.
+
+A start that fails leaves no trace: a port already taken (held by a plain socket of this
+test) exits 1 naming the address, and a data directory that did not exist is still absent
+(it is created only once the listener is bound); a second server on a directory exits 5
+and the directory's `tree_state` is unchanged.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tomllib
@@ -40,6 +46,7 @@ import pytest
 import trio
 
 import topicd
+from tests.server.helpers import tree_state
 
 REPO = Path(__file__).resolve().parents[2]
 TOPICD = [sys.executable, "-m", "topicd"]
@@ -140,7 +147,11 @@ def test_committed_file_loads_as_the_defaults(tmp_path):
 def test_check_config_ok_without_any_config(tmp_path):
     r = run(tmp_path, "check-config")
     assert r.returncode == 0
-    assert "OK" in r.stdout
+    assert r.stdout.splitlines() == [
+        "no configuration file (no --config, $TOPICD_CONFIG unset, no ./conf/topicd.toml): "
+        "built-in defaults and the environment",
+        "configuration OK (0 keys, dev mode)",
+    ]
     assert r.stderr == ""
 
 
@@ -168,6 +179,66 @@ def test_check_config_file_resolution(tmp_path):
     env = {"TOPICD_CONFIG": str(tmp_path / "env.toml")}
     assert printed(tmp_path, env=env)["server"]["port"] == 4002
     assert printed(tmp_path, "--config", "flag.toml", env=env)["server"]["port"] == 4003
+
+
+def test_check_config_names_the_file_it_loaded(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "topicd.toml").write_text("[server]\nport = 4001\n")
+    (tmp_path / "env.toml").write_text("")
+    (tmp_path / "flag.toml").write_text("")
+    env = {"TOPICD_CONFIG": str(tmp_path / "env.toml")}
+    implicit, by_env, by_flag, printing = run_many(
+        tmp_path,
+        [
+            (["check-config"], {}),
+            (["check-config"], env),
+            (["check-config", "--config", "flag.toml"], env),
+            (["check-config", "--print"], {}),
+        ],
+    )
+    found = tmp_path / "conf" / "topicd.toml"
+    assert implicit.stdout.splitlines()[0] == (
+        f"configuration file {found} (from ./conf/topicd.toml in the working directory), "
+        "then the environment"
+    )
+    assert by_env.stdout.splitlines()[0] == (
+        f"configuration file {tmp_path / 'env.toml'} (from $TOPICD_CONFIG), then the environment"
+    )
+    assert by_flag.stdout.splitlines()[0] == (
+        f"configuration file {tmp_path / 'flag.toml'} (from --config), then the environment"
+    )
+    # with --print the line is a TOML comment: the output still parses
+    assert printing.stdout.startswith(f"# configuration file {found} ")
+    assert tomllib.loads(printing.stdout)["server"]["port"] == 4001
+
+
+SERVE_FLAGS = {
+    "--config": "./conf/topicd.toml",
+    "--host": "127.0.0.1",
+    "--port": "4000",
+    "--data-dir": "./topicd-data",
+    "--log-level": "info",
+    "--recovery-on-corruption": "refuse",
+}
+
+
+def test_serve_help_documents_every_flag_with_its_default(tmp_path):
+    r = run(tmp_path, "serve", "--help", env={"COLUMNS": "1000"})  # no wrapped help text
+    assert r.returncode == 0, r.stderr
+    helps: dict[str, str] = {}
+    flag = ""
+    for line in r.stdout.split("\noptions:\n", 1)[1].split("\n\n", 1)[0].splitlines():
+        if line.startswith("  -"):  # a flag; its help follows on this line or the next
+            flag = line.split()[0].rstrip(",")
+        helps[flag] = helps.get(flag, "") + line
+    assert set(helps) == {"-h", *SERVE_FLAGS}
+    wrong = {
+        flag: helps[flag]
+        for flag, default in SERVE_FLAGS.items()
+        if "(default: " not in helps[flag] or default not in helps[flag]
+    }
+    assert wrong == {}
+    assert "exit codes:" in r.stdout
 
 
 def test_legacy_topics_port_alias(tmp_path):
@@ -426,6 +497,7 @@ async def test_second_server_on_same_data_dir_exits_5(tmp_path):
     with trio.fail_after(DEADLINE_S):
         async with serving(tmp_path, "--port", "0", "--data-dir", "shared") as first:
             port = await first.port()
+            before = tree_state(tmp_path / "shared")  # an idle server writes nothing
             second = await trio.run_process(
                 [*TOPICD, "serve", "--port", "0", "--data-dir", "shared"],
                 cwd=tmp_path,
@@ -437,29 +509,45 @@ async def test_second_server_on_same_data_dir_exits_5(tmp_path):
             )
             assert second.returncode == 5
             assert b"locked" in second.stderr
+            assert tree_state(tmp_path / "shared") == before
             assert (await get_json(port, "/v0/health"))[0] == 200
             first.proc.send_signal(signal.SIGTERM)
             with trio.fail_after(5):
                 assert await first.exit_code() == 0
 
 
-async def test_bind_error_exits_1(tmp_path):
+def test_a_start_that_cannot_bind_names_the_address_and_creates_nothing(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"TOPICD_PORT_FILE": str(tmp_path / "port")}
+        r = run(tmp_path, "serve", "--port", str(port), "--data-dir", "new/data", env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1] == (
+        f"topicd: cannot bind 127.0.0.1:{port}: address already in use"
+    )
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no data dir, no port file
+
+
+async def test_a_directory_with_an_earlier_versions_lock_file_still_opens(tmp_path):
+    """Earlier versions kept `.topicd.lock` (holding a pid) in the data directory; such a
+    directory starts as before, and the file is left exactly as it was."""
     with trio.fail_after(DEADLINE_S):
-        async with serving(tmp_path, "--port", "0", "--data-dir", "a") as first:
-            port = await first.port()
-            second = await trio.run_process(
-                [*TOPICD, "serve", "--port", str(port), "--data-dir", "b"],
-                cwd=tmp_path,
-                env=child_env(),
-                stdin=b"",
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-            )
-            assert second.returncode == 1, second.stderr
-            first.proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(5):
-                assert await first.exit_code() == 0
+        for start in range(2):
+            async with serving(tmp_path, "--port", "0", "--data-dir", "d") as child:
+                port = await child.port()
+                assert (await get_json(port, "/v0/ready"))[0] == 200
+                child.proc.send_signal(signal.SIGTERM)
+                assert await child.exit_code() == 0, child.stderr
+            if start == 0:
+                assert not (tmp_path / "d" / ".topicd.lock").exists()
+                (tmp_path / "d" / ".topicd.lock").write_text("4242\n")
+                before = (tmp_path / "d" / ".topicd.lock").stat()
+    after = (tmp_path / "d" / ".topicd.lock").stat()
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+    assert (tmp_path / "d" / ".topicd.lock").read_text() == "4242\n"
 
 
 async def test_serve_with_keys_never_logs_secrets(tmp_path):

@@ -1,4 +1,5 @@
-"""Recovery through the real command: `topicd verify`, refusals (exit 4), truncation.
+"""Recovery through the real command: `topicd verify`, refusals (exit 4), truncation, and
+commands that must leave a data directory exactly as they found it.
 
 Method: run `python -m topicd serve` as a subprocess on a temporary data directory, write
 through HTTP, stop it with SIGKILL (so the WAL, not a final snapshot, carries the data),
@@ -6,13 +7,22 @@ damage a WAL file in the middle, then check that `verify` and `serve` refuse wit
 name the file and offset, and leave every byte of the directory unchanged; and that
 `--recovery-on-corruption=truncate` serves the valid prefix. Readiness is awaited by
 reading the child's log for `listening on`, never by sleeping.
+
+"Unchanged" is `tree_state` before and after: every entry's name, kind, mode and mtime,
+every file's size and contents, so a file created (even if removed again) shows. It is
+checked for `verify` on a healthy and on a corrupt directory, for refused starts (a
+foreign directory, exit 4; a directory locked by another process, or by an earlier
+version's `.topicd.lock`, exit 5) and for a start whose port is taken (exit 1). The lock
+holder in the exit-5 cases is this test process, taking the same `flock` topicd takes, so
+nothing else can write to the directory meanwhile.
 """
 
 from __future__ import annotations
 
-import hashlib
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.server.helpers import tree_state
 from topicd.storage import frame as frames
 
 pytestmark = pytest.mark.slow
@@ -51,14 +62,6 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != ".topicd.lock"
-    }
-
-
 def fill(base: str) -> None:
     with httpx.Client(base_url=base) as c:
         c.put("/v0/topics/t", json={"durability": "fsync"}).raise_for_status()
@@ -73,8 +76,11 @@ def kill(proc: subprocess.Popen[str]) -> None:
         proc.stderr.close()
 
 
-def test_verify_a_healthy_directory(tmp_path):
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> Path:
+    """A data directory with one topic of 30 records, cleanly stopped (shared: the tests
+    using it prove they change nothing)."""
+    data = tmp_path_factory.mktemp("healthy") / "data"
     proc, base = start(data)
     try:
         fill(base)
@@ -83,9 +89,77 @@ def test_verify_a_healthy_directory(tmp_path):
         assert proc.wait(timeout=20) == 0
         if proc.stderr is not None:
             proc.stderr.close()
-    res = run("verify", "--data-dir", str(data))
+    return data
+
+
+def serve_once(data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`topicd serve` expected to exit on its own (a refusal)."""
+    return run("serve", "--port", "0", "--data-dir", str(data), *extra)
+
+
+def held(path: Path) -> int:
+    """An fd holding the exclusive `flock` topicd takes on `path` (close it to release)."""
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_verify_a_healthy_directory_changes_nothing(healthy):
+    before = tree_state(healthy)
+    res = run("verify", "--data-dir", str(healthy))
     assert res.returncode == 0, res.stderr
     assert "1 topics, 30 live records" in res.stdout
+    assert tree_state(healthy) == before
+    assert not (healthy / ".topicd.lock").exists()
+
+
+def test_a_start_that_cannot_bind_changes_nothing(healthy):
+    before = tree_state(healthy)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run("serve", "--port", str(port), "--data-dir", str(healthy))
+    assert res.returncode == 1, res.stderr
+    assert f"topicd: cannot bind 127.0.0.1:{port}: address already in use\n" in res.stderr
+    assert tree_state(healthy) == before
+
+
+def test_a_locked_directory_is_refused_and_unchanged(healthy):
+    before = tree_state(healthy)
+    fd = held(healthy)
+    try:
+        serve, verify = serve_once(healthy), run("verify", "--data-dir", str(healthy))
+    finally:
+        os.close(fd)
+    assert serve.returncode == 5, serve.stderr
+    assert f"data directory {healthy} is locked by another topicd process" in serve.stderr
+    assert verify.returncode == 5, verify.stderr
+    assert "locked" in verify.stderr
+    assert tree_state(healthy) == before
+
+
+def test_an_earlier_versions_lock_file_is_respected_and_kept(healthy):
+    """Earlier versions locked `<data_dir>/.topicd.lock`: held, it refuses the start
+    (exit 5); left behind, it neither blocks a start nor is touched."""
+    legacy = healthy / ".topicd.lock"
+    legacy.write_text("12345\n")
+    try:
+        before = tree_state(healthy)
+        fd = held(legacy)
+        try:
+            refused = serve_once(healthy)
+        finally:
+            os.close(fd)
+        assert refused.returncode == 5, refused.stderr
+        assert "locked by another topicd process" in refused.stderr
+        assert tree_state(healthy) == before
+        res = run("verify", "--data-dir", str(healthy))
+        assert res.returncode == 0, res.stderr
+        assert tree_state(healthy) == before
+        assert legacy.read_text() == "12345\n"
+    finally:
+        legacy.unlink()
 
 
 def test_mid_log_corruption_is_refused_and_truncate_recovers(tmp_path):
@@ -106,24 +180,20 @@ def test_mid_log_corruption_is_refused_and_truncate_recovers(tmp_path):
     bad = offsets[len(offsets) // 2]
     raw[bad + 44] ^= 0x5A
     victim.write_bytes(bytes(raw))
-    before = digest(data)
+    before = tree_state(data)
 
     res = run("verify", "--data-dir", str(data))
     assert res.returncode == 4, res.stderr
     assert f"offset {bad}" in res.stderr
     assert victim.name in res.stderr
+    assert tree_state(data) == before  # verify is read-only
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "topicd", "serve", "--port", "0", "--data-dir", str(data)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = serve_once(data)
     assert proc.returncode == 4
     assert "recovery refused" in proc.stderr
     assert "mid-log corruption" in proc.stderr
     assert "--recovery-on-corruption=truncate" in proc.stderr
-    assert digest(data) == before  # nothing was modified
+    assert tree_state(data) == before  # nothing was modified
 
     proc2, base = start(data, "--recovery-on-corruption", "truncate")
     try:
@@ -135,16 +205,26 @@ def test_mid_log_corruption_is_refused_and_truncate_recovers(tmp_path):
         kill(proc2)
 
 
-def test_a_foreign_directory_is_refused(tmp_path):
+def test_a_foreign_directory_is_refused_and_unchanged(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "precious.txt").write_text("not topicd")
-    proc = subprocess.run(
-        [sys.executable, "-m", "topicd", "serve", "--port", "0", "--data-dir", str(data)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 4
+    before = tree_state(data)
+    proc = serve_once(data)
+    assert proc.returncode == 4, proc.stderr
     assert "no FORMAT file" in proc.stderr
-    assert (data / "precious.txt").read_text() == "not topicd"
+    assert tree_state(data) == before
+    res = run("verify", "--data-dir", str(data))
+    assert res.returncode == 4, res.stderr
+    assert "no FORMAT file" in res.stderr
+    assert tree_state(data) == before
+
+
+def test_verify_of_a_missing_directory_creates_nothing(tmp_path):
+    res = run("verify", "--data-dir", str(tmp_path / "absent" / "data"))
+    assert res.returncode == 2, res.stderr
+    assert (
+        res.stderr
+        == f"topicd: verify: data directory {tmp_path / 'absent' / 'data'} does not exist\n"
+    )
+    assert list(tmp_path.iterdir()) == []
