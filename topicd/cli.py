@@ -354,6 +354,16 @@ def _verify(args: argparse.Namespace) -> int:
         why = "is not a directory" if os.path.exists(root) else "does not exist"
         print(f"topicd: verify: data directory {root} {why}", file=sys.stderr)
         return EXIT_CONFIG
+    # verify only reports: corruption is a refusal whatever on_corruption says, and its
+    # progress (a long replay logs every second) and warnings go to stderr
+    storage = cfg.storage
+    cfg = dataclasses.replace(
+        cfg,
+        storage=dataclasses.replace(
+            storage, recovery=dataclasses.replace(storage.recovery, on_corruption="refuse")
+        ),
+    )
+    setup_logging(cfg)
     try:
         with hold_lock(root):
             result = recover(cfg, RealFs(), SystemWallClock(), boot_id=read_boot_id())
@@ -370,7 +380,7 @@ def _verify(args: argparse.Namespace) -> int:
     records = sum(t.count for t in engine.topics.values())
     print(
         f"{root}: OK — {len(engine.topics)} topics, {records} live records, "
-        f"{result.frames} WAL frames replayed"
+        f"{result.frames} WAL frames ({result.bytes} bytes) replayed"
         + (f" on top of snapshot {result.snapshot_number}" if result.snapshot_number else "")
     )
     for torn in result.torn:

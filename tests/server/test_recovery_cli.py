@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -109,6 +110,7 @@ def test_verify_a_healthy_directory_changes_nothing(healthy):
     res = run("verify", "--data-dir", str(healthy))
     assert res.returncode == 0, res.stderr
     assert "1 topics, 30 live records" in res.stdout
+    assert re.search(r"WAL frames \((\d+) bytes\) replayed", res.stdout)  # not file sizes
     assert tree_state(healthy) == before
     assert not (healthy / ".topicd.lock").exists()
 
@@ -187,6 +189,11 @@ def test_mid_log_corruption_is_refused_and_truncate_recovers(tmp_path):
     assert f"offset {bad}" in res.stderr
     assert victim.name in res.stderr
     assert tree_state(data) == before  # verify is read-only
+    conf = tmp_path / "truncate.toml"
+    conf.write_text('[storage.recovery]\non_corruption = "truncate"\n')
+    res = run("verify", "--data-dir", str(data), "--config", str(conf))
+    assert res.returncode == 4 and "Discarding" not in res.stderr  # verify never truncates
+    assert tree_state(data) == before
 
     proc = serve_once(data)
     assert proc.returncode == 4
