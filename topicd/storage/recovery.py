@@ -3,8 +3,10 @@
 Runs in one worker thread before the engine serves (or inline in tests, over `FakeDisk`)
 and builds a private `Engine` that nothing else touches until recovery returns it.
 
-1. **Open.** `FORMAT` says what wrote the directory; a directory holding nothing but the
-   lock is a fresh start (FORMAT is written); anything else without FORMAT is refused.
+1. **Open.** `FORMAT` says what wrote the directory; an empty directory (or one holding
+   only what a killed first start leaves: an older version's lock file, temp files, an
+   empty `wal/` tree) is a fresh start (FORMAT is written after recovery); anything else
+   without FORMAT is refused.
 2. **Replay** each shard's WAL files in index order. A file with a successor is valid up
    to the successor's fence (`prev_valid_len`): every frame before it must validate. In
    the last file frames are read until the first invalid one, at X; if a checksum-valid
