@@ -190,16 +190,29 @@ def decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
         raise InvalidRequest("body is not valid UTF-8") from None
 
 
+_TRUE: Final = frozenset({"true", "1"})
+_FALSE: Final = frozenset({"false", "0"})
+
+
 def query_bool(name: str, default: bool) -> bool:
-    """`true`/`1` and `false`/`0`; anything else (or absence) is the default (README §3)."""
+    """A boolean query parameter: `true`/`1` or `false`/`0`, case-insensitive; absent
+    means `default`. Any other value (the empty one included) raises `400
+    invalid_request` naming the parameter, so a typo never silently picks the default
+    (`if_empty=yes` must not delete a non-empty topic)."""
     if not request.query_string:  # skip parsing an empty query string (hot write path)
         return default
     value = request.args.get(name)
-    if value in ("true", "1"):
+    if value is None:
+        return default
+    folded = value.lower()
+    if folded in _TRUE:
         return True
-    if value in ("false", "0"):
+    if folded in _FALSE:
         return False
-    return default
+    raise InvalidRequest(
+        f"query parameter {name!r} must be true, false, 1 or 0, got {value[:100]!r}",
+        {"parameter": name},
+    )
 
 
 # --------------------------------------------------------------------------------------
