@@ -36,11 +36,20 @@ SPEC = {
 }
 
 
+# status variants: a subclass that keeps its parent's wire code with another status
+VARIANTS = {"RequestHeadTooLarge": ("invalid_request", 431)}
+
+
 def test_codes_are_unique_and_match_the_spec():
-    classes = all_error_classes()
+    classes = [c for c in all_error_classes() if "code" in vars(c)]
     codes = [c.code for c in classes]
     assert len(codes) == len(set(codes)), codes
     assert {c.code: c.http_status for c in classes} == SPEC
+
+
+def test_status_variants_keep_their_parents_code():
+    variants = {c.__name__: c for c in all_error_classes() if "code" not in vars(c)}
+    assert {name: (c.code, c.http_status) for name, c in variants.items()} == VARIANTS
 
 
 def test_every_code_is_documented():

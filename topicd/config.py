@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
 _T = TypeVar("_T")
 
@@ -943,7 +943,53 @@ def load_config(
             raise ConfigError(f"config file {path}: {exc}") from None
     cfg = _build(Config, "", table, env, flags)
     cfg = _test_heartbeat_floor(cfg, env)
-    return _post_process(cfg, port_flag="server.port" in flags)
+    cfg = _post_process(cfg, port_flag="server.port" in flags)
+    refuse_unimplemented(cfg)
+    return cfg
+
+
+# Settings registered for features this version does not have yet: a value other than the
+# default would be accepted and then do nothing, so it is refused instead (naming the key).
+# A key is a full path or a whole section; each feature's change removes its own entries.
+NOT_IMPLEMENTED: Final = {
+    "storage.cold_dir": "the cold tier",
+    "storage.tiering": "the cold tier",
+    "storage.segments": "segment files (records live in the WAL and snapshots)",
+    "limits.max_routers": "routers",
+    "routers": "routers",
+    "queue.max_claim": "queue claims",
+    "queue.max_nack_delay_ms": "queue nacks",
+    "queue.work_heartbeat_ms": "the queue /work stream",
+    "queue.work_poll_ms": "the queue /work stream",
+    "watch.ws_outbound_queue": "the WebSocket data plane",
+    "scheduler.auto_max": "a tunable recency bonus (the built-in curve is fixed)",
+    "scheduler.half_life_ms": "a tunable recency bonus (the built-in curve is fixed)",
+    "scheduler.auto_floor_ms": "a tunable recency bonus (the built-in curve is fixed)",
+}
+
+
+def _leaves(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(key path, value) of every setting under `obj`."""
+    for f in _fields(type(obj)):
+        value = getattr(obj, f.name)
+        if "section" in f.metadata:
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value
+
+
+def refuse_unimplemented(cfg: Config) -> None:
+    """Raise `ConfigError` naming the first `NOT_IMPLEMENTED` key set to anything but its
+    default (`serve` and `check-config` exit 2)."""
+    for (path, value), (_, default) in zip(_leaves(cfg), _leaves(DEFAULT), strict=True):
+        if value == default:
+            continue
+        for entry, feature in NOT_IMPLEMENTED.items():
+            if path == entry or path.startswith(entry + "."):
+                raise ConfigError(
+                    f"{path}: not implemented in this version ({feature}); only the "
+                    f"default {_toml_value(default)} is accepted (remove the setting)"
+                )
 
 
 TEST_MIN_HEARTBEAT_ENV: Final = ("TOPICD_TEST_MIN_HEARTBEAT_MS", "TOPICS_TEST_MIN_HEARTBEAT_MS")

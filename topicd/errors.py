@@ -59,6 +59,13 @@ class InvalidRequest(TopicdError):
     http_status = 400
 
 
+class RequestHeadTooLarge(InvalidRequest):
+    """`431`: the request line and headers exceed the server's bound. A status variant of
+    `invalid_request` (same wire code): the client must send a smaller head."""
+
+    http_status = 431
+
+
 class BatchTooLarge(TopicdError):
     code = "batch_too_large"
     http_status = 400

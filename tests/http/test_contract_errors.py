@@ -110,6 +110,9 @@ async def test_wrong_method_is_405_with_allow(client):
     await seed(client)
     cases = [
         ("PATCH", "/v0/topics/e.t", {"GET", "PUT", "POST", "DELETE"}),
+        ("OPTIONS", "/v0/topics/e.t", {"GET", "PUT", "POST", "DELETE"}),
+        ("OPTIONS", "/v0/topics", {"GET"}),
+        ("OPTIONS", "/v0/topics/e.t/diff", {"POST"}),
         ("GET", "/v0/topics/e.t/diff", {"POST"}),
         ("PUT", "/v0/topics/e.t/diff", {"POST"}),
         ("GET", "/v0/topics/e.t/delete", {"POST"}),

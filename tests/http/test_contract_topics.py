@@ -500,10 +500,6 @@ async def test_get_touch_true_values(client):
     await ok(await put(client, "st.t1"), 201)
     await state(client, "st.t1", touch="1")
     assert isinstance((await state(client, "st.t1", touch="false"))["last_read_ts"], int)
-    await ok(await put(client, "st.t2"), 201)
-    # any other value is the default (true) for touch
-    await state(client, "st.t2", touch="maybe")
-    assert isinstance((await state(client, "st.t2", touch="false"))["last_read_ts"], int)
 
 
 async def test_diff_bumps_last_read_ts(client):
@@ -757,12 +753,6 @@ async def test_delete_if_empty_on_non_empty_topic_is_409(client):
         assert err["detail"] == {"topic": "del.ne", "count": 2}
     st = await state(client, "del.ne", touch="false")
     assert st["count"] == 2
-
-
-async def test_delete_if_empty_other_values_default_to_false(client):
-    await write(client, "del.dflt", {"data": 1})
-    r = await client.delete("/v0/topics/del.dflt", query_string={"if_empty": "yes"})
-    assert (await ok(r))["deleted"] is True
 
 
 async def test_delete_if_empty_on_empty_topic(client):

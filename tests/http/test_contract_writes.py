@@ -129,7 +129,7 @@ async def test_return_seqs_false_omits_seqs(client):
             2,
             2,
         )
-    r = await post(client, "w.rs2", {"records": n_records(2)}, query_string={"return_seqs": "nope"})
+    r = await post(client, "w.rs2", {"records": n_records(2)})
     assert (await ok(r, 201))["seqs"] == [1, 2]
     r = await post(client, "w.rs2", {"records": n_records(1)}, query_string={"return_seqs": "1"})
     assert (await ok(r))["seqs"] == [3]

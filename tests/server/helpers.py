@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
+import trio
 
 from topicd.http.app import gate_of
 from topicd.testing.harness import serve_in_process
@@ -70,3 +73,46 @@ def tree_state(root: Path) -> dict[str, tuple[object, ...]]:
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
                 out[key] = ("file", st.st_mode, st.st_mtime_ns, st.st_size, digest)
     return out
+
+
+class Reader:
+    """Reads `content-length` framed responses off one connection."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.buf = b""
+
+    async def head(self) -> bytes:
+        """Everything up to the end of the next response head (kept in `buf`)."""
+        with trio.fail_after(10):
+            while b"\r\n\r\n" not in self.buf:
+                data = await self.stream.receive_some(65536)
+                assert data, "connection closed before a response"
+                self.buf += data
+        return self.buf[: self.buf.index(b"\r\n\r\n") + 4]
+
+    async def raw(self) -> tuple[int, bytes, bytes]:
+        """(status, lowercased head, body) of the next `content-length` framed response."""
+        await self.head()
+        with trio.fail_after(10):
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+            m = re.search(rb"content-length: (\d+)", head.lower())
+            n = int(m.group(1)) if m else 0
+            while len(rest) < n:
+                data = await self.stream.receive_some(65536)
+                assert data
+                rest += data
+        self.buf = rest[n:]
+        return int(head[9:12]), head.lower(), rest[:n]
+
+    async def response(self) -> tuple[int, bytes, dict]:
+        status, head, body = await self.raw()
+        return status, head, orjson.loads(body) if body else {}
+
+    async def eof(self) -> bool:
+        with trio.fail_after(10):
+            while True:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    return True
+                self.buf += data

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tests.server.helpers import permits_taken, served
+from tests.server.helpers import Reader, permits_taken, served
 from topicd.http.app import gate_of
 from topicd.testing.harness import make_config
 
@@ -42,49 +42,6 @@ def post(path: str, doc: object, extra: bytes = b"", version: bytes = b"1.1") ->
         b"POST %s HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n%s\r\n" % (path.encode(), version, len(body), extra)
     ) + body
-
-
-class Reader:
-    """Reads `content-length` framed responses off one connection."""
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
-        self.buf = b""
-
-    async def head(self) -> bytes:
-        """Everything up to the end of the next response head (kept in `buf`)."""
-        with trio.fail_after(10):
-            while b"\r\n\r\n" not in self.buf:
-                data = await self.stream.receive_some(65536)
-                assert data, "connection closed before a response"
-                self.buf += data
-        return self.buf[: self.buf.index(b"\r\n\r\n") + 4]
-
-    async def raw(self) -> tuple[int, bytes, bytes]:
-        """(status, lowercased head, body) of the next `content-length` framed response."""
-        await self.head()
-        with trio.fail_after(10):
-            head, _, rest = self.buf.partition(b"\r\n\r\n")
-            m = re.search(rb"content-length: (\d+)", head.lower())
-            n = int(m.group(1)) if m else 0
-            while len(rest) < n:
-                data = await self.stream.receive_some(65536)
-                assert data
-                rest += data
-        self.buf = rest[n:]
-        return int(head[9:12]), head.lower(), rest[:n]
-
-    async def response(self) -> tuple[int, bytes, dict]:
-        status, head, body = await self.raw()
-        return status, head, orjson.loads(body) if body else {}
-
-    async def eof(self) -> bool:
-        with trio.fail_after(10):
-            while True:
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    return True
-                self.buf += data
 
 
 async def test_a_keep_alive_connection_serves_every_route_directly_and_in_order(server):

@@ -22,10 +22,11 @@ import re
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Final, TypeVar, cast
+from urllib.parse import unquote
 
 import msgspec
 import orjson
-from quart import Response, request
+from quart import Response, has_request_context, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 from werkzeug.exceptions import MethodNotAllowed as WzMethodNotAllowed
@@ -48,6 +49,7 @@ from topicd.errors import (
 from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.sched.classes import ClientPermits, Permit
+from topicd.wire import check_topic_name
 
 if TYPE_CHECKING:
     from topicd.config import Config
@@ -190,16 +192,29 @@ def decode(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
         raise InvalidRequest("body is not valid UTF-8") from None
 
 
+_TRUE: Final = frozenset({"true", "1"})
+_FALSE: Final = frozenset({"false", "0"})
+
+
 def query_bool(name: str, default: bool) -> bool:
-    """`true`/`1` and `false`/`0`; anything else (or absence) is the default (README §3)."""
+    """A boolean query parameter: `true`/`1` or `false`/`0`, case-insensitive; absent
+    means `default`. Any other value (the empty one included) raises `400
+    invalid_request` naming the parameter, so a typo never silently picks the default
+    (`if_empty=yes` must not delete a non-empty topic)."""
     if not request.query_string:  # skip parsing an empty query string (hot write path)
         return default
     value = request.args.get(name)
-    if value in ("true", "1"):
+    if value is None:
+        return default
+    folded = value.lower()
+    if folded in _TRUE:
         return True
-    if value in ("false", "0"):
+    if folded in _FALSE:
         return False
-    return default
+    raise InvalidRequest(
+        f"query parameter {name!r} must be true, false, 1 or 0, got {value[:100]!r}",
+        {"parameter": name},
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -207,6 +222,7 @@ def query_bool(name: str, default: bool) -> bool:
 # --------------------------------------------------------------------------------------
 
 _TOPIC_PATH: Final = re.compile(r"^/v0/topics/([^/]+)(?:/|$)")
+_TOPIC_ACTIONS: Final = frozenset({b"diff", b"delete"})  # /v0/topics/:topic/<action>
 _TEMPLATES: Final = (
     (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
     (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
@@ -311,8 +327,12 @@ class Gate:
         return self.streams is not None and self.streams.wid_of(scope) is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        kind = scope["type"]
+        if kind != "http":
+            if kind == "websocket":
+                await self._refuse_websocket(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)  # the lifespan
             return
         t0 = perf_ms()
         scope["topicd.t0"] = t0
@@ -383,6 +403,12 @@ class Gate:
                     await self.app(scope, receive, send_stamped)
                 finally:
                     ClientPermits.unhold(token)
+        except Exception:
+            if status_box[0]:
+                raise  # the answer is under way: the server closes the connection
+            # a bug: the framework renders its own; this is one in the gate or a stream
+            log.exception("unhandled error on %s %s", scope.get("method"), path_template(path))
+            await send_error(send_stamped, Internal("internal error (a bug; see the server log)"))
         finally:
             if permit is not None:
                 permit.release()
@@ -401,6 +427,28 @@ class Gate:
                     status_box[0],
                     perf_ms() - t0,
                 )
+
+    async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`404 not_found` for every WebSocket handshake: no path serves one yet. Sent as
+        the HTTP answer to the handshake (ASGI's websocket denial response), with the
+        canonical body and the pressure header, without the framework."""
+        t0 = perf_ms()
+        path = cast("str", scope.get("path", ""))
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return  # the client left
+        err = NotFound(f"no WebSocket endpoint at {path_template(path)}")
+        extensions = cast("dict[str, object]", scope.get("extensions") or {})
+        if "websocket.http.response" not in extensions:
+            await send({"type": "websocket.close", "code": 1008})  # the server's own 403
+            return
+        status, headers, body = error_parts(err)
+        headers.append((b"content-length", b"%d" % len(body)))
+        headers.append((b"x-topicd-pressure", self.pressure_header()))
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+        if self.access:
+            access_log.info("GET %s %d %.2fms", path_template(path), status, perf_ms() - t0)
 
     def _admit(self, scope: Scope, path: str, *, authenticate: bool = True) -> TopicdError | None:
         probe = path in PROBE_PATHS
@@ -452,6 +500,30 @@ def _count(ref: EngineRef, err: TopicdError) -> None:
     if isinstance(err, Throttled):
         counts = ref.engine.throttled
         counts[err.cause_label] = counts.get(err.cause_label, 0) + 1
+
+
+def _method_and_path() -> tuple[str, str]:
+    """The current request's method and path, also outside a request context (a
+    WebSocket handshake that reached the framework has a websocket context instead)."""
+    if has_request_context():
+        return request.method, request.path
+    if has_websocket_context():
+        return "GET", websocket.path
+    return "-", "-"
+
+
+def _slashed_topic_name(raw: object) -> str | None:
+    """From a request's `raw_path`: the topic name of a topic route whose name segment
+    holds an encoded slash (`/v0/topics/a%2Fb`, `/v0/topics/a%2Fb/diff`). The decoded
+    path matches no route, yet the client named a topic, which is `400`, not `404`.
+    None otherwise."""
+    if not isinstance(raw, bytes) or not raw.startswith(b"/v0/topics/"):
+        return None
+    segments = raw[len(b"/v0/topics/") :].split(b"/")
+    if len(segments) > 2 or (len(segments) == 2 and segments[1] not in _TOPIC_ACTIONS):
+        return None
+    name = unquote(segments[0].decode("latin-1"))
+    return name if "/" in name else None
 
 
 def _render_error(err: TopicdError) -> Response:
@@ -513,6 +585,12 @@ def create_app(
     from topicd.http import metrics, ops, topics, watch
 
     app = QuartTrio("topicd")
+    # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
+    # other method the path does not serve (README §1)
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    # no redirect answers either: `//` in a path is no route (or a bad topic name), not a
+    # `308` to the path with the slashes merged
+    app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = config.limits.max_body_bytes
     app.config["BODY_TIMEOUT"] = max(1, config.server.header_read_timeout_ms // 1000)
     app.config["PROPAGATE_EXCEPTIONS"] = False
@@ -532,19 +610,27 @@ def create_app(
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
         code = exc.code or 500
+        method, path = _method_and_path()
         err: TopicdError
         if code == 404:
-            err = NotFound(f"no route for {request.method} {request.path}")
+            raw = request.scope.get("raw_path") if has_request_context() else None
+            name = _slashed_topic_name(raw)
+            if name is not None:
+                try:
+                    check_topic_name(name)
+                except InvalidRequest as bad:  # always: `/` is never part of a name
+                    return _render_error(bad)
+            err = NotFound(f"no route for {method} {path}")
         elif code == 405:
             # fail closed (README §2.3): other methods on a topic path need `write`
-            m = _TOPIC_PATH.match(request.path)
+            m = _TOPIC_PATH.match(path)
             if m is not None:
                 try:
                     principal().require("write", m.group(1))
                 except TopicdError as denied:
                     return _render_error(denied)
             allow = list(cast("WzMethodNotAllowed", exc).valid_methods or [])
-            err = MethodNotAllowed(f"{request.method} is not allowed on {request.path}", allow)
+            err = MethodNotAllowed(f"{method} is not allowed on {path}", allow)
         elif code == 413:
             err = PayloadTooLarge(
                 f"request body exceeds max_body_bytes {config.limits.max_body_bytes}"
@@ -559,7 +645,8 @@ def create_app(
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, path_template(request.path))
+        method, path = _method_and_path()
+        log.exception("unhandled error on %s %s", method, path_template(path))
         return _render_error(Internal("internal error (a bug; see the server log)"))
 
     ref.permits = ClientPermits(

@@ -27,8 +27,11 @@ the connection's trio socket stream.
   Quart); the connection stays for the next request.
 * Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding`, `Expect`, a
   `HEAD`, a body over the limit, a malformed or oversized head — goes to Hypercorn
-  unchanged: the bytes already read are replayed to it first (`Replay`), so it parses the
-  connection from that request on (and keeps it).
+  unchanged: the bytes already read are replayed to it first (`HypercornStream`), so it
+  parses the connection from that request on (and keeps it). The same stream mends what
+  Hypercorn writes: reason phrases on its status lines, and the canonical error answer
+  in place of the bodiless ones it makes itself (a malformed head, `431` for a head over
+  the limit).
 
 `sse.direct_write = false` turns the direct path off (every request then goes through
 Hypercorn); `server.direct_http1 = false` keeps it to streams and probes. Both paths run
@@ -53,8 +56,8 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
 from topicd.clock import SystemWallClock
-from topicd.errors import Internal
-from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, gate_of, send_error
+from topicd.errors import Internal, InvalidRequest, RequestHeadTooLarge
+from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, error_parts, gate_of
 
 if TYPE_CHECKING:
     import socket
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     from hypercorn.typing import AppWrapper, Framework, LifespanState
     from quart_trio import QuartTrio
 
+    from topicd.errors import TopicdError
     from topicd.http.app import AsgiApp, Message, Scope
 
 log = logging.getLogger("topicd.http")
@@ -109,13 +113,74 @@ def response_head(
     return b"".join(lines)
 
 
-class Replay(trio.abc.HalfCloseableStream):
-    """A socket stream that first returns bytes already read from it (for Hypercorn)."""
+_H11_STATUS: Final = b"HTTP/1.1 "
+# the head of an answer Hypercorn makes itself, without the app (its `_send_error_response`)
+_H11_OWN_ERROR: Final = b"content-length: 0\r\nconnection: close\r\n"
+LINGER_S: Final = 1.0  # after refusing a head: how long the client's rest is read
+LINGER_BYTES: Final = 1 << 20  # ... and how much of it
 
-    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+
+def refusal_bytes(err: TopicdError, pressure: bytes) -> bytes:
+    """A complete `connection: close` answer with the canonical error body, for errors
+    rendered outside the app (no scope, no gate)."""
+    status, headers, body = error_parts(err)
+    headers.append((b"content-length", b"%d" % len(body)))
+    headers.append((b"x-topicd-pressure", pressure))
+    return response_head(status, headers, close=True) + body
+
+
+def head_too_large(max_head: int) -> RequestHeadTooLarge:
+    return RequestHeadTooLarge(
+        f"request head larger than {max_head} bytes (request line and headers)",
+        {"max": max_head},
+    )
+
+
+def hypercorn_refusal(status: int, max_head: int) -> TopicdError:
+    """The error behind a bodiless answer Hypercorn (h11) made itself with `status`."""
+    if status == 431:
+        return head_too_large(max_head)
+    if status >= 500 and status != 501:
+        return Internal("internal error (a bug; see the server log)")
+    # 400 (malformed head, bad WebSocket handshake) and 501 (a transfer coding h11 does
+    # not know): the request is what is wrong
+    return InvalidRequest("malformed or unsupported HTTP/1.1 request")
+
+
+class HypercornStream(trio.abc.HalfCloseableStream):
+    """The connection as Hypercorn sees it.
+
+    Reads first return the bytes the direct path already read (`prefix`), so Hypercorn
+    parses the connection from that request on. Writes mend Hypercorn's HTTP/1.1 answers:
+
+    * h11 writes status lines without a reason phrase (`HTTP/1.1 200 `): the phrase is
+      added, as the direct path writes it;
+    * the answers Hypercorn makes itself, without the app (a malformed head, a head over
+      `h11_max_incomplete_size`, a bad WebSocket handshake), have no body and no pressure
+      header: they are replaced by the canonical error answer. Closing after one first
+      reads what the client still sends (bounded by `LINGER_S` and `LINGER_BYTES`), so
+      unread request bytes do not turn the close into a reset that could destroy the
+      answer before the client reads it.
+
+    Hypercorn writes each h11 event with its own `send_all`, so a response head always
+    starts a write. HTTP/2 frames never start with `HTTP/1.1 ` (that length field would
+    be about 4.7 MB, above any frame size a peer allows).
+    """
+
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        prefix: bytes = b"",
+        *,
+        pressure: Callable[[], bytes] | None = None,
+        max_head: int = 0,
+    ) -> None:
         self.stream = stream
         self.socket = stream.socket
         self._prefix = prefix
+        self._pressure = pressure
+        self._max_head = max_head
+        self._linger = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._prefix:
@@ -125,7 +190,18 @@ class Replay(trio.abc.HalfCloseableStream):
         return await self.stream.receive_some(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if data[:9] == _H11_STATUS and data[12:14] == b" \r":
+            data = self._mend(bytes(data))
         await self.stream.send_all(data)
+
+    def _mend(self, head: bytes) -> bytes:
+        """`head` (h11's, empty reason phrase) as topicd writes it."""
+        status = int(head[9:12])
+        if status >= 400 and head[15 : 15 + len(_H11_OWN_ERROR)] == _H11_OWN_ERROR:
+            self._linger = True
+            pressure = b"0.000" if self._pressure is None else self._pressure()
+            return refusal_bytes(hypercorn_refusal(status, self._max_head), pressure)
+        return head[:13] + _REASONS.get(status, b"Status") + head[13:]
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
@@ -134,7 +210,27 @@ class Replay(trio.abc.HalfCloseableStream):
         await self.stream.send_eof()
 
     async def aclose(self) -> None:
-        await self.stream.aclose()
+        try:
+            if self._linger:
+                self._linger = False
+                await linger(self.stream)
+        finally:
+            await self.stream.aclose()
+
+
+async def linger(stream: trio.SocketStream) -> None:
+    """Read and drop what the client still sends after a refusal (bounded), so closing
+    with unread bytes does not reset the connection under the answer."""
+    got = 0
+    with trio.move_on_after(LINGER_S):
+        try:
+            while got < LINGER_BYTES:
+                data = await stream.receive_some(RECV_BYTES)
+                if not data:
+                    return
+                got += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            return
 
 
 PROBE_HEADS: Final = (b"GET /v0/health ", b"GET /healthz ", b"GET /v0/ready ", b"GET /readyz ")
@@ -255,7 +351,6 @@ class DirectExchange:
         self._chunked = False
         self._done = False
         self._broken = False
-        self._sent = False  # any byte of the response written
         # the stdlib socket under trio's, for the drain's non-blocking writes (trio's own
         # send is a coroutine; the drain is synchronous)
         self._sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
@@ -268,11 +363,10 @@ class DirectExchange:
                 try:
                     await app(self.scope, self.receive, self.send)
                 except Exception:
-                    # the gate renders every known error; this is a bug: log it, answer
-                    # 500 if nothing was sent yet, and keep the server up
+                    # the gate answers every error, bugs included, until its answer has
+                    # started; this one came after: log it, keep the server up, and end
+                    # the connection (the answer is cut short)
                     log.exception("unhandled error on a direct request")
-                    if self._head is None and not self._sent:
-                        await send_error(self.send, Internal("internal error (see the server log)"))
         finally:
             if not (self.keep_alive and self._done and not self._broken):
                 self.keep_alive = False
@@ -322,7 +416,6 @@ class DirectExchange:
         if not more:
             self._done = True
         if out:
-            self._sent = True
             try:
                 await self.stream.send_all(out)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -387,12 +480,14 @@ class Listener:
         full: Callable[[], bool] | None = None,
         quick_refusal: Callable[[], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
         | None = None,
+        pressure: Callable[[], bytes] | None = None,
     ) -> None:
         self.app = app
         self.asgi = asgi
         self.is_stream = is_stream
         self.full = full  # client permits and waiters exhausted: refuse here, cheaply
         self.quick_refusal = quick_refusal
+        self.pressure = pressure  # the `X-Topicd-Pressure` value, for answers made here
         self.config = config
         self.context = context
         self.state = state
@@ -413,9 +508,9 @@ class Listener:
         self, stream: trio.SocketStream, head: bytes, *, whole: bool = False
     ) -> tuple[bytes, str]:
         """Read until the head can be classified: ("direct" with a complete head,
-        "other": Hypercorn's, "closed": EOF, idle past the keep-alive timeout, or shutting
-        down). With `whole`, a head that is not ours is still read to its end (at most
-        `max_head` bytes) before it is called "other"."""
+        "other": Hypercorn's, "too_big": over `max_head` bytes, "closed": EOF, idle past
+        the keep-alive timeout, or shutting down). With `whole`, a head that is not ours is
+        still read to its end (at most `max_head` bytes) before it is called "other"."""
         with trio.CancelScope() as scope:
             scope.deadline = trio.current_time() + self.config.keep_alive_timeout
             self.sniffing.add(scope)
@@ -425,8 +520,9 @@ class Listener:
                     end = head.find(b"\r\n\r\n")
                     complete = end >= 0
                     # (only the head counts against the limit: a body may follow it)
-                    too_big = (end if complete else len(head)) > self.max_head
-                    if too_big or (verdict is False and (complete or not whole)):
+                    if (end if complete else len(head)) > self.max_head:
+                        return head, "too_big"
+                    if verdict is False and (complete or not whole):
                         return head, "other"
                     if verdict and complete:
                         return head, "direct"
@@ -448,6 +544,9 @@ class Listener:
             head, verdict = await self._read_head(stream, head, whole=full)
             if verdict == "closed":
                 await close_quietly(stream)
+                return
+            if verdict == "too_big":
+                await self._refuse_head(stream)
                 return
             if self.full is not None and self.full():
                 # (`full` asked again: it may have turned while the head was on its way)
@@ -479,7 +578,7 @@ class Listener:
             served, head = await self._serve_plain(stream, scope, head, end)
             if not served:
                 break
-        conn_stream = Replay(stream, head) if head else stream
+        conn_stream = HypercornStream(stream, head, pressure=self.pressure, max_head=self.max_head)
         server = TCPServer(
             self.app,
             self.config,
@@ -488,6 +587,21 @@ class Listener:
             cast("trio.SSLStream[trio.SocketStream]", conn_stream),
         )
         await server.run()
+
+    async def _refuse_head(self, stream: trio.SocketStream) -> None:
+        """`431` for a head over `max_head` bytes, then close. Answered here, not left to
+        h11: h11 bounds only a head still incomplete in its buffer, so a larger head that
+        arrived whole would pass, and the bound would depend on how the bytes were split."""
+        err = head_too_large(self.max_head)
+        pressure = b"0.000" if self.pressure is None else self.pressure()
+        try:
+            await stream.send_all(refusal_bytes(err, pressure))
+            await stream.send_eof()
+            await linger(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await close_quietly(stream)
 
     async def _read_to(self, stream: trio.SocketStream, data: bytes, total: int) -> bytes:
         """`data` and what follows it on the connection, until `total` bytes (or more, when
@@ -660,6 +774,7 @@ async def serve(
                 max_body=int(app.config.get("MAX_CONTENT_LENGTH") or 0),
                 full=(lambda: permits.full()) if permits is not None else None,
                 quick_refusal=gate.quick_refusal,
+                pressure=gate.pressure_header,
             )
             task_status.started(binds)
             try:

@@ -118,6 +118,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     async def write(topic: str) -> Response:
         p = principal()
         p.require("write", topic)
+        return_seqs = query_bool("return_seqs", True)  # (a bad value appends nothing)
         body = await read_body(empty_ok=False, max_bytes=max_body)
         assert body is not None
         if _has_whitespace(body):
@@ -143,7 +144,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
             "first_seq": res.first_seq,
             "last_seq": res.last_seq,
         }
-        if query_bool("return_seqs", True):
+        if return_seqs:
             payload["seqs"] = list(range(res.first_seq, res.last_seq + 1))
         payload["head_seq"] = res.head_seq
         payload["count"] = res.count
