@@ -962,9 +962,6 @@ NOT_IMPLEMENTED: Final = {
     "queue.work_heartbeat_ms": "the queue /work stream",
     "queue.work_poll_ms": "the queue /work stream",
     "watch.ws_outbound_queue": "the WebSocket data plane",
-    "scheduler.auto_max": "a tunable recency bonus (the built-in curve is fixed)",
-    "scheduler.half_life_ms": "a tunable recency bonus (the built-in curve is fixed)",
-    "scheduler.auto_floor_ms": "a tunable recency bonus (the built-in curve is fixed)",
 }
 
 

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from topicd.engine.engine import Engine
+from topicd.engine.topic import Topic
+from topicd.model import TopicConfig
 from topicd.sched.bands import ReadySet, Slot
-from topicd.sched.priority import auto, base_priority
+from topicd.sched.priority import Recency, auto, base_priority
+from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.harness import make_config
 
 BASES = {0: 800, 1: 600, 2: 300, 3: 100, 4: -100}  # one base per band B4 .. B0
 
@@ -181,3 +186,16 @@ def test_base_priority_rules():
     assert base_priority(None, True, 1000, 1000) == 500
     assert base_priority(None, False, 1000, 1000) == 0
     assert base_priority(None, True, 0, 300_000) == 0  # the 5-minute floor
+
+
+async def test_the_recency_settings_shape_the_curve():
+    """`scheduler.auto_max`, `half_life_ms` and `auto_floor_ms` do what they say, and the
+    scheduler uses the configured curve."""
+    curve = Recency(auto_max=100, half_life_ms=1000, floor_ms=5000)
+    assert [curve(ms) for ms in (0, 1000, 2000, 4999, 5000)] == [100, 50, 25, 3, 0]
+    cfg = make_config(scheduler={"auto_max": 100, "half_life_ms": 1000, "auto_floor_ms": 5000})
+    engine = Engine(cfg, FakeWallClock())
+    topic = Topic("t", 1, TopicConfig())
+    topic.last_read_ts = 10_000
+    assert engine.sched.base(topic, now_ms=11_000) == 50
+    assert engine.sched.base(topic, now_ms=15_000) == 0

@@ -24,7 +24,6 @@ CASES = [
     ("", {"TOPICS_MAX_CLAIM": "10"}, "queue.max_claim"),
     ("[queue]\nwork_poll_ms = 100\n", {}, "queue.work_poll_ms"),
     ("", {"TOPICD_WS_OUTBOUND_QUEUE": "8"}, "watch.ws_outbound_queue"),
-    ("[scheduler]\nhalf_life_ms = 1000\n", {}, "scheduler.half_life_ms"),
 ]
 
 

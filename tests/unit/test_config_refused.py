@@ -80,9 +80,6 @@ def test_the_refused_keys_are_the_expected_ones():
         "queue.work_heartbeat_ms",
         "queue.work_poll_ms",
         "watch.ws_outbound_queue",
-        "scheduler.auto_max",
-        "scheduler.half_life_ms",
-        "scheduler.auto_floor_ms",
     }
 
 

@@ -40,7 +40,7 @@ from topicd.engine.watch import FrameRef, build_frames, caught_up_frame
 from topicd.model import shard_of
 from topicd.sched.bands import ReadySet
 from topicd.sched.classes import Budget
-from topicd.sched.priority import base_priority
+from topicd.sched.priority import Recency
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -97,6 +97,8 @@ class DeliveryScheduler:
         enforce: Callable[[Topic], None],
     ) -> None:
         self.cfg = cfg
+        sc = cfg.scheduler
+        self.recency = Recency(sc.auto_max, sc.half_life_ms, sc.auto_floor_ms)
         self.enforce = enforce
         self.clock = clock
         self.registry = registry
@@ -118,11 +120,8 @@ class DeliveryScheduler:
             return min(max(cfg.priority, s.priority_min), s.priority_max)
         if not cfg.auto_priority or topic.last_read_ts is None:
             return 0
-        return base_priority(
-            None,
-            True,
-            topic.last_read_ts,
-            self.clock.now_ms() if now_ms is None else now_ms,
+        return self.recency(
+            (self.clock.now_ms() if now_ms is None else now_ms) - topic.last_read_ts
         )
 
     def effective(self, topic: Topic, now_ms: int) -> int:
