@@ -195,7 +195,7 @@ async def test_the_recency_settings_shape_the_curve():
     assert [curve(ms) for ms in (0, 1000, 2000, 4999, 5000)] == [100, 50, 25, 3, 0]
     cfg = make_config(scheduler={"auto_max": 100, "half_life_ms": 1000, "auto_floor_ms": 5000})
     engine = Engine(cfg, FakeWallClock())
-    topic = Topic("t", 1, TopicConfig())
+    topic = Topic("t", 1, TopicConfig(), name_json=b'"t"')
     topic.last_read_ts = 10_000
     assert engine.sched.base(topic, now_ms=11_000) == 50
     assert engine.sched.base(topic, now_ms=15_000) == 0
