@@ -209,6 +209,7 @@ def query_bool(name: str, default: bool) -> bool:
 _TOPIC_PATH: Final = re.compile(r"^/v0/topics/([^/]+)(?:/|$)")
 _TEMPLATES: Final = (
     (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
+    (re.compile(r"^/v0/topics/[^/]+/(claim|ack|nack|extend)$"), "/v0/topics/:q/{}"),
     (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
     (re.compile(r"^/v0/watch/[^/]+$"), "/v0/watch/:wid"),
 )
@@ -510,7 +511,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, topics, watch
+    from topicd.http import metrics, ops, queues, topics, watch
 
     app = QuartTrio("topicd")
     app.config["MAX_CONTENT_LENGTH"] = config.limits.max_body_bytes
@@ -520,6 +521,7 @@ def create_app(
     app.extensions["topicd"] = {"engine": ref, "config": config, "lifecycle": lifecycle}
 
     topics.register(app, ref, config)
+    queues.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
     metrics.register(app, ref, config, lifecycle)
     watch.register(app, ref, config, keys)
