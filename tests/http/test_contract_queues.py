@@ -687,3 +687,15 @@ async def test_claim_needs_read_and_write_scopes():
             await fail(r, 403, "forbidden")
             r = await client.post(f"/v0/topics/q/{verb}", json=body, headers=auth("w"))
             assert r.status_code == 200
+
+
+async def test_leases_durable_on_a_queue_is_refused_until_leases_are_persisted(client):
+    r = await client.put("/v0/topics/q", json={"type": "queue", "leases_durable": True})
+    err = await fail(r, 400, "invalid_request")
+    assert err["detail"] == {"leases_durable": True}
+    r = await client.post(
+        "/v0/topics/q2",
+        json={"records": [{"data": 1}], "config": {"type": "queue", "leases_durable": True}},
+    )
+    await fail(r, 400, "invalid_request")
+    await make_queue(client, leases_durable=False)
