@@ -454,7 +454,7 @@ class WatchConfig:
 class QueueConfig:
     max_claim: int = key(
         1000,
-        "Claim `max` clamp; ack/nack/extend `seqs` bound (queues, reserved).",
+        "Claim `max` clamp; ack/nack/extend `seqs` bound.",
         env=_env2("MAX_CLAIM"),
         min=1,
         contract=True,
@@ -482,7 +482,7 @@ class QueueConfig:
     )
     max_nack_delay_ms: int = key(
         86400000,
-        "Nack `delay_ms` clamp (queues, reserved).",
+        "Nack `delay_ms` clamp.",
         env=("TOPICD_MAX_NACK_DELAY_MS",),
         min=0,
         contract=True,
