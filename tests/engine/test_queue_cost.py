@@ -81,3 +81,14 @@ def test_a_deleted_prefix_is_skipped_once():
     counter = Counting(topic)
     assert claim(q, 1, 0.0) == [9_001]
     assert counter.calls <= 3  # earliest_seq jumped the dead prefix
+
+
+def test_a_starved_level_drops_entries_of_dead_jobs():
+    topic, q = backlog(10_000, 1)  # 10,000 level-0 jobs...
+    encs = [b'{"$seq":%d,"$ts":0,"data":0}' % s for s in range(10_001, 20_001)]
+    topic.publish(
+        10_001, 0, encs, [1] * 10_000, 10_000, {}, {}, dict.fromkeys(range(10_000), -1), {}
+    )
+    assert len(q.levels[-1].fresh) == 10_000  # ...and 10,000 at -1, never reached
+    topic.delete_seqs(range(10_001, 19_001))
+    assert len(q.levels[-1].fresh) <= 2 * 1_000 + 64

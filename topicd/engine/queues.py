@@ -89,11 +89,12 @@ class _Level:
     """One priority's claimable jobs: never-claimed seqs (FIFO; unused for level 0, whose
     FIFO is the log cursor) and seqs made claimable again (min-heap)."""
 
-    __slots__ = ("fresh", "retry")
+    __slots__ = ("dead", "fresh", "retry")
 
     def __init__(self) -> None:
         self.fresh: deque[int] = deque()
         self.retry: list[int] = []
+        self.dead = 0  # jobs of this priority that died since the last compaction
 
 
 @dataclass(slots=True)
@@ -116,6 +117,7 @@ class _Cohort:
     members: list[Claimer] = field(default_factory=list)
     served: bool = False
     ready: int = 0
+    dead_letter: tuple[str, int] = ("", 0)  # the pass's target and max_deliveries
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +170,27 @@ class JobQueue:
         else:
             self._index_add(0)
 
-    def dropped(self, seq: int) -> None:
-        """The record `seq` is gone (acked, deleted, evicted, expired)."""
+    def dropped(self, seq: int, prio: int) -> None:
+        """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired)."""
         if self.leases.pop(seq, None) is None:
             self.delayed.pop(seq, None)
             self.retrying.discard(seq)
         self.held.discard(seq)
         self.deliveries.pop(seq, None)
+        level = self.levels.get(prio)
+        if level is not None:
+            level.dead += 1
+            if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
+                self._compact(level)
+
+    def _compact(self, level: _Level) -> None:
+        """Drop a level's entries of dead jobs (a starved level is never reached, so lazy
+        deletion alone would keep them): O(entries), paid for by the deaths counted."""
+        enc = self.topic.enc
+        level.fresh = deque(s for s in level.fresh if enc(s) is not None)
+        level.retry = [s for s in level.retry if s in self.retrying]
+        heapq.heapify(level.retry)
+        level.dead = 0
 
     def _unclaimable(self, seq: int) -> bool:
         return seq in self.leases or seq in self.delayed or seq in self.held
@@ -391,6 +407,9 @@ class JobQueue:
                 ready_at = now + delay_ms / 1000
                 self.delayed[seq] = ready_at
                 heapq.heappush(self._delays, (ready_at, seq))
+                if len(self._delays) > 2 * len(self.delayed) + 64:
+                    self._delays = [(t, s) for s, t in self.delayed.items()]
+                    heapq.heapify(self._delays)
             else:
                 self._requeue(seq)
         return released, skipped
@@ -581,19 +600,17 @@ class QueueService:
         """Expire leases and end nack delays when they fall due (no polling: sleeps
         until the earliest due time of all queues, or until an earlier one appears)."""
         task_status.started()
-        timers = self._timers
         while True:
-            timers = self._timers
-            if timers:
-                with trio.move_on_at(timers[0][0]):
+            if self._timers:
+                with trio.move_on_at(self._timers[0][0]):
                     await self._timer_wake.wait()
             else:
                 await self._timer_wake.wait()
             self._timer_wake = trio.Event()
             now = trio.current_time()
-            timers = self._timers
-            while timers and timers[0][0] <= now:
-                due, _, q = heapq.heappop(timers)
+            # `_schedule` may replace the list (compaction): always use the attribute
+            while self._timers and self._timers[0][0] <= now:
+                due, _, q = heapq.heappop(self._timers)
                 if q.closed or due != q.timer_due:
                     continue  # superseded by an earlier entry, or the topic is gone
                 q.timer_due = None
@@ -680,7 +697,7 @@ class QueueService:
                     cohort.served = True
                     cohort.members[0].error = exc
         if diverted:
-            await self._dead_letter(topic, q, diverted)
+            await self._dead_letter(topic, q, diverted, cohort.dead_letter)
             cohort.ready = q.counts().ready
         if me.error is not None:
             raise me.error
@@ -702,20 +719,23 @@ class QueueService:
         diverted = q.claim(
             cohort.members, now, now_ms, cfg.max_deliveries, cfg.dead_letter is not None
         )
+        if diverted:
+            assert cfg.dead_letter is not None
+            cohort.dead_letter = (cfg.dead_letter, cfg.max_deliveries)
         for m in cohort.members:
             m.items = [claim_item(topic, lease, n) for lease, n in m.got]
         cohort.ready = q.counts().ready
         self._schedule(q)
         return diverted
 
-    async def _dead_letter(self, topic: Topic, q: JobQueue, seqs: list[int]) -> None:
-        """Move held jobs to the dead-letter topic: append a copy, then delete the job
-        (the ack path). A failed move makes the job claimable again; a later pass
-        retries it."""
+    async def _dead_letter(
+        self, topic: Topic, q: JobQueue, seqs: list[int], dead_letter: tuple[str, int]
+    ) -> None:
+        """Move held jobs to the dead-letter topic (as configured at the pass): append a
+        copy, then delete the job (the ack path). A failed move makes the job claimable
+        again; a later pass retries it."""
         engine = self.engine
-        cfg = topic.config
-        target = cfg.dead_letter
-        assert target is not None
+        target, max_deliveries = dead_letter
         for i, seq in enumerate(seqs):
             enc = topic.enc(seq)
             if enc is None or seq not in q.held:
@@ -725,7 +745,7 @@ class QueueService:
                 data=msgspec.Raw(data),
                 tag=topic.tags.get(seq),
                 node=topic.nodes.get(seq),
-                meta=msgspec.Raw(dead_letter_meta(meta, topic.name, cfg.max_deliveries, seq)),
+                meta=msgspec.Raw(dead_letter_meta(meta, topic.name, max_deliveries, seq)),
                 priority=topic.prios.get(seq),
             )
             try:

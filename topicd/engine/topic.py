@@ -432,12 +432,11 @@ class Topic:
             self.tag_index.removed()
         if self.nodes:
             self.nodes.pop(seq, None)
-        if self.prios:
-            self.prios.pop(seq, None)
+        prio = self.prios.pop(seq, 0) if self.prios else 0
         if self.shapes:
             self.shapes.pop(seq, None)
         if self.queue is not None:
-            self.queue.dropped(seq)
+            self.queue.dropped(seq, prio)
         return size
 
     def _advance_earliest(self) -> None:
