@@ -454,7 +454,7 @@ class WatchConfig:
 class QueueConfig:
     max_claim: int = key(
         1000,
-        "Claim `max` clamp; ack/nack/extend `seqs` bound (queues, reserved).",
+        "Claim `max` clamp; ack/nack/extend `seqs` bound.",
         env=_env2("MAX_CLAIM"),
         min=1,
         contract=True,
@@ -482,7 +482,7 @@ class QueueConfig:
     )
     max_nack_delay_ms: int = key(
         86400000,
-        "Nack `delay_ms` clamp (queues, reserved).",
+        "Nack `delay_ms` clamp.",
         env=("TOPICD_MAX_NACK_DELAY_MS",),
         min=0,
         contract=True,
@@ -957,8 +957,6 @@ NOT_IMPLEMENTED: Final = {
     "storage.segments": "segment files (records live in the WAL and snapshots)",
     "limits.max_routers": "routers",
     "routers": "routers",
-    "queue.max_claim": "queue claims",
-    "queue.max_nack_delay_ms": "queue nacks",
     "queue.work_heartbeat_ms": "the queue /work stream",
     "queue.work_poll_ms": "the queue /work stream",
     "watch.ws_outbound_queue": "the WebSocket data plane",

@@ -21,7 +21,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from topicd.errors import InvalidRequest
+from topicd.errors import BatchTooLarge, InvalidRequest
 
 U64_MAX: Final = 2**64 - 1
 I32_MIN: Final = -(2**31)
@@ -36,6 +36,7 @@ UnsetType = msgspec.UnsetType
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
 _ROUTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:>-]{0,254}")
+_LEASE_TOKEN = re.compile(r"lease_[0-9a-f]+")
 
 
 def valid_topic_name(name: str) -> bool:
@@ -194,6 +195,65 @@ class WatchIn(msgspec.Struct):
             check_u64(t.from_seq, f"topics.{name}.from_seq")
 
 
+def check_worker_node(node: str, max_bytes: int) -> None:
+    """A queue worker's `node`: non-empty, at most `max_bytes` UTF-8 bytes."""
+    if not node:
+        raise InvalidRequest("node must not be empty", {"field": "node"})
+    if len(node.encode()) > max_bytes:
+        raise InvalidRequest(f"node is longer than {max_bytes} bytes", {"field": "node"})
+
+
+class ClaimIn(msgspec.Struct):
+    """`POST /v0/topics/:q/claim` body (queues)."""
+
+    node: str
+    max: U32 = 1
+    lease_ms: U64 | None = None
+
+    def check(self, max_node_bytes: int) -> None:
+        check_worker_node(self.node, max_node_bytes)
+        if self.lease_ms is not None:
+            check_u64(self.lease_ms, "lease_ms")
+
+
+class LeaseOpIn(msgspec.Struct):
+    """`POST /v0/topics/:q/ack`, `/nack` and `/extend` bodies (queues): `delay_ms` is
+    nack's, `lease_ms` (required there) extend's."""
+
+    node: str
+    seqs: list[U64]
+    lease_ids: list[str] | None = None
+    delay_ms: U64 = 0
+    lease_ms: U64 | None = None
+
+    def check(self, max_node_bytes: int, max_seqs: int) -> None:
+        """`node`, then the `seqs` bound (`batch_too_large`), then the fences: each `""`
+        or a lease token, aligned with `seqs` when given."""
+        check_worker_node(self.node, max_node_bytes)
+        if len(self.seqs) > max_seqs:
+            raise BatchTooLarge(
+                f"{len(self.seqs)} seqs in one call, more than {max_seqs}",
+                {"seqs": len(self.seqs), "max": max_seqs},
+            )
+        for i, seq in enumerate(self.seqs):
+            check_u64(seq, f"seqs[{i}]")
+        fences = self.lease_ids
+        if fences:
+            if len(fences) != len(self.seqs):
+                raise InvalidRequest(
+                    f"lease_ids has {len(fences)} entries for {len(self.seqs)} seqs",
+                    {"field": "lease_ids"},
+                )
+            for i, fence in enumerate(fences):
+                if fence and _LEASE_TOKEN.fullmatch(fence) is None:
+                    raise InvalidRequest(
+                        f"lease_ids[{i}] is not a lease id", {"field": f"lease_ids[{i}]"}
+                    )
+        check_u64(self.delay_ms, "delay_ms")
+        if self.lease_ms is not None:
+            check_u64(self.lease_ms, "lease_ms")
+
+
 WRITE_DECODER: Final = msgspec.json.Decoder(WriteIn)
 PLAIN_WRITE_DECODER: Final = msgspec.json.Decoder(PlainWriteIn)
 
@@ -214,3 +274,5 @@ DIFF_DECODER: Final = msgspec.json.Decoder(DiffIn)
 DELETE_DECODER: Final = msgspec.json.Decoder(DeleteIn)
 CONFIG_DECODER: Final = msgspec.json.Decoder(TopicConfigIn)
 WATCH_DECODER: Final = msgspec.json.Decoder(WatchIn)
+CLAIM_DECODER: Final = msgspec.json.Decoder(ClaimIn)
+LEASE_OP_DECODER: Final = msgspec.json.Decoder(LeaseOpIn)

@@ -73,3 +73,23 @@ async def test_malformed_http_never_yields_500(base_url):
         while b"\r\n\r\n" not in data:
             data += await stream.receive_some(4096)
         assert data.startswith(b"HTTP/1.1 400"), data[:40]
+
+
+async def test_queue_lifecycle_over_a_socket(base_url):
+    async with httpx.AsyncClient(base_url=base_url) as c:
+        r = await c.put("/v0/topics/jobs", json={"type": "queue"})
+        assert r.status_code == 201
+        r = await c.post(
+            "/v0/topics/jobs", json={"records": [{"data": 1}, {"data": 2, "priority": 3}]}
+        )
+        assert r.status_code == 200
+        r = await c.post("/v0/topics/jobs/claim", json={"node": "w", "max": 8})
+        claimed = r.json()["claimed"]
+        assert [j["$seq"] for j in claimed] == [2, 1]
+        fences = [j["lease_id"] for j in claimed]
+        r = await c.post(
+            "/v0/topics/jobs/ack", json={"node": "w", "seqs": [2, 1], "lease_ids": fences}
+        )
+        assert (r.json()["acked"], r.json()["ready"], r.json()["in_flight"]) == (2, 0, 0)
+        r = await c.post("/v0/topics/real-log/claim", json={"node": "w"})
+        assert r.status_code == 404

@@ -24,6 +24,7 @@ import trio
 
 from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
 from topicd.engine.idempotency import IdemEntry, IdempotencyStore
+from topicd.engine.queues import QueueService
 from topicd.engine.topic import ReadResult, Topic
 from topicd.engine.watch import Session, WatchOptions, WatchRegistry
 from topicd.engine.writes import PreparedWrite, encode_batch, prepare_write
@@ -147,18 +148,20 @@ class Engine:
         )
         self.saturation = SaturationRegistry(config.levels)
         self._register_queues()
+        self.queues = QueueService(self)
 
     # ------------------------------------------------------------------------------------
     # lifecycle
     # ------------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The engine's tasks: the delivery scheduler's shard tasks, the slow-consumer
-        watchdog and the housekeeping loop (TTL expiry of idle topics, idempotency
-        pruning, idle watch sessions)."""
+        """The engine's tasks: the delivery scheduler's shard tasks, the governor, the
+        queues' lease-expiry timer, the slow-consumer watchdog and the housekeeping loop
+        (TTL expiry of idle topics, idempotency pruning, idle watch sessions)."""
         async with trio.open_nursery() as nursery:
             await nursery.start(self.sched.run)
             await nursery.start(self.governor.run)
+            await nursery.start(self.queues.run)
             nursery.start_soon(self._watchdog)
             task_status.started()
             interval = self.cfg.engine.housekeeping_interval_ms / 1000
@@ -289,6 +292,15 @@ class Engine:
             raise InvalidRequest(
                 "dead_letter must differ from the queue itself", {"dead_letter": c.dead_letter}
             )
+        if c.type == "queue" and c.leases_durable:
+            # refused rather than accepted and ignored: a queue must not claim that its
+            # leases survive a restart while they do not (docs/decisions.md)
+            raise InvalidRequest(
+                "leases_durable is not supported by this version: leases and delivery "
+                "counters are not persisted (after a restart every unacked job is "
+                "claimable at once); omit it or set it to false",
+                {"leases_durable": True},
+            )
         s = self.cfg.scheduler
         priority = (
             None if c.priority is None else min(max(c.priority, s.priority_min), s.priority_max)
@@ -319,7 +331,7 @@ class Engine:
         cap = self.cfg.limits.max_topics
         if cap and len(self.topics) + len(self._creating) >= cap:
             raise Throttled.limit("max_topics", cap)
-        self._check_open()
+        self.check_open()
         done = self._creating[name] = trio.Event()
         topic_id = self.next_topic_id
         self.next_topic_id += 1
@@ -336,7 +348,7 @@ class Engine:
             del self._creating[name]
             done.set()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.closed:
             raise ShuttingDown("the server is shutting down")
 
@@ -345,6 +357,7 @@ class Engine:
     # ------------------------------------------------------------------------------------
 
     def apply_create(self, topic: Topic) -> Topic:
+        self.queues.attach(topic)
         self.by_id[topic.topic_id] = topic
         self.next_topic_id = max(self.next_topic_id, topic.topic_id + 1)
         if topic.config.ttl_ms > 0:
@@ -370,6 +383,7 @@ class Engine:
                 )
             self.topics[topic.name] = topic
             self._enforce(topic, now_ms)
+            self.queues.recovered(topic)
             # everything replayed was read back from disk
             topic.durable_head = topic.drained_to = topic.drained_strong = topic.head_seq
         self._names = sorted(self.topics)
@@ -404,6 +418,8 @@ class Engine:
         self.total_bytes -= topic.bytes
         self.idem.drop_topic(topic.topic_id)
         topic.deleted = True
+        if topic.queue is not None:
+            topic.queue.close()  # its leases go with it
         topic.wake()
         self.sched.forget(topic)
         self.watch.topic_deleted(topic)
@@ -421,6 +437,15 @@ class Engine:
             raise TopicNotFound(topic.name)
         self._enforce(topic, now_ms)
         deleted, freed = topic.delete_records(before_seq, match, bound)
+        self.total_bytes -= freed
+        return deleted
+
+    def apply_seqs_delete(self, topic: Topic, seqs: list[int]) -> int:
+        """Delete the listed records (queue acks, dead-letter moves); those already gone
+        are passed over."""
+        if topic.deleted:
+            raise TopicNotFound(topic.name)
+        deleted, freed = topic.delete_seqs(seqs)
         self.total_bytes -= freed
         return deleted
 
@@ -590,7 +615,7 @@ class Engine:
             if topic.deleting is not None:
                 await topic.deleting.wait()
                 continue
-            self._check_open()
+            self.check_open()
             frame = frames.encode_control(
                 frames.TOPIC_CONFIG,
                 topic.topic_id,
@@ -614,7 +639,7 @@ class Engine:
         if touch:
             topic.last_read_ts = now
         cfg = topic.config
-        return {
+        state: dict[str, JsonValue] = {
             "topic": topic.name,
             "type": cfg.type,
             "head_seq": topic.head_seq,
@@ -627,6 +652,14 @@ class Engine:
             "last_write_ts": topic.last_write_ts,
             "last_read_ts": topic.last_read_ts,
         }
+        if topic.queue is not None:
+            counts = self.queues.counts(topic)
+            state["queue"] = {
+                "ready": counts.ready,
+                "in_flight": counts.in_flight,
+                "dead_lettered": topic.queue.dead_lettered,
+            }
+        return state
 
     def effective_priority(self, topic: Topic, now_ms: int) -> int:
         """Scheduler spec A.5: `base + age_boost` while queued for delivery, else `base`."""
@@ -695,7 +728,7 @@ class Engine:
                     f"topic {topic.name!r} still holds {topic.count} live records",
                     {"topic": topic.name, "count": topic.count},
                 )
-        self._check_open()
+        self.check_open()
         frame = frames.encode_control(
             frames.TOPIC_DELETE, topic.topic_id, now, {"if_empty": if_empty}
         )
@@ -841,7 +874,7 @@ class Engine:
 
     def _stage(self, topic: Topic, prepared: PreparedWrite, now: int) -> AppendBatch:
         """Step 11's synchronous part: reserve seqs, encode, hand to the commit path."""
-        self._check_open()
+        self.check_open()
         key = prepared.idempotency_key
         entry = self.idem.begin(topic.topic_id, key, now) if key is not None else None
         first = topic.next_seq
@@ -971,7 +1004,7 @@ class Engine:
         now = self.clock.now_ms()
         self._enforce(topic, now)
         bound = topic.head_seq  # point in time: records existing now
-        self._check_open()
+        self.check_open()
         frame = None
         if topic.config.durability != "ephemeral":  # ephemeral: applied in memory only
             frame = frames.encode_control(

@@ -43,6 +43,7 @@ from topicd.sched.bands import Slot
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from topicd.engine.queues import JobQueue
     from topicd.errors import JsonValue
     from topicd.model import Shape, TopicConfig
 
@@ -255,6 +256,9 @@ class Topic:
         self.drained_to = 0
         self.drained_strong = 0
         self.on_drain: list[Callable[[Topic, int, int], None]] = []  # the router hook
+        # a queue topic's lease table and claim index (`engine.queues`), told of every
+        # published and every removed record; None for a log topic
+        self.queue: JobQueue | None = None
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -283,6 +287,24 @@ class Topic:
         run = self._run(seq)
         assert run is not None
         return run.sizes[seq - run.base]
+
+    def ts_at(self, seq: int) -> int:
+        """The `$ts` of the record in slot `seq` (which must lie in a run)."""
+        run = self._run(seq)
+        assert run is not None
+        return run.ts[seq - run.base]
+
+    def next_slot(self, seq: int) -> int | None:
+        """The first seq `>= seq` (and `>= earliest_seq`) that lies in a run, or None
+        above the head: a gap between runs is jumped in O(log runs)."""
+        if seq < self.earliest_seq:
+            seq = self.earliest_seq
+        if seq > self.head_seq:
+            return None
+        if len(self.runs) == 1 or self._run(seq) is not None:
+            return seq
+        i = bisect.bisect_right(self.runs, seq, key=lambda r: r.base)
+        return self.runs[i].base if i < len(self.runs) else None
 
     # ---- write side -------------------------------------------------------------------
 
@@ -333,6 +355,8 @@ class Topic:
         self.head_seq = first_seq + n - 1
         self.count += n
         self.bytes += nbytes
+        if self.queue is not None:
+            self.queue.published(first_seq, n, prios)
 
     def skip_to(self, new_head: int) -> None:
         """Raise `head_seq` to `new_head` over seqs that hold nothing (recovery: a seq
@@ -408,10 +432,11 @@ class Topic:
             self.tag_index.removed()
         if self.nodes:
             self.nodes.pop(seq, None)
-        if self.prios:
-            self.prios.pop(seq, None)
+        prio = self.prios.pop(seq, 0) if self.prios else 0
         if self.shapes:
             self.shapes.pop(seq, None)
+        if self.queue is not None:
+            self.queue.dropped(seq, prio)
         return size
 
     def _advance_earliest(self) -> None:
@@ -474,6 +499,23 @@ class Topic:
                     assert holder is not None
                     freed += self._kill(seq, holder)
                     deleted += 1
+        if deleted:
+            self._advance_earliest()
+            self._tidy_tag_index()
+        return deleted, freed
+
+    def delete_seqs(self, seqs: Iterable[int]) -> tuple[int, int]:
+        """Delete the listed records that are still live (queue acks and dead-letter
+        moves). Returns (records deleted, bytes freed)."""
+        deleted = 0
+        freed = 0
+        for seq in seqs:
+            if self.enc(seq) is None:
+                continue
+            run = self._run(seq)
+            assert run is not None
+            freed += self._kill(seq, run)
+            deleted += 1
         if deleted:
             self._advance_earliest()
             self._tidy_tag_index()

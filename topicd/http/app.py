@@ -225,6 +225,7 @@ _TOPIC_PATH: Final = re.compile(r"^/v0/topics/([^/]+)(?:/|$)")
 _TOPIC_ACTIONS: Final = frozenset({b"diff", b"delete"})  # /v0/topics/:topic/<action>
 _TEMPLATES: Final = (
     (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
+    (re.compile(r"^/v0/topics/[^/]+/(claim|ack|nack|extend)$"), "/v0/topics/:q/{}"),
     (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
     (re.compile(r"^/v0/watch/[^/]+$"), "/v0/watch/:wid"),
 )
@@ -582,7 +583,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, topics, watch
+    from topicd.http import metrics, ops, queues, topics, watch
 
     app = QuartTrio("topicd")
     # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
@@ -598,6 +599,7 @@ def create_app(
     app.extensions["topicd"] = {"engine": ref, "config": config, "lifecycle": lifecycle}
 
     topics.register(app, ref, config)
+    queues.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
     metrics.register(app, ref, config, lifecycle)
     watch.register(app, ref, config, keys)

@@ -499,6 +499,13 @@ class _Replayer:
         elif ftype == frames.TOPIC_DELETE:
             with contextlib.suppress(TopicNotEmpty):  # the live apply refused it too
                 engine.apply_delete_topic(topic, bool(body.get("if_empty")), frame.ts_ms)
+        elif ftype == frames.RECORDS_DELETE and "seqs" in body:
+            seqs = body["seqs"]
+            if not isinstance(seqs, list) or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in seqs
+            ):
+                raise frames.FrameError("bad seqs")
+            engine.apply_seqs_delete(topic, seqs)
         elif ftype == frames.RECORDS_DELETE:
             match = body.get("match")
             m: tuple[str, str] | None = None

@@ -1,0 +1,810 @@
+"""Queue topics: the lease table, the claim index and the lease lifecycle.
+
+A queue is a topic (`type:"queue"`); its jobs are the topic's records. `JobQueue` is the
+per-topic projection the lease endpoints work on, synchronous and owned by the loop
+thread like the topic itself. Every live record of a queue is in exactly one state:
+
+* **claimable** — reachable from the claim index (below);
+* **leased** — `leases[seq]`: holder node, fencing token, deadline;
+* **delayed** — nacked with `delay_ms`, claimable again at `delayed[seq]`;
+* **held** — its ack delete or dead-letter move is being committed.
+
+so `ready = count - leased - delayed - held` needs no scan.
+
+**Claim index** (claim order: highest priority, then lowest seq). Priorities live in the
+topic's sparse `prios` map (0 when absent). Per priority level: a FIFO of never-claimed
+seqs and a min-heap of seqs made claimable again (lease expired, nacked, released). The
+level-0 FIFO is not stored: it is a cursor over the log, since every record without a
+priority is a level-0 job and the log is already in seq order. A max-heap of the
+non-empty levels picks the level in O(log L); within a level the lower of the retry
+heap's top and the FIFO's head wins, which is "retried work first" whenever retried seqs
+are older than fresh ones (always, except after a restart). Entries that stopped being
+claimable (acked, deleted, evicted, leased again after a recovery) are skipped when they
+reach the front, once each: lazy deletion, paid for by whatever removed them. Claiming k
+jobs costs O(k log L + k log R) amortized, independent of the backlog.
+
+**Deadlines** are Trio time (monotonic, `MockClock` in tests), so a wall-clock step never
+expires or prolongs a lease; the wire `deadline` is the wall clock at claim plus the
+lease. A lease is expired once the clock passed its deadline by a millisecond (`now >
+deadline`); a nack delay ends at its time. Both are min-heaps swept in O(due log n) by
+every operation on the queue and by the engine's expiry timer (`QueueService.run`),
+which sleeps until the earliest deadline of all queues instead of polling.
+
+`QueueService` runs the endpoints (claim, ack, nack, extend) against the engine: the
+coalescing window, acks as record deletes through the commit path, and dead-letter moves.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+import orjson
+import trio
+
+from topicd.clock import perf_ms
+from topicd.errors import NotAQueue, TopicdError, TopicNotFound
+from topicd.model import split
+from topicd.storage import frame as frames
+from topicd.wire import RecordIn, WriteIn
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from topicd.engine.engine import Engine
+    from topicd.engine.topic import Topic
+
+log = logging.getLogger("topicd.queues")
+
+# a lease is expired once the clock passed its deadline (ms resolution: `now > deadline`)
+_PAST_S: Final = 0.001
+_DL_KEYS: Final = ("$dead_letter_from", "$dead_letter_deliveries", "$dead_letter_src_seq")
+
+
+def lease_token(lease_id: int) -> str:
+    """The wire form of a lease id: `lease_` + lowercase hex."""
+    return f"lease_{lease_id:x}"
+
+
+class Lease:
+    """One job's current lease. `expires_at` is Trio time; `deadline_ms` wall time."""
+
+    __slots__ = ("deadline_ms", "expires_at", "lease_id", "node", "seq")
+
+    def __init__(
+        self, seq: int, node: str, lease_id: int, expires_at: float, deadline_ms: int
+    ) -> None:
+        self.seq = seq
+        self.node = node
+        self.lease_id = lease_id
+        self.expires_at = expires_at
+        self.deadline_ms = deadline_ms
+
+
+class _Level:
+    """One priority's claimable jobs: never-claimed seqs (FIFO; unused for level 0, whose
+    FIFO is the log cursor) and seqs made claimable again (min-heap)."""
+
+    __slots__ = ("dead", "fresh", "retry")
+
+    def __init__(self) -> None:
+        self.fresh: deque[int] = deque()
+        self.retry: list[int] = []
+        self.dead = 0  # jobs of this priority that died since the last compaction
+
+
+@dataclass(slots=True)
+class Claimer:
+    """One claim call's wants and what it got (a cohort serves several at once)."""
+
+    node: str
+    want: int
+    lease_ms: int
+    got: list[tuple[Lease, int]] = field(default_factory=list)  # (lease, deliveries)
+    items: list[bytes] = field(default_factory=list)
+    error: TopicdError | None = None
+
+
+@dataclass(slots=True)
+class _Cohort:
+    """Claims arriving during one coalescing window (`claim_jitter_ms`)."""
+
+    closes_at: float
+    members: list[Claimer] = field(default_factory=list)
+    served: bool = False
+    ready: int = 0
+    dead_letter: tuple[str, int] = ("", 0)  # the pass's target and max_deliveries
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    ready: int
+    in_flight: int
+    delayed: int
+
+
+class JobQueue:
+    """The lease projection and claim index of one queue topic (see module docstring)."""
+
+    def __init__(self, topic: Topic, lease_seed: int) -> None:
+        self.topic = topic
+        self.levels: dict[int, _Level] = {0: _Level()}
+        self._index: list[int] = []  # max-heap of non-empty priorities (negated)
+        self._indexed: set[int] = set()
+        self.cursor = topic.earliest_seq - 1  # level-0 seqs above it were never claimed
+        self.leases: dict[int, Lease] = {}
+        self.deliveries: dict[int, int] = {}
+        self.delayed: dict[int, float] = {}  # seq -> Trio time it becomes claimable
+        self.held: set[int] = set()
+        self.retrying: set[int] = set()  # seqs sitting in some level's retry heap
+        self._deadlines: list[tuple[float, int, int]] = []  # (expires_at, lease_id, seq)
+        self._delays: list[tuple[float, int]] = []  # (ready_at, seq)
+        self.next_lease_id = lease_seed
+        self.dead_lettered = 0
+        self.cohort: _Cohort | None = None
+        self.closed = False
+        self.timer_due: float | None = None  # the expiry timer's entry (QueueService)
+        self._index_add(0)
+
+    # ---- the claim index ----------------------------------------------------------------
+
+    def _index_add(self, prio: int) -> None:
+        if prio not in self._indexed:
+            self._indexed.add(prio)
+            heapq.heappush(self._index, -prio)
+            if prio not in self.levels:
+                self.levels[prio] = _Level()
+
+    def published(self, first_seq: int, n: int, prios: dict[int, int]) -> None:
+        """New jobs `first_seq ..` (prios keyed by batch index, non-zero only)."""
+        if prios:
+            for i, prio in prios.items():
+                self._index_add(prio)
+                self.levels[prio].fresh.append(first_seq + i)
+            if len(prios) < n:
+                self._index_add(0)
+        else:
+            self._index_add(0)
+
+    def dropped(self, seq: int, prio: int) -> None:
+        """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired)."""
+        if self.leases.pop(seq, None) is None:
+            self.delayed.pop(seq, None)
+            self.retrying.discard(seq)
+        self.held.discard(seq)
+        self.deliveries.pop(seq, None)
+        level = self.levels.get(prio)
+        if level is not None:
+            level.dead += 1
+            if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
+                self._compact(level)
+
+    def _compact(self, level: _Level) -> None:
+        """Drop a level's entries of dead jobs (a starved level is never reached, so lazy
+        deletion alone would keep them): O(entries), paid for by the deaths counted."""
+        enc = self.topic.enc
+        level.fresh = deque(s for s in level.fresh if enc(s) is not None)
+        level.retry = [s for s in level.retry if s in self.retrying]
+        heapq.heapify(level.retry)
+        level.dead = 0
+
+    def _unclaimable(self, seq: int) -> bool:
+        return seq in self.leases or seq in self.delayed or seq in self.held
+
+    def _peek_fresh(self, prio: int, level: _Level) -> int | None:
+        topic = self.topic
+        if prio != 0:
+            fresh = level.fresh
+            while fresh:
+                seq = fresh[0]
+                if topic.enc(seq) is not None and not (
+                    self._unclaimable(seq) or seq in self.retrying
+                ):
+                    return seq
+                fresh.popleft()
+            return None
+        prios = topic.prios
+        slot = topic.next_slot(self.cursor + 1)
+        while slot is not None:
+            if (
+                topic.enc(slot) is not None
+                and slot not in prios
+                and not (self._unclaimable(slot) or slot in self.retrying)
+            ):
+                self.cursor = slot - 1
+                return slot
+            slot = topic.next_slot(slot + 1)
+        self.cursor = max(self.cursor, topic.head_seq)
+        return None
+
+    def _peek_retry(self, level: _Level) -> int | None:
+        heap = level.retry
+        while heap:
+            seq = heap[0]
+            if seq in self.retrying:
+                return seq
+            heapq.heappop(heap)  # stale: the job died or was claimed another way
+        return None
+
+    def _take_next(self) -> int | None:
+        """Remove and return the next claimable seq in claim order (None: none left)."""
+        index = self._index
+        while index:
+            prio = -index[0]
+            level = self.levels[prio]
+            retry = self._peek_retry(level)
+            fresh = self._peek_fresh(prio, level)
+            if retry is None and fresh is None:
+                heapq.heappop(index)
+                self._indexed.discard(prio)
+                if prio != 0:
+                    del self.levels[prio]
+                continue
+            if fresh is None or (retry is not None and retry < fresh):
+                assert retry is not None
+                heapq.heappop(level.retry)
+                self.retrying.discard(retry)
+                return retry
+            if prio == 0:
+                self.cursor = fresh
+            else:
+                level.fresh.popleft()
+            return fresh
+        return None
+
+    def _requeue(self, seq: int) -> None:
+        """Make a live job claimable again at its own priority."""
+        topic = self.topic
+        if topic.enc(seq) is None or seq in self.retrying:
+            return
+        prio = topic.prios.get(seq, 0)
+        self._index_add(prio)
+        heapq.heappush(self.levels[prio].retry, seq)
+        self.retrying.add(seq)
+
+    # ---- time ---------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> int:
+        """Expire leases and end nack delays due at Trio time `now`. Returns how many
+        jobs became claimable."""
+        n = 0
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            expires_at, lease_id, seq = heapq.heappop(heap)
+            lease = self.leases.get(seq)
+            if lease is None or lease.lease_id != lease_id or lease.expires_at != expires_at:
+                continue  # acked, nacked, extended or re-leased since
+            del self.leases[seq]
+            self._requeue(seq)
+            n += 1
+        delays = self._delays
+        while delays and delays[0][0] <= now:
+            ready_at, seq = heapq.heappop(delays)
+            if self.delayed.get(seq) != ready_at:
+                continue
+            del self.delayed[seq]
+            self._requeue(seq)
+            n += 1
+        return n
+
+    def next_due(self) -> float | None:
+        """The Trio time of the earliest lease expiry or delay end (None: nothing)."""
+        due = self._deadlines[0][0] if self._deadlines else None
+        if self._delays and (due is None or self._delays[0][0] < due):
+            due = self._delays[0][0]
+        return due
+
+    def _push_deadline(self, lease: Lease) -> None:
+        heap = self._deadlines
+        heapq.heappush(heap, (lease.expires_at, lease.lease_id, lease.seq))
+        if len(heap) > 2 * len(self.leases) + 64:
+            # extends leave superseded entries behind: drop them (amortized O(1) each)
+            self._deadlines = [(ls.expires_at, ls.lease_id, ls.seq) for ls in self.leases.values()]
+            heapq.heapify(self._deadlines)
+
+    # ---- the lease lifecycle ------------------------------------------------------------
+
+    def counts(self) -> QueueCounts:
+        """Counts as of the last sweep (sweep first for values at `now`)."""
+        leased = len(self.leases)
+        delayed = len(self.delayed)
+        ready = self.topic.count - leased - delayed - len(self.held)
+        return QueueCounts(ready, leased, delayed)
+
+    def claim(
+        self,
+        members: list[Claimer],
+        now: float,
+        now_ms: int,
+        max_deliveries: int,
+        dead_letter: bool,
+    ) -> list[int]:
+        """One claim pass (sweep first): hand out jobs in claim order, round-robin over
+        the members that still want more. Jobs over `max_deliveries` (when `dead_letter`)
+        are diverted instead: held, and returned for the caller to move."""
+        diverted: list[int] = []
+        wanting = [m for m in members if len(m.got) < m.want]
+        while wanting:
+            still: list[Claimer] = []
+            for m in wanting:
+                seq = self._take_next()
+                while seq is not None and dead_letter and max_deliveries:
+                    if self.deliveries.get(seq, 0) + 1 <= max_deliveries:
+                        break
+                    self.held.add(seq)
+                    diverted.append(seq)
+                    seq = self._take_next()
+                if seq is None:
+                    return diverted
+                n = self.deliveries.get(seq, 0) + 1
+                self.deliveries[seq] = n
+                lease = self._lease(seq, m.node, m.lease_ms, now, now_ms)
+                m.got.append((lease, n))
+                if len(m.got) < m.want:
+                    still.append(m)
+            wanting = still
+        return diverted
+
+    def _lease(self, seq: int, node: str, lease_ms: int, now: float, now_ms: int) -> Lease:
+        lease_id = self.next_lease_id
+        self.next_lease_id = lease_id + 1
+        lease = Lease(seq, node, lease_id, now + lease_ms / 1000 + _PAST_S, now_ms + lease_ms)
+        self.leases[seq] = lease
+        self._push_deadline(lease)
+        return lease
+
+    def _held_by(self, seq: int, node: str, fence: str) -> Lease | None:
+        lease = self.leases.get(seq)
+        if lease is None or lease.node != node:
+            return None
+        if fence and fence != lease_token(lease.lease_id):
+            return None
+        return lease
+
+    def hold_for_ack(
+        self, node: str, seqs: list[int], fences: list[str]
+    ) -> tuple[list[int], list[int]]:
+        """Ack step one (sweep first): every seq leased to `node` (fence matching) leaves
+        its lease and is held until its delete commits. Returns (held, skipped)."""
+        held: list[int] = []
+        skipped: list[int] = []
+        for i, seq in enumerate(seqs):
+            lease = self._held_by(seq, node, fences[i] if fences else "")
+            if lease is None:
+                skipped.append(seq)
+                continue
+            del self.leases[seq]
+            self.held.add(seq)
+            held.append(seq)
+        return held, skipped
+
+    def release_held(self, seqs: Iterable[int]) -> None:
+        """A delete (ack or dead-letter move) failed: the jobs are claimable again."""
+        for seq in seqs:
+            if seq in self.held:
+                self.held.discard(seq)
+                self._requeue(seq)
+
+    def nack(
+        self, node: str, seqs: list[int], fences: list[str], delay_ms: int, now: float
+    ) -> tuple[int, list[int]]:
+        """Release leases held by `node` (sweep first), now or after `delay_ms`.
+        Delivery counters are kept. Returns (released, skipped)."""
+        released = 0
+        skipped: list[int] = []
+        for i, seq in enumerate(seqs):
+            lease = self._held_by(seq, node, fences[i] if fences else "")
+            if lease is None:
+                skipped.append(seq)
+                continue
+            del self.leases[seq]
+            released += 1
+            if delay_ms:
+                ready_at = now + delay_ms / 1000
+                self.delayed[seq] = ready_at
+                heapq.heappush(self._delays, (ready_at, seq))
+                if len(self._delays) > 2 * len(self.delayed) + 64:
+                    self._delays = [(t, s) for s, t in self.delayed.items()]
+                    heapq.heapify(self._delays)
+            else:
+                self._requeue(seq)
+        return released, skipped
+
+    def extend(
+        self,
+        node: str,
+        seqs: list[int],
+        fences: list[str],
+        lease_ms: int,
+        now: float,
+        now_ms: int,
+    ) -> tuple[dict[int, int], list[int]]:
+        """Move the deadline of unexpired leases held by `node` to now + `lease_ms`
+        (sweep first). Returns ({seq: new deadline_ms}, skipped)."""
+        deadlines: dict[int, int] = {}
+        skipped: list[int] = []
+        for i, seq in enumerate(seqs):
+            lease = self._held_by(seq, node, fences[i] if fences else "")
+            if lease is None:
+                skipped.append(seq)
+                continue
+            lease.expires_at = now + lease_ms / 1000 + _PAST_S
+            lease.deadline_ms = now_ms + lease_ms
+            self._push_deadline(lease)
+            deadlines[seq] = lease.deadline_ms
+        return deadlines, skipped
+
+    # ---- whole-queue changes ------------------------------------------------------------
+
+    def rebuild(self, lease_seed: int) -> None:
+        """After recovery: every live job is claimable, in claim order (leases and
+        delivery counters are not persisted)."""
+        topic = self.topic
+        self.levels = {0: _Level()}
+        self._index = []
+        self._indexed = set()
+        self.cursor = topic.earliest_seq - 1
+        self.leases.clear()
+        self.deliveries.clear()
+        self.delayed.clear()
+        self.held.clear()
+        self.retrying.clear()
+        self._deadlines = []
+        self._delays = []
+        self.next_lease_id = max(self.next_lease_id, lease_seed)
+        self._index_add(0)
+        for seq, prio in sorted(topic.prios.items()):
+            if topic.enc(seq) is not None:
+                self._index_add(prio)
+                self.levels[prio].fresh.append(seq)
+
+    def close(self) -> None:
+        """The topic was deleted: its leases go with it."""
+        self.closed = True
+        self.leases.clear()
+        self.delayed.clear()
+        self.held.clear()
+        self.retrying.clear()
+        self.deliveries.clear()
+        self.levels = {0: _Level()}
+        self._index = []
+        self._indexed = set()
+        self._deadlines = []
+        self._delays = []
+
+
+# ---- the claim item ---------------------------------------------------------------------
+
+
+def claim_item(topic: Topic, lease: Lease, deliveries: int) -> bytes:
+    """One `claimed[]` element: `$seq`, `lease_id`, `deadline`, `$ts`, `$tag` (if set),
+    `$priority` (if not 0), `deliveries`, `data`, `meta` (if set)."""
+    seq = lease.seq
+    enc = topic.enc(seq)
+    assert enc is not None
+    data, meta = split(enc, topic.shapes.get(seq))
+    parts = [
+        b'{"$seq":%d,"lease_id":"%s","deadline":%d,"$ts":%d'
+        % (seq, lease_token(lease.lease_id).encode(), lease.deadline_ms, topic.ts_at(seq))
+    ]
+    tag = topic.tags.get(seq)
+    if tag is not None:
+        parts.append(b',"$tag":' + orjson.dumps(tag))
+    prio = topic.prios.get(seq)
+    if prio:
+        parts.append(b',"$priority":%d' % prio)
+    parts.append(b',"deliveries":%d,"data":' % deliveries)
+    parts.append(data)
+    if meta is not None:
+        parts.append(b',"meta":')
+        parts.append(meta)
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+def dead_letter_meta(meta: bytes | None, source: str, deliveries: int, seq: int) -> bytes:
+    """The copy's `meta`: the job's object plus the three `$dead_letter_*` string keys
+    (a non-object or absent `meta` becomes a new object). The job's own text is kept
+    byte for byte unless it already carries those keys (a re-driven dead letter)."""
+    keys = b'"$dead_letter_from":%b,"$dead_letter_deliveries":"%d","$dead_letter_src_seq":"%d"' % (
+        orjson.dumps(source),
+        deliveries,
+        seq,
+    )
+    if meta is None or meta[:1] != b"{":
+        return b"{" + keys + b"}"
+    if b'"$dead_letter_' in meta:
+        try:
+            obj = orjson.loads(meta)
+        except orjson.JSONDecodeError:
+            obj = None  # a literal orjson cannot read: keep the text as written
+        if isinstance(obj, dict):
+            for key in _DL_KEYS:
+                obj.pop(key, None)
+            meta = orjson.dumps(obj)
+    if meta.strip() == b"{}":
+        return b"{" + keys + b"}"
+    return meta[:-1] + b"," + keys + b"}"
+
+
+# ---- the endpoints ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ClaimResult:
+    topic: Topic
+    items: list[bytes]
+    ready: int
+
+
+@dataclass(slots=True)
+class SeqsResult:
+    """Ack, nack and extend: how many were handled, which were skipped, counts after."""
+
+    topic: Topic
+    done: int
+    skipped: list[int]
+    counts: QueueCounts
+    deadlines: dict[int, int] = field(default_factory=dict)
+    fsync_ms: float = 0.0
+
+
+class QueueService:
+    """The queue endpoints and the expiry timer, on top of the engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cfg = engine.cfg.queue
+        self._timers: list[tuple[float, int, JobQueue]] = []
+        self._timer_n = 0
+        self._timer_wake = trio.Event()
+
+    # ---- lifecycle of queue topics --------------------------------------------------
+
+    def attach(self, topic: Topic) -> None:
+        """Give a new queue topic instance its lease table."""
+        if topic.config.type == "queue" and topic.queue is None:
+            topic.queue = JobQueue(topic, self._lease_seed())
+
+    def _lease_seed(self) -> int:
+        # lease ids of a new table start above any a previous process could have handed
+        # out (fewer than 2**20 per millisecond), so a fence from before a restart never
+        # matches a lease made after it
+        return self.engine.clock.now_ms() << 20
+
+    def recovered(self, topic: Topic) -> None:
+        if topic.queue is not None:
+            topic.queue.rebuild(self._lease_seed())
+
+    # ---- the expiry timer ---------------------------------------------------------------
+
+    def _schedule(self, q: JobQueue) -> None:
+        """Make sure the timer wakes for `q`'s earliest due time."""
+        due = q.next_due()
+        if due is None or (q.timer_due is not None and due >= q.timer_due):
+            return
+        q.timer_due = due
+        self._timer_n += 1
+        heapq.heappush(self._timers, (due, self._timer_n, q))
+        if self._timers[0][2] is q:
+            self._timer_wake.set()
+        if len(self._timers) > 1024 and len(self._timers) > 4 * len(self.engine.by_id):
+            self._timers = [t for t in self._timers if t[0] == t[2].timer_due and not t[2].closed]
+            heapq.heapify(self._timers)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Expire leases and end nack delays when they fall due (no polling: sleeps
+        until the earliest due time of all queues, or until an earlier one appears)."""
+        task_status.started()
+        while True:
+            if self._timers:
+                with trio.move_on_at(self._timers[0][0]):
+                    await self._timer_wake.wait()
+            else:
+                await self._timer_wake.wait()
+            self._timer_wake = trio.Event()
+            now = trio.current_time()
+            # `_schedule` may replace the list (compaction): always use the attribute
+            while self._timers and self._timers[0][0] <= now:
+                due, _, q = heapq.heappop(self._timers)
+                if q.closed or due != q.timer_due:
+                    continue  # superseded by an earlier entry, or the topic is gone
+                q.timer_due = None
+                self.engine.enforce(q.topic)
+                q.sweep(now)
+                self._schedule(q)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _queue_of(self, name: str) -> tuple[Topic, JobQueue]:
+        """The live queue topic `name` (`404`, `409 not_a_queue`), retention enforced and
+        due leases swept."""
+        engine = self.engine
+        topic = engine.get(name)
+        q = topic.queue
+        if q is None:
+            raise NotAQueue(f"topic {name!r} is a log, not a queue", {"topic": name})
+        engine.enforce(topic)
+        q.sweep(trio.current_time())
+        return topic, q
+
+    def counts(self, topic: Topic) -> QueueCounts:
+        """The queue's counts now (for `GET /v0/topics/:q`)."""
+        q = topic.queue
+        assert q is not None
+        q.sweep(trio.current_time())
+        return q.counts()
+
+    async def _delete(self, topic: Topic, seqs: list[int]) -> float:
+        """Delete `seqs` for good: a sync-gated `RecordsDelete` with explicit seqs on every
+        WAL class, in memory only on `ephemeral`. Returns the wait in ms.
+
+        Shielded: the caller holds these jobs until the delete resolves, and a commit
+        that was handed over resolves whether or not anyone waits (so a cancelled caller
+        could otherwise leave them held forever)."""
+        engine = self.engine
+        engine.check_open()
+        frame = None
+        if topic.config.durability != "ephemeral":
+            frame = frames.encode_control(
+                frames.RECORDS_DELETE, topic.topic_id, engine.clock.now_ms(), {"seqs": seqs}
+            )
+        t0 = perf_ms()
+        with trio.CancelScope(shield=True):
+            await engine.commit.control(topic, frame, lambda: engine.apply_seqs_delete(topic, seqs))
+        return perf_ms() - t0
+
+    # ---- claim --------------------------------------------------------------------------
+
+    async def claim(self, name: str, node: str, want: int, lease_ms: int | None) -> ClaimResult:
+        """`POST /v0/topics/:q/claim`: lease up to `want` jobs to `node`."""
+        topic, q = self._queue_of(name)
+        me = Claimer(node, want, self._lease_ms(topic, lease_ms))
+        jitter_ms = topic.config.claim_jitter_ms
+        if jitter_ms <= 0:
+            await trio.lowlevel.checkpoint()
+            if topic.deleted:
+                raise TopicNotFound(name)
+            cohort = _Cohort(trio.current_time(), [me])
+            diverted = self._serve(topic, q, cohort)
+        else:
+            current = q.cohort
+            if current is None or current.served:
+                cohort = q.cohort = _Cohort(trio.current_time() + jitter_ms / 1000)
+            else:
+                cohort = current
+            cohort.members.append(me)
+            try:
+                await trio.sleep_until(cohort.closes_at)
+            except BaseException:
+                if not cohort.served:
+                    cohort.members.remove(me)
+                raise
+            diverted = []
+            if not cohort.served:
+                # the first member awake serves the whole cohort
+                if q.cohort is cohort:
+                    q.cohort = None
+                try:
+                    if topic.deleted:
+                        raise TopicNotFound(name)
+                    diverted = self._serve(topic, q, cohort)
+                except TopicdError as exc:
+                    cohort.served = True
+                    cohort.members[0].error = exc
+        if diverted:
+            await self._dead_letter(topic, q, diverted, cohort.dead_letter)
+            cohort.ready = q.counts().ready
+        if me.error is not None:
+            raise me.error
+        return ClaimResult(topic, me.items, cohort.ready)
+
+    def _lease_ms(self, topic: Topic, lease_ms: int | None) -> int:
+        value = topic.config.lease_ms if lease_ms is None else lease_ms
+        return min(max(value, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
+
+    def _serve(self, topic: Topic, q: JobQueue, cohort: _Cohort) -> list[int]:
+        """One pass for a whole cohort (synchronous: nothing interleaves)."""
+        cohort.served = True
+        engine = self.engine
+        engine.enforce(topic)
+        now = trio.current_time()
+        now_ms = engine.clock.now_ms()
+        q.sweep(now)
+        cfg = topic.config
+        diverted = q.claim(
+            cohort.members, now, now_ms, cfg.max_deliveries, cfg.dead_letter is not None
+        )
+        if diverted:
+            assert cfg.dead_letter is not None
+            cohort.dead_letter = (cfg.dead_letter, cfg.max_deliveries)
+        for m in cohort.members:
+            m.items = [claim_item(topic, lease, n) for lease, n in m.got]
+        cohort.ready = q.counts().ready
+        self._schedule(q)
+        return diverted
+
+    async def _dead_letter(
+        self, topic: Topic, q: JobQueue, seqs: list[int], dead_letter: tuple[str, int]
+    ) -> None:
+        """Move held jobs to the dead-letter topic (as configured at the pass): append a
+        copy, then delete the job (the ack path). A failed move makes the job claimable
+        again; a later pass retries it."""
+        engine = self.engine
+        target, max_deliveries = dead_letter
+        for i, seq in enumerate(seqs):
+            enc = topic.enc(seq)
+            if enc is None or seq not in q.held:
+                continue
+            data, meta = split(enc, topic.shapes.get(seq))
+            record = RecordIn(
+                data=msgspec.Raw(data),
+                tag=topic.tags.get(seq),
+                node=topic.nodes.get(seq),
+                meta=msgspec.Raw(dead_letter_meta(meta, topic.name, max_deliveries, seq)),
+                priority=topic.prios.get(seq),
+            )
+            try:
+                await engine.append(target, WriteIn(records=[record]))
+                await self._delete(topic, [seq])
+            except TopicdError as exc:
+                log.warning(
+                    "queue %r: moving job %d to dead-letter topic %r failed (%s); it stays "
+                    "claimable and the move is retried",
+                    topic.name,
+                    seq,
+                    target,
+                    exc.message,
+                )
+                q.release_held([seq])
+                continue
+            except BaseException:
+                q.release_held(seqs[i:])
+                raise
+            q.dead_lettered += 1
+
+    # ---- ack / nack / extend ------------------------------------------------------------
+
+    async def ack(self, name: str, node: str, seqs: list[int], fences: list[str]) -> SeqsResult:
+        """`POST /v0/topics/:q/ack`: ack = record delete, committed before the answer."""
+        topic, q = self._queue_of(name)
+        held, skipped = q.hold_for_ack(node, seqs, fences)
+        fsync_ms = 0.0
+        if held:
+            try:
+                fsync_ms = await self._delete(topic, held)
+            except TopicdError:
+                q.release_held(held)
+                self._schedule(q)
+                raise
+        else:
+            await trio.lowlevel.checkpoint()
+        return SeqsResult(topic, len(held), skipped, q.counts(), fsync_ms=fsync_ms)
+
+    async def nack(
+        self, name: str, node: str, seqs: list[int], fences: list[str], delay_ms: int
+    ) -> SeqsResult:
+        """`POST /v0/topics/:q/nack`: release leases now or after `delay_ms`."""
+        topic, q = self._queue_of(name)
+        delay_ms = min(delay_ms, self.cfg.max_nack_delay_ms)
+        released, skipped = q.nack(node, seqs, fences, delay_ms, trio.current_time())
+        self._schedule(q)
+        await trio.lowlevel.checkpoint()
+        return SeqsResult(topic, released, skipped, q.counts())
+
+    async def extend(
+        self, name: str, node: str, seqs: list[int], fences: list[str], lease_ms: int
+    ) -> SeqsResult:
+        """`POST /v0/topics/:q/extend`: deadline = now + `lease_ms` for held leases."""
+        topic, q = self._queue_of(name)
+        lease_ms = min(max(lease_ms, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
+        deadlines, skipped = q.extend(
+            node, seqs, fences, lease_ms, trio.current_time(), self.engine.clock.now_ms()
+        )
+        self._schedule(q)
+        await trio.lowlevel.checkpoint()
+        return SeqsResult(topic, len(deadlines), skipped, q.counts(), deadlines)
