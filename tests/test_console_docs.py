@@ -254,7 +254,7 @@ async def run_steps(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "path", [p for p in DOC_FILES if "```console" in (ROOT / p).read_text("utf-8")]
+    "path", [p for p in DOC_FILES if _FENCE.search((ROOT / p).read_text("utf-8"))]
 )
 async def test_console_blocks_run_as_printed(path: str, tmp_path: Path):
     steps = console_steps(path)
