@@ -171,3 +171,35 @@ async def test_governor_series(autojump_clock):
         body = await (await c.get("/v0/metrics", headers={"Accept": "application/json"})).get_json()
         assert body["pressure"] == 0.7
         assert set(body["governor"]) >= {"signals", "commit_window_ms", "defer_active"}
+
+
+async def test_json_snapshot_rounds_tiny_floats(autojump_clock):
+    """Decayed EWMAs print as 0.0, never as `3.8e-35`; other floats keep 4 decimals."""
+    async with open_app() as h:
+        c = h.app.test_client()
+        engine = h.engine
+        engine._govern(3.8e-35, 0.0, 0.5)
+        engine.governor.signals["latency"] = 1.2345678e-7
+        engine.governor.signals["pool"] = 0.123456789
+        engine.governor.signals["depth"] = -0.0
+        engine.governor.loop_lag_ms = 0.00004999
+        r = await c.get("/v0/metrics", headers={"Accept": "application/json"})
+        raw = (await r.get_data()).decode()
+        assert not re.search(r"\d[eE][-+]?\d", raw), raw
+        body = await r.get_json()
+        assert body["pressure"] == 0.0
+        signals = body["governor"]["signals"]
+        assert signals["latency"] == 0.0
+        assert signals["pool"] == 0.1235
+        assert '"depth":0.0' in raw  # -0.0 is written as 0.0
+        assert body["governor"]["loop_lag_ms"] == 0.0
+        assert body["governor"]["commit_window_ms"] == 0.5
+        assert body["ready"] is True  # bools and ints are left alone
+        assert isinstance(body["uptime_ms"], int)
+
+
+def test_tidy_floats_recurses_and_keeps_non_floats():
+    from topicd.http.metrics import tidy_floats
+
+    value = {"a": [1.00004, 2, True, None, "x"], "b": {"c": 1e-9, "d": 12345.678912}}
+    assert tidy_floats(value) == {"a": [1.0, 2, True, None, "x"], "b": {"c": 0.0, "d": 12345.6789}}

@@ -437,7 +437,8 @@ def prometheus_text(ref: EngineRef, lifecycle: Lifecycle) -> bytes:
     )
 
 
-def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> dict[str, JsonValue]:
+def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
+    """The JSON form of the metrics (floats rounded by `tidy_floats`)."""
     engine = ref.engine
     topics = engine.topics
     counts = dict.fromkeys(CLASSES, 0)
@@ -484,7 +485,28 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> dict[str, JsonValue]:
             "fsync_micros_total": int(sum(s.fsync_us_total for s in shards)),
             "records_synced": sum(s.records_synced for s in shards),
         }
-    return out
+    return tidy_floats(out)
+
+
+JSON_DECIMALS: Final = 4  # 0.0001 is the smallest non-zero value the snapshot shows
+
+
+def tidy_floats(value: JsonValue) -> JsonValue:
+    """`value` with every float rounded to `JSON_DECIMALS` decimals, recursively.
+
+    Decaying EWMAs (pressure, loop lag, the governor's signals) approach zero without
+    reaching it; unrounded they print as `3.8e-35`. Rounded, anything below half of
+    0.0001 is `0.0`, and every non-zero value prints in plain decimal notation (orjson
+    switches to an exponent only below 1e-5). `-0.0` becomes `0.0`. Ints and bools
+    are kept as they are.
+    """
+    if isinstance(value, float):
+        return round(value, JSON_DECIMALS) + 0.0
+    if isinstance(value, dict):
+        return {k: tidy_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [tidy_floats(v) for v in value]
+    return value
 
 
 def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
