@@ -101,25 +101,22 @@ def test_a_frame_limit_below_the_largest_record_is_refused(tmp_path):
         load_config(conf, env={}, flags={})
     conf.write_text(conf.read_text().replace(str(bound - 1), str(bound)))
     load_config(conf, env={}, flags={})  # exactly the bound is accepted
-    out = subprocess.run(
-        [sys.executable, "-m", "topicd", "check-config", "--config", str(conf)],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
-        check=False,
-    )
+    out = _check_config(conf)
     assert out.returncode == 0, out.stderr
     conf.write_text(conf.read_text().replace(f"= {bound}\n", f"= {bound - 1}\n", 1))
-    out = subprocess.run(
+    out = _check_config(conf)
+    assert out.returncode == 2 and "storage.wal.max_frame_bytes" in out.stderr
+
+
+def _check_config(conf) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "topicd", "check-config", "--config", str(conf)],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
+        cwd=conf.parent,
         check=False,
     )
-    assert out.returncode == 2 and "storage.wal.max_frame_bytes" in out.stderr
 
 
 @pytest.mark.parametrize("snapshot", [False, True], ids=["replay", "snapshot"])

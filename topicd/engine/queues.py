@@ -370,16 +370,29 @@ class JobQueue:
     ) -> tuple[list[int], list[int]]:
         """Ack step one (sweep first): every seq leased to `node` (fence matching) leaves
         its lease and is held until its delete commits. Returns (held, skipped)."""
+        leases, skipped = self._holding(node, seqs, fences)
         held: list[int] = []
+        for lease in leases:
+            del self.leases[lease.seq]
+            self.held.add(lease.seq)
+            held.append(lease.seq)
+        return held, skipped
+
+    def _holding(
+        self, node: str, seqs: list[int], fences: list[str]
+    ) -> tuple[list[Lease], list[int]]:
+        """The live leases `node` holds on `seqs` (fence matching), and the seqs it does
+        not hold (expired, re-leased, acked, unknown): (held leases, skipped seqs)."""
+        held: list[Lease] = []
         skipped: list[int] = []
+        taken: set[int] = set()
         for i, seq in enumerate(seqs):
             lease = self._held_by(seq, node, fences[i] if fences else "")
-            if lease is None:
+            if lease is None or seq in taken:  # a repeated seq: its lease is taken already
                 skipped.append(seq)
-                continue
-            del self.leases[seq]
-            self.held.add(seq)
-            held.append(seq)
+            else:
+                taken.add(seq)
+                held.append(lease)
         return held, skipped
 
     def release_held(self, seqs: Iterable[int]) -> None:
@@ -394,15 +407,10 @@ class JobQueue:
     ) -> tuple[int, list[int]]:
         """Release leases held by `node` (sweep first), now or after `delay_ms`.
         Delivery counters are kept. Returns (released, skipped)."""
-        released = 0
-        skipped: list[int] = []
-        for i, seq in enumerate(seqs):
-            lease = self._held_by(seq, node, fences[i] if fences else "")
-            if lease is None:
-                skipped.append(seq)
-                continue
+        leases, skipped = self._holding(node, seqs, fences)
+        for lease in leases:
+            seq = lease.seq
             del self.leases[seq]
-            released += 1
             if delay_ms:
                 ready_at = now + delay_ms / 1000
                 self.delayed[seq] = ready_at
@@ -412,7 +420,7 @@ class JobQueue:
                     heapq.heapify(self._delays)
             else:
                 self._requeue(seq)
-        return released, skipped
+        return len(leases), skipped
 
     def extend(
         self,
@@ -426,16 +434,12 @@ class JobQueue:
         """Move the deadline of unexpired leases held by `node` to now + `lease_ms`
         (sweep first). Returns ({seq: new deadline_ms}, skipped)."""
         deadlines: dict[int, int] = {}
-        skipped: list[int] = []
-        for i, seq in enumerate(seqs):
-            lease = self._held_by(seq, node, fences[i] if fences else "")
-            if lease is None:
-                skipped.append(seq)
-                continue
+        leases, skipped = self._holding(node, seqs, fences)
+        for lease in leases:
             lease.expires_at = now + lease_ms / 1000 + _PAST_S
             lease.deadline_ms = now_ms + lease_ms
             self._push_deadline(lease)
-            deadlines[seq] = lease.deadline_ms
+            deadlines[lease.seq] = lease.deadline_ms
         return deadlines, skipped
 
     # ---- whole-queue changes ------------------------------------------------------------
