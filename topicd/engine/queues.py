@@ -379,16 +379,17 @@ class JobQueue:
         return held, skipped
 
     def _holding(
-        self, node: str, seqs: list[int], fences: list[str]
+        self, node: str, seqs: list[int], fences: list[str], *, releasing: bool = True
     ) -> tuple[list[Lease], list[int]]:
         """The live leases `node` holds on `seqs` (fence matching), and the seqs it does
-        not hold (expired, re-leased, acked, unknown): (held leases, skipped seqs)."""
+        not hold (expired, re-leased, acked, unknown): (held leases, skipped seqs). When
+        `releasing` (ack, nack) a repeated seq is skipped: its lease is gone by then."""
         held: list[Lease] = []
         skipped: list[int] = []
         taken: set[int] = set()
         for i, seq in enumerate(seqs):
             lease = self._held_by(seq, node, fences[i] if fences else "")
-            if lease is None or seq in taken:  # a repeated seq: its lease is taken already
+            if lease is None or (releasing and seq in taken):
                 skipped.append(seq)
             else:
                 taken.add(seq)
@@ -434,7 +435,7 @@ class JobQueue:
         """Move the deadline of unexpired leases held by `node` to now + `lease_ms`
         (sweep first). Returns ({seq: new deadline_ms}, skipped)."""
         deadlines: dict[int, int] = {}
-        leases, skipped = self._holding(node, seqs, fences)
+        leases, skipped = self._holding(node, seqs, fences, releasing=False)
         for lease in leases:
             lease.expires_at = now + lease_ms / 1000 + _PAST_S
             lease.deadline_ms = now_ms + lease_ms
