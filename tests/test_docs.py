@@ -119,10 +119,6 @@ async def test_api_doc_lists_every_served_route():
 
 
 NOT_SERVED = [  # as docs/api.md writes them (`/work` stands for `/v0/topics/:topic/work`)
-    ("PUT", "/v0/routers/:router"),
-    ("GET", "/v0/routers/:router"),
-    ("DELETE", "/v0/routers/:router"),
-    ("GET", "/v0/routers"),
     ("GET", "/v0/topics/:topic/work"),
     ("GET", "/v0/ws"),
     ("GET", "/_topicd/dashboard"),

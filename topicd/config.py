@@ -265,7 +265,7 @@ class LimitsConfig:
     )
     max_routers: int = key(
         10000,
-        "Routers existing at once (routers, reserved); 0 = unlimited.",
+        "Routers existing at once; 0 = unlimited.",
         env=_env2("MAX_ROUTERS"),
         min=0,
     )
@@ -507,20 +507,27 @@ class QueueConfig:
 class RoutersConfig:
     tick_ms: int = key(
         50,
-        "Background forwarding sweep interval (routers, reserved).",
+        "Background forwarding sweep interval.",
         env=("TOPICD_ROUTER_TICK_MS",),
         min=1,
     )
     batch: int = key(
         1024,
-        "Max source records per router per pass (routers, reserved).",
+        "Max source records per router per pass before yielding.",
         env=("TOPICD_ROUTER_BATCH",),
         min=1,
     )
     max_hops: int = key(
         8,
-        "Hop cap for allow_cycle graphs (routers, reserved).",
+        "Hop cap for allow_cycle graphs: a copy that has made this many hops is not "
+        "forwarded again.",
         env=("TOPICD_ROUTER_MAX_HOPS",),
+        min=1,
+    )
+    cursor_log_ms: int = key(
+        1000,
+        "How often a router's moved cursor is logged (RouterCursor frame, not synced).",
+        env=("TOPICD_ROUTER_CURSOR_LOG_MS",),
         min=1,
     )
 
@@ -955,8 +962,6 @@ NOT_IMPLEMENTED: Final = {
     "storage.cold_dir": "the cold tier",
     "storage.tiering": "the cold tier",
     "storage.segments": "segment files (records live in the WAL and snapshots)",
-    "limits.max_routers": "routers",
-    "routers": "routers",
     "queue.work_heartbeat_ms": "the queue /work stream",
     "queue.work_poll_ms": "the queue /work stream",
     "watch.ws_outbound_queue": "the WebSocket data plane",

@@ -276,3 +276,28 @@ CONFIG_DECODER: Final = msgspec.json.Decoder(TopicConfigIn)
 WATCH_DECODER: Final = msgspec.json.Decoder(WatchIn)
 CLAIM_DECODER: Final = msgspec.json.Decoder(ClaimIn)
 LEASE_OP_DECODER: Final = msgspec.json.Decoder(LeaseOpIn)
+
+
+class RouterIn(msgspec.Struct):
+    """`PUT /v0/routers/:router` body (the router fields; `create_dest` is not echoed)."""
+
+    source: str
+    dest: str
+    preserve_node: bool = True
+    preserve_tag: bool = True
+    create_dest: bool = True
+    filter: str | list[str] | None = None
+    allow_cycle: bool = False
+    guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+
+
+ROUTER_DECODER: Final = msgspec.json.Decoder(RouterIn)
+
+
+def check_router_name(name: str) -> None:
+    if not valid_router_name(name):
+        raise InvalidRequest(
+            f"invalid router name {name[:300]!r}: 1-255 characters of [A-Za-z0-9._:>-], "
+            "starting with a letter or digit",
+            {"router": name[:300]},
+        )

@@ -171,9 +171,12 @@ class CommitPath(Protocol):
         """Accept an admitted batch (synchronous, cannot fail); publish it later."""
         ...
 
-    async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
+    async def control(
+        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+    ) -> _T:
         """Log `frame` for `topic` (None: nothing to log) and run `apply` once it is
-        durable; return its value (or raise what it raised)."""
+        durable (`sync=False`: once written, not synced); return its value (or raise what
+        it raised)."""
         ...
 
     def status(self) -> dict[str, JsonValue] | None:
@@ -213,7 +216,9 @@ class InMemoryCommitPath:
         assert self._hooks is not None
         self._hooks.publish_append(batch)
 
-    async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
+    async def control(
+        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+    ) -> _T:
         await trio.lowlevel.checkpoint()
         return apply()
 

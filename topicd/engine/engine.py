@@ -25,6 +25,7 @@ import trio
 from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
 from topicd.engine.idempotency import IdemEntry, IdempotencyStore
 from topicd.engine.queues import QueueService
+from topicd.engine.router import RouterService
 from topicd.engine.topic import ReadResult, Topic
 from topicd.engine.watch import Session, WatchOptions, WatchRegistry
 from topicd.engine.writes import PreparedWrite, encode_batch, prepare_write
@@ -149,6 +150,7 @@ class Engine:
         self.saturation = SaturationRegistry(config.levels)
         self._register_queues()
         self.queues = QueueService(self)
+        self.routers = RouterService(self)
 
     # ------------------------------------------------------------------------------------
     # lifecycle
@@ -162,6 +164,7 @@ class Engine:
             await nursery.start(self.sched.run)
             await nursery.start(self.governor.run)
             await nursery.start(self.queues.run)
+            await nursery.start(self.routers.run)
             nursery.start_soon(self._watchdog)
             task_status.started()
             interval = self.cfg.engine.housekeeping_interval_ms / 1000
@@ -418,6 +421,7 @@ class Engine:
         self.total_bytes -= topic.bytes
         self.idem.drop_topic(topic.topic_id)
         topic.deleted = True
+        self.routers.topic_deleted(topic)  # cascade
         if topic.queue is not None:
             topic.queue.close()  # its leases go with it
         topic.wake()
@@ -711,15 +715,25 @@ class Engine:
 
     async def delete_topic(self, name: str, if_empty: bool) -> bool:
         """Delete a topic instance (api-topics §5). Returns whether one was deleted."""
+        deleted, _ = await self.delete_topic_cascade(name, if_empty)
+        return deleted
+
+    async def create_default(self, name: str) -> Topic | None:
+        """Create `name` with the default config (router auto-create); None if it exists."""
+        return await self._create(name, self.resolve_config(name, None))
+
+    async def delete_topic_cascade(self, name: str, if_empty: bool) -> tuple[bool, list[str]]:
+        """Delete a topic instance and every router of it. Returns (deleted, the names of
+        the routers removed with it)."""
         check_topic_name(name)
         await self._wait_creating(name)
         topic = self.topics.get(name)
         if topic is None:
             await trio.lowlevel.checkpoint()
-            return False
+            return False, []
         if topic.deleting is not None:
             await topic.deleting.wait()
-            return False
+            return False, []
         now = self.clock.now_ms()
         if if_empty:
             self._enforce(topic, now)
@@ -729,14 +743,18 @@ class Engine:
                     {"topic": topic.name, "count": topic.count},
                 )
         self.check_open()
+        routers = self.routers.touching(topic)
         frame = frames.encode_control(
-            frames.TOPIC_DELETE, topic.topic_id, now, {"if_empty": if_empty}
+            frames.TOPIC_DELETE, topic.topic_id, now, {"if_empty": if_empty, "routers": routers}
         )
         topic.deleting = done = trio.Event()
+
+        def apply() -> tuple[bool, list[str]]:
+            removed = self.routers.touching(topic)
+            return self.apply_delete_topic(topic, if_empty, self.clock.now_ms()), removed
+
         try:
-            return await self.commit.control(
-                topic, frame, lambda: self.apply_delete_topic(topic, if_empty, self.clock.now_ms())
-            )
+            return await self.commit.control(topic, frame, apply)
         finally:
             topic.deleting = None
             done.set()
@@ -908,6 +926,7 @@ class Engine:
         req.check()
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
+        self.routers.catch_up(topic)  # read-your-writes through routers
         res = self._read(topic, req)
         if (
             wait_ms > 0
@@ -924,6 +943,7 @@ class Engine:
                 return topic, res
             if topic.deleted:
                 raise TopicNotFound(name)
+            self.routers.catch_up(topic)
             res = self._read(topic, req)  # once, with the same request (step 9)
         else:
             await trio.lowlevel.checkpoint()
@@ -972,6 +992,7 @@ class Engine:
                 if lenient:
                     continue
                 raise TopicNotFound(name)
+            self.routers.catch_up(topic)
             self._enforce(topic, now)
             chosen.append((topic, topic.head_seq if spec.tail else spec.from_seq))
         if not chosen:

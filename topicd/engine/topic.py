@@ -71,6 +71,22 @@ class Tombstone:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class DerivedSlot:
+    """One seq a router fills in its destination: a copy (`enc` set) or a hole."""
+
+    enc: bytes | None
+    size: int = 0
+    tag: str | None = None
+    node: str | None = None
+    prio: int = 0
+    shape: Shape | None = None
+    hop: int = 0
+
+
+HOLE: Final = DerivedSlot(None)
+
+
 @dataclass(slots=True)
 class ReadResult:
     """The outcome of one diff walk (api-topics §7.2 steps 4-8)."""
@@ -248,6 +264,10 @@ class Topic:
         self.deleting: trio.Event | None = None  # set while a delete is being committed
         self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
         self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
+        # router destinations: seqs whose source record was gone before it was copied
+        # (`source_trim` tombstones), and the hop count of each derived copy (routers)
+        self.trims: list[tuple[int, int]] = []
+        self.hops: dict[int, int] = {}
         self._wakeup: trio.Event | None = None
         # delivery (topicd.sched): the scheduler's slot, how far drains have pushed, and
         # the highest seq known to be on disk (what `consistency:"strong"` watchers see)
@@ -380,6 +400,101 @@ class Topic:
         self.lost_ranges.sort()
         self.skip_to(gap_to)
 
+    def publish_derived(self, ts: int, slots: list[DerivedSlot]) -> int:
+        """Append router copies (and the holes of passed-over source seqs) at `head + 1 ..`.
+
+        Derived slots never go through the WAL (routers re-derive them at recovery), so
+        this is the whole publication. Returns the payload bytes added."""
+        assert slots
+        assert self.next_seq == self.head_seq + 1, "a write is in flight"
+        first = self.head_seq + 1
+        run = self.runs[-1]
+        if run.end + 1 != first:
+            run = Run(first)
+            self.runs.append(run)
+        nbytes = 0
+        for i, slot in enumerate(slots):
+            seq = first + i
+            run.encs.append(slot.enc)
+            run.ts.append(ts)
+            run.sizes.append(slot.size)
+            if slot.enc is None:
+                continue
+            self._extras(seq, slot)
+            nbytes += slot.size
+            self.count += 1
+            if self.queue is not None:
+                self.queue.published(seq, 1, {0: slot.prio} if slot.prio else {})
+        self.head_seq = self.next_seq - 1 + len(slots)
+        self.next_seq = self.head_seq + 1
+        self.bytes += nbytes
+        self._advance_earliest()
+        return nbytes
+
+    def _extras(self, seq: int, slot: DerivedSlot) -> None:
+        if slot.tag is not None:
+            self.tags[seq] = slot.tag
+            self.tag_index.add(slot.tag, seq)
+        if slot.node is not None:
+            self.nodes[seq] = slot.node
+        if slot.prio:
+            self.prios[seq] = slot.prio
+        if slot.shape is not None:
+            self.shapes[seq] = slot.shape
+        if slot.hop:
+            self.hops[seq] = slot.hop
+
+    def insert_derived(self, placed: dict[int, tuple[int, DerivedSlot]]) -> int:
+        """Recovery: put re-derived slots (`seq -> (ts, slot)`) into the gaps of the log
+        (seqs held by no run, above `earliest_seq`). Rebuilds the runs; returns the payload
+        bytes added."""
+        if not placed:
+            return 0
+        slots: dict[int, tuple[bytes | None, int, int]] = {}
+        for run in self.runs:
+            for i, enc in enumerate(run.encs):
+                slots[run.base + i] = (enc, run.ts[i], run.sizes[i])
+        nbytes = 0
+        for seq, (ts, slot) in placed.items():
+            assert seq not in slots, seq
+            slots[seq] = (slot.enc, ts, slot.size)
+            if slot.enc is not None:
+                self._extras(seq, slot)
+                nbytes += slot.size
+                self.count += 1
+        runs: list[Run] = []
+        for seq in sorted(slots):
+            enc, ts, size = slots[seq]
+            if not runs or runs[-1].end + 1 != seq:
+                runs.append(Run(seq))
+            run = runs[-1]
+            run.encs.append(enc)
+            run.ts.append(ts)
+            run.sizes.append(size)
+        top = max(self.head_seq, runs[-1].end)
+        if runs[-1].end < top:
+            runs.append(Run(top + 1))
+        self.runs = runs
+        self.head_seq = top
+        self.next_seq = top + 1
+        self.bytes += nbytes
+        self.tag_index.rebuild(sorted(self.tags.items()))
+        if self.count == 0:
+            self.earliest_seq = self.head_seq + 1
+        else:
+            self.earliest_seq = min(self.earliest_seq, min(placed))
+            self._advance_earliest()
+        return nbytes
+
+    def add_trim(self, gap_from: int, gap_to: int) -> None:
+        """Seqs a router could not fill: its source lost them first (`source_trim`)."""
+        trims = self.trims
+        if trims and trims[-1][1] + 1 == gap_from:
+            trims[-1] = (trims[-1][0], gap_to)
+        else:
+            trims.append((gap_from, gap_to))
+            trims.sort()
+
     # ---- retention --------------------------------------------------------------------
 
     def enforce(self, now_ms: int) -> int:
@@ -414,6 +529,8 @@ class Topic:
         self.evict_floor = seq + 1
         while self.lost_ranges and self.lost_ranges[0][1] < seq:
             del self.lost_ranges[0]  # absorbed: the cap/TTL tombstone now covers it
+        while self.trims and self.trims[0][1] < seq:
+            del self.trims[0]
         size = self._kill(seq, self.runs[0])
         self._advance_earliest()
         return size
@@ -435,6 +552,8 @@ class Topic:
         prio = self.prios.pop(seq, 0) if self.prios else 0
         if self.shapes:
             self.shapes.pop(seq, None)
+        if self.hops:
+            self.hops.pop(seq, None)
         if self.queue is not None:
             self.queue.dropped(seq, prio)
         return size
@@ -558,8 +677,8 @@ class Topic:
         else:
             cursor = from_seq
         # a lost range (seqs possibly lost in a crash) is a barrier no jump may cross
-        lost: tuple[int, int] | None = None
-        if self.lost_ranges:
+        lost: tuple[int, int, str] | None = None
+        if self.lost_ranges or self.trims:
             recreated = tomb is not None and tomb.reason == "recreated"
             lost = self._next_lost(cursor if recreated else from_seq)
         barrier = lost[0] - 1 if lost is not None else head
@@ -622,15 +741,19 @@ class Topic:
         if lost is not None and seq >= barrier and not out and tomb is None:
             # the walk reached a lost range with nothing to deliver: announce it
             gap_from, gap_to = max(lost[0], from_seq + 1), lost[1]
-            tomb = Tombstone(gap_from, gap_to, "crash", gap_to + 1, head)
+            tomb = Tombstone(gap_from, gap_to, lost[2], gap_to + 1, head)
             seq = gap_to
         return ReadResult(out, seq, head, earliest, tomb, scanned)
 
-    def _next_lost(self, from_seq: int) -> tuple[int, int] | None:
-        """The first lost range ending above `from_seq`, if any."""
-        ranges = self.lost_ranges
-        i = bisect.bisect_right(ranges, from_seq, key=lambda r: r[1])
-        return ranges[i] if i < len(ranges) else None
+    def _next_lost(self, from_seq: int) -> tuple[int, int, str] | None:
+        """The first lost range (`crash`) or router trim (`source_trim`) ending above
+        `from_seq`, if any."""
+        found: tuple[int, int, str] | None = None
+        for ranges, reason in ((self.lost_ranges, "crash"), (self.trims, "source_trim")):
+            i = bisect.bisect_right(ranges, from_seq, key=lambda r: r[1])
+            if i < len(ranges) and (found is None or ranges[i][0] < found[0]):
+                found = (ranges[i][0], ranges[i][1], reason)
+        return found
 
     # ---- waiting ------------------------------------------------------------------------
 

@@ -583,7 +583,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, queues, topics, watch
+    from topicd.http import metrics, ops, queues, routers, topics, watch
 
     app = QuartTrio("topicd")
     # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
@@ -600,6 +600,7 @@ def create_app(
 
     topics.register(app, ref, config)
     queues.register(app, ref, config)
+    routers.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
     metrics.register(app, ref, config, lifecycle)
     watch.register(app, ref, config, keys)

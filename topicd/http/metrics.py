@@ -75,7 +75,39 @@ class _Collector:
         for cls in CLASSES:
             by_class.add_metric([cls], counts[cls])
         yield by_class
-        yield gauge("topics_routers", "Routers existing.", 0)
+        routers = engine.routers
+        yield gauge("topics_routers", "Routers existing.", len(routers.routers))
+        yield CounterMetricFamily(
+            "topicd_router_copies",
+            "Records routers appended to destinations.",
+            value=routers.stats.copies,
+        )
+        yield CounterMetricFamily(
+            "topicd_router_source_trim",
+            "Source seqs evicted before a router copied them (source_trim gaps).",
+            value=routers.stats.trimmed,
+        )
+        yield CounterMetricFamily(
+            "topicd_router_blocked",
+            "Forwarding passes held back by a full destination (the cursor waits).",
+            value=routers.stats.blocked,
+        )
+        lag = GaugeMetricFamily(
+            "topicd_router_cursor_lag",
+            "Per-router source head minus cursor (records not yet forwarded).",
+            labels=["router"],
+        )
+        handled = CounterMetricFamily(
+            "topicd_router_forwarded",
+            "Per-router source records handled since creation.",
+            labels=["router"],
+        )
+        for rname in sorted(routers.routers)[:PER_TOPIC_MAX]:
+            r = routers.routers[rname]
+            lag.add_metric([rname], r.lag)
+            handled.add_metric([rname], r.forwarded_total)
+        yield lag
+        yield handled
         yield gauge(
             "topics_records_live",
             "Live records across topics.",
@@ -447,7 +479,7 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
     out: dict[str, JsonValue] = {
         "topics": len(topics),
         **{f"topics_{c}": counts[c] for c in CLASSES},
-        "routers": 0,
+        "routers": len(engine.routers.routers),
         "records_live": sum(t.count for t in topics.values()),
         "bytes_live": engine.total_bytes,
         "queue_topics": sum(1 for t in topics.values() if t.config.type == "queue"),

@@ -111,8 +111,12 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     @app.route("/v0/topics/<topic>", methods=["DELETE"])
     async def delete_topic(topic: str) -> Response:
         principal().require("delete", topic)
-        deleted = await ref.engine.delete_topic(topic, query_bool("if_empty", False))
-        return json_response({"topic": topic, "deleted": deleted, "routers_removed": []})
+        deleted, removed = await ref.engine.delete_topic_cascade(
+            topic, query_bool("if_empty", False)
+        )
+        payload: dict[str, JsonValue] = {"topic": topic, "deleted": deleted}
+        payload["routers_removed"] = cast("JsonValue", removed)
+        return json_response(payload)
 
     @app.route("/v0/topics/<topic>", methods=["POST"])
     async def write(topic: str) -> Response:

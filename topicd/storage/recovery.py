@@ -193,6 +193,11 @@ class _Replayer:
         self.torn: list[str] = []
         self.dirty_tail = False  # the last replayed file has non-zero bytes after its end
         self.pending: list[frames.Frame] = []  # a multi-frame write awaiting its last frame
+        # routers: each topic's head as the snapshot left it, the seq ranges of replayed
+        # direct writes, and gaps between them only router copies can explain
+        self.snap_heads: dict[int, int] = {}
+        self.direct: dict[int, list[tuple[int, int]]] = {}
+        self.gaps: list[tuple[int, int, int]] = []
         self.report = ReplayReport(log_every_ms=1000.0)
 
     # ---- files ------------------------------------------------------------------------
@@ -415,6 +420,8 @@ class _Replayer:
             topic.evict_floor = snap.evict_floor
             topic.evictions.load(snap.evictions)
             topic.lost_ranges = [(lo, hi) for lo, hi in snap.lost]
+            topic.trims = [(lo, hi) for lo, hi in snap.trims]
+            self.snap_heads[snap.id] = snap.head
             topic.last_ts = snap.last_ts
             topic.last_write_ts = snap.last_write_ts
             topic.last_read_ts = snap.last_read_ts
@@ -429,6 +436,7 @@ class _Replayer:
             engine.total_bytes += nbytes
         for tid, key, first, count_, head, expires in body.idempotency:
             engine.idem.restore(tid, key, first, count_, head, expires, self.now)
+        engine.routers.load(body.routers)
 
     # ---- frames -------------------------------------------------------------------------
 
@@ -523,7 +531,11 @@ class _Replayer:
             lo, hi = _int(body, "gap_from"), _int(body, "gap_to")
             if hi > topic.head_seq:
                 topic.add_lost_range(max(lo, topic.head_seq + 1), hi)
-        # EVICT_WATERMARK, router and lease frames: nothing to restore in this version
+        elif ftype == frames.ROUTER_CREATE:
+            engine.routers.replay_create(topic, body)
+        elif ftype in (frames.ROUTER_CURSOR, frames.ROUTER_DELETE):
+            engine.routers.replay_cursor(body, delete=ftype == frames.ROUTER_DELETE)
+        # EVICT_WATERMARK and lease frames: nothing to restore in this version
 
     def apply_write(self, parts: list[frames.Frame]) -> None:
         """One write: its Append frame, or every frame of a multi-frame write."""
@@ -536,12 +548,23 @@ class _Replayer:
         if first + len(body.encs) - 1 <= topic.head_seq:
             return  # already applied (from a snapshot's segments)
         if first != topic.head_seq + 1:
-            if first <= topic.head_seq or first - 1 > topic.reserved_head:
+            if first <= topic.head_seq:
                 raise frames.FrameError(
                     f"topic {topic.name!r}: append at seq {first} after head {topic.head_seq}"
                 )
-            # a restart resumed above the seq reservation: the gap never held records
+            if first - 1 > topic.reserved_head:
+                # only router copies (derived, re-materialized in finish()) explain this
+                # gap; finish() refuses the recovery if no router fills it
+                self.gaps.append((topic.topic_id, topic.head_seq + 1, first - 1))
+            # a restart resumed above the seq reservation (the gap never held records),
+            # or router copies sit in the gap
             topic.skip_to(first - 1)
+        last = first + len(body.encs) - 1
+        ranges = self.direct.setdefault(topic.topic_id, [])
+        if ranges and ranges[-1][1] + 1 == first:
+            ranges[-1] = (ranges[-1][0], last)
+        else:
+            ranges.append((first, last))
         ex = body.extras
         # retention runs at the write's own time, as it did live; expired idempotency
         # entries and TTL are settled against the real clock in finish()
@@ -566,6 +589,18 @@ class _Replayer:
     def finish(self, rebooted: bool) -> list[LostRangeNote]:
         engine = self.engine
         lost: list[LostRangeNote] = []
+        # routers: resolve their endpoints, re-derive the copies made since the snapshot
+        dests = engine.routers.rederive(self.snap_heads, self.direct, self.now)
+        for tid, lo, hi in self.gaps:
+            if tid not in dests:
+                topic = engine.by_id.get(tid)
+                raise RecoveryRefused(
+                    f"topic {topic.name if topic else tid!r}: append at seq {hi + 1} after "
+                    f"head {lo - 1}, and no router fills the gap (replay invariant broken). "
+                    "Nothing was modified. To discard the log from the first bad frame on, "
+                    "restart with --recovery-on-corruption=truncate."
+                )
+        engine.routers.stragglers(dests, self.gaps)
         for topic in sorted(engine.by_id.values(), key=lambda t: t.topic_id):
             if topic.reserved_head > topic.head_seq:
                 if rebooted and topic.config.durability in ("memory", "disk"):

@@ -146,6 +146,9 @@ async def open_durable_engine(
                 {"gap_from": note.gap_from, "gap_to": note.gap_to},
             )
             await wal.control(note.topic, mark, lambda: None)
+        # re-anchor every router at its recovered cursor and its destination's head
+        # (which recovery may have raised), so the next recovery places later copies right
+        await engine.routers.log_cursors(sync=True)
         await offload.run(record_boot, fs, root, boot_id, group="misc")
         await nursery.start(engine.run)
         await nursery.start(checkpointer.run)

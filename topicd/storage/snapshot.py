@@ -89,6 +89,7 @@ class TopicSnap(msgspec.Struct, gc=False):
     nodes: dict[int, str] = {}
     prios: dict[int, int] = {}
     shapes: dict[int, tuple[int, int]] = {}
+    trims: list[tuple[int, int]] = []  # router `source_trim` ranges
 
 
 class SnapshotBody(msgspec.Struct, gc=False):
@@ -99,6 +100,7 @@ class SnapshotBody(msgspec.Struct, gc=False):
     positions: list[tuple[int, int]]  # per shard: (file index, offset) replay starts at
     topics: list[TopicSnap]
     idempotency: list[tuple[int, str, int, int, int, int]]
+    routers: list[dict[str, object]] = []  # definitions, bases, cursors and floors
 
 
 _ENC: Final = msgspec.msgpack.Encoder()
@@ -184,6 +186,7 @@ def capture_topic(topic: Topic, *, reserved: int) -> tuple[TopicSnap, list[RunCo
         nodes={} if ephemeral else dict(topic.nodes),
         prios={} if ephemeral else dict(topic.prios),
         shapes={} if ephemeral else dict(topic.shapes),
+        trims=[] if ephemeral else list(topic.trims),
     )
     return snap, copies
 
@@ -220,6 +223,7 @@ def capture(
         positions,
         topics,
         [entry for entry in engine.idem.committed() if entry[0] in durable_ids],
+        engine.routers.export(),
     )
     return Capture(body, runs)
 

@@ -876,14 +876,16 @@ class WalCommitPath:
             )
         )
 
-    async def control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
+    async def control(
+        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+    ) -> _T:
         shard = self.shard(topic)
         if frame is None and topic not in shard.unpublished:
             await trio.lowlevel.checkpoint()
             return apply()
         if frame is not None:
             shard.breaker.check()
-        sub = Submission(topic, frame or b"", None, apply, sync=frame is not None)
+        sub = Submission(topic, frame or b"", None, apply, sync=sync and frame is not None)
         sub.done = done = trio.Event()
         shard.enqueue(sub, front=True)
         await done.wait()
