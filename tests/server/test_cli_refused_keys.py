@@ -21,7 +21,6 @@ CASES = [
     ("[storage.tiering]\nhot_retain_bytes = 1\n", {}, "storage.tiering.hot_retain_bytes"),
     ("[limits]\nmax_routers = 5\n", {}, "limits.max_routers"),
     ("", {"TOPICD_ROUTER_TICK_MS": "10"}, "routers.tick_ms"),
-    ("[queue]\nwork_poll_ms = 100\n", {}, "queue.work_poll_ms"),
     ("", {"TOPICD_WS_OUTBOUND_QUEUE": "8"}, "watch.ws_outbound_queue"),
 ]
 

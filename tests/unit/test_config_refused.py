@@ -75,8 +75,6 @@ def test_the_refused_keys_are_the_expected_ones():
         "routers.tick_ms",
         "routers.batch",
         "routers.max_hops",
-        "queue.work_heartbeat_ms",
-        "queue.work_poll_ms",
         "watch.ws_outbound_queue",
     }
 
