@@ -69,7 +69,7 @@ class TopicConfig:
         """The config object as returned (README §10 order). The queue extensions
         (`depth_soft_limit`, `retry_backoff_ms`, `retry_backoff_max_ms`) are listed
         only when they differ from their defaults, so a queue that does not use them
-        returns exactly the object of the reference API."""
+        returns exactly the object clients of the plain `/v0` contract know."""
         out: dict[str, JsonValue] = {
             "type": self.type,
             "ttl_ms": self.ttl_ms,

@@ -204,3 +204,14 @@ async def test_no_backoff_by_default(client, autojump_clock):
     await op(client, "claim")
     await trio.sleep(0.501)
     assert await ready(client) == 1
+
+
+async def test_a_queue_leaves_the_registry_when_its_limit_goes(client, harness, autojump_clock):
+    await put(client, depth_soft_limit=10)
+    assert "jobs.q" in harness.engine.saturation.queues
+    await put(client)  # the limit back to 0: levels off
+    assert "jobs.q" not in harness.engine.saturation.queues
+    await put(client, depth_soft_limit=10)
+    r = await client.delete("/v0/topics/q")
+    assert r.status_code == 200
+    assert "jobs.q" not in harness.engine.saturation.queues

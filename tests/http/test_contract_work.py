@@ -359,3 +359,17 @@ async def test_auth_header_or_token_and_read_plus_write(nursery, autojump_clock)
             assert s.status == 200, s.body
             s.disconnect()
             await s.wait_done()
+
+
+async def test_pacing_advice_is_an_error_frame_and_the_stream_stays(h, nursery, autojump_clock):
+    c = h.app.test_client()
+    s = await open_ok(h, nursery, node="w1")
+    dropped = h.engine.queues.advise(1500)
+    assert dropped == 0
+    assert h.engine.queues.advise(1500) == 1  # one pending per stream: the next is dropped
+    (f,) = await s.read_frames(1)
+    assert f.event == "error"
+    assert (f.data["code"], f.data["retry_after_ms"], f.data["topic"]) == (429, 1500, "q")
+    await produce(c, "q", "a")
+    await jobs(s, 1)  # still open
+    s.disconnect()
