@@ -118,8 +118,7 @@ async def test_api_doc_lists_every_served_route():
                 assert row is not None, f"docs/api.md has no `{method}` row for {path}"
 
 
-NOT_SERVED = [  # as docs/api.md writes them (`/work` stands for `/v0/topics/:topic/work`)
-    ("GET", "/v0/topics/:topic/work"),
+NOT_SERVED = [  # as docs/api.md writes them
     ("GET", "/v0/ws"),
     ("GET", "/_topicd/dashboard"),
     ("GET", "/_topicd/dashboard/events"),

@@ -489,17 +489,26 @@ class QueueConfig:
     )
     work_heartbeat_ms: int = key(
         15000,
-        "`/work` stream heartbeat (queues, reserved).",
+        "`/work` stream: a `: hb` comment after this long with nothing written.",
         env=("TOPICD_WORK_HEARTBEAT_MS",),
         min=1,
         contract=True,
     )
     work_poll_ms: int = key(
         250,
-        "`/work` refill poll (queues, reserved).",
+        "`/work` stream: longest wait between refill checks (changes wake it sooner).",
         env=("TOPICD_WORK_POLL_MS",),
         min=1,
         contract=True,
+    )
+    depth_retry_min_ms: int = key(
+        500, "Lower clamp of a job queue's depth-level `retry_after_ms`.", min=1
+    )
+    depth_retry_max_ms: int = key(
+        30000, "Upper clamp of a job queue's depth-level `retry_after_ms`.", min=1
+    )
+    ack_rate_window_ms: int = key(
+        10000, "Time constant of the measured ack rate (EWMA) behind that hint.", min=1
     )
 
 
@@ -962,8 +971,6 @@ NOT_IMPLEMENTED: Final = {
     "storage.cold_dir": "the cold tier",
     "storage.tiering": "the cold tier",
     "storage.segments": "segment files (records live in the WAL and snapshots)",
-    "queue.work_heartbeat_ms": "the queue /work stream",
-    "queue.work_poll_ms": "the queue /work stream",
     "watch.ws_outbound_queue": "the WebSocket data plane",
 }
 
@@ -1046,6 +1053,8 @@ def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
     parse_log_level(cfg.logging.level)
     if cfg.queue.min_lease_ms > cfg.queue.max_lease_ms:
         raise ConfigError("queue.min_lease_ms: above queue.max_lease_ms")
+    if cfg.queue.depth_retry_min_ms > cfg.queue.depth_retry_max_ms:
+        raise ConfigError("queue.depth_retry_min_ms: above queue.depth_retry_max_ms")
     if cfg.scheduler.priority_min > cfg.scheduler.priority_max:
         raise ConfigError("scheduler.priority_min: above scheduler.priority_max")
     bounds = cfg.scheduler.band_thresholds

@@ -30,6 +30,11 @@ TAG_KEY: Final = b',"$tag":'
 _HEAD: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":\d+')
 
 Shape = tuple[int, int]  # (length of the $node/$priority part, length of the meta part)
+EXTENSION_DEFAULTS: Final = {
+    "depth_soft_limit": 0,
+    "retry_backoff_ms": 0,
+    "retry_backoff_max_ms": 3600000,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +57,20 @@ class TopicConfig:
     max_deliveries: int = 0
     dead_letter: str | None = None
     leases_durable: bool = False
+    depth_soft_limit: int = 0
+    retry_backoff_ms: int = 0
+    retry_backoff_max_ms: int = 3600000
 
     @property
     def durable(self) -> bool:
         return self.durability == "fsync"
 
     def to_wire(self) -> dict[str, JsonValue]:
-        return {
+        """The config object as returned (README §10 order). The queue extensions
+        (`depth_soft_limit`, `retry_backoff_ms`, `retry_backoff_max_ms`) are listed
+        only when they differ from their defaults, so a queue that does not use them
+        returns exactly the object clients of the plain `/v0` contract know."""
+        out: dict[str, JsonValue] = {
             "type": self.type,
             "ttl_ms": self.ttl_ms,
             "cap_records": self.cap_records,
@@ -77,6 +89,13 @@ class TopicConfig:
             "dead_letter": self.dead_letter,
             "leases_durable": self.leases_durable,
         }
+        if self.depth_soft_limit:
+            out["depth_soft_limit"] = self.depth_soft_limit
+        if self.retry_backoff_ms:
+            out["retry_backoff_ms"] = self.retry_backoff_ms
+        if self.retry_backoff_max_ms != EXTENSION_DEFAULTS["retry_backoff_max_ms"]:
+            out["retry_backoff_max_ms"] = self.retry_backoff_max_ms
+        return out
 
 
 def offsets(enc: bytes, shape: Shape | None) -> tuple[int, int]:

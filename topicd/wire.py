@@ -83,6 +83,9 @@ class TopicConfigIn(msgspec.Struct, omit_defaults=True):
     max_deliveries: U64 = 0
     dead_letter: str | None = None
     leases_durable: bool = False
+    depth_soft_limit: U64 = 0
+    retry_backoff_ms: U64 = 0
+    retry_backoff_max_ms: U64 = 3600000
 
     def check(self, path: str = "config") -> None:
         for name in (
@@ -93,6 +96,9 @@ class TopicConfigIn(msgspec.Struct, omit_defaults=True):
             "lease_ms",
             "claim_jitter_ms",
             "max_deliveries",
+            "depth_soft_limit",
+            "retry_backoff_ms",
+            "retry_backoff_max_ms",
         ):
             check_u64(getattr(self, name), f"{path}.{name}")
 

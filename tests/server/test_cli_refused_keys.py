@@ -19,7 +19,6 @@ CASES = [
     ('[storage]\ncold_dir = "/mnt/cold"\n', {}, "storage.cold_dir"),
     ("[storage.segments]\nmax_age_ms = 900000\n", {}, "storage.segments.max_age_ms"),
     ("[storage.tiering]\nhot_retain_bytes = 1\n", {}, "storage.tiering.hot_retain_bytes"),
-    ("[queue]\nwork_poll_ms = 100\n", {}, "queue.work_poll_ms"),
     ("", {"TOPICD_WS_OUTBOUND_QUEUE": "8"}, "watch.ws_outbound_queue"),
 ]
 

@@ -65,7 +65,12 @@ async def read_to_eof(stream: trio.SocketStream) -> bytes:
 
 def test_sniff_decides_as_early_as_the_bytes_allow():
     assert sniff(b"P") is False
-    assert sniff(b"GET /v0/topics") is False
+    assert sniff(b"GET /v0/topicx") is False
+    assert sniff(b"GET /v0/topics") is None  # may still be a `/work` stream
+    assert sniff(b"GET /v0/topics/q/wo") is None  # the request line decides
+    assert sniff(b"GET /v0/topics/q/work?node=a HTTP/1.1\r\n") is True
+    assert sniff(b"GET /v0/topics/q HTTP/1.1\r\n") is False
+    assert sniff(b"GET /v0/topics/q/diff/work HTTP/1.1\r\n") is False
     assert sniff(b"PRI * HTTP/2.0\r\n") is False
     assert sniff(b"GET /v0/wa") is None
     assert sniff(b"GET /v0/watch/wid_x HTTP/1.1\r\n") is True

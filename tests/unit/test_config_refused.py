@@ -71,8 +71,6 @@ def test_the_refused_keys_are_the_expected_ones():
         "storage.segments.max_age_ms",
         "storage.tiering.hot_retain_segments",
         "storage.tiering.hot_retain_bytes",
-        "queue.work_heartbeat_ms",
-        "queue.work_poll_ms",
         "watch.ws_outbound_queue",
     }
 

@@ -221,6 +221,7 @@ class Engine:
         self.sched.set_defer(on)
         if on:
             self.watch.advise_paused(_push_paused, self.retry_hint_ms())
+            self.watch.stats.advisories_dropped += self.queues.advise(self.retry_hint_ms())
 
     async def _watchdog(self) -> None:
         """Close SSE streams whose socket write has been blocked too long (§2.7)."""
@@ -232,6 +233,10 @@ class Engine:
                 self.watch.stats.slow_closed += 1
                 conn.cancel_scope.cancel()
                 self.watch.close(conn)
+            for work in self.queues.slow(trio.current_time(), timeout):
+                log.info("closing a /work stream: one write blocked over %.0f s", timeout)
+                self.watch.stats.slow_closed += 1
+                work.cancel_scope.cancel()
 
     async def housekeep(self) -> None:
         now = self.clock.now_ms()
@@ -251,6 +256,7 @@ class Engine:
         for topic in self.topics.values():
             topic.wake()
         self.watch.shutdown()
+        self.queues.shutdown()
 
     # ------------------------------------------------------------------------------------
     # helpers
@@ -325,6 +331,9 @@ class Engine:
             max_deliveries=c.max_deliveries,
             dead_letter=c.dead_letter,
             leases_durable=c.leases_durable,
+            depth_soft_limit=c.depth_soft_limit,
+            retry_backoff_ms=c.retry_backoff_ms,
+            retry_backoff_max_ms=c.retry_backoff_max_ms,
         )
 
     async def _create(self, name: str, config: TopicConfig) -> Topic | None:
@@ -402,6 +411,7 @@ class Engine:
             self._ttl_topics.discard(topic)
         self._enforce(topic, now_ms)
         self.sched.rebase(topic)
+        self.queues.levels_changed(topic)
 
     def apply_delete_topic(self, topic: Topic, if_empty: bool, now_ms: int) -> bool:
         if topic.deleted:
@@ -424,6 +434,7 @@ class Engine:
         self.routers.topic_deleted(topic)  # cascade
         if topic.queue is not None:
             topic.queue.close()  # its leases go with it
+            self.queues.levels_changed(topic)
         topic.wake()
         self.sched.forget(topic)
         self.watch.topic_deleted(topic)
@@ -802,6 +813,10 @@ class Engine:
                     )
             self._admit(topic, prepared, now)
             bypass = req.disable_backpressure and self.cfg.backpressure.allow_bypass
+            if topic.queue is not None and self.queues.check_depth(topic, bypass):
+                give_back()
+                await self.queues.wait_depth(topic)  # its 429 once the wait is over
+                continue  # the level dropped: run every check again
             try:
                 self.commit.admit(topic, prepared.nbytes, bypass=bypass)
             except Throttled:

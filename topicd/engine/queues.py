@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
@@ -47,7 +48,8 @@ import orjson
 import trio
 
 from topicd.clock import perf_ms
-from topicd.errors import NotAQueue, TopicdError, TopicNotFound
+from topicd.engine.watch import error_frame
+from topicd.errors import NotAQueue, Throttled, TopicdError, TopicNotFound
 from topicd.model import split
 from topicd.storage import frame as frames
 from topicd.wire import RecordIn, WriteIn
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
 
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
+    from topicd.engine.work import WorkConn
 
 log = logging.getLogger("topicd.queues")
 
@@ -107,6 +110,9 @@ class Claimer:
     got: list[tuple[Lease, int]] = field(default_factory=list)  # (lease, deliveries)
     items: list[bytes] = field(default_factory=list)
     error: TopicdError | None = None
+    # a `/work` stream's lease record (seq -> lease id), filled in the same synchronous
+    # step that makes each lease, so a cancelled stream can always release what it got
+    held: dict[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -125,6 +131,9 @@ class QueueCounts:
     ready: int
     in_flight: int
     delayed: int
+
+
+OPS: Final = ("claim", "extend", "ack", "nack")  # the activity a queue records the time of
 
 
 class JobQueue:
@@ -148,7 +157,49 @@ class JobQueue:
         self.cohort: _Cohort | None = None
         self.closed = False
         self.timer_due: float | None = None  # the expiry timer's entry (QueueService)
+        self.workers: dict[WorkConn, None] = {}  # attached `/work` streams
+        self._changed: trio.Event | None = None  # set (and dropped) by `changed()`
+        self.last_ms: dict[str, int] = dict.fromkeys(OPS, 0)  # wall time of the last op
+        self._ack_rate = 0.0  # acks per second, decayed to `_ack_rate_at` (EWMA)
+        self._ack_rate_at = 0.0
         self._index_add(0)
+
+    # ---- change notification ------------------------------------------------------------
+
+    def changed(self) -> None:
+        """Something that can free `/work` depth or make jobs claimable happened (an
+        append, ack, nack, release, expiry, delete): kick every attached `/work` stream
+        (a coalescing signal) and wake whoever waits for a change."""
+        for conn in self.workers:
+            conn.kick()
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        ev = self._changed
+        if ev is not None:
+            self._changed = None
+            ev.set()
+
+    async def wait_changed(self) -> None:
+        """Wait for the next `changed()` or claim (anything that moves the depth)."""
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
+
+    def depth(self) -> int:
+        """Jobs waiting: ready plus delayed (not in flight, not being acked)."""
+        return self.topic.count - len(self.leases) - len(self.held)
+
+    def note_acks(self, n: int, now: float, window_s: float) -> None:
+        """Count `n` acks at Trio time `now` into the ack-rate EWMA (time constant
+        `window_s`): each ack adds `1/window_s` per second, decaying with `e^(-t/window)`."""
+        self._ack_rate = self.ack_rate(now, window_s) + n / window_s
+        self._ack_rate_at = now
+
+    def ack_rate(self, now: float, window_s: float) -> float:
+        """The measured ack rate (per second) at `now`."""
+        age = max(now - self._ack_rate_at, 0.0)
+        return self._ack_rate * math.exp(-age / window_s)
 
     # ---- the claim index ----------------------------------------------------------------
 
@@ -169,6 +220,7 @@ class JobQueue:
                 self._index_add(0)
         else:
             self._index_add(0)
+        self.changed()
 
     def dropped(self, seq: int, prio: int) -> None:
         """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired)."""
@@ -182,6 +234,7 @@ class JobQueue:
             level.dead += 1
             if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
                 self._compact(level)
+        self.changed()
 
     def _compact(self, level: _Level) -> None:
         """Drop a level's entries of dead jobs (a starved level is never reached, so lazy
@@ -279,7 +332,8 @@ class JobQueue:
             if lease is None or lease.lease_id != lease_id or lease.expires_at != expires_at:
                 continue  # acked, nacked, extended or re-leased since
             del self.leases[seq]
-            self._requeue(seq)
+            if not self._back_off(seq, expires_at):
+                self._requeue(seq)
             n += 1
         delays = self._delays
         while delays and delays[0][0] <= now:
@@ -289,7 +343,32 @@ class JobQueue:
             del self.delayed[seq]
             self._requeue(seq)
             n += 1
+        if n:
+            self.changed()
         return n
+
+    def _delay(self, seq: int, ready_at: float) -> None:
+        """Keep a job out of the claim index until Trio time `ready_at`."""
+        self.delayed[seq] = ready_at
+        heapq.heappush(self._delays, (ready_at, seq))
+        if len(self._delays) > 2 * len(self.delayed) + 64:
+            self._delays = [(t, s) for s, t in self.delayed.items()]
+            heapq.heapify(self._delays)
+
+    def _back_off(self, seq: int, since: float) -> bool:
+        """The retry backoff of a failed delivery (lease expired, or nacked without
+        `delay_ms`): with the topic's `retry_backoff_ms > 0`, the job waits
+        `min(retry_backoff_ms * deliveries^2, retry_backoff_max_ms)` from `since`.
+        Returns False when there is no backoff (the caller requeues at once)."""
+        cfg = self.topic.config
+        if cfg.retry_backoff_ms <= 0:
+            return False
+        n = self.deliveries.get(seq, 0)
+        wait_ms = min(cfg.retry_backoff_ms * n * n, cfg.retry_backoff_max_ms)
+        if wait_ms <= 0:
+            return False
+        self._delay(seq, since + wait_ms / 1000)
+        return True
 
     def next_due(self) -> float | None:
         """The Trio time of the earliest lease expiry or delay end (None: nothing)."""
@@ -327,6 +406,9 @@ class JobQueue:
         the members that still want more. Jobs over `max_deliveries` (when `dead_letter`)
         are diverted instead: held, and returned for the caller to move."""
         diverted: list[int] = []
+        # (a claim lowers the depth: depth-level waiters look again; `/work` streams
+        # are not kicked, since a claim frees none of their depth)
+        self._wake_waiters()
         wanting = [m for m in members if len(m.got) < m.want]
         while wanting:
             still: list[Claimer] = []
@@ -344,6 +426,8 @@ class JobQueue:
                 self.deliveries[seq] = n
                 lease = self._lease(seq, m.node, m.lease_ms, now, now_ms)
                 m.got.append((lease, n))
+                if m.held is not None:
+                    m.held[seq] = lease.lease_id
                 if len(m.got) < m.want:
                     still.append(m)
             wanting = still
@@ -376,6 +460,8 @@ class JobQueue:
             del self.leases[lease.seq]
             self.held.add(lease.seq)
             held.append(lease.seq)
+        if held:
+            self.changed()
         return held, skipped
 
     def _holding(
@@ -402,25 +488,40 @@ class JobQueue:
             if seq in self.held:
                 self.held.discard(seq)
                 self._requeue(seq)
+        self.changed()
+
+    def release(self, held: dict[int, int]) -> int:
+        """A `/work` stream ended: its leases still current (`seq -> lease id`) end now
+        and the jobs are claimable at once (no backoff: not a failed delivery; the
+        delivery counters are kept). Returns how many were released."""
+        n = 0
+        for seq, lease_id in held.items():
+            lease = self.leases.get(seq)
+            if lease is not None and lease.lease_id == lease_id:
+                del self.leases[seq]
+                self._requeue(seq)
+                n += 1
+        held.clear()
+        if n:
+            self.changed()
+        return n
 
     def nack(
         self, node: str, seqs: list[int], fences: list[str], delay_ms: int, now: float
     ) -> tuple[int, list[int]]:
         """Release leases held by `node` (sweep first), now or after `delay_ms`.
-        Delivery counters are kept. Returns (released, skipped)."""
+        Delivery counters are kept; without `delay_ms` the retry backoff applies.
+        Returns (released, skipped)."""
         leases, skipped = self._holding(node, seqs, fences)
         for lease in leases:
             seq = lease.seq
             del self.leases[seq]
             if delay_ms:
-                ready_at = now + delay_ms / 1000
-                self.delayed[seq] = ready_at
-                heapq.heappush(self._delays, (ready_at, seq))
-                if len(self._delays) > 2 * len(self.delayed) + 64:
-                    self._delays = [(t, s) for s, t in self.delayed.items()]
-                    heapq.heapify(self._delays)
-            else:
+                self._delay(seq, now + delay_ms / 1000)
+            elif not self._back_off(seq, now):
                 self._requeue(seq)
+        if leases:
+            self.changed()
         return len(leases), skipped
 
     def extend(
@@ -480,6 +581,7 @@ class JobQueue:
         self._indexed = set()
         self._deadlines = []
         self._delays = []
+        self.changed()
 
 
 # ---- the claim item ---------------------------------------------------------------------
@@ -567,6 +669,8 @@ class QueueService:
         self._timers: list[tuple[float, int, JobQueue]] = []
         self._timer_n = 0
         self._timer_wake = trio.Event()
+        self.work: dict[WorkConn, None] = {}  # every open `/work` stream
+        self.shutting_down = False
 
     # ---- lifecycle of queue topics --------------------------------------------------
 
@@ -574,6 +678,35 @@ class QueueService:
         """Give a new queue topic instance its lease table."""
         if topic.config.type == "queue" and topic.queue is None:
             topic.queue = JobQueue(topic, self._lease_seed())
+        self.levels_changed(topic)
+
+    @staticmethod
+    def level_name(topic: Topic) -> str:
+        """The queue's name in the saturation registry (`topicd_queue_*{queue}`)."""
+        return "jobs." + topic.name
+
+    def levels_changed(self, topic: Topic) -> None:
+        """Register a queue with `depth_soft_limit > 0` in the saturation registry
+        (scheduler spec R5), or take it out (limit 0, or the topic was deleted)."""
+        reg = self.engine.saturation
+        name = self.level_name(topic)
+        q = topic.queue
+        if q is None or topic.deleted or topic.config.depth_soft_limit <= 0:
+            entry = reg.queues.get(name)
+            if entry is not None and entry.owner is not None and entry.owner is q:
+                reg.unregister(name)
+            return
+        entry = reg.queues.get(name)
+        if entry is not None and entry.owner is q:
+            return
+
+        def depth(q: JobQueue = q) -> int:
+            return q.depth() + q.topic.pending_records
+
+        def capacity(q: JobQueue = q) -> int:
+            return q.topic.config.depth_soft_limit
+
+        reg.register(name, depth, capacity, owner=q)
 
     def _lease_seed(self) -> int:
         # lease ids of a new table start above any a previous process could have handed
@@ -635,14 +768,66 @@ class QueueService:
             raise NotAQueue(f"topic {name!r} is a log, not a queue", {"topic": name})
         engine.enforce(topic)
         q.sweep(trio.current_time())
+        self._schedule(q)  # a sweep may have started retry backoffs
         return topic, q
 
     def counts(self, topic: Topic) -> QueueCounts:
-        """The queue's counts now (for `GET /v0/topics/:q`)."""
+        """The queue's counts now (for `GET /v0/topics/:q` and the metrics)."""
         q = topic.queue
         assert q is not None
-        q.sweep(trio.current_time())
+        if q.sweep(trio.current_time()):
+            self._schedule(q)
         return q.counts()
+
+    # ---- depth levels (scheduler spec R5) -------------------------------------------------
+
+    def check_depth(self, topic: Topic, bypass: bool) -> bool:
+        """Admission of new jobs against the queue's depth level. Below critical: pass.
+        Critical: `429 {cause:"queue_depth"}`, skipped by a bypassing write. Overflow:
+        the same `429`, and a bypassing write must wait (returns True: the caller
+        awaits `wait_depth`, then runs its checks again)."""
+        q = topic.queue
+        if q is None or topic.config.depth_soft_limit <= 0:
+            return False
+        level = self._level(topic, q)
+        if level < 2:
+            return False
+        if bypass:
+            return level >= 3
+        raise self._depth_throttled(topic, q)
+
+    def _level(self, topic: Topic, q: JobQueue) -> int:
+        now = trio.current_time()
+        if q.sweep(now):
+            self._schedule(q)
+        reg = self.engine.saturation
+        entry = reg.queues.get(self.level_name(topic))
+        if entry is None or entry.owner is not q:
+            self.levels_changed(topic)
+            entry = reg.queues[self.level_name(topic)]
+        return reg.observe(entry, now)
+
+    def _depth_throttled(self, topic: Topic, q: JobQueue) -> Throttled:
+        """The `429` of a job queue at critical or above, `retry_after_ms` from the
+        measured ack rate: `(depth - warning * soft) / max(acks per second, 1)`."""
+        soft = topic.config.depth_soft_limit
+        depth = q.depth() + topic.pending_records
+        rate = q.ack_rate(trio.current_time(), self.cfg.ack_rate_window_ms / 1000)
+        excess = depth - self.engine.cfg.levels.warning * soft
+        hint = round(1000 * excess / max(rate, 1.0))
+        hint = min(max(hint, self.cfg.depth_retry_min_ms), self.cfg.depth_retry_max_ms)
+        return Throttled.pressure(hint, cause="queue_depth")
+
+    async def wait_depth(self, topic: Topic) -> None:
+        """A bypassing write at overflow: wait until the level drops below overflow, at
+        most `backpressure.bypass_wait_ms`; then the queue's `429`."""
+        q = topic.queue
+        assert q is not None
+        with trio.move_on_after(self.engine.cfg.backpressure.bypass_wait_ms / 1000):
+            while not topic.deleted and self._level(topic, q) >= 3:
+                await q.wait_changed()
+            return
+        raise self._depth_throttled(topic, q)
 
     async def _delete(self, topic: Topic, seqs: list[int]) -> float:
         """Delete `seqs` for good: a sync-gated `RecordsDelete` with explicit seqs on every
@@ -669,6 +854,25 @@ class QueueService:
         """`POST /v0/topics/:q/claim`: lease up to `want` jobs to `node`."""
         topic, q = self._queue_of(name)
         me = Claimer(node, want, self._lease_ms(topic, lease_ms))
+        return await self._claim(topic, q, me)
+
+    async def claim_for_work(self, conn: WorkConn, want: int) -> list[bytes]:
+        """A `/work` refill: up to `want` jobs for the stream, through the same path as
+        a claim (a coalescing cohort included). The leases are recorded in
+        `conn.held` as they are made. Returns the claim items."""
+        topic = conn.topic
+        q = topic.queue
+        if q is None or topic.deleted:
+            raise TopicNotFound(topic.name)
+        self.engine.enforce(topic)
+        q.sweep(trio.current_time())
+        me = Claimer(conn.node, want, self._lease_ms(topic, conn.lease_ms), held=conn.held)
+        res = await self._claim(topic, q, me)
+        return res.items
+
+    async def _claim(self, topic: Topic, q: JobQueue, me: Claimer) -> ClaimResult:
+        name = topic.name
+        q.last_ms["claim"] = self.engine.clock.now_ms()
         jitter_ms = topic.config.claim_jitter_ms
         if jitter_ms <= 0:
             await trio.lowlevel.checkpoint()
@@ -777,6 +981,7 @@ class QueueService:
     async def ack(self, name: str, node: str, seqs: list[int], fences: list[str]) -> SeqsResult:
         """`POST /v0/topics/:q/ack`: ack = record delete, committed before the answer."""
         topic, q = self._queue_of(name)
+        q.last_ms["ack"] = self.engine.clock.now_ms()
         held, skipped = q.hold_for_ack(node, seqs, fences)
         fsync_ms = 0.0
         if held:
@@ -786,6 +991,7 @@ class QueueService:
                 q.release_held(held)
                 self._schedule(q)
                 raise
+            q.note_acks(len(held), trio.current_time(), self.cfg.ack_rate_window_ms / 1000)
         else:
             await trio.lowlevel.checkpoint()
         return SeqsResult(topic, len(held), skipped, q.counts(), fsync_ms=fsync_ms)
@@ -795,6 +1001,7 @@ class QueueService:
     ) -> SeqsResult:
         """`POST /v0/topics/:q/nack`: release leases now or after `delay_ms`."""
         topic, q = self._queue_of(name)
+        q.last_ms["nack"] = self.engine.clock.now_ms()
         delay_ms = min(delay_ms, self.cfg.max_nack_delay_ms)
         released, skipped = q.nack(node, seqs, fences, delay_ms, trio.current_time())
         self._schedule(q)
@@ -806,6 +1013,7 @@ class QueueService:
     ) -> SeqsResult:
         """`POST /v0/topics/:q/extend`: deadline = now + `lease_ms` for held leases."""
         topic, q = self._queue_of(name)
+        q.last_ms["extend"] = self.engine.clock.now_ms()
         lease_ms = min(max(lease_ms, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
         deadlines, skipped = q.extend(
             node, seqs, fences, lease_ms, trio.current_time(), self.engine.clock.now_ms()
@@ -813,3 +1021,79 @@ class QueueService:
         self._schedule(q)
         await trio.lowlevel.checkpoint()
         return SeqsResult(topic, len(deadlines), skipped, q.counts(), deadlines)
+
+    # ---- `/work` streams ------------------------------------------------------------------
+
+    def attach_work(self, conn: WorkConn) -> None:
+        """Register an established `/work` stream with its queue (the SSE cap slot is
+        the caller's)."""
+        q = conn.topic.queue
+        assert q is not None
+        self.work[conn] = None
+        q.workers[conn] = None
+        if self.shutting_down:
+            conn.stop = self._shutdown_frame(conn)
+
+    def detach_work(self, conn: WorkConn) -> int:
+        """The stream ended, however it ended: release every lease it still holds
+        (claimable at once, delivery counters kept; synchronous, idempotent). Returns
+        how many leases were released."""
+        self.work.pop(conn, None)
+        q = conn.topic.queue
+        if q is None:
+            return 0
+        q.workers.pop(conn, None)
+        if q.closed:
+            conn.held.clear()
+            return 0
+        return q.release(conn.held)
+
+    @staticmethod
+    def _shutdown_frame(conn: WorkConn) -> bytes:
+        return error_frame(
+            "server_shutting_down", "the server is shutting down", topic=conn.topic.name
+        )
+
+    def shutdown(self) -> None:
+        """Graceful drain: every `/work` stream ends with `server_shutting_down` (its
+        leases are released as it ends)."""
+        self.shutting_down = True
+        for conn in list(self.work):
+            conn.stop = self._shutdown_frame(conn)
+            conn.kick()
+
+    def advise(self, retry_after_ms: int) -> int:
+        """An advisory pacing frame (`error`, `code` 429) for every `/work` stream; a
+        stream that has one pending keeps it (the new one is dropped, R4). Returns the
+        number dropped."""
+        dropped = 0
+        message = "pacing advised under load"
+        for conn in self.work:
+            if conn.advisory is not None:
+                dropped += 1
+                continue
+            conn.advisory = error_frame(
+                429, message, retry_after_ms=retry_after_ms, topic=conn.topic.name
+            )
+            conn.kick()
+        return dropped
+
+    def slow(self, now: float, timeout_s: float) -> list[WorkConn]:
+        """`/work` streams whose current socket write has been blocked too long."""
+        return [
+            c
+            for c in self.work
+            if c.write_started is not None and now - c.write_started > timeout_s
+        ]
+
+    def in_flight(self) -> int:
+        """Active leases over every queue (after a sweep of each)."""
+        now = trio.current_time()
+        total = 0
+        for topic in self.engine.topics.values():
+            q = topic.queue
+            if q is not None:
+                if q.sweep(now):
+                    self._schedule(q)
+                total += len(q.leases)
+        return total

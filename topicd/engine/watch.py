@@ -405,7 +405,8 @@ class WatchRegistry:
         self.conns: dict[Conn, None] = {}
         self.strong: dict[Topic, int] = {}  # streams with `consistency:"strong"` per topic
         self._groups: dict[Topic, list[Group]] = {}  # groups() cache
-        self.per_key: dict[str, int] = {}
+        self.per_key: dict[str, int] = {}  # SSE connections per key (watch and `/work`)
+        self.other_streams = 0  # open SSE connections that are not watch streams (`/work`)
         self.stats = WatchStats()
         self.catchup = trio.CapacityLimiter(cfg.sse.catchup_concurrency)
         self.shutting_down = False
@@ -474,18 +475,9 @@ class WatchRegistry:
 
     def open_stream(self, session: Session, rewind: dict[str, int] | None) -> Conn:
         """Register a stream (caps checked here); a previous stream is superseded."""
-        limits = self.cfg.limits
         old = session.conn
-        live = len(self.conns) - (old is not None)
-        if limits.max_sse_connections and live >= limits.max_sse_connections:
-            raise Throttled.limit("max_sse_connections", limits.max_sse_connections)
         key = session.key_id
-        if key is not None and limits.max_sse_connections_per_key:
-            used = self.per_key.get(key, 0) - (old is not None)
-            if used >= limits.max_sse_connections_per_key:
-                raise Throttled.limit(
-                    "max_sse_connections_per_key", limits.max_sse_connections_per_key
-                )
+        self.check_sse_caps(key, replacing=old is not None)
         if old is not None:
             old.stop = error_frame(409, "superseded by a newer stream for this watch session")
             self.close(old)
@@ -512,6 +504,41 @@ class WatchRegistry:
                     self.strong[topic] = self.strong.get(topic, 0) + 1
         self.stats.streams_opened += 1
         return conn
+
+    def sse_connections(self) -> int:
+        """Open SSE connections of every kind (the `max_sse_connections` count)."""
+        return len(self.conns) + self.other_streams
+
+    def check_sse_caps(self, key: str | None, *, replacing: bool = False) -> None:
+        """`429 {limit}` when one more SSE connection (for `key`; None in dev mode)
+        would pass a cap; `replacing`: it takes over an open one."""
+        limits = self.cfg.limits
+        live = self.sse_connections() - replacing
+        if limits.max_sse_connections and live >= limits.max_sse_connections:
+            raise Throttled.limit("max_sse_connections", limits.max_sse_connections)
+        if key is not None and limits.max_sse_connections_per_key:
+            used = self.per_key.get(key, 0) - replacing
+            if used >= limits.max_sse_connections_per_key:
+                raise Throttled.limit(
+                    "max_sse_connections_per_key", limits.max_sse_connections_per_key
+                )
+
+    def reserve_stream(self, key: str | None) -> None:
+        """Take an SSE connection slot for a stream that is not a watch (`/work`)."""
+        self.check_sse_caps(key)
+        self.other_streams += 1
+        if key is not None:
+            self.per_key[key] = self.per_key.get(key, 0) + 1
+
+    def release_stream(self, key: str | None) -> None:
+        """Give back a `reserve_stream` slot (exactly once per reservation)."""
+        self.other_streams -= 1
+        if key is not None:
+            left = self.per_key.get(key, 1) - 1
+            if left:
+                self.per_key[key] = left
+            else:
+                self.per_key.pop(key, None)
 
     def close(self, conn: Conn) -> None:
         """Unregister a stream (synchronous, idempotent). The session keeps its cursors."""

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.engine import Engine
     from topicd.http.watch import WatchStreams
+    from topicd.http.work import WorkStreams
 
 _T = TypeVar("_T")
 
@@ -225,7 +226,7 @@ _TOPIC_PATH: Final = re.compile(r"^/v0/topics/([^/]+)(?:/|$)")
 _TOPIC_ACTIONS: Final = frozenset({b"diff", b"delete"})  # /v0/topics/:topic/<action>
 _TEMPLATES: Final = (
     (re.compile(r"^/v0/topics/[^/]+/(diff|delete)$"), "/v0/topics/:topic/{}"),
-    (re.compile(r"^/v0/topics/[^/]+/(claim|ack|nack|extend)$"), "/v0/topics/:q/{}"),
+    (re.compile(r"^/v0/topics/[^/]+/(claim|ack|nack|extend|work)$"), "/v0/topics/:q/{}"),
     (re.compile(r"^/v0/topics/[^/]+$"), "/v0/topics/:topic"),
     (re.compile(r"^/v0/watch/[^/]+$"), "/v0/watch/:wid"),
 )
@@ -256,8 +257,10 @@ class Gate:
         permits: ClientPermits | None = None,
         probe: Callable[[str], dict[str, JsonValue]] | None = None,
         requests_by_path: dict[str, int] | None = None,
+        work: WorkStreams | None = None,
     ) -> None:
         self.app = app
+        self.work = work
         self.requests_by_path = requests_by_path if requests_by_path is not None else {}
         self.permits = permits
         self.probe = probe
@@ -325,6 +328,8 @@ class Gate:
 
     def is_stream(self, scope: Scope) -> bool:
         """Whether this request opens an SSE stream (the direct socket path may serve it)."""
+        if self.work is not None and self.work.topic_of(scope) is not None:
+            return True
         return self.streams is not None and self.streams.wid_of(scope) is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -357,7 +362,24 @@ class Gate:
         key_id: str | None = None
         permit: Permit | None = None
         wid = None if self.streams is None else self.streams.wid_of(scope)
+        queue = None if self.work is None else self.work.topic_of(scope)
         try:
+            if queue is not None:
+                # a `/work` stream: authenticates itself (`?token=`), no in-flight slot
+                assert self.work is not None
+                err = self._admit(scope, path, authenticate=False)
+                if err is None:
+                    try:
+                        await self.work(scope, receive, send_stamped, queue)
+                        return
+                    except TopicdError as refused:
+                        if status_box[0]:
+                            raise  # (never: refusals come before the answer starts)
+                        err = refused
+                if self.on_error is not None:
+                    self.on_error(err)
+                await send_error(send_stamped, err)
+                return
             if wid is not None:
                 # an SSE stream: it authenticates itself (404 before 401) and is exempt
                 # from the in-flight cap (streams have their own caps)
@@ -583,7 +605,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, queues, routers, topics, watch
+    from topicd.http import metrics, ops, queues, routers, topics, watch, work
 
     app = QuartTrio("topicd")
     # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
@@ -669,6 +691,7 @@ def create_app(
         permits=ref.permits,
         probe=lambda path: ops.probe_payload(path, ref, config, lifecycle),
         requests_by_path=ref.requests_by_path,
+        work=work.WorkStreams(ref, config, keys),
     )
     return app
 

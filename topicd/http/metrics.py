@@ -121,22 +121,38 @@ class _Collector:
             "bytes": ("topics_topic_bytes_live", "Per-topic live bytes."),
         }
         families = {k: GaugeMetricFamily(n, d, labels=["topic"]) for k, (n, d) in per.items()}
+        q_ready = GaugeMetricFamily(
+            "topics_topic_queue_ready", "Queue topics only: claimable jobs.", labels=["topic"]
+        )
+        q_in_flight = GaugeMetricFamily(
+            "topics_topic_queue_in_flight", "Queue topics only: active leases.", labels=["topic"]
+        )
         names = sorted(topics)
         for name in names[:PER_TOPIC_MAX]:
             t = topics[name]
             for attr, family in families.items():
                 family.add_metric([name], getattr(t, attr))
+            if t.queue is not None:
+                qc = engine.queues.counts(t)
+                q_ready.add_metric([name], qc.ready)
+                q_in_flight.add_metric([name], qc.in_flight)
         yield from families.values()
+        yield q_ready
+        yield q_in_flight
         yield gauge(
             "topics_topic_metrics_truncated",
             "1 if per-topic series were capped at 1000 topics.",
             1 if len(names) > PER_TOPIC_MAX else 0,
         )
         yield gauge("topics_queue_topics", "Queue topics.", queues)
-        yield gauge("topics_queue_leases_in_flight", "Active leases, all queues.", 0)
+        yield gauge(
+            "topics_queue_leases_in_flight", "Active leases, all queues.", engine.queues.in_flight()
+        )
         watch = engine.watch
         yield gauge(
-            "topics_sse_connections", "Open SSE and WebSocket connections.", len(watch.conns)
+            "topics_sse_connections",
+            "Open SSE and WebSocket connections.",
+            watch.sse_connections(),
         )
         yield gauge("topics_watch_sessions", "Live watch sessions.", len(watch.sessions))
         ready = self.lifecycle.phase.value is Phase.SERVING
@@ -161,11 +177,42 @@ class _Collector:
             "topicd_throttled_total", "429 responses issued, by cause.", labels=["cause"]
         )
         for cause in sorted(
-            {"pressure", "limit", "wal_ingest", "client_waiters", *engine.throttled}
+            {"pressure", "limit", "wal_ingest", "client_waiters", "queue_depth", *engine.throttled}
         ):
             throttled.add_metric([cause], engine.throttled.get(cause, 0))
         yield throttled
         yield from self._delivery(engine)
+        yield from self._jobs(engine, names[:PER_TOPIC_MAX])
+
+    def _jobs(self, engine: Engine, names: list[str]) -> Iterator[Metric]:
+        """Queue topics (of the first 1000 topics by name): nack-delayed or backing-off
+        jobs, attached `/work` streams and the wall time of the last claim, extend, ack
+        and nack (0: none since the queue was created or the server started)."""
+        delayed = GaugeMetricFamily(
+            "topicd_jobs_delayed",
+            "Jobs waiting out a nack delay or a retry backoff.",
+            labels=["topic"],
+        )
+        streams = GaugeMetricFamily(
+            "topicd_jobs_work_streams", "Attached /work streams.", labels=["topic"]
+        )
+        last = GaugeMetricFamily(
+            "topicd_jobs_last_op_ms",
+            "Wall time (ms since the epoch) of the last claim, extend, ack or nack; 0: none.",
+            labels=["topic", "op"],
+        )
+        for name in names:
+            t = engine.topics[name]
+            q = t.queue
+            if q is None:
+                continue
+            delayed.add_metric([name], engine.queues.counts(t).delayed)
+            streams.add_metric([name], len(q.workers))
+            for op, ms in q.last_ms.items():
+                last.add_metric([name, op], ms)
+        yield delayed
+        yield streams
+        yield last
 
     def _saturation(self, engine: Engine) -> Iterator[Metric]:
         """Every registered bounded queue (scheduler spec R4, R5)."""
@@ -483,8 +530,8 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
         "records_live": sum(t.count for t in topics.values()),
         "bytes_live": engine.total_bytes,
         "queue_topics": sum(1 for t in topics.values() if t.config.type == "queue"),
-        "queue_leases_in_flight": 0,
-        "sse_connections": len(engine.watch.conns),
+        "queue_leases_in_flight": engine.queues.in_flight(),
+        "sse_connections": engine.watch.sse_connections(),
         "watch_sessions": len(engine.watch.sessions),
         "ready": lifecycle.phase.value is Phase.SERVING,
         "replay_progress": lifecycle.replay_progress,
@@ -499,6 +546,7 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
             "sched_latency_ms": engine.sched.stats.ewma_sched_ms,
         },
     }
+    out["queues"] = queues_snapshot(engine)
     wal = engine.commit
     if isinstance(wal, WalCommitPath):
         shards = wal.shards
@@ -518,6 +566,35 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
             "records_synced": sum(s.records_synced for s in shards),
         }
     return tidy_floats(out)
+
+
+def queues_snapshot(engine: Engine) -> JsonValue:
+    """Per queue topic (the first 1000 by name): counts, the depth level, attached
+    `/work` streams and the wall time of the last claim, extend, ack and nack."""
+    out: dict[str, JsonValue] = {}
+    queues = engine.queues
+    saturation = engine.saturation.queues
+    for name in sorted(engine.topics):
+        t = engine.topics[name]
+        q = t.queue
+        if q is None:
+            continue
+        if len(out) >= PER_TOPIC_MAX:
+            break
+        counts = queues.counts(t)
+        entry = saturation.get(queues.level_name(t))
+        level = entry.level if entry is not None and entry.owner is q else 0
+        out[name] = {
+            "ready": counts.ready,
+            "in_flight": counts.in_flight,
+            "delayed": counts.delayed,
+            "dead_lettered": q.dead_lettered,
+            "depth": q.depth(),
+            "level": LEVELS[level],
+            "work_streams": len(q.workers),
+            **{f"last_{op}_ms": ms for op, ms in q.last_ms.items()},
+        }
+    return out
 
 
 JSON_DECIMALS: Final = 4  # 0.0001 is the smallest non-zero value the snapshot shows

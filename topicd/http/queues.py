@@ -1,4 +1,7 @@
-"""Routes of queue topics: claim, ack, nack, extend (validate, call the engine, render)."""
+"""Routes of queue topics: claim, ack, nack, extend (validate, call the engine, render).
+
+The `/work` stream is served before Quart (`topicd.http.work`); its route here only
+makes other methods on the path answer `405` with `Allow: GET`."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 import orjson
 
-from topicd.errors import InvalidRequest, JsonValue
+from topicd.errors import InvalidRequest, JsonValue, MethodNotAllowed
 from topicd.http.app import (
     decode,
     json_response,
@@ -104,3 +107,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
                 "deadlines": deadlines,
             }
         )
+
+    @app.route("/v0/topics/<topic>/work", methods=["GET"])
+    async def work_placeholder(topic: str) -> Response:
+        raise MethodNotAllowed("open the stream with GET", ["GET"])

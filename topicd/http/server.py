@@ -10,10 +10,10 @@ the routes and the access log are the same as on the Hypercorn path) with a `rec
 that hands over the body already read and a `send` that writes the response straight to
 the connection's trio socket stream.
 
-* `GET /v0/watch/<wid>` streams write the response head and then each pre-encoded SSE
-  chunk in HTTP/1.1 chunked framing. This removes Hypercorn's per-chunk work (h11
-  events, its send lock and shielded scopes), which measured about half of a watch
-  stream's per-frame CPU (docs/PERFORMANCE.md, "SSE fan-out").
+* `GET /v0/watch/<wid>` and `GET /v0/topics/<q>/work` streams write the response head
+  and then each pre-encoded SSE chunk in HTTP/1.1 chunked framing. This removes
+  Hypercorn's per-chunk work (h11 events, its send lock and shielded scopes), which
+  measured about half of a watch stream's per-frame CPU (docs/PERFORMANCE.md, "SSE fan-out").
 * Probes (`GET /v0/health`, `/healthz`, `/v0/ready`, `/readyz`) are answered by the
   gate without the framework (scheduler spec R1: control work first).
 * Every other plain request — no body, or a `content-length` body within
@@ -237,11 +237,29 @@ PROBE_HEADS: Final = (b"GET /v0/health ", b"GET /healthz ", b"GET /v0/ready ", b
 DIRECT_HEADS: Final = (STREAM_HEAD, *PROBE_HEADS)
 
 
+WORK_HEAD: Final = b"GET /v0/topics/"
+
+
+def _work_stream(head: bytes) -> bool | None:
+    """Whether a head starting `GET /v0/topics/` opens a `/work` stream (its request
+    line ends in `/v0/topics/<name>/work`, before any query); None: line incomplete."""
+    eol = head.find(b"\r\n")
+    if eol < 0:
+        return None
+    parts = head[:eol].split(b" ")
+    if len(parts) != 3:
+        return False
+    path = parts[1].partition(b"?")[0]
+    return path.endswith(b"/work") and path.count(b"/") == 4
+
+
 def sniff(head: bytes) -> bool | None:
     """True: a request the direct path may serve (read on to the end of its head);
     False: Hypercorn's; None: too few bytes to tell."""
+    if head.startswith(WORK_HEAD):
+        return _work_stream(head)
     undecided = False
-    for prefix in DIRECT_HEADS:
+    for prefix in (*DIRECT_HEADS, WORK_HEAD):
         n = min(len(head), len(prefix))
         if head[:n] == prefix[:n]:
             if n == len(prefix):
@@ -662,7 +680,7 @@ class Listener:
         if (
             path in CONTROL_PATHS
             or method == b"HEAD"
-            or (method == b"GET" and path.startswith("/v0/watch/"))
+            or (method == b"GET" and (path.startswith("/v0/watch/") or path.endswith("/work")))
             or (self.max_body and length > self.max_body)
         ):
             return False, head

@@ -36,6 +36,7 @@ class Queue:
     capacity: Callable[[], int]
     full: Callable[[], int] | None = None
     own_peak: Callable[[], int] | None = None
+    owner: object = None  # what registered it (a job queue unregisters only its own entry)
     peak: int = 0
     level: int = 0
     changes: dict[int, int] = field(default_factory=dict)  # level -> times entered
@@ -59,8 +60,9 @@ class SaturationRegistry:
         *,
         full: Callable[[], int] | None = None,
         peak: Callable[[], int] | None = None,
+        owner: object = None,
     ) -> None:
-        self.queues[name] = Queue(name, depth, capacity, full, peak)
+        self.queues[name] = Queue(name, depth, capacity, full, peak, owner)
 
     def unregister(self, name: str) -> None:
         self.queues.pop(name, None)
@@ -82,18 +84,20 @@ class SaturationRegistry:
 
     def sample(self, now_s: float) -> None:
         """Update peaks and levels (the governor calls this every sample)."""
-        warn_every = self.cfg.warn_log_interval_ms / 1000
         for q in self.queues.values():
-            depth = q.depth()
-            q.peak = max(q.peak, depth, q.own_peak() if q.own_peak is not None else 0)
-            level = self.level_for(q.level, q.saturation())
-            if level != q.level:
-                q.changes[level] = q.changes.get(level, 0) + 1
-                if level > q.level and (
-                    q.last_warned is None or now_s - q.last_warned >= warn_every
-                ):
-                    q.last_warned = now_s
-                    log.warning(
-                        "queue %s is %s: %d of %d", q.name, LEVELS[level], depth, q.capacity()
-                    )
-                q.level = level
+            self.observe(q, now_s)
+
+    def observe(self, q: Queue, now_s: float) -> int:
+        """Update one queue's peak and level now (also called where a level gates
+        admission, so the decision never waits for the next sample); returns the level."""
+        depth = q.depth()
+        q.peak = max(q.peak, depth, q.own_peak() if q.own_peak is not None else 0)
+        level = self.level_for(q.level, q.saturation())
+        if level != q.level:
+            q.changes[level] = q.changes.get(level, 0) + 1
+            warn_every = self.cfg.warn_log_interval_ms / 1000
+            if level > q.level and (q.last_warned is None or now_s - q.last_warned >= warn_every):
+                q.last_warned = now_s
+                log.warning("queue %s is %s: %d of %d", q.name, LEVELS[level], depth, q.capacity())
+            q.level = level
+        return level

@@ -187,11 +187,31 @@ async def open_stream(
     query: str = "",
 ) -> AsgiStream:
     """Start `GET /v0/watch/:wid` and return once the response head arrived."""
+    return await open_sse(nursery, app, f"/v0/watch/{wid}", headers=headers, query=query)
+
+
+async def open_sse(
+    nursery: trio.Nursery,
+    app: Callable[
+        [
+            MutableMapping[str, object],
+            Callable[[], Awaitable[MutableMapping[str, object]]],
+            Callable[[MutableMapping[str, object]], Awaitable[None]],
+        ],
+        Awaitable[None],
+    ],
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    query: str = "",
+) -> AsgiStream:
+    """Start `GET path` (an SSE stream: a watch or `/work`) and return once the response
+    head arrived."""
     stream = AsgiStream()
     send_ch, recv_ch = trio.open_memory_channel[bytes](0)
     stream._chunks = recv_ch
     hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = _scope(f"/v0/watch/{wid}", query.encode(), hdrs)
+    scope = _scope(path, query.encode(), hdrs)
     first = [True]
 
     async def receive() -> MutableMapping[str, object]:

@@ -1,0 +1,149 @@
+"""`GET /v0/topics/:q/work`: the push-worker stream, served at the ASGI layer.
+
+Like the watch stream (`topicd.http.watch`), the gate hands the request to `WorkStreams`
+before Quart, so on the direct HTTP/1.1 path the frames are written straight to the
+socket. `WorkStreams` runs the establishment checks in order — `406` (Accept), `401`
+(no valid key: the `Authorization` header, or `?token=` when there is no header),
+`400` (`node`), `403` (read and write on the topic), `404 topic_not_found`,
+`409 not_a_queue`, `429` (the SSE caps) — sends the response head and runs the
+stream's pump (`topicd.engine.work.work_pump`) in the stream's cancel scope, with a
+second task that watches for the client's disconnect. Streams hold no per-key in-flight
+slot; they count against the SSE caps.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Final, cast
+from urllib.parse import parse_qs
+
+import trio
+
+from topicd.engine.work import WorkConn, work_pump
+from topicd.errors import InvalidRequest, NotAcceptable, NotAQueue, Unauthorized
+from topicd.http.auth import DEV_PRINCIPAL
+from topicd.http.watch import _acceptable, _headers, _until_disconnect
+from topicd.wire import check_worker_node
+
+if TYPE_CHECKING:
+    from topicd.config import Config
+    from topicd.http.app import EngineRef, Receive, Scope, Send
+    from topicd.http.auth import KeyStore, Principal
+
+_PATH: Final = re.compile(r"^/v0/topics/([^/]+)/work$")
+_INT: Final = re.compile(r"[+-]?\d{1,18}")
+_MAX_FIELDS: Final = 64  # query fields read before the query counts as malformed
+_HEAD: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def _int_or_none(values: list[str] | None) -> int | None:
+    if not values or not _INT.fullmatch(values[0].strip()):
+        return None
+    return int(values[0])
+
+
+class WorkStreams:
+    """`GET /v0/topics/:q/work` at the ASGI layer (see module docstring)."""
+
+    def __init__(self, ref: EngineRef, config: Config, keys: KeyStore) -> None:
+        self.ref = ref
+        self.cfg = config
+        self.keys = keys
+
+    @staticmethod
+    def topic_of(scope: Scope) -> str | None:
+        """The queue's name if this request opens a `/work` stream, else None."""
+        if scope.get("method") != "GET":
+            return None
+        m = _PATH.match(cast("str", scope["path"]))
+        return None if m is None else m.group(1)
+
+    def _principal(self, headers: dict[bytes, str], query: dict[str, list[str]]) -> Principal:
+        if not self.keys.enabled:
+            return DEV_PRINCIPAL
+        auth = headers.get(b"authorization")
+        if auth is not None:  # the header wins when both are present
+            p = self.keys.authenticate(auth)
+        elif "token" in query:
+            p = self.keys.authenticate_token(query["token"][0])
+        else:
+            raise Unauthorized("missing bearer key (header, or ?token= on this stream)")
+        if p is None:
+            raise Unauthorized("unknown or malformed bearer key")
+        return p
+
+    def establish(self, scope: Scope, name: str) -> WorkConn:
+        """The establishment checks in order (module docstring); registers the stream."""
+        headers = _headers(scope)
+        if not _acceptable(headers.get(b"accept")):
+            raise NotAcceptable("the work stream is text/event-stream; send Accept accordingly")
+        raw = cast("bytes", scope.get("query_string", b"")).decode("latin-1")
+        try:
+            query = parse_qs(raw, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
+        except ValueError:
+            raise InvalidRequest(f"more than {_MAX_FIELDS} query parameters") from None
+        who = self._principal(headers, query)
+        nodes = query.get("node")
+        if not nodes:
+            raise InvalidRequest("the node query parameter is required", {"field": "node"})
+        node = nodes[0]
+        check_worker_node(node, self.cfg.protocol.max_node_bytes)
+        who.require("read", name)
+        who.require("write", name)
+        engine = self.ref.engine
+        topic = engine.get(name)
+        if topic.queue is None:
+            raise NotAQueue(f"topic {name!r} is a log, not a queue", {"topic": name})
+        max_claim = self.cfg.queue.max_claim
+        want = min(max(_int_or_none(query.get("max")) or 1, 1), max_claim)
+        lease_ms = _int_or_none(query.get("lease_ms"))
+        if lease_ms is not None:
+            lease_ms = max(lease_ms, 0)
+        key = who.key_id if self.keys.enabled else None
+        engine.watch.reserve_stream(key)  # 429 at a cap
+        conn = WorkConn(topic, node, want, lease_ms, key)
+        engine.queues.attach_work(conn)
+        return conn
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+        """Establish (a refusal raises its `TopicdError` before anything is sent: the
+        gate answers it) and serve the stream until it ends."""
+        engine = self.ref.engine
+        conn = self.establish(scope, name)
+        try:
+            if scope.get("topicd.direct"):
+                engine.watch.stats.streams_direct += 1
+            engine.watch.stats.streams_opened += 1
+            headers = list(_HEAD)
+            if scope.get("http_version") in ("1.0", "1.1"):
+                headers.append((b"connection", b"keep-alive"))
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+            async def write(chunk: bytes) -> None:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+            q = self.cfg.queue
+            ended = False
+            with conn.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+                    await work_pump(
+                        conn,
+                        engine.queues,
+                        write,
+                        retry_ms=self.cfg.watch.sse_retry_ms,
+                        heartbeat_ms=q.work_heartbeat_ms,
+                        poll_ms=q.work_poll_ms,
+                    )
+                    ended = True  # a terminal frame was written
+                    nursery.cancel_scope.cancel()
+            if ended:
+                with trio.move_on_after(1.0):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            engine.queues.detach_work(conn)  # (the pump did; idempotent)
+            engine.watch.release_stream(conn.key_id)
