@@ -191,7 +191,8 @@ class LeaseTableMachine(RuleBasedStateMachine):
         exp: dict[int, int] = {}
         exp_skipped: list[int] = []
         for i, seq in enumerate(seqs):
-            if self.holds(seq, node, fences[i] if fences else ""):
+            # a repeated seq is skipped (its lease was taken by the first), as for ack
+            if self.holds(seq, node, fences[i] if fences else "") and seq not in exp:
                 self.jobs[seq].expires_at = self.now + lease_ms / 1000 + 0.001
                 exp[seq] = self.now_ms + lease_ms
             else:
