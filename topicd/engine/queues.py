@@ -202,13 +202,17 @@ class JobQueue:
 
     def dropped(self, seq: int, prio: int) -> None:
         """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired)."""
+        # only a job that was claimable can leave an entry behind in its level: a leased,
+        # delayed or held one was taken out of the level already (counting those too made
+        # a busy level compact every 64 acks, at a cost of the level's size)
+        claimable = False
         if self.leases.pop(seq, None) is None:
-            self.delayed.pop(seq, None)
+            claimable = self.delayed.pop(seq, None) is None and seq not in self.held
             self.retrying.discard(seq)
         self.held.discard(seq)
         self.deliveries.pop(seq, None)
         level = self.levels.get(prio)
-        if level is not None:
+        if level is not None and claimable:
             level.dead += 1
             if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
                 self._compact(level)
