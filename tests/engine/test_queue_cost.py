@@ -63,6 +63,19 @@ def test_claim_and_ack_look_at_the_same_few_records_at_any_backlog(levels):
     assert looked[0] <= 3 * 8
 
 
+def test_a_claim_and_ack_storm_on_one_busy_level_costs_the_same_at_any_backlog():
+    looked = []
+    for n in (10_000, 100_000):
+        topic, q = backlog(n, 100)
+        claim(q, 8, 0.0)
+        counter = Counting(topic)
+        for _ in range(300):  # past the point where a level compacts its dead entries
+            held, _ = q.hold_for_ack("w", claim(q, 8, 0.0), [])
+            topic.delete_seqs(held)
+        looked.append(counter.calls)
+    assert looked[0] == looked[1] <= 3 * 8 * 300
+
+
 def test_expiry_looks_only_at_expired_leases():
     looked = []
     for n in (1_000, 100_000):

@@ -689,13 +689,27 @@ async def test_claim_needs_read_and_write_scopes():
             assert r.status_code == 200
 
 
-async def test_leases_durable_on_a_queue_is_refused_until_leases_are_persisted(client):
+async def test_leases_durable_is_accepted_and_the_lease_calls_answer_as_without_it(client):
     r = await client.put("/v0/topics/q", json={"type": "queue", "leases_durable": True})
-    err = await fail(r, 400, "invalid_request")
-    assert err["detail"] == {"leases_durable": True}
+    assert r.status_code == 201
+    assert (await r.get_json())["config"]["leases_durable"] is True
     r = await client.post(
         "/v0/topics/q2",
         json={"records": [{"data": 1}], "config": {"type": "queue", "leases_durable": True}},
     )
-    await fail(r, 400, "invalid_request")
-    await make_queue(client, leases_durable=False)
+    assert r.status_code == 201
+    seqs = await produce(client, "q", 1, 2, 3)
+    body = await claim(client, "q", max=3)
+    assert [(j["$seq"], j["deliveries"]) for j in body["claimed"]] == [(s, 1) for s in seqs]
+    lease_ids = [j["lease_id"] for j in body["claimed"]]
+    r = await client.post(
+        "/v0/topics/q/extend",
+        json={"node": "w1", "seqs": seqs[:1], "lease_ms": 5000, "lease_ids": lease_ids[:1]},
+    )
+    assert (await r.get_json())["extended"] == 1
+    r = await client.post("/v0/topics/q/nack", json={"node": "w1", "seqs": seqs[1:2]})
+    assert (await r.get_json())["nacked"] == 1
+    r = await client.post("/v0/topics/q/ack", json={"node": "w1", "seqs": seqs[2:]})
+    assert (await r.get_json())["acked"] == 1
+    again = await claim(client, "q", max=3)
+    assert [(j["$seq"], j["deliveries"]) for j in again["claimed"]] == [(seqs[1], 2)]

@@ -301,15 +301,6 @@ class Engine:
             raise InvalidRequest(
                 "dead_letter must differ from the queue itself", {"dead_letter": c.dead_letter}
             )
-        if c.type == "queue" and c.leases_durable:
-            # refused rather than accepted and ignored: a queue must not claim that its
-            # leases survive a restart while they do not (docs/decisions.md)
-            raise InvalidRequest(
-                "leases_durable is not supported by this version: leases and delivery "
-                "counters are not persisted (after a restart every unacked job is "
-                "claimable at once); omit it or set it to false",
-                {"leases_durable": True},
-            )
         s = self.cfg.scheduler
         priority = (
             None if c.priority is None else min(max(c.priority, s.priority_min), s.priority_max)

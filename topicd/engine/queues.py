@@ -41,7 +41,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
 import orjson
@@ -55,7 +55,7 @@ from topicd.storage import frame as frames
 from topicd.wire import RecordIn, WriteIn
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
@@ -63,9 +63,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topicd.queues")
 
+_T = TypeVar("_T")
+
 # a lease is expired once the clock passed its deadline (ms resolution: `now > deadline`)
 _PAST_S: Final = 0.001
 _DL_KEYS: Final = ("$dead_letter_from", "$dead_letter_deliveries", "$dead_letter_src_seq")
+
+
+def leases_durable(topic: Topic) -> bool:
+    """Whether `topic`'s lease events are logged (`leases_durable`, never `ephemeral`)."""
+    return topic.config.leases_durable and topic.config.durability != "ephemeral"
 
 
 def lease_token(lease_id: int) -> str:
@@ -122,8 +129,25 @@ class _Cohort:
     closes_at: float
     members: list[Claimer] = field(default_factory=list)
     served: bool = False
+    done: trio.Event | None = None  # durable leases: set once the pass's leases are logged
     ready: int = 0
     dead_letter: tuple[str, int] = ("", 0)  # the pass's target and max_deliveries
+
+
+# one lease event, as a `Lease` frame logs it: [kind, seq, node, lease_id, time_ms,
+# deliveries]; kind is "claimed" / "extended" (time = the deadline) or "released" (time =
+# the end of the nack delay, 0 for none)
+LeaseEvent = tuple[str, int, str, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnap:
+    """A queue's lease state in a snapshot: (seq, node, lease_id, deadline_ms) leases,
+    (seq, deliveries) counters, (seq, ready_ms) nack delays."""
+
+    leases: list[tuple[int, str, int, int]]
+    deliveries: list[tuple[int, int]]
+    delays: list[tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +186,12 @@ class JobQueue:
         self.last_ms: dict[str, int] = dict.fromkeys(OPS, 0)  # wall time of the last op
         self._ack_rate = 0.0  # acks per second, decayed to `_ack_rate_at` (EWMA)
         self._ack_rate_at = 0.0
+        # durable leases, during recovery: the projection of the replayed lease events
+        # (seq -> holder, lease id, deadline ms; seq -> nack delay end ms), and whether
+        # the recovered leases still wait for `resume` to set their Trio times
+        self.logged: dict[int, tuple[str, int, int]] = {}
+        self.logged_delays: dict[int, int] = {}
+        self.unresumed = False
         self._index_add(0)
 
     # ---- change notification ------------------------------------------------------------
@@ -224,13 +254,17 @@ class JobQueue:
 
     def dropped(self, seq: int, prio: int) -> None:
         """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired)."""
+        # only a job that was claimable can leave an entry behind in its level: a leased,
+        # delayed or held one was taken out of the level already (counting those too made
+        # a busy level compact every 64 acks, at a cost of the level's size)
+        claimable = False
         if self.leases.pop(seq, None) is None:
-            self.delayed.pop(seq, None)
+            claimable = self.delayed.pop(seq, None) is None and seq not in self.held
             self.retrying.discard(seq)
         self.held.discard(seq)
         self.deliveries.pop(seq, None)
         level = self.levels.get(prio)
-        if level is not None:
+        if level is not None and claimable:
             level.dead += 1
             if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
                 self._compact(level)
@@ -401,10 +435,16 @@ class JobQueue:
         now_ms: int,
         max_deliveries: int,
         dead_letter: bool,
+        *,
+        staged: bool = False,
     ) -> list[int]:
         """One claim pass (sweep first): hand out jobs in claim order, round-robin over
         the members that still want more. Jobs over `max_deliveries` (when `dead_letter`)
-        are diverted instead: held, and returned for the caller to move."""
+        are diverted instead: held, and returned for the caller to move.
+
+        `staged` (durable leases): the leases are made but not installed: their jobs are
+        held, and counters untouched, until `install` runs once their `Lease` frame is
+        committed (or `unstage` after it failed)."""
         diverted: list[int] = []
         # (a claim lowers the depth: depth-level waiters look again; `/work` streams
         # are not kicked, since a claim frees none of their depth)
@@ -423,8 +463,12 @@ class JobQueue:
                 if seq is None:
                     return diverted
                 n = self.deliveries.get(seq, 0) + 1
-                self.deliveries[seq] = n
-                lease = self._lease(seq, m.node, m.lease_ms, now, now_ms)
+                if staged:
+                    lease = self._new_lease(seq, m.node, m.lease_ms, now, now_ms)
+                    self.held.add(seq)
+                else:
+                    self.deliveries[seq] = n
+                    lease = self._lease(seq, m.node, m.lease_ms, now, now_ms)
                 m.got.append((lease, n))
                 if m.held is not None:
                     m.held[seq] = lease.lease_id
@@ -433,13 +477,37 @@ class JobQueue:
             wanting = still
         return diverted
 
-    def _lease(self, seq: int, node: str, lease_ms: int, now: float, now_ms: int) -> Lease:
+    def _new_lease(self, seq: int, node: str, lease_ms: int, now: float, now_ms: int) -> Lease:
         lease_id = self.next_lease_id
         self.next_lease_id = lease_id + 1
-        lease = Lease(seq, node, lease_id, now + lease_ms / 1000 + _PAST_S, now_ms + lease_ms)
+        return Lease(seq, node, lease_id, now + lease_ms / 1000 + _PAST_S, now_ms + lease_ms)
+
+    def _lease(self, seq: int, node: str, lease_ms: int, now: float, now_ms: int) -> Lease:
+        lease = self._new_lease(seq, node, lease_ms, now, now_ms)
         self.leases[seq] = lease
         self._push_deadline(lease)
         return lease
+
+    def install(self, got: list[tuple[Lease, int]]) -> list[tuple[Lease, int]]:
+        """The `Lease` frame of a staged claim is committed: its leases take effect (in
+        the commit's publish step, so a snapshot never sees the frame without them).
+        Returns the ones installed: a job deleted meanwhile is passed over."""
+        out: list[tuple[Lease, int]] = []
+        for lease, n in got:
+            seq = lease.seq
+            if seq not in self.held or self.topic.enc(seq) is None:
+                continue
+            self.held.discard(seq)
+            self.leases[seq] = lease
+            self.deliveries[seq] = n
+            self._push_deadline(lease)
+            out.append((lease, n))
+        return out
+
+    def unstage(self, got: list[tuple[Lease, int]]) -> None:
+        """The `Lease` frame of a staged claim failed: its jobs are claimable again, in
+        their claim order, with their counters as before."""
+        self.release_held([lease.seq for lease, _ in got])
 
     def _held_by(self, seq: int, node: str, fence: str) -> Lease | None:
         lease = self.leases.get(seq)
@@ -490,7 +558,7 @@ class JobQueue:
                 self._requeue(seq)
         self.changed()
 
-    def release(self, held: dict[int, int]) -> int:
+    def release_stream(self, held: dict[int, int]) -> int:
         """A `/work` stream ended: its leases still current (`seq -> lease id`) end now
         and the jobs are claimable at once (no backoff: not a failed delivery; the
         delivery counters are kept). Returns how many were released."""
@@ -513,16 +581,26 @@ class JobQueue:
         Delivery counters are kept; without `delay_ms` the retry backoff applies.
         Returns (released, skipped)."""
         leases, skipped = self._holding(node, seqs, fences)
+        self.release(leases, delay_ms, now)
+        return len(leases), skipped
+
+    def release(self, leases: list[Lease], delay_ms: int, now: float) -> int:
+        """Drop `leases` that are still current (a logged nack applies at its commit);
+        their jobs are claimable now, or at `now + delay_ms`. Returns how many."""
+        n = 0
         for lease in leases:
             seq = lease.seq
+            if self.leases.get(seq) is not lease:
+                continue  # expired, acked or re-leased while the nack was logged
+            n += 1
             del self.leases[seq]
             if delay_ms:
                 self._delay(seq, now + delay_ms / 1000)
             elif not self._back_off(seq, now):
                 self._requeue(seq)
-        if leases:
+        if n:
             self.changed()
-        return len(leases), skipped
+        return n
 
     def extend(
         self,
@@ -535,42 +613,127 @@ class JobQueue:
     ) -> tuple[dict[int, int], list[int]]:
         """Move the deadline of unexpired leases held by `node` to now + `lease_ms`
         (sweep first). Returns ({seq: new deadline_ms}, skipped)."""
-        deadlines: dict[int, int] = {}
         leases, skipped = self._holding(node, seqs, fences, releasing=False)
+        return self.set_deadlines(leases, lease_ms, now, now_ms), skipped
+
+    def set_deadlines(
+        self, leases: list[Lease], lease_ms: int, now: float, now_ms: int
+    ) -> dict[int, int]:
+        """Deadline = `now` + `lease_ms` for `leases` that are still current (a logged
+        extend applies at its commit). Returns {seq: new deadline_ms}."""
+        deadlines: dict[int, int] = {}
         for lease in leases:
+            if self.leases.get(lease.seq) is not lease:
+                continue  # expired, acked or re-leased while the extend was logged
             lease.expires_at = now + lease_ms / 1000 + _PAST_S
             lease.deadline_ms = now_ms + lease_ms
             self._push_deadline(lease)
             deadlines[lease.seq] = lease.deadline_ms
-        return deadlines, skipped
+        return deadlines
 
     # ---- whole-queue changes ------------------------------------------------------------
 
-    def rebuild(self, lease_seed: int) -> None:
-        """After recovery: every live job is claimable, in claim order (leases and
-        delivery counters are not persisted)."""
+    def rebuild(self, lease_seed: int, durable: bool) -> None:
+        """After recovery: every live job is claimable, in claim order, except (with
+        `durable` leases) the ones the replayed lease events leave leased or in a nack
+        delay; their times are set by `resume` once the loop runs. Without durable
+        leases nothing about leases survives: counters start at 0 again."""
         topic = self.topic
         self.levels = {0: _Level()}
         self._index = []
         self._indexed = set()
         self.cursor = topic.earliest_seq - 1
         self.leases.clear()
-        self.deliveries.clear()
         self.delayed.clear()
         self.held.clear()
         self.retrying.clear()
         self._deadlines = []
         self._delays = []
         self.next_lease_id = max(self.next_lease_id, lease_seed)
+        live = topic.enc
+        if durable:
+            self.deliveries = {s: n for s, n in self.deliveries.items() if live(s) is not None}
+            for seq, (node, lease_id, deadline_ms) in self.logged.items():
+                if live(seq) is not None:
+                    self.leases[seq] = Lease(seq, node, lease_id, 0.0, deadline_ms)
+                    self.next_lease_id = max(self.next_lease_id, lease_id + 1)
+            self.logged_delays = {
+                s: t for s, t in self.logged_delays.items() if live(s) is not None
+            }
+            for seq in self.logged_delays:
+                self.delayed[seq] = 0.0  # until `resume`: not claimable
+            self.unresumed = True
+        else:
+            self.deliveries.clear()
+            self.logged_delays = {}
+        self.logged = {}
         self._index_add(0)
         for seq, prio in sorted(topic.prios.items()):
-            if topic.enc(seq) is not None:
+            if live(seq) is not None:
                 self._index_add(prio)
                 self.levels[prio].fresh.append(seq)
+
+    def resume(self, now: float, now_ms: int) -> None:
+        """On the loop after recovery: recovered leases expire at their wall-clock
+        deadline, recovered nack delays end at theirs (either may be past already)."""
+        if not self.unresumed:
+            return
+        self.unresumed = False
+        for lease in self.leases.values():
+            lease.expires_at = now + (lease.deadline_ms - now_ms) / 1000 + _PAST_S
+            heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, lease.seq))
+        for seq, ready_ms in self.logged_delays.items():
+            ready_at = now + max(ready_ms - now_ms, 0) / 1000
+            self.delayed[seq] = ready_at
+            heapq.heappush(self._delays, (ready_at, seq))
+        self.logged_delays = {}
+
+    # ---- durable leases: the log's view ----------------------------------------------
+
+    def replay(self, events: list[LeaseEvent]) -> None:
+        """Apply a replayed `Lease` frame (recovery) to the logged projection: the last
+        claim of a job sets its holder, deadline and counter; an extend or release
+        applies only to the lease it names (the fence), as it did live."""
+        logged = self.logged
+        for kind, seq, node, lease_id, time_ms, n in events:
+            if kind == "claimed":
+                logged[seq] = (node, lease_id, time_ms)
+                self.deliveries[seq] = n
+                self.logged_delays.pop(seq, None)
+                continue
+            current = logged.get(seq)
+            if current is None or current[1] != lease_id:
+                continue
+            if kind == "extended":
+                logged[seq] = (node, lease_id, time_ms)
+            elif kind == "released":
+                del logged[seq]
+                if time_ms:
+                    self.logged_delays[seq] = time_ms
+            else:
+                raise ValueError(f"unknown lease event {kind!r}")
+
+    def export(self, now: float, now_ms: int) -> QueueSnap:
+        """The lease state a snapshot carries for a queue with durable leases: leases,
+        delivery counters and nack delays (as wall-clock times)."""
+        leases = [(ls.seq, ls.node, ls.lease_id, ls.deadline_ms) for ls in self.leases.values()]
+        if self.unresumed:
+            delays = list(self.logged_delays.items())
+        else:
+            delays = [(s, now_ms + round((t - now) * 1000)) for s, t in self.delayed.items()]
+        return QueueSnap(sorted(leases), sorted(self.deliveries.items()), sorted(delays))
+
+    def restore(self, snap: QueueSnap) -> None:
+        """Recovery: start the logged projection from a snapshot's lease state."""
+        self.logged = {seq: (node, lid, dl) for seq, node, lid, dl in snap.leases}
+        self.deliveries = dict(snap.deliveries)
+        self.logged_delays = dict(snap.delays)
 
     def close(self) -> None:
         """The topic was deleted: its leases go with it."""
         self.closed = True
+        self.logged = {}
+        self.logged_delays = {}
         self.leases.clear()
         self.delayed.clear()
         self.held.clear()
@@ -716,7 +879,17 @@ class QueueService:
 
     def recovered(self, topic: Topic) -> None:
         if topic.queue is not None:
-            topic.queue.rebuild(self._lease_seed())
+            topic.queue.rebuild(self._lease_seed(), leases_durable(topic))
+
+    def resume(self) -> None:
+        """On the loop, before anything is served after recovery: recovered leases and
+        nack delays get their Trio times, and the expiry timer learns of them."""
+        now, now_ms = trio.current_time(), self.engine.clock.now_ms()
+        for topic in self.engine.by_id.values():
+            q = topic.queue
+            if q is not None and q.unresumed:
+                q.resume(now, now_ms)
+                self._schedule(q)
 
     # ---- the expiry timer ---------------------------------------------------------------
 
@@ -737,6 +910,7 @@ class QueueService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Expire leases and end nack delays when they fall due (no polling: sleeps
         until the earliest due time of all queues, or until an earlier one appears)."""
+        self.resume()
         task_status.started()
         while True:
             if self._timers:
@@ -848,6 +1022,20 @@ class QueueService:
             await engine.commit.control(topic, frame, lambda: engine.apply_seqs_delete(topic, seqs))
         return perf_ms() - t0
 
+    async def _log(self, topic: Topic, events: list[LeaseEvent], apply: Callable[[], _T]) -> _T:
+        """Log lease events of a queue with durable leases as one `Lease` frame,
+        sync-gated, and run `apply` in the commit's publish step. Raises what the commit
+        raised (`503 storage_unavailable`: nothing was applied)."""
+        engine = self.engine
+        engine.check_open()
+        frame = frames.encode_control(
+            frames.LEASE,
+            topic.topic_id,
+            engine.clock.now_ms(),
+            {"events": [list(event) for event in events]},
+        )
+        return await engine.commit.control(topic, frame, apply)
+
     # ---- claim --------------------------------------------------------------------------
 
     async def claim(self, name: str, node: str, want: int, lease_ms: int | None) -> ClaimResult:
@@ -879,7 +1067,7 @@ class QueueService:
             if topic.deleted:
                 raise TopicNotFound(name)
             cohort = _Cohort(trio.current_time(), [me])
-            diverted = self._serve(topic, q, cohort)
+            diverted = await self._serve(topic, q, cohort)
         else:
             current = q.cohort
             if current is None or current.served:
@@ -901,10 +1089,12 @@ class QueueService:
                 try:
                     if topic.deleted:
                         raise TopicNotFound(name)
-                    diverted = self._serve(topic, q, cohort)
+                    diverted = await self._serve(topic, q, cohort)
                 except TopicdError as exc:
                     cohort.served = True
                     cohort.members[0].error = exc
+            elif cohort.done is not None:
+                await cohort.done.wait()  # the server logs the pass's leases
         if diverted:
             await self._dead_letter(topic, q, diverted, cohort.dead_letter)
             cohort.ready = q.counts().ready
@@ -916,8 +1106,10 @@ class QueueService:
         value = topic.config.lease_ms if lease_ms is None else lease_ms
         return min(max(value, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
 
-    def _serve(self, topic: Topic, q: JobQueue, cohort: _Cohort) -> list[int]:
-        """One pass for a whole cohort (synchronous: nothing interleaves)."""
+    async def _serve(self, topic: Topic, q: JobQueue, cohort: _Cohort) -> list[int]:
+        """One pass for a whole cohort (the pass is synchronous: nothing interleaves).
+        With durable leases the leases are staged, logged, and installed when the frame
+        commits; if it fails, every member gets the error and nothing changed."""
         cohort.served = True
         engine = self.engine
         engine.enforce(topic)
@@ -925,17 +1117,56 @@ class QueueService:
         now_ms = engine.clock.now_ms()
         q.sweep(now)
         cfg = topic.config
+        durable = leases_durable(topic)
         diverted = q.claim(
-            cohort.members, now, now_ms, cfg.max_deliveries, cfg.dead_letter is not None
+            cohort.members,
+            now,
+            now_ms,
+            cfg.max_deliveries,
+            cfg.dead_letter is not None,
+            staged=durable,
         )
         if diverted:
             assert cfg.dead_letter is not None
             cohort.dead_letter = (cfg.dead_letter, cfg.max_deliveries)
+        if durable:
+            cohort.done = trio.Event()
+            try:
+                await self._log_claims(topic, q, cohort.members)
+            finally:
+                cohort.done.set()
         for m in cohort.members:
             m.items = [claim_item(topic, lease, n) for lease, n in m.got]
         cohort.ready = q.counts().ready
         self._schedule(q)
         return diverted
+
+    async def _log_claims(self, topic: Topic, q: JobQueue, members: list[Claimer]) -> None:
+        """Log the staged leases of one pass (`claimed` events) and install them at the
+        commit. Shielded: the jobs are held until the outcome is known, and only this
+        task can release them if the frame fails."""
+        got = [pair for m in members for pair in m.got]
+        if not got:
+            return
+
+        def install() -> None:
+            kept = {lease.seq for lease, _ in q.install(got)}
+            for m in members:
+                m.got = [(lease, n) for lease, n in m.got if lease.seq in kept]
+
+        events = [
+            ("claimed", lease.seq, lease.node, lease.lease_id, lease.deadline_ms, n)
+            for lease, n in got
+        ]
+        try:
+            with trio.CancelScope(shield=True):
+                await self._log(topic, events, install)
+        except TopicdError as exc:
+            q.unstage(got)
+            self._schedule(q)
+            for m in members:
+                m.got = []
+                m.error = exc
 
     async def _dead_letter(
         self, topic: Topic, q: JobQueue, seqs: list[int], dead_letter: tuple[str, int]
@@ -1003,9 +1234,26 @@ class QueueService:
         topic, q = self._queue_of(name)
         q.last_ms["nack"] = self.engine.clock.now_ms()
         delay_ms = min(delay_ms, self.cfg.max_nack_delay_ms)
-        released, skipped = q.nack(node, seqs, fences, delay_ms, trio.current_time())
-        self._schedule(q)
-        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        if not leases_durable(topic):
+            released, skipped = q.nack(node, seqs, fences, delay_ms, now)
+            self._schedule(q)
+            await trio.lowlevel.checkpoint()
+            return SeqsResult(topic, released, skipped, q.counts())
+        # durable leases: log the `released` events first; the leases stay held (and
+        # their jobs unclaimable) until the frame commits, then drop at the commit
+        leases, skipped = q._holding(node, seqs, fences)
+        released = 0
+        if leases:
+            ready_ms = self.engine.clock.now_ms() + delay_ms if delay_ms else 0
+            events = [
+                ("released", ls.seq, ls.node, ls.lease_id, ready_ms, q.deliveries.get(ls.seq, 0))
+                for ls in leases
+            ]
+            released = await self._log(topic, events, lambda: q.release(leases, delay_ms, now))
+            self._schedule(q)
+        else:
+            await trio.lowlevel.checkpoint()
         return SeqsResult(topic, released, skipped, q.counts())
 
     async def extend(
@@ -1015,11 +1263,34 @@ class QueueService:
         topic, q = self._queue_of(name)
         q.last_ms["extend"] = self.engine.clock.now_ms()
         lease_ms = min(max(lease_ms, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
-        deadlines, skipped = q.extend(
-            node, seqs, fences, lease_ms, trio.current_time(), self.engine.clock.now_ms()
-        )
-        self._schedule(q)
-        await trio.lowlevel.checkpoint()
+        now, now_ms = trio.current_time(), self.engine.clock.now_ms()
+        if not leases_durable(topic):
+            deadlines, skipped = q.extend(node, seqs, fences, lease_ms, now, now_ms)
+            self._schedule(q)
+            await trio.lowlevel.checkpoint()
+            return SeqsResult(topic, len(deadlines), skipped, q.counts(), deadlines)
+        # durable leases: log the `extended` events, move the deadlines at the commit
+        leases, skipped = q._holding(node, seqs, fences)
+        deadlines = {}
+        if leases:
+            events = [
+                (
+                    "extended",
+                    ls.seq,
+                    ls.node,
+                    ls.lease_id,
+                    now_ms + lease_ms,
+                    q.deliveries.get(ls.seq, 0),
+                )
+                for ls in leases
+            ]
+            deadlines = await self._log(
+                topic, events, lambda: q.set_deadlines(leases, lease_ms, now, now_ms)
+            )
+            skipped.extend(ls.seq for ls in leases if ls.seq not in deadlines)
+            self._schedule(q)
+        else:
+            await trio.lowlevel.checkpoint()
         return SeqsResult(topic, len(deadlines), skipped, q.counts(), deadlines)
 
     # ---- `/work` streams ------------------------------------------------------------------
@@ -1046,7 +1317,7 @@ class QueueService:
         if q.closed:
             conn.held.clear()
             return 0
-        return q.release(conn.held)
+        return q.release_stream(conn.held)
 
     @staticmethod
     def _shutdown_frame(conn: WorkConn) -> bytes:

@@ -39,6 +39,7 @@ import orjson
 
 from topicd.clock import perf_ms
 from topicd.engine.engine import Engine
+from topicd.engine.queues import LeaseEvent, QueueSnap
 from topicd.engine.topic import Run, Topic
 from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
@@ -109,6 +110,25 @@ def _str(body: dict[str, object], key: str) -> str:
     if not isinstance(value, str):
         raise frames.FrameError(f"{key} is not a string")
     return value
+
+
+def lease_events(body: dict[str, object]) -> list[LeaseEvent]:
+    """The events of a `Lease` frame: `[kind, seq, node, lease_id, time_ms, deliveries]`."""
+    events = body["events"]
+    if not isinstance(events, list):
+        raise frames.FrameError("lease events are not a list")
+    out: list[LeaseEvent] = []
+    for ev in events:
+        if not (
+            isinstance(ev, list)
+            and len(ev) == 6
+            and ev[0] in ("claimed", "extended", "released")
+            and isinstance(ev[2], str)
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in ev[3:] + ev[1:2])
+        ):
+            raise frames.FrameError(f"bad lease event {ev!r:.200}")
+        out.append((ev[0], ev[1], ev[2], ev[3], ev[4], ev[5]))
+    return out
 
 
 def read_boot_id() -> str | None:
@@ -433,6 +453,9 @@ class _Replayer:
             if topic.runs[-1].end != topic.head_seq and topic.runs[-1].encs:
                 raise snapshot.SnapshotError(f"topic {snap.name!r}: runs end before head")
             engine.apply_create(topic)
+            if topic.queue is not None and snap.queue is not None:
+                q = snap.queue
+                topic.queue.restore(QueueSnap(q.leases, q.deliveries, q.delays))
             engine.total_bytes += nbytes
         for tid, key, first, count_, head, expires in body.idempotency:
             engine.idem.restore(tid, key, first, count_, head, expires, self.now)
@@ -535,7 +558,9 @@ class _Replayer:
             engine.routers.replay_create(topic, body)
         elif ftype in (frames.ROUTER_CURSOR, frames.ROUTER_DELETE):
             engine.routers.replay_cursor(body, delete=ftype == frames.ROUTER_DELETE)
-        # EVICT_WATERMARK and lease frames: nothing to restore in this version
+        elif ftype == frames.LEASE and topic.queue is not None:
+            topic.queue.replay(lease_events(body))
+        # EVICT_WATERMARK: nothing to restore in this version
 
     def apply_write(self, parts: list[frames.Frame]) -> None:
         """One write: its Append frame, or every frame of a multi-frame write."""

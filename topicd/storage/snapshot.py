@@ -41,8 +41,10 @@ from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Final
 
 import msgspec
+import trio
 import xxhash
 
+from topicd.engine.queues import leases_durable
 from topicd.storage.fs import replace_file
 
 if TYPE_CHECKING:
@@ -71,6 +73,15 @@ class RunSnap(msgspec.Struct, array_like=True, gc=False):
     blob_len: int = 0  # version 2: the length of this run's bytes after the body
 
 
+class LeaseSnap(msgspec.Struct, array_like=True, gc=False):
+    """A queue's durable lease state: (seq, node, lease_id, deadline_ms) leases,
+    (seq, deliveries) counters, (seq, ready_ms) nack delays (wall-clock ms)."""
+
+    leases: list[tuple[int, str, int, int]]
+    deliveries: list[tuple[int, int]]
+    delays: list[tuple[int, int]]
+
+
 class TopicSnap(msgspec.Struct, gc=False):
     id: int
     name: str
@@ -90,6 +101,7 @@ class TopicSnap(msgspec.Struct, gc=False):
     prios: dict[int, int] = {}
     shapes: dict[int, tuple[int, int]] = {}
     trims: list[tuple[int, int]] = []  # router `source_trim` ranges
+    queue: LeaseSnap | None = None  # lease state of a queue with durable leases
 
 
 class SnapshotBody(msgspec.Struct, gc=False):
@@ -156,9 +168,13 @@ class Capture:
     runs: list[list[RunCopy]]
 
 
-def capture_topic(topic: Topic, *, reserved: int) -> tuple[TopicSnap, list[RunCopy]]:
+def capture_topic(
+    topic: Topic, *, reserved: int, now_ms: int = 0
+) -> tuple[TopicSnap, list[RunCopy]]:
     """The topic's state right now, as C-level copies (records are immutable and slots
-    only ever turn dead, so the copy is consistent). Per-record work happens in `encode`."""
+    only ever turn dead, so the copy is consistent). Per-record work happens in `encode`.
+    A queue with durable leases also carries its lease state (nack delays as wall-clock
+    times from `now_ms`)."""
     copies = []
     ephemeral = topic.config.durability == "ephemeral"  # records RAM-only, by design
     last = topic.runs[-1]
@@ -188,6 +204,9 @@ def capture_topic(topic: Topic, *, reserved: int) -> tuple[TopicSnap, list[RunCo
         shapes={} if ephemeral else dict(topic.shapes),
         trims=[] if ephemeral else list(topic.trims),
     )
+    if topic.queue is not None and leases_durable(topic):
+        q = topic.queue.export(trio.current_time(), now_ms)
+        snap.queue = LeaseSnap(q.leases, q.deliveries, q.delays)
     return snap, copies
 
 
@@ -209,7 +228,7 @@ def capture(
         if t.deleted:
             continue
         snap, copies = capture_topic(
-            t, reserved=t.head_seq if final else max(t.reserved_head, t.head_seq)
+            t, reserved=t.head_seq if final else max(t.reserved_head, t.head_seq), now_ms=created_ms
         )
         topics.append(snap)
         runs.append(copies)
