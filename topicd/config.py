@@ -151,7 +151,11 @@ class SegmentsConfig:
         10000, "Seal a segment after N records.", env=_env2("SEGMENT_MAX_EVENTS"), min=1
     )
     max_bytes: int = key(
-        67108864, "Seal a segment after N data bytes.", env=_env2("SEGMENT_MAX_BYTES"), min=1
+        67108864,
+        "Seal a segment after N data bytes.",
+        env=_env2("SEGMENT_MAX_BYTES"),
+        min=1,
+        max=1 << 31,
     )
     max_age_ms: int = key(
         3600000,
@@ -970,7 +974,6 @@ def load_config(
 NOT_IMPLEMENTED: Final = {
     "storage.cold_dir": "the cold tier",
     "storage.tiering": "the cold tier",
-    "storage.segments": "segment files (records live in the WAL and snapshots)",
     "watch.ws_outbound_queue": "the WebSocket data plane",
 }
 

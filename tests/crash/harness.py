@@ -112,6 +112,7 @@ class Server:
         env["TOPICD_STORAGE_SNAPSHOT_INTERVAL_MS"] = "1000"
         env["TOPICD_STORAGE_SNAPSHOT_CHECK_INTERVAL_MS"] = "100"
         env["TOPICD_STORAGE_SNAPSHOT_WAL_BYTES_THRESHOLD"] = str(WAL_FILE_BYTES)
+        env["TOPICD_SEGMENT_MAX_EVENTS"] = "50"  # segments seal (and drop) within a run
         shards = self.pick_shards.choice([1, 2, 3]) if self.pick_shards else None
         self.shards.append(shards)
         if shards is not None:

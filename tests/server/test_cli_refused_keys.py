@@ -17,7 +17,6 @@ pytestmark = pytest.mark.slow
 # (file text, environment, key named)
 CASES = [
     ('[storage]\ncold_dir = "/mnt/cold"\n', {}, "storage.cold_dir"),
-    ("[storage.segments]\nmax_age_ms = 900000\n", {}, "storage.segments.max_age_ms"),
     ("[storage.tiering]\nhot_retain_bytes = 1\n", {}, "storage.tiering.hot_retain_bytes"),
     ("", {"TOPICD_WS_OUTBOUND_QUEUE": "8"}, "watch.ws_outbound_queue"),
 ]
@@ -52,5 +51,16 @@ def test_router_keys_are_accepted_now(tmp_path):
     (result,) = run_many(
         tmp_path,
         [(["check-config", "--config", "c.toml"], {"TOPICD_ROUTER_TICK_MS": "10"})],
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_segment_keys_are_accepted_now(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        "[storage.segments]\nmax_events = 100\nmax_bytes = 1048576\nmax_age_ms = 0\n"
+    )
+    (result,) = run_many(
+        tmp_path,
+        [(["check-config", "--config", "c.toml"], {"TOPICD_SEGMENT_MAX_EVENTS": "50"})],
     )
     assert result.returncode == 0, result.stderr

@@ -66,9 +66,6 @@ def test_every_entry_names_a_key_or_a_section():
 def test_the_refused_keys_are_the_expected_ones():
     assert {p for p, _, _ in REFUSED} == {
         "storage.cold_dir",
-        "storage.segments.max_events",
-        "storage.segments.max_bytes",
-        "storage.segments.max_age_ms",
         "storage.tiering.hot_retain_segments",
         "storage.tiering.hot_retain_bytes",
         "watch.ws_outbound_queue",

@@ -188,6 +188,33 @@ class CommitPath(Protocol):
         ...
 
 
+class StorageBackend(CommitPath, Protocol):
+    """The storage seam: everything the engine asks of storage (docs/architecture.md).
+
+    `CommitPath` is its write half: appends (`submit`; the backend publishes each batch
+    through `CommitHooks.publish_append` with the seqs it committed) and control mutations
+    (`control`: topic registry and configs, deletes by seq and by tag, floors, seq
+    reservations, router and lease state, each as the frame that makes it durable). The
+    rest is below. Only the embedded backend (WAL + segments) needs `checkpoint`;
+    recovery is the backend's constructor (`topicd.storage.service`). A replicated backend
+    would assign seqs itself and implement `checkpoint` as a no-op.
+    """
+
+    async def checkpoint(self, *, final: bool = False) -> bool:
+        """Make the log trimmable (absorb into segments, snapshot); True on success."""
+        ...
+
+    async def read_stored(self, topic: Topic, seq: int, min_visible: int) -> bytes | None:
+        """The stored JSON of record `seq` from durable storage (None when no live record
+        at or above `min_visible` holds it). A checksum failure raises `Internal` (500)
+        and is counted: corrupt bytes are never served."""
+        ...
+
+    def storage_stats(self) -> dict[str, int]:
+        """Counters for metrics (segments, sealed, bytes, corruptions)."""
+        ...
+
+
 class InMemoryCommitPath:
     """Publishes at once: nothing is logged (the `ephemeral` behaviour for every class)."""
 
@@ -227,3 +254,16 @@ class InMemoryCommitPath:
 
     def check_all(self) -> None:
         return None
+
+    # ---- StorageBackend: the fake has nothing beyond memory --------------------------
+
+    async def checkpoint(self, *, final: bool = False) -> bool:
+        await trio.lowlevel.checkpoint()
+        return True
+
+    async def read_stored(self, topic: Topic, seq: int, min_visible: int) -> bytes | None:
+        await trio.lowlevel.checkpoint()
+        return topic.enc(seq) if seq >= min_visible else None
+
+    def storage_stats(self) -> dict[str, int]:
+        return {}

@@ -279,6 +279,10 @@ class Topic:
         # a queue topic's lease table and claim index (`engine.queues`), told of every
         # published and every removed record; None for a log topic
         self.queue: JobQueue | None = None
+        # segments (storage): records up to `seg_tail` were copied into segment files by
+        # a checkpoint; those killed since are listed so the next one flips their flags
+        self.seg_tail = 0
+        self.seg_killed: list[int] = []
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -543,6 +547,8 @@ class Topic:
         assert run.encs[i] is not None
         run.encs[i] = None
         size = run.sizes[i]
+        if seq <= self.seg_tail:
+            self.seg_killed.append(seq)
         self.count -= 1
         self.bytes -= size
         if self.tags and self.tags.pop(seq, None) is not None:

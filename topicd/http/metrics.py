@@ -494,6 +494,18 @@ class _Collector:
             "Size of the last snapshot.",
             value=getattr(cp, "last_bytes", 0),
         )
+        seg: dict[str, int] = getattr(getattr(cp, "segments", None), "stats", dict)()
+        yield counter(
+            "topicd_segment_corruption_total",
+            "Segment reads that failed their checksum (never served).",
+            seg.get("corruptions", 0),
+        )
+        yield GaugeMetricFamily(
+            "topicd_segments", "Segment files registered.", value=seg.get("segments", 0)
+        )
+        yield GaugeMetricFamily(
+            "topicd_segment_bytes", "Bytes in registered segments.", value=seg.get("bytes", 0)
+        )
         rec = self.ref.engine.recovery
         yield GaugeMetricFamily(
             "topicd_recovery_duration_ms",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from topicd.storage import snapshot
+from topicd.storage.segments import SegmentStore
 from topicd.storage.wal import WalCommitPath, parse_wal_name
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class Checkpointer:
         clock: WallClock,
         number: int,
         positions: list[tuple[int, int]] | None = None,
+        segments: SegmentStore | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -107,6 +109,10 @@ class Checkpointer:
         self.last_duration_ms = 0.0
         self.last_bytes = 0
         self.files_trimmed = 0
+        self.segments = segments or SegmentStore(fs, cfg.storage.data_dir, cfg.storage.segments)
+        # segment files the newest snapshot no longer references but the previous kept one
+        # may: removed after the next snapshot (like WAL trimming, one snapshot behind)
+        self._doomed: list[str] = []
 
     def _written(self) -> int:
         return sum(shard.bytes_written for shard in self.wal.shards)
@@ -116,7 +122,7 @@ class Checkpointer:
         if written <= 0:
             return False
         snap = self.cfg.storage.snapshot
-        if written >= max(snap.wal_bytes_threshold, self.engine.total_bytes):
+        if written >= snap.wal_bytes_threshold:
             return True
         return trio.current_time() - self._last_at >= snap.interval_ms / 1000
 
@@ -134,8 +140,20 @@ class Checkpointer:
             t0 = trio.current_time()
             written = self._written()
             positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
-            cap = snapshot.capture(self.engine, positions, self.clock.now_ms(), final=final)
+            now_ms = self.clock.now_ms()
+            cap = snapshot.capture(
+                self.engine, positions, now_ms, final=final, segments=self.segments, absorb=True
+            )
+            keep = self.cfg.storage.snapshot.keep
             try:
+                live = {t.id for t in cap.body.topics}
+                outcome = await self.offload.run(
+                    self.segments.absorb, cap.works, live, now_ms, group="snapshot"
+                )
+                for snap in cap.body.topics:
+                    res = outcome.topics.get(snap.id)
+                    if res is not None:
+                        snap.segments = [seg.snap() for seg in res.state.segments]
                 data = await self.offload.run(snapshot.encode, cap, group="snapshot")
                 number = self.number + 1
                 with trio.CancelScope(shield=True):
@@ -145,22 +163,39 @@ class Checkpointer:
                         self.root,
                         number,
                         data,
-                        self.cfg.storage.snapshot.keep,
+                        keep,
                         group="snapshot",
                     )
-                self.number = number
-                if self._trim_to is not None and self.cfg.storage.snapshot.keep > 1:
+            except OSError as exc:
+                for work in cap.works:  # their delete flags are flipped next time
+                    topic = self.engine.by_id.get(work.topic_id)
+                    if topic is not None:
+                        topic.seg_killed[:0] = work.flips
+                self.failures += 1
+                log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+                return False
+            self.number = number
+            doomed = self.segments.install(outcome)
+            if keep == 1:
+                reclaim, self._doomed = self._doomed + doomed, []
+            else:
+                reclaim, self._doomed = self._doomed, doomed
+            try:
+                if self._trim_to is not None and keep > 1:
                     self.files_trimmed += await self.offload.run(
                         trim_wal, self.fs, self.root, self._trim_to, group="snapshot"
                     )
-                elif self.cfg.storage.snapshot.keep == 1:
+                elif keep == 1:
                     self.files_trimmed += await self.offload.run(
                         trim_wal, self.fs, self.root, positions, group="snapshot"
                     )
                 self._trim_to = positions
+                if reclaim:
+                    await self.offload.run(self.segments.reclaim, reclaim, group="snapshot")
             except OSError as exc:
+                self._doomed = reclaim + self._doomed
                 self.failures += 1
-                log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+                log.error("checkpoint cleanup failed (retried next time): %s", exc)
                 return False
             self.count += 1
             self._written_at_last = written
@@ -168,9 +203,10 @@ class Checkpointer:
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)
             log.info(
-                "checkpoint %d: %d topics, %d bytes in %.1f ms%s",
+                "checkpoint %d: %d topics, %d records absorbed, %d bytes in %.1f ms%s",
                 number,
                 len(cap.body.topics),
+                outcome.records,
                 self.last_bytes,
                 self.last_duration_ms,
                 " (final)" if final else "",

@@ -75,6 +75,10 @@ class Fs(Protocol):
 
     def unlink(self, path: str) -> None: ...
 
+    def rmdir(self, path: str) -> None:
+        """Remove an empty directory. Durable only after `fsync_dir` of the parent."""
+        ...
+
     def fsync_dir(self, path: str) -> None:
         """Make the directory's entries (creates, renames, unlinks) durable."""
         ...
@@ -197,6 +201,9 @@ class RealFs:
 
     def unlink(self, path: str) -> None:
         os.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
 
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

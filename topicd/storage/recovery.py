@@ -44,6 +44,7 @@ from topicd.engine.topic import Run, Topic
 from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
+from topicd.storage import segments as segs
 from topicd.storage import snapshot
 from topicd.storage.fs import replace_file
 from topicd.storage.wal import ShardFiles
@@ -64,6 +65,7 @@ FORMAT_BODY: Final = b'{"storage_format":1,"checksum":"xxh3_64"}\n'
 _WAL_NAME: Final = re.compile(r"wal-([0-9a-f]{16})\.log")
 _SHARD_NAME: Final = re.compile(r"shard-([0-9]{2})")
 _CONFIG_FIELDS: Final = frozenset(TopicConfig.__dataclass_fields__)
+_MAX_DEAD_PAD: Final = 4096
 
 
 class RecoveryRefused(Exception):
@@ -89,6 +91,11 @@ class RecoveryResult:
     snapshot_number: int = 0
     snapshot_positions: list[tuple[int, int]] | None = None
     reshard_to: int | None = None  # the configured shard count differs: re-shard at start
+    segments: segs.SegmentStore | None = None
+    # repairs to run once recovery succeeded: (segment, registered length) to cut back
+    # to, and files or topic directories no registry names
+    segment_truncate: list[tuple[str, int]] = field(default_factory=list)
+    segment_orphans: list[str] = field(default_factory=list)
 
 
 def config_from_wire(obj: object) -> TopicConfig:
@@ -219,6 +226,8 @@ class _Replayer:
         self.direct: dict[int, list[tuple[int, int]]] = {}
         self.gaps: list[tuple[int, int, int]] = []
         self.report = ReplayReport(log_every_ms=1000.0)
+        self.segments = segs.SegmentStore(fs, root, cfg.storage.segments)
+        self.seg_truncate: list[tuple[str, int]] = []
 
     # ---- files ------------------------------------------------------------------------
 
@@ -424,16 +433,8 @@ class _Replayer:
             topic = Topic(
                 snap.name, snap.id, config_from_wire(snap.config), name_json=orjson.dumps(snap.name)
             )
-            runs: list[Run] = []
-            count = nbytes = 0
-            for base, encs, ts, sizes in snapshot.restore_runs(snap):
-                run = Run(base)
-                run.encs, run.ts, run.sizes = encs, ts, sizes
-                live = [size for enc, size in zip(encs, sizes, strict=True) if enc is not None]
-                count += len(live)
-                nbytes += sum(live)
-                runs.append(run)
-            topic.runs = runs or [Run(snap.head + 1)]
+            items, count, nbytes = self.load_records(topic, snap)
+            topic.runs = _build_runs(items, snap.head)
             topic.head_seq = snap.head
             topic.next_seq = snap.head + 1
             topic.earliest_seq = snap.earliest
@@ -447,9 +448,12 @@ class _Replayer:
             topic.last_read_ts = snap.last_read_ts
             topic.reserved_head = snap.reserved
             topic.count, topic.bytes = count, nbytes
-            topic.tags, topic.nodes = dict(snap.tags), dict(snap.nodes)
-            topic.prios, topic.shapes = dict(snap.prios), dict(snap.shapes)
+            topic.tags.update(snap.tags)
+            topic.nodes.update(snap.nodes)
+            topic.prios.update(snap.prios)
+            topic.shapes.update(snap.shapes)
             topic.tag_index.rebuild(sorted(topic.tags.items()))
+            topic.seg_tail = snap.absorbed
             if topic.runs[-1].end != topic.head_seq and topic.runs[-1].encs:
                 raise snapshot.SnapshotError(f"topic {snap.name!r}: runs end before head")
             engine.apply_create(topic)
@@ -460,6 +464,58 @@ class _Replayer:
         for tid, key, first, count_, head, expires in body.idempotency:
             engine.idem.restore(tid, key, first, count_, head, expires, self.now)
         engine.routers.load(body.routers)
+
+    def load_records(
+        self, topic: Topic, snap: snapshot.TopicSnap
+    ) -> tuple[list[tuple[int, bytes | None, int, int]], int, int]:
+        """The topic's slots in seq order — live records of its segments (checksums
+        verified), then the snapshot's own runs above them — with the live count and
+        bytes. Segment records' extras go straight into the topic's maps."""
+        items: list[tuple[int, bytes | None, int, int]] = []
+        count = nbytes = 0
+        state = self.segments.state(snap.id)
+        state.absorbed = snap.absorbed
+        max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
+        for reg in snap.segments:
+            try:
+                loaded = segs.load_segment(self.fs, self.root, snap.id, reg, max_frame=max_frame)
+            except segs.SegmentCorruption as exc:
+                raise RecoveryRefused(
+                    f"{exc.path} offset {exc.offset}: {exc.reason} (segment of topic "
+                    f"{snap.name!r} registered by the snapshot). Nothing was modified. "
+                    "Restore a backup."
+                ) from None
+            state.segments.append(loaded.segment)
+            if loaded.excess:
+                self.seg_truncate.append(
+                    (segs.data_path(self.root, snap.id, reg.first), reg.data_len)
+                )
+            for rec in loaded.records:
+                if rec.seq < snap.earliest:
+                    continue
+                items.append((rec.seq, rec.enc, rec.ts, rec.size))
+                count += 1
+                nbytes += rec.size
+                seq = rec.seq
+                if rec.tag is not None:
+                    topic.tags[seq] = rec.tag
+                if rec.node is not None:
+                    topic.nodes[seq] = rec.node
+                if rec.prio:
+                    topic.prios[seq] = rec.prio
+                if rec.shape is not None:
+                    topic.shapes[seq] = rec.shape
+        top = items[-1][0] if items else 0
+        for base, encs, ts, sizes in snapshot.restore_runs(snap):
+            for i, enc in enumerate(encs):
+                seq = base + i
+                if seq <= top or (enc is None and not items):
+                    continue  # (leading dead slots: the runs start at the first live one)
+                items.append((seq, enc, ts[i], sizes[i]))
+                if enc is not None:
+                    count += 1
+                    nbytes += sizes[i]
+        return items, count, nbytes
 
     # ---- frames -------------------------------------------------------------------------
 
@@ -717,6 +773,10 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
         snap_number,
         None if snap is None else [(i, o) for i, o in snap.positions],
     )
+    result.segments = r.segments
+    result.segment_truncate = r.seg_truncate
+    registered = {t.id: t.segments for t in snap.topics} if snap is not None else {}
+    result.segment_orphans = segs.list_orphans(fs, root, registered)
     has_history = snap is not None or any(f.last_index >= 0 for f in files)
     if configured != layout and has_history:
         log.warning(
@@ -728,6 +788,40 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     elif configured != layout:
         result.shard_files = [ShardFiles() for _ in range(configured)]
     return result
+
+
+def _build_runs(items: list[tuple[int, bytes | None, int, int]], head: int) -> list[Run]:
+    """Runs holding `items` (ascending `(seq, enc, ts, size)`), up to `head`. Short gaps
+    (seqs absorbed dead, or deleted) become dead slots; long ones (a restart above the
+    seq reservation) start a new run, as `Topic.skip_to` does."""
+    runs: list[Run] = []
+    for seq, enc, ts, size in items:
+        if runs and seq <= runs[-1].end:
+            raise snapshot.SnapshotError(f"seq {seq} appears twice")
+        if not runs or seq - runs[-1].end - 1 > _MAX_DEAD_PAD:
+            runs.append(Run(seq))
+        run = runs[-1]
+        pad = seq - run.end - 1
+        if pad:
+            run.encs.extend([None] * pad)
+            run.ts.extend([ts] * pad)
+            run.sizes.extend([0] * pad)
+        run.encs.append(enc)
+        run.ts.append(ts)
+        run.sizes.append(size)
+    if not runs:
+        return [Run(head + 1)]
+    run = runs[-1]
+    gap = head - run.end
+    if gap > _MAX_DEAD_PAD:
+        runs.append(Run(head + 1))
+    elif gap > 0:
+        run.encs.extend([None] * gap)
+        run.ts.extend([run.ts[-1]] * gap)
+        run.sizes.extend([0] * gap)
+    elif gap < 0:
+        raise snapshot.SnapshotError(f"records above the head {head}")
+    return runs
 
 
 def _leftover_of_first_start(fs: Fs, root: str, name: str) -> bool:

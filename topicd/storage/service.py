@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from topicd.storage import frame as frames
+from topicd.storage import segments as segs
 from topicd.storage import snapshot
 from topicd.storage.checkpoint import Checkpointer, retire_wal
 from topicd.storage.recovery import RecoveryResult, prepare_data_dir, record_boot, recover
@@ -58,7 +59,7 @@ async def _reshard(
     count = result.reshard_to
     positions = [(0, 0)] * count
     number = result.snapshot_number + 1
-    cap = snapshot.capture(engine, positions, clock.now_ms())
+    cap = snapshot.capture(engine, positions, clock.now_ms(), segments=result.segments)
     data = await offload.run(snapshot.encode, cap, group="snapshot")
     with trio.CancelScope(shield=True):
         await offload.run(
@@ -73,6 +74,12 @@ async def _reshard(
         removed = await offload.run(retire_wal, fs, cfg.storage.data_dir, group="snapshot")
     log.warning("re-sharded to %d WAL shards (%d old WAL files removed)", count, removed)
     return positions, number
+
+
+def _repair(fs: Fs, root: str, result: RecoveryResult) -> None:
+    """Recovery succeeded: cut segment bytes past their registered lengths and remove
+    segment files no registry names (recovery itself never writes)."""
+    segs.repair(fs, root, result.segment_truncate, result.segment_orphans)
 
 
 @asynccontextmanager
@@ -97,9 +104,11 @@ async def open_durable_engine(
         result = await trio.to_thread.run_sync(
             lambda: recover(cfg, fs, clock, boot_id=boot_id, progress=progress)
         )
+        await trio.to_thread.run_sync(_repair, fs, root, result)
         await trio.to_thread.run_sync(prepare_data_dir, fs, root)
     else:
         result = recover(cfg, fs, clock, boot_id=boot_id, progress=progress)
+        _repair(fs, root, result)
         prepare_data_dir(fs, root)
         await trio.lowlevel.checkpoint()
     engine = result.engine
@@ -134,8 +143,11 @@ async def open_durable_engine(
     engine.commit = wal
     wal.attach(engine)
     wal.register_queues(engine.saturation)
-    checkpointer = Checkpointer(cfg, engine, wal, fs, offload, clock, number, positions)
+    checkpointer = Checkpointer(
+        cfg, engine, wal, fs, offload, clock, number, positions, result.segments
+    )
     engine.checkpointer = checkpointer
+    wal.checkpointer = checkpointer
     async with trio.open_nursery() as nursery:
         await nursery.start(wal.run)
         for note in result.lost:  # sync-gated, before the topic serves again

@@ -36,9 +36,9 @@ import re
 import struct
 import sys
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import msgspec
 import trio
@@ -46,14 +46,16 @@ import xxhash
 
 from topicd.engine.queues import leases_durable
 from topicd.storage.fs import replace_file
+from topicd.storage.segments import AbsorbRecord, AbsorbWork, SegSnap
 
 if TYPE_CHECKING:
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
     from topicd.storage.fs import Fs
+    from topicd.storage.segments import SegmentStore
 
 MAGIC: Final = b"TOPICDSN"
-VERSION: Final = 2
+VERSION: Final = 3
 CHUNK_RECORDS: Final = 16384  # records joined per piece (~1 MB of typical records)
 # a snapshot is synced every this many bytes as it is written (fs.replace_file): a WAL
 # sync meanwhile never waits behind hundreds of MB of the snapshot's dirty pages
@@ -62,6 +64,7 @@ HEADER: Final = struct.Struct("<8sIB3xQQ")  # 32 bytes
 META_DIR: Final = "meta"
 _NAME: Final = re.compile(r"snapshot-([0-9]{20})\.bin")
 _LITTLE: Final = sys.byteorder == "little"
+_V = TypeVar("_V")
 
 
 class RunSnap(msgspec.Struct, array_like=True, gc=False):
@@ -102,6 +105,10 @@ class TopicSnap(msgspec.Struct, gc=False):
     shapes: dict[int, tuple[int, int]] = {}
     trims: list[tuple[int, int]] = []  # router `source_trim` ranges
     queue: LeaseSnap | None = None  # lease state of a queue with durable leases
+    # version 3: the segment registry; records ≤ `absorbed` live in segments (or are
+    # dead), `runs` and the extras maps hold only the records above it
+    segments: list[SegSnap] = []
+    absorbed: int = 0
 
 
 class SnapshotBody(msgspec.Struct, gc=False):
@@ -166,22 +173,26 @@ class Capture:
 
     body: SnapshotBody  # its topics' `runs` are filled by `encode`
     runs: list[list[RunCopy]]
+    # records to copy into segments, and the topics whose registry the checkpoint fills
+    # in once it absorbed them (`TopicSnap.segments`)
+    works: list[AbsorbWork] = field(default_factory=list)
 
 
 def capture_topic(
-    topic: Topic, *, reserved: int, now_ms: int = 0
+    topic: Topic, *, reserved: int, now_ms: int = 0, absorbed: int = 0
 ) -> tuple[TopicSnap, list[RunCopy]]:
     """The topic's state right now, as C-level copies (records are immutable and slots
     only ever turn dead, so the copy is consistent). Per-record work happens in `encode`.
     A queue with durable leases also carries its lease state (nack delays as wall-clock
-    times from `now_ms`)."""
+    times from `now_ms`). Records up to `absorbed` live in segments: they are left out."""
     copies = []
     ephemeral = topic.config.durability == "ephemeral"  # records RAM-only, by design
     last = topic.runs[-1]
+    floor = max(topic.earliest_seq, absorbed + 1)
     for run in topic.runs if not ephemeral else ():
-        if run.end < topic.earliest_seq and run is not last:
-            continue  # nothing live left in it
-        start = max(run.base, topic.earliest_seq)
+        if run.end < floor and run is not last:
+            continue  # nothing live left in it (or all in segments)
+        start = max(run.base, floor)
         lo = start - run.base
         copies.append(RunCopy(start, run.encs[lo:], run.ts[lo:], run.sizes[lo:]))
     snap = TopicSnap(
@@ -198,16 +209,66 @@ def capture_topic(
         last_write_ts=topic.last_write_ts,
         last_read_ts=topic.last_read_ts,
         runs=[],
-        tags={} if ephemeral else dict(topic.tags),
-        nodes={} if ephemeral else dict(topic.nodes),
-        prios={} if ephemeral else dict(topic.prios),
-        shapes={} if ephemeral else dict(topic.shapes),
+        tags={} if ephemeral else _above(topic.tags, absorbed, topic.head_seq),
+        nodes={} if ephemeral else _above(topic.nodes, absorbed, topic.head_seq),
+        prios={} if ephemeral else _above(topic.prios, absorbed, topic.head_seq),
+        shapes={} if ephemeral else _above(topic.shapes, absorbed, topic.head_seq),
         trims=[] if ephemeral else list(topic.trims),
+        absorbed=absorbed,
     )
     if topic.queue is not None and leases_durable(topic):
         q = topic.queue.export(trio.current_time(), now_ms)
         snap.queue = LeaseSnap(q.leases, q.deliveries, q.delays)
     return snap, copies
+
+
+def _above(sparse: dict[int, _V], absorbed: int, head: int) -> dict[int, _V]:
+    """The entries of a sparse per-seq map above `absorbed` (all of it for 0)."""
+    if not absorbed:
+        return dict(sparse)
+    if absorbed >= head:
+        return {}
+    if len(sparse) <= head - absorbed:
+        return {seq: v for seq, v in sparse.items() if seq > absorbed}
+    return {seq: sparse[seq] for seq in range(absorbed + 1, head + 1) if seq in sparse}
+
+
+def absorbable(engine: Engine, topic: Topic) -> bool:
+    """Whether a checkpoint copies `topic`'s records into segments: every persistent
+    topic, except while a router feeds it (its copies are derived, re-made at recovery
+    from the source and the router's state, so they stay out of segments)."""
+    return topic.config.durability != "ephemeral" and topic not in engine.routers.by_dest
+
+
+def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
+    """The live records of `topic` above `absorbed` (C-level slices, then one pass for
+    the sparse extras), and the absorbed seqs killed since the last checkpoint."""
+    lo = max(absorbed + 1, topic.earliest_seq)
+    head = topic.head_seq
+    records: list[AbsorbRecord] = []
+    for run in topic.runs:
+        a, b = max(lo, run.base), min(head, run.end)
+        if a > b:
+            continue
+        i, j = a - run.base, b - run.base + 1
+        for seq, enc, ts, size in zip(
+            range(a, b + 1), run.encs[i:j], run.ts[i:j], run.sizes[i:j], strict=True
+        ):
+            if enc is not None:
+                records.append(AbsorbRecord(seq, ts, enc, size))
+    if records and (topic.tags or topic.nodes or topic.prios or topic.shapes):
+        tags, nodes, prios, shapes = topic.tags, topic.nodes, topic.prios, topic.shapes
+        for rec in records:
+            seq = rec.seq
+            rec.tag = tags.get(seq)
+            rec.node = nodes.get(seq)
+            rec.prio = prios.get(seq, 0)
+            shape = shapes.get(seq)
+            rec.shape = None if shape is None else (shape[0], shape[1])
+    killed = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
+    topic.seg_killed = []
+    topic.seg_tail = max(topic.seg_tail, head)
+    return AbsorbWork(topic.topic_id, records, killed, topic.earliest_seq, head)
 
 
 def capture(
@@ -216,20 +277,35 @@ def capture(
     created_ms: int,
     *,
     final: bool = False,
+    segments: SegmentStore | None = None,
+    absorb: bool = False,
 ) -> Capture:
     """The engine's state and the WAL positions it reflects (one synchronous step).
 
     `final` (clean shutdown, everything committed and synced): reservations are released
-    to the heads, so the next start resumes exactly at head + 1 with no gap.
+    to the heads, so the next start resumes exactly at head + 1 with no gap. With
+    `segments`, records they hold are left out; with `absorb` too, every absorbable
+    topic's records up to its head are captured for copying into segments instead
+    (`Capture.works`), and the checkpoint fills in the new registry.
     """
     topics: list[TopicSnap] = []
     runs: list[list[RunCopy]] = []
+    works: list[AbsorbWork] = []
     for t in engine.by_id.values():
         if t.deleted:
             continue
+        absorbed = segments.absorbed(t.topic_id) if segments is not None else 0
+        if segments is not None and absorb and absorbable(engine, t):
+            works.append(capture_absorb(t, absorbed))
+            absorbed = max(absorbed, t.head_seq)
         snap, copies = capture_topic(
-            t, reserved=t.head_seq if final else max(t.reserved_head, t.head_seq), now_ms=created_ms
+            t,
+            reserved=t.head_seq if final else max(t.reserved_head, t.head_seq),
+            now_ms=created_ms,
+            absorbed=absorbed,
         )
+        if segments is not None:
+            snap.segments = segments.registry(t.topic_id)
         topics.append(snap)
         runs.append(copies)
     # a retry window is as durable as the records it points to: none for ephemeral topics
@@ -244,7 +320,7 @@ def capture(
         [entry for entry in engine.idem.committed() if entry[0] in durable_ids],
         engine.routers.export(),
     )
-    return Capture(body, runs)
+    return Capture(body, runs, works)
 
 
 # ---- encoding and files (blocking: run offloaded) ------------------------------------
@@ -280,7 +356,7 @@ def decode(data: bytes) -> SnapshotBody:
     if len(data) < HEADER.size:
         raise SnapshotError("shorter than its header")
     magic, version, alg, length, digest = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version not in (1, VERSION) or alg != 1:
+    if magic != MAGIC or version not in (1, 2, VERSION) or alg != 1:
         raise SnapshotError("bad magic or unsupported version")
     rest = memoryview(data)[HEADER.size :]
     if len(rest) < length or (version == 1 and len(rest) != length):

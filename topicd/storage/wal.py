@@ -45,17 +45,18 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import trio
 
 from topicd.clock import perf_ms
-from topicd.errors import JsonValue, StorageUnavailable, Throttled, TopicdError
+from topicd.errors import Internal, JsonValue, StorageUnavailable, Throttled, TopicdError
 from topicd.model import shard_of
 from topicd.sched.governor import retry_after_ms as b5_retry_after_ms
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
 from topicd.storage.fs import Fs, drop_synced, write_all
+from topicd.storage.segments import SegmentCorruption, SegmentStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -748,6 +749,14 @@ class Shard:
         self.fd = -1
 
 
+class Checkpoints(Protocol):
+    """What the WAL backend needs of the checkpointer (`topicd.storage.checkpoint`)."""
+
+    segments: SegmentStore
+
+    async def checkpoint(self, *, final: bool = False) -> bool: ...
+
+
 class WalCommitPath:
     """The engine's commit path over `N` WAL shards (see module docstring)."""
 
@@ -770,6 +779,8 @@ class WalCommitPath:
         self._hooks: CommitHooks | None = None
         self.pressure = 0.0  # the governor's, for pressure admission and retry hints
         self.rng = random.Random()  # retry_after_ms jitter (tests may seed it)
+        # the storage seam's other half (`StorageBackend`), set by the storage service
+        self.checkpointer: Checkpoints | None = None
 
     @property
     def shard_count(self) -> int:
@@ -903,6 +914,30 @@ class WalCommitPath:
     def check_all(self) -> None:
         for shard in self.shards:
             shard.breaker.check()
+
+    # ---- StorageBackend -----------------------------------------------------------------
+
+    async def checkpoint(self, *, final: bool = False) -> bool:
+        assert self.checkpointer is not None
+        return await self.checkpointer.checkpoint(final=final)
+
+    async def read_stored(self, topic: Topic, seq: int, min_visible: int) -> bytes | None:
+        """A record read back from its segment (offloaded, read limiter, verified)."""
+        assert self.checkpointer is not None
+        if seq < min_visible:
+            await trio.lowlevel.checkpoint()
+            return None
+        store = self.checkpointer.segments
+        try:
+            rec = await self.offload.run(store.read_record, topic.topic_id, seq, group="read")
+        except SegmentCorruption as exc:
+            raise Internal(f"stored record {seq} of topic {topic.name!r} is corrupt") from exc
+        except OSError as exc:
+            raise Internal(f"stored record {seq} of topic {topic.name!r}: {exc}") from exc
+        return None if rec is None else rec.enc
+
+    def storage_stats(self) -> dict[str, int]:
+        return {} if self.checkpointer is None else self.checkpointer.segments.stats()
 
     # ---- lifecycle --------------------------------------------------------------------
 

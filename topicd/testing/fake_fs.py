@@ -114,6 +114,7 @@ FS_OPS = frozenset(
         "mkdir",
         "rename",
         "unlink",
+        "rmdir",
         "fsync_dir",
     }
 )
@@ -129,6 +130,7 @@ MUTATING_OPS = frozenset(
         "mkdir",
         "rename",
         "unlink",
+        "rmdir",
         "fsync_dir",
     }
 )
@@ -421,6 +423,20 @@ class FakeDisk:
                 raise _oserror(errno_codes.ENOENT, path)
             if isinstance(self._nodes[child], _Dir):
                 raise _oserror(errno_codes.EISDIR, path)
+            del parent.entries[name]
+            self._mutated()
+
+    def rmdir(self, path: str) -> None:
+        with self._lock:
+            self._check_power()
+            parent, name, child = self._lookup(path)
+            if child is None:
+                raise _oserror(errno_codes.ENOENT, path)
+            node = self._nodes[child]
+            if not isinstance(node, _Dir):
+                raise _oserror(errno_codes.ENOTDIR, path)
+            if node.entries:
+                raise _oserror(errno_codes.ENOTEMPTY, path)
             del parent.entries[name]
             self._mutated()
 
@@ -913,6 +929,11 @@ class _Forwarding:
         self.inner.unlink(path)
         self._after(call)
 
+    def rmdir(self, path: str) -> None:
+        call = self._begin("rmdir", (_norm(path),), (path,))
+        self.inner.rmdir(path)
+        self._after(call)
+
     def fsync_dir(self, path: str) -> None:
         call = self._begin("fsync_dir", (_norm(path),), (path,))
         self.inner.fsync_dir(path)
@@ -1248,7 +1269,7 @@ class MonitorFs(_Forwarding):
             moved = {p for p in st.unsynced_files if p == src or _under(p, src)}
             st.unsynced_files -= moved
             st.unsynced_files |= {dst + p[len(src) :] for p in moved}
-        elif op == "unlink":
+        elif op in ("unlink", "rmdir"):
             st.unsynced_files.discard(call.path)
             self._removed(call.path)
         elif op == "fsync_dir":

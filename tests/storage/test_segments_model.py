@@ -1,0 +1,160 @@
+"""Hypothesis: any interleaving of writes, deletes, evictions, checkpoints and restarts
+reads back the same records as an in-memory model.
+
+Method: Hypothesis draws a list of operations over two topics — `capped` (`disk`,
+`cap_records` 6: writes evict) and `plain` (`fsync`) — with tiny segment triggers and WAL files
+(3 records), so absorbs, seals, delete-flag flips, whole-segment drops and WAL trimming
+all happen within a few steps. The engine runs on `FakeDisk`; a restart is either clean
+(final checkpoint) or a process crash (`sync_all` then a power cut: what `kill -9`
+leaves, written bytes kept). The model applies each acknowledged operation to a dict of
+live `seq → (data, tag)` per topic. After every restart, and at the end, every topic's
+readable records (seq and data) must equal the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import orjson
+import trio
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from tests.storage.test_checkpoint import cp
+from topicd.engine.engine import Engine
+from topicd.testing.fake_fs import FakeDisk
+from topicd.testing.harness import durable_config, open_durable
+from topicd.wire import DeleteIn, DiffIn, RecordIn, TopicConfigIn, WriteIn
+
+TOPICS = ("capped", "plain")
+CAP = 6
+TAGS = ("a", "b", "c")
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("write"), st.sampled_from(TOPICS), st.integers(1, 4), st.sampled_from(TAGS)
+        ),
+        st.tuples(st.just("del_tag"), st.sampled_from(TOPICS), st.sampled_from(TAGS)),
+        st.tuples(st.just("del_before"), st.sampled_from(TOPICS), st.integers(0, 6)),
+        st.tuples(st.just("checkpoint")),
+        st.tuples(st.just("restart"), st.booleans()),
+    ),
+    min_size=1,
+    max_size=50,
+)
+
+
+def config():
+    cfg = durable_config(wal={"file_bytes": 4096})
+    seg = dataclasses.replace(cfg.storage.segments, max_events=3)
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, segments=seg))
+
+
+async def readback(engine: Engine, name: str) -> dict[int, bytes]:
+    if name not in engine.topics:
+        return {}
+    out: dict[int, bytes] = {}
+    cursor = 0
+    while True:
+        _, res = await engine.diff(name, DiffIn(from_seq=cursor, limit=1000))
+        for rec in res.records:
+            obj = orjson.loads(rec)
+            out[obj["$seq"]] = orjson.dumps(obj["data"])
+        cursor = res.next_from_seq
+        if res.caught_up:
+            return out
+
+
+async def run(operations: list[tuple[object, ...]]) -> None:
+    disk = FakeDisk()
+    cfg = config()
+    model: dict[str, dict[int, tuple[bytes, str]]] = {t: {} for t in TOPICS}
+    heads = dict.fromkeys(TOPICS, 0)
+    counter = 0
+
+    async def check(engine: Engine) -> None:
+        for name in TOPICS:
+            want = {seq: data for seq, (data, _) in model[name].items()}
+            assert await readback(engine, name) == want, name
+
+    engine_cm = open_durable(disk, cfg)
+    engine = await engine_cm.__aenter__()
+    try:
+        await engine.put_topic("capped", TopicConfigIn(cap_records=CAP))
+        await engine.put_topic("plain", TopicConfigIn(durable=True))
+        for op in operations:
+            kind = op[0]
+            if kind == "write":
+                _, name, n, tag = op
+                assert isinstance(name, str) and isinstance(n, int) and isinstance(tag, str)
+                datas = []
+                for _ in range(n):
+                    counter += 1
+                    datas.append(b'"%d-%s"' % (counter, b"p" * 300))  # WAL files fill fast
+                res = await engine.append(
+                    name,
+                    WriteIn(records=[RecordIn(data=msgspec.Raw(d), tag=tag) for d in datas]),
+                )
+                for i, d in enumerate(datas):
+                    model[name][res.first_seq + i] = (d, tag)
+                heads[name] = res.last_seq
+                if name == "capped":
+                    while len(model[name]) > CAP:
+                        del model[name][min(model[name])]
+            elif kind == "del_tag":
+                _, name, tag = op
+                assert isinstance(name, str) and isinstance(tag, str)
+                if heads[name]:
+                    await engine.delete_records(name, DeleteIn(match=tag))
+                    model[name] = {s: v for s, v in model[name].items() if v[1] != tag}
+            elif kind == "del_before":
+                _, name, back = op
+                assert isinstance(name, str) and isinstance(back, int)
+                if heads[name]:
+                    before = max(1, heads[name] - back)
+                    await engine.delete_records(name, DeleteIn(before_seq=before))
+                    model[name] = {s: v for s, v in model[name].items() if s >= before}
+            elif kind == "checkpoint":  # twice: the second trims the WAL behind the first
+                assert await cp(engine).checkpoint()
+                assert await cp(engine).checkpoint()
+            else:
+                (_, clean) = op
+                if clean:
+                    await engine_cm.__aexit__(None, None, None)
+                else:  # a process crash: written bytes survive, nothing else runs
+                    disk.sync_all()
+                    disk.crash(power_off=True)
+                    await engine_cm.__aexit__(None, None, None)
+                    disk.reboot()
+                engine_cm = open_durable(disk, cfg)
+                engine = await engine_cm.__aenter__()
+                await check(engine)
+        await check(engine)
+    finally:
+        await engine_cm.__aexit__(None, None, None)
+    engine_cm = open_durable(disk, cfg)
+    engine = await engine_cm.__aenter__()
+    try:
+        await check(engine)
+    finally:
+        await engine_cm.__aexit__(None, None, None)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops)
+@example(  # a delete that must outlive the trimming of the WAL file that held it
+    [
+        ("write", "plain", 4, "a"),
+        ("write", "plain", 1, "b"),
+        ("checkpoint",),
+        ("del_tag", "plain", "b"),
+        ("checkpoint",),
+        *[("write", "plain", 4, "a")] * 10,
+        ("checkpoint",),
+        ("restart", False),
+    ]
+)
+def test_interleavings_read_back_like_the_model(operations):
+    trio.run(run, operations)

@@ -1,0 +1,681 @@
+"""Per-topic segment files: where a persistent topic's records live once the WAL is trimmed.
+
+Layout (docs/storage.md)::
+
+    <data_dir>/topics/<topic_id:016x>/seg-<first_seq:020d>.data   frames, one per record
+                                      seg-<first_seq:020d>.idx    20 bytes per seq, at seal
+
+A `.data` file is a sequence of single-record Append frames in the WAL's frame format
+(`topicd.storage.frame`): checksummed, self-delimiting, and with the `tail` byte outside
+the checksum. The tail is the record's delete flag: `0xD5` = deleted, anything else live.
+Flipping it is one single-byte write, so a crash leaves the record live or deleted, never
+malformed. The WAL itself holds one frame per *write* (many records); the checkpointer
+re-frames them per record here, so each record can carry its own flag and checksum.
+
+A segment covers consecutive seqs `first .. last`. A seq whose record was already dead
+when it was absorbed has no frame (`ABSENT` in the index). The active (unsealed) segment
+is appended to; it is sealed on `storage.segments.max_events` slots, `max_bytes` data
+bytes or `max_age_ms` of age, and then gets its `.idx`: per seq `offset u32, len u32,
+ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent).
+
+The *registry* — per segment `first`, `last`, `data_len`, sealed, created — is carried by
+the snapshot and is authoritative: bytes past `data_len` are truncated at recovery (a
+checkpoint that wrote them never committed) and files it does not name are orphans,
+removed once recovery succeeded.
+
+Everything here that touches files is blocking and runs offloaded (checkpoint) or in the
+recovery thread. The loop-side state (`SegmentStore`) changes only when a checkpoint
+committed (`install`), so a failed checkpoint leaves it describing what the newest
+snapshot says.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import posixpath
+import re
+import struct
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+
+from topicd.storage import frame as frames
+from topicd.storage.fs import write_all
+
+if TYPE_CHECKING:
+    from topicd.config import SegmentsConfig
+    from topicd.storage.fs import Fs
+
+log = logging.getLogger("topicd.segments")
+
+TOPICS_DIR: Final = "topics"
+DELETED: Final = 0xD5
+ABSENT: Final = 0xFFFFFFFF
+IDX: Final = struct.Struct("<IIqB3x")  # 20 bytes per seq
+IDX_DELETED: Final = 1
+IDX_ABSENT: Final = 2
+_SEG: Final = re.compile(r"seg-([0-9]{20})\.(data|idx)")
+_TOPIC_DIR: Final = re.compile(r"[0-9a-f]{16}")
+# a run of absent seqs longer than this starts a new segment instead of padding the index
+_MAX_PAD: Final = 4096
+
+
+class SegmentCorruption(Exception):
+    """A segment read found bytes that fail their checksum (or a missing/short file)."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path} offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class SegSnap(msgspec.Struct, array_like=True, gc=False):
+    """A registry entry as the snapshot stores it."""
+
+    first: int
+    last: int
+    data_len: int
+    sealed: bool
+    created_ms: int
+
+
+@dataclass(slots=True)
+class Segment:
+    """One segment file's index: per seq `first .. last`, where its frame is."""
+
+    first: int
+    last: int  # first - 1 while empty
+    data_len: int
+    sealed: bool
+    created_ms: int
+    offsets: array[int] = field(default_factory=lambda: array("I"))  # ABSENT: no frame
+    lens: array[int] = field(default_factory=lambda: array("I"))
+    ts: array[int] = field(default_factory=lambda: array("q"))
+    flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
+
+    def copy(self) -> Segment:
+        return Segment(
+            self.first,
+            self.last,
+            self.data_len,
+            self.sealed,
+            self.created_ms,
+            array("I", self.offsets),
+            array("I", self.lens),
+            array("q", self.ts),
+            bytearray(self.flags),
+        )
+
+    def snap(self) -> SegSnap:
+        return SegSnap(self.first, self.last, self.data_len, self.sealed, self.created_ms)
+
+    @property
+    def slots(self) -> int:
+        return self.last - self.first + 1
+
+    def all_dead(self) -> bool:
+        """No live frame left (every slot absent or flagged deleted)."""
+        return all(f or o == ABSENT for f, o in zip(self.flags, self.offsets, strict=True))
+
+    def add(self, seq: int, offset: int, length: int, ts: int) -> None:
+        """Index `seq` (padding absent slots before it)."""
+        while self.last + 1 < seq:
+            self.last += 1
+            self.offsets.append(ABSENT)
+            self.lens.append(0)
+            self.ts.append(ts)
+            self.flags.append(0)
+        assert seq == self.last + 1
+        self.last = seq
+        self.offsets.append(offset)
+        self.lens.append(length)
+        self.ts.append(ts)
+        self.flags.append(0)
+
+
+def topic_dir(root: str, topic_id: int) -> str:
+    return posixpath.join(root, TOPICS_DIR, f"{topic_id:016x}")
+
+
+def data_path(root: str, topic_id: int, first: int) -> str:
+    return posixpath.join(topic_dir(root, topic_id), f"seg-{first:020d}.data")
+
+
+def idx_path(root: str, topic_id: int, first: int) -> str:
+    return posixpath.join(topic_dir(root, topic_id), f"seg-{first:020d}.idx")
+
+
+# ---- records ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AbsorbRecord:
+    """One live record to copy into a segment, with its sparse extras."""
+
+    seq: int
+    ts: int
+    enc: bytes
+    size: int
+    tag: str | None = None
+    node: str | None = None
+    prio: int = 0
+    shape: tuple[int, int] | None = None
+
+    def frame(self, topic_id: int) -> bytes:
+        extras = frames.Extras(
+            None,
+            {0: self.tag} if self.tag is not None else {},
+            {0: self.node} if self.node is not None else {},
+            {0: self.prio} if self.prio else {},
+            {0: self.shape} if self.shape is not None else {},
+        )
+        return frames.encode_append(
+            topic_id,
+            self.seq,
+            self.ts,
+            [self.enc],
+            [self.size],
+            extras,
+            fsync_class=False,
+            max_frame=frames.LEGACY_MAX_FRAME,
+        )
+
+
+def decode_record(frame: frames.Frame) -> AbsorbRecord:
+    """The record of a segment frame (raises `FrameError` on a malformed body)."""
+    if frame.ftype != frames.APPEND or frame.count != 1:
+        raise frames.FrameError("a segment frame must be a one-record Append")
+    body = frames.decode_append(frame)
+    ex = body.extras
+    shape = ex.shapes.get(0)
+    return AbsorbRecord(
+        frame.seq,
+        frame.ts_ms,
+        body.encs[0],
+        body.sizes[0],
+        ex.tags.get(0),
+        ex.nodes.get(0),
+        ex.prios.get(0, 0),
+        None if shape is None else (shape[0], shape[1]),
+    )
+
+
+# ---- the per-topic state ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class TopicSegments:
+    topic_id: int
+    segments: list[Segment] = field(default_factory=list)
+    absorbed: int = 0  # every seq ≤ this was considered by an absorb (in a segment or dead)
+
+    def find(self, seq: int) -> Segment | None:
+        segs = self.segments
+        i = bisect.bisect_right(segs, seq, key=lambda s: s.first) - 1
+        if i < 0:
+            return None
+        seg = segs[i]
+        return seg if seq <= seg.last else None
+
+
+@dataclass(slots=True)
+class AbsorbWork:
+    """What one checkpoint does to one topic's segments (captured on the loop)."""
+
+    topic_id: int
+    records: list[AbsorbRecord]  # ascending seqs above the registered `absorbed`
+    flips: list[int]  # seqs killed since the last checkpoint (flip their tail if present)
+    earliest: int  # the topic's earliest live seq: sealed segments wholly below go
+    absorbed_to: int  # the new `absorbed` mark (the captured head)
+
+
+@dataclass(slots=True)
+class TopicOutcome:
+    state: TopicSegments  # the new state (copies; installed once the snapshot is durable)
+    dropped: list[str]  # files of segments left out of the new registry
+    flipped: int = 0
+    sealed: int = 0
+
+
+@dataclass(slots=True)
+class AbsorbOutcome:
+    topics: dict[int, TopicOutcome] = field(default_factory=dict)
+    gone_dirs: list[str] = field(default_factory=list)  # topics deleted since: their dirs
+    records: int = 0
+    bytes: int = 0
+
+
+class SegmentStore:
+    """Every persistent topic's segments (registry + index); see the module docstring."""
+
+    def __init__(self, fs: Fs, root: str, cfg: SegmentsConfig, *, write_idx: bool = True) -> None:
+        self.fs = fs
+        self.root = root
+        self.cfg = cfg
+        self.write_idx = write_idx
+        self.topics: dict[int, TopicSegments] = {}
+        self.corruptions = 0  # segment reads that failed their checksum (metric)
+        self.sealed_total = 0
+        self.dropped_total = 0
+        self.flipped_total = 0
+        self.absorbed_records = 0
+
+    def state(self, topic_id: int) -> TopicSegments:
+        st = self.topics.get(topic_id)
+        if st is None:
+            st = self.topics[topic_id] = TopicSegments(topic_id)
+        return st
+
+    def absorbed(self, topic_id: int) -> int:
+        st = self.topics.get(topic_id)
+        return 0 if st is None else st.absorbed
+
+    def registry(self, topic_id: int) -> list[SegSnap]:
+        st = self.topics.get(topic_id)
+        return [] if st is None else [s.snap() for s in st.segments]
+
+    def stats(self) -> dict[str, int]:
+        segs = [s for st in self.topics.values() for s in st.segments]
+        return {
+            "segments": len(segs),
+            "sealed": sum(s.sealed for s in segs),
+            "bytes": sum(s.data_len for s in segs),
+            "corruptions": self.corruptions,
+        }
+
+    # ---- checkpoint: absorb (blocking, offloaded) -----------------------------------
+
+    def absorb(self, works: list[AbsorbWork], live_ids: set[int], now_ms: int) -> AbsorbOutcome:
+        """Copy the captured records into segments, flip delete flags, seal, and sync
+        every touched file and new directory. Never changes `self` (see `install`)."""
+        out = AbsorbOutcome()
+        topics_root = posixpath.join(self.root, TOPICS_DIR)
+        if works and not self.fs.exists(topics_root):
+            self.fs.mkdir(topics_root)
+            self.fs.fsync_dir(self.root)
+        for work in works:
+            out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
+        for tid in self.topics:
+            if tid not in live_ids:
+                out.gone_dirs.append(topic_dir(self.root, tid))
+        return out
+
+    def _absorb_topic(self, work: AbsorbWork, now_ms: int, out: AbsorbOutcome) -> TopicOutcome:
+        fs = self.fs
+        cfg = self.cfg
+        tid = work.topic_id
+        old = self.topics.get(tid)
+        state = TopicSegments(
+            tid,
+            list(old.segments) if old is not None else [],
+            max(work.absorbed_to, old.absorbed if old is not None else 0),
+        )
+        result = TopicOutcome(state, [])
+        segs = state.segments
+        aged = (
+            bool(segs)
+            and not segs[-1].sealed
+            and cfg.max_age_ms > 0
+            and now_ms - segs[-1].created_ms >= cfg.max_age_ms
+        )
+        below = bool(segs) and segs[0].sealed and segs[0].last < work.earliest
+        if not (work.records or work.flips or aged or below):
+            return result  # nothing to do: most topics at most checkpoints
+        tdir = topic_dir(self.root, tid)
+        if not fs.exists(tdir):
+            fs.mkdir(tdir)
+            fs.fsync_dir(posixpath.dirname(tdir))
+        owned: set[int] = set()  # segments copied (copy-on-write: the loop's index stays)
+        touched: dict[int, int] = {}  # segment first → open handle
+        new_files = False
+
+        def own(i: int) -> Segment:
+            if segs[i].first not in owned:
+                segs[i] = segs[i].copy()
+                owned.add(segs[i].first)
+            return segs[i]
+
+        def handle(seg: Segment, *, create: bool = False) -> int:
+            fd = touched.get(seg.first)
+            if fd is None:
+                fd = fs.open(data_path(self.root, tid, seg.first), create=create)
+                touched[seg.first] = fd
+            return fd
+
+        try:
+            # 1. delete flags of records killed since the last checkpoint
+            firsts = [sg.first for sg in segs]
+            for seq in sorted(set(work.flips)):
+                i = bisect.bisect_right(firsts, seq) - 1
+                if i < 0 or seq > segs[i].last:
+                    continue
+                j = seq - segs[i].first
+                if segs[i].flags[j] or segs[i].offsets[j] == ABSENT:
+                    continue
+                seg = own(i)
+                fs.pwrite(handle(seg), bytes([DELETED]), seg.offsets[j] + seg.lens[j] - 1)
+                seg.flags[j] = 1
+                result.flipped += 1
+            # 2. append to the active segment, sealing on the triggers
+            active: Segment | None = None
+            if segs and not segs[-1].sealed:
+                active = own(len(segs) - 1)
+                if cfg.max_age_ms and active.slots and now_ms - active.created_ms >= cfg.max_age_ms:
+                    self._seal(active, tid)
+                    result.sealed += 1
+                    active = None
+                elif work.records:
+                    fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
+            pending: list[bytes] = []
+            pending_at = active.data_len if active is not None else 0
+            for rec in work.records:
+                if active is not None and (
+                    rec.seq - active.last - 1 > _MAX_PAD
+                    or rec.seq - active.first + 1 > cfg.max_events
+                    or active.data_len >= cfg.max_bytes
+                ):
+                    self._flush(handle(active), pending, pending_at)
+                    pending = []
+                    self._seal(active, tid)
+                    result.sealed += 1
+                    active = None
+                if active is None:
+                    active = Segment(rec.seq, rec.seq - 1, 0, False, now_ms)
+                    segs.append(active)
+                    owned.add(active.first)
+                    fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
+                    new_files = True
+                    pending_at = 0
+                data = rec.frame(tid)
+                active.add(rec.seq, active.data_len, len(data), rec.ts)
+                active.data_len += len(data)
+                pending.append(data)
+                out.records += 1
+                out.bytes += len(data)
+            if active is not None:
+                self._flush(handle(active), pending, pending_at)
+                if active.slots >= cfg.max_events or active.data_len >= cfg.max_bytes:
+                    self._seal(active, tid)
+                    result.sealed += 1
+            # 3. make everything touched durable
+            for fd in touched.values():
+                fs.fdatasync(fd)
+            if result.sealed and self.write_idx:
+                for seg in segs:
+                    if seg.first in owned and seg.sealed:
+                        self._sync_idx(tid, seg.first)
+            if new_files or result.sealed:
+                fs.fsync_dir(tdir)
+        finally:
+            for fd in touched.values():
+                fs.close(fd)
+        # 4. whole-segment drop: sealed, and wholly below the floors or wholly dead
+        keep: list[Segment] = []
+        for seg in segs:
+            # (only segments this checkpoint touched can have become wholly dead)
+            if seg.sealed and (seg.last < work.earliest or (seg.first in owned and seg.all_dead())):
+                result.dropped.append(data_path(self.root, tid, seg.first))
+                result.dropped.append(idx_path(self.root, tid, seg.first))
+            else:
+                keep.append(seg)
+        state.segments = keep
+        return result
+
+    def _flush(self, fd: int, pending: list[bytes], at: int) -> None:
+        if pending:
+            write_all(self.fs, fd, b"".join(pending), at)
+
+    def _seal(self, seg: Segment, tid: int) -> None:
+        seg.sealed = True
+        if not self.write_idx:
+            return
+        entries = bytearray()
+        for off, length, ts, flag in zip(seg.offsets, seg.lens, seg.ts, seg.flags, strict=True):
+            flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
+            entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
+        path = idx_path(self.root, tid, seg.first)
+        ifd = self.fs.open(path, create=True)
+        try:
+            self.fs.ftruncate(ifd, 0)
+            write_all(self.fs, ifd, bytes(entries), 0)
+        finally:
+            self.fs.close(ifd)
+
+    def _sync_idx(self, tid: int, first: int) -> None:
+        path = idx_path(self.root, tid, first)
+        if not self.fs.exists(path):
+            return
+        fd = self.fs.open(path)
+        try:
+            self.fs.fdatasync(fd)
+        finally:
+            self.fs.close(fd)
+
+    # ---- checkpoint: commit (on the loop) and reclaim (offloaded) ---------------------
+
+    def install(self, outcome: AbsorbOutcome) -> list[str]:
+        """The snapshot naming `outcome` is durable: make it the current state. Returns
+        what the new registry no longer references (files and topic directories)."""
+        doomed: list[str] = []
+        for tid, res in outcome.topics.items():
+            self.topics[tid] = res.state
+            doomed += res.dropped
+            self.sealed_total += res.sealed
+            self.flipped_total += res.flipped
+            self.dropped_total += len(res.dropped) // 2
+        for path in outcome.gone_dirs:
+            tid = int(posixpath.basename(path), 16)
+            self.topics.pop(tid, None)
+            doomed.append(path)
+        self.absorbed_records += outcome.records
+        return doomed
+
+    def reclaim(self, paths: list[str]) -> int:
+        """Remove files and topic directories no kept snapshot references (blocking)."""
+        return remove_paths(self.fs, paths)
+
+    # ---- reads ----------------------------------------------------------------------
+
+    def read_record(self, topic_id: int, seq: int) -> AbsorbRecord | None:
+        """The record `seq` from its segment, verified (blocking: run offloaded). None if
+        no segment holds a live frame for it. Raises `SegmentCorruption` (and counts it)
+        when the bytes fail their checksum: never served, never truncated."""
+        st = self.topics.get(topic_id)
+        seg = None if st is None else st.find(seq)
+        if seg is None:
+            return None
+        i = seq - seg.first
+        off = seg.offsets[i]
+        if off == ABSENT or seg.flags[i]:
+            return None
+        path = data_path(self.root, topic_id, seg.first)
+        fd = self.fs.open(path)
+        try:
+            data = self.fs.pread(fd, seg.lens[i], off)
+        finally:
+            self.fs.close(fd)
+        try:
+            frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
+            if frame is None or frame.seq != seq or frame.end != len(data):
+                raise frames.FrameError("checksum mismatch or bad frame")
+            rec = decode_record(frame)
+        except frames.FrameError as exc:
+            self.corruptions += 1
+            rel = posixpath.relpath(path, self.root)
+            log.error(
+                "segment corruption: %s offset %d: %s (record %d not served)", rel, off, exc, seq
+            )
+            raise SegmentCorruption(rel, off, str(exc)) from None
+        if data[-1] == DELETED:
+            return None
+        return rec
+
+
+# ---- recovery ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LoadedSegment:
+    segment: Segment
+    records: list[AbsorbRecord]  # live frames (tail not 0xD5), ascending
+    excess: int  # bytes past data_len (truncated once recovery succeeded)
+
+
+def load_segment(
+    fs: Fs, root: str, topic_id: int, reg: SegSnap, *, max_frame: int
+) -> LoadedSegment:
+    """Read and verify one registered segment (blocking). Raises `SegmentCorruption`
+    for a missing or short file or a frame failing its checksum."""
+    path = data_path(root, topic_id, reg.first)
+    rel = posixpath.relpath(path, root)
+    if not fs.exists(path):
+        raise SegmentCorruption(rel, 0, "registered segment is missing")
+    data = fs.read(path)
+    if len(data) < reg.data_len:
+        raise SegmentCorruption(
+            rel, len(data), f"shorter ({len(data)} bytes) than registered ({reg.data_len})"
+        )
+    seg = Segment(reg.first, reg.first - 1, reg.data_len, reg.sealed, reg.created_ms)
+    live: list[AbsorbRecord] = []
+    offsets = _idx_offsets(fs, root, topic_id, reg, data) if reg.sealed else None
+    pos = 0
+    entries = offsets if offsets is not None else None
+    k = 0
+    while True:
+        if entries is not None:
+            if k >= len(entries):
+                break
+            pos = entries[k]
+            k += 1
+        elif pos >= reg.data_len:
+            break
+        try:
+            frame = frames.read_frame(data, pos, reg.data_len, max_frame)
+            if frame is None:
+                raise frames.FrameError("checksum mismatch or invalid frame")
+            rec = decode_record(frame)
+        except frames.FrameError as exc:
+            raise SegmentCorruption(rel, pos, str(exc)) from None
+        if rec.seq <= seg.last or rec.seq > reg.last:
+            raise SegmentCorruption(rel, pos, f"seq {rec.seq} out of order")
+        seg.add(rec.seq, pos, frame.end - pos, rec.ts)
+        if data[frame.end - 1] == DELETED:
+            seg.flags[-1] = 1
+        else:
+            live.append(rec)
+        pos = frame.end
+    if entries is None and pos != reg.data_len:
+        raise SegmentCorruption(rel, pos, "frames do not end at the registered length")
+    while seg.last < reg.last:  # trailing absent slots
+        seg.add(reg.last, 0, 0, seg.ts[-1] if len(seg.ts) else 0)
+        seg.offsets[-1] = ABSENT
+    return LoadedSegment(seg, live, len(data) - reg.data_len)
+
+
+def _idx_offsets(fs: Fs, root: str, topic_id: int, reg: SegSnap, data: bytes) -> list[int] | None:
+    """Frame offsets from a sealed segment's `.idx`, or None to scan (missing or not
+    matching the registry: the frames are verified either way)."""
+    path = idx_path(root, topic_id, reg.first)
+    if not fs.exists(path):
+        return None
+    raw = fs.read(path)
+    slots = reg.last - reg.first + 1
+    if len(raw) != slots * IDX.size:
+        log.warning("%s: does not match the registry; scanning the segment", path)
+        return None
+    out: list[int] = []
+    end = 0
+    for off, length, _ts, flags in IDX.iter_unpack(raw):
+        if flags & IDX_ABSENT:
+            continue
+        if off != end or off + length > reg.data_len:
+            log.warning("%s: inconsistent entry; scanning the segment", path)
+            return None
+        out.append(off)
+        end = off + length
+    if end != reg.data_len:
+        return None
+    return out
+
+
+def decode_idx(raw: bytes) -> list[tuple[int, int, int, int]]:
+    """The entries of an `.idx` file; raises `ValueError` if it is not whole entries."""
+    if len(raw) % IDX.size:
+        raise ValueError("not a whole number of 20-byte entries")
+    return [(o, n, t, f) for o, n, t, f in IDX.iter_unpack(raw)]
+
+
+def list_orphans(fs: Fs, root: str, registered: dict[int, list[SegSnap]]) -> list[str]:
+    """Files and topic directories under `topics/` that the registry does not name."""
+    base = posixpath.join(root, TOPICS_DIR)
+    if not fs.exists(base):
+        return []
+    out: list[str] = []
+    for name in sorted(fs.listdir(base)):
+        path = posixpath.join(base, name)
+        tid = int(name, 16) if _TOPIC_DIR.fullmatch(name) else None
+        if tid is None or tid not in registered:
+            out.append(path)
+            continue
+        firsts = {s.first for s in registered[tid]}
+        sealed = {s.first for s in registered[tid] if s.sealed}
+        for fname in sorted(fs.listdir(path)):
+            m = _SEG.fullmatch(fname)
+            ok = m is not None and int(m.group(1)) in (firsts if m.group(2) == "data" else sealed)
+            if not ok:
+                out.append(posixpath.join(path, fname))
+    return out
+
+
+def repair(fs: Fs, root: str, truncate: list[tuple[str, int]], orphans: list[str]) -> None:
+    """Recovery's segment repairs, once it succeeded: cut bytes past the registered
+    lengths (a checkpoint that wrote them never committed), remove orphans."""
+    for path, length in truncate:
+        fd = fs.open(path)
+        try:
+            fs.ftruncate(fd, length)
+            fs.fdatasync(fd)
+        finally:
+            fs.close(fd)
+    if orphans:
+        remove_paths(fs, orphans)
+        log.warning("removed %d orphaned segment files or directories", len(orphans))
+
+
+def remove_paths(fs: Fs, paths: list[str]) -> int:
+    """Unlink segment files and remove (emptied) topic directories; sync the parents."""
+    removed = 0
+    dirs: set[str] = set()
+    for path in paths:
+        if not fs.exists(path):
+            continue
+        if _SEG.fullmatch(posixpath.basename(path)) or not _TOPIC_DIR.fullmatch(
+            posixpath.basename(path)
+        ):
+            try:
+                fs.unlink(path)
+            except IsADirectoryError:
+                _remove_tree(fs, path)
+        else:  # a deleted topic's directory
+            _remove_tree(fs, path)
+        dirs.add(posixpath.dirname(path))
+        removed += 1
+    for d in sorted(dirs):
+        if fs.exists(d):
+            fs.fsync_dir(d)
+    return removed
+
+
+def _remove_tree(fs: Fs, path: str) -> None:
+    for name in fs.listdir(path):
+        child = posixpath.join(path, name)
+        try:
+            fs.unlink(child)
+        except IsADirectoryError:
+            _remove_tree(fs, child)
+    fs.fsync_dir(path)
+    fs.rmdir(path)
