@@ -12,6 +12,10 @@ error body, and `Gate`, a small ASGI middleware that runs before Quart for every
 4. stamps `X-Topicd-Pressure` on every response (README §6);
 5. counts in-flight requests for the graceful drain and writes the optional access log.
 
+Hot endpoints (`FastRoutes`, today `POST /v0/topics/:topic` without a query string) are
+then served by the gate itself, without the framework's per-request machinery; their one
+implementation is shared with the Quart route (`topics.write_records`).
+
 Handlers only validate the wire shape, call the engine and render (STYLE §1).
 """
 
@@ -26,6 +30,7 @@ from urllib.parse import unquote
 
 import msgspec
 import orjson
+import trio
 from quart import Response, has_request_context, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -67,6 +72,11 @@ Message = MutableMapping[str, object]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ReadBody = Callable[[], Awaitable[bytes]]
+# a hot endpoint served by the gate without the framework: (scope, its body) ->
+# (status, JSON body); raises `TopicdError` for the canonical error answer
+FastHandler = Callable[[Scope, ReadBody], Awaitable[tuple[int, bytes]]]
+FastRoutes = Callable[[Scope], FastHandler | None]
 
 PROBE_PATHS: Final = frozenset({"/v0/health", "/healthz", "/v0/ready", "/readyz"})
 METRICS_PATH: Final = "/v0/metrics"
@@ -91,9 +101,11 @@ def error_parts(err: TopicdError) -> tuple[int, list[tuple[bytes, bytes]], bytes
     return err.http_status, headers, body
 
 
-def performance(extra: dict[str, JsonValue] | None = None) -> dict[str, JsonValue]:
-    """The `performance` block (README §9) for the current request."""
-    t0 = request.scope.get("topicd.t0")
+def performance(
+    extra: dict[str, JsonValue] | None = None, scope: Scope | None = None
+) -> dict[str, JsonValue]:
+    """The `performance` block (README §9) for `scope` (default: the Quart request's)."""
+    t0 = (request.scope if scope is None else scope).get("topicd.t0")
     total = perf_ms() - t0 if isinstance(t0, float) else 0.0
     block: dict[str, JsonValue] = {"server_total_ms": round(total, 3)}
     if extra:
@@ -112,8 +124,9 @@ def raw_json_response(body: bytes, status: int = 200) -> Response:
     return Response(body, status=status, content_type=JSON)
 
 
-def principal() -> Principal:
-    p = request.scope.get("topicd.principal")
+def principal(scope: Scope | None = None) -> Principal:
+    """The request's principal (set by the gate); `scope` default: the Quart request's."""
+    p = (request.scope if scope is None else scope).get("topicd.principal")
     return p if isinstance(p, Principal) else DEV_PRINCIPAL
 
 
@@ -129,17 +142,24 @@ def _is_json(content_type: str | None) -> bool:
 
 
 async def read_body(*, empty_ok: bool, max_bytes: int) -> bytes | None:
-    """The request body as validated UTF-8 JSON bytes (README §3).
+    """The Quart request's body, checked by `check_body`."""
+    body = await request.get_data(cache=False)
+    assert isinstance(body, bytes)
+    return check_body(body, request.headers.get, empty_ok=empty_ok, max_bytes=max_bytes)
+
+
+def check_body(
+    body: bytes, header: Callable[[str], str | None], *, empty_ok: bool, max_bytes: int
+) -> bytes | None:
+    """The request body as validated UTF-8 JSON bytes (README §3); `header` looks up a
+    request header by name (case-insensitive).
 
     Returns None for an empty body when `empty_ok`. Raises `415` for a missing or wrong
     content type, `413` beyond `max_bytes` (also after gzip decoding) and `400` for an
     empty body where one is required or for bytes that are not UTF-8.
     """
-    headers = request.headers
-    ctype = headers.get("Content-Type")
-    body = await request.get_data(cache=False)
-    assert isinstance(body, bytes)
-    encoding = headers.get("Content-Encoding", "").strip().lower()
+    ctype = header("Content-Type")
+    encoding = (header("Content-Encoding") or "").strip().lower()
     if encoding and encoding != "identity":
         if encoding not in ("gzip", "x-gzip"):
             raise UnsupportedMediaType(
@@ -258,9 +278,13 @@ class Gate:
         probe: Callable[[str], dict[str, JsonValue]] | None = None,
         requests_by_path: dict[str, int] | None = None,
         work: WorkStreams | None = None,
+        fast_routes: FastRoutes | None = None,
     ) -> None:
         self.app = app
         self.work = work
+        self.fast_routes = fast_routes
+        self.max_body = config.limits.max_body_bytes
+        self.body_timeout = max(1, config.server.header_read_timeout_ms // 1000)  # as Quart's
         self.requests_by_path = requests_by_path if requests_by_path is not None else {}
         self.permits = permits
         self.probe = probe
@@ -421,9 +445,13 @@ class Gate:
                     self.on_error(err)
                 await send_error(send_stamped, err)
             else:
+                fast = None if self.fast_routes is None else self.fast_routes(scope)
                 token = ClientPermits.hold(permit)
                 try:
-                    await self.app(scope, receive, send_stamped)
+                    if fast is None:
+                        await self.app(scope, receive, send_stamped)
+                    else:
+                        await self._serve_fast(fast, scope, receive, send_stamped)
                 finally:
                     ClientPermits.unhold(token)
         except Exception:
@@ -450,6 +478,59 @@ class Gate:
                     status_box[0],
                     perf_ms() - t0,
                 )
+
+    async def _serve_fast(
+        self, handler: FastHandler, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A hot endpoint without the framework: no request/response objects, context
+        locals or app task. The answer is laid out as the framework lays it out
+        (`content-type`, `content-length`, then an error's own headers)."""
+
+        async def read() -> bytes:
+            return await self._read_body(scope, receive)
+
+        try:
+            status, body = await handler(scope, read)
+        except _ClientGone:
+            return
+        except TopicdError as err:
+            if self.on_error is not None:
+                self.on_error(err)
+            status, headers, body = error_parts(err)
+            headers.insert(1, (b"content-length", b"%d" % len(body)))
+        else:
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        """The whole request body, bounded as the framework bounds it: `413` beyond
+        `limits.max_body_bytes` (declared or received), `400` when it does not arrive
+        within the body timeout."""
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            raise self._too_large()
+        parts: list[bytes] = []
+        size = 0
+        with trio.move_on_after(self.body_timeout):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise _ClientGone
+                chunk = cast("bytes", message.get("body", b""))
+                size += len(chunk)
+                if size > self.max_body:
+                    raise self._too_large()
+                parts.append(chunk)
+                if not message.get("more_body", False):
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
+        raise InvalidRequest("the request body did not arrive in time")
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body exceeds max_body_bytes {self.max_body}")
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`404 not_found` for every WebSocket handshake: no path serves one yet. Sent as
@@ -498,6 +579,10 @@ class Gate:
         else:
             scope["topicd.principal"] = DEV_PRINCIPAL
         return None
+
+
+class _ClientGone(Exception):
+    """The client left before its request body arrived: nothing to answer."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -692,6 +777,7 @@ def create_app(
         probe=lambda path: ops.probe_payload(path, ref, config, lifecycle),
         requests_by_path=ref.requests_by_path,
         work=work.WorkStreams(ref, config, keys),
+        fast_routes=topics.fast_routes(ref, config),
     )
     return app
 

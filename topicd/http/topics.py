@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
 import orjson
@@ -13,6 +13,7 @@ from quart import Response, request
 from topicd.engine.engine import canonical_match, parse_match
 from topicd.errors import InvalidRequest, JsonValue
 from topicd.http.app import (
+    check_body,
     decode,
     json_response,
     performance,
@@ -31,10 +32,12 @@ from topicd.wire import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from quart_trio import QuartTrio
 
     from topicd.config import Config
-    from topicd.http.app import EngineRef
+    from topicd.http.app import EngineRef, FastHandler, FastRoutes, ReadBody, Scope
 
 
 def _has_whitespace(body: bytes) -> bool:
@@ -68,6 +71,100 @@ def _page_size(default: int, maximum: int) -> int:
     except ValueError:
         value = default
     return min(max(value, 1), maximum)
+
+
+async def write_records(
+    ref: EngineRef,
+    topic: str,
+    scope: Scope,
+    read: ReadBody,
+    header: Callable[[str], str | None],
+    query: Callable[[str, bool], bool],
+    max_body: int,
+) -> tuple[int, bytes]:
+    """`POST /v0/topics/:topic` (api-topics §5): (status, JSON body). The one
+    implementation, called by the Quart route and by the gate's fast path; `read`
+    returns the raw request body, `header` looks up a request header, `query` a boolean
+    query parameter (`query_bool`'s contract)."""
+    p = principal(scope)
+    p.require("write", topic)
+    return_seqs = query("return_seqs", True)  # (a bad value appends nothing)
+    body = check_body(await read(), header, empty_ok=False, max_bytes=max_body)
+    assert body is not None
+    if _has_whitespace(body):
+        try:
+            # minify once: every msgspec.Raw slice is then the stored, minified text
+            body = msgspec.json.format(body, indent=-1)
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"malformed JSON: {exc}") from None
+    try:
+        req = decode_write(body)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from None
+    res = await ref.engine.append(
+        topic,
+        req,
+        header_key=header("Idempotency-Key"),
+        can_admin=p.has("admin"),
+    )
+    payload: dict[str, JsonValue] = {
+        "topic": res.topic,
+        "first_seq": res.first_seq,
+        "last_seq": res.last_seq,
+    }
+    if return_seqs:
+        payload["seqs"] = list(range(res.first_seq, res.last_seq + 1))
+    payload["head_seq"] = res.head_seq
+    payload["count"] = res.count
+    payload["created"] = res.created
+    payload["deduped"] = res.deduped
+    perf: dict[str, JsonValue] = {"fsync_ms": round(res.fsync_ms, 3)}
+    if res.wal_append_ms is not None:
+        perf["wal_append_ms"] = round(res.wal_append_ms, 3)
+    payload["performance"] = performance(perf, scope)
+    return (201 if res.created else 200), orjson.dumps(payload)
+
+
+_TOPICS: Final = "/v0/topics/"
+
+
+def _no_query(name: str, default: bool) -> bool:
+    return default
+
+
+def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
+    """The `/v0/topics` endpoints the gate serves without the framework: `POST
+    /v0/topics/:topic` without a query string (one with a query goes through Quart,
+    whose query parsing is the contract)."""
+    max_body = config.limits.max_body_bytes
+
+    def route(scope: Scope) -> FastHandler | None:
+        if scope.get("method") != "POST" or scope.get("query_string"):
+            return None
+        path = cast("str", scope["path"])
+        if not path.startswith(_TOPICS):
+            return None
+        topic = path[len(_TOPICS) :]
+        if not topic or "/" in topic:
+            return None  # (an encoded slash in the name: Quart's 400)
+
+        async def write(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+            headers = cast("list[tuple[bytes, bytes]]", scope["headers"])
+
+            def header(name: str) -> str | None:
+                key = name.lower().encode("latin-1")
+                for k, v in headers:
+                    if k == key:
+                        return v.decode("latin-1")
+                return None
+
+            return await write_records(ref, topic, scope, read, header, _no_query, max_body)
+
+        return write
+
+    return route
 
 
 def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
@@ -120,44 +217,21 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
 
     @app.route("/v0/topics/<topic>", methods=["POST"])
     async def write(topic: str) -> Response:
-        p = principal()
-        p.require("write", topic)
-        return_seqs = query_bool("return_seqs", True)  # (a bad value appends nothing)
-        body = await read_body(empty_ok=False, max_bytes=max_body)
-        assert body is not None
-        if _has_whitespace(body):
-            try:
-                # minify once: every msgspec.Raw slice is then the stored, minified text
-                body = msgspec.json.format(body, indent=-1)
-            except msgspec.DecodeError as exc:
-                raise InvalidRequest(f"malformed JSON: {exc}") from None
-        try:
-            req = decode_write(body)
-        except msgspec.ValidationError as exc:
-            raise InvalidRequest(f"invalid request body: {exc}") from None
-        except msgspec.DecodeError as exc:
-            raise InvalidRequest(f"malformed JSON: {exc}") from None
-        res = await ref.engine.append(
+        async def body() -> bytes:
+            data = await request.get_data(cache=False)
+            assert isinstance(data, bytes)
+            return data
+
+        status, out = await write_records(
+            ref,
             topic,
-            req,
-            header_key=request.headers.get("Idempotency-Key"),
-            can_admin=p.has("admin"),
+            cast("Scope", request.scope),
+            body,
+            request.headers.get,
+            query_bool,
+            max_body,
         )
-        payload: dict[str, JsonValue] = {
-            "topic": res.topic,
-            "first_seq": res.first_seq,
-            "last_seq": res.last_seq,
-        }
-        if return_seqs:
-            payload["seqs"] = list(range(res.first_seq, res.last_seq + 1))
-        payload["head_seq"] = res.head_seq
-        payload["count"] = res.count
-        payload["created"] = res.created
-        payload["deduped"] = res.deduped
-        perf: dict[str, JsonValue] = {"fsync_ms": round(res.fsync_ms, 3)}
-        if res.wal_append_ms is not None:
-            perf["wal_append_ms"] = round(res.wal_append_ms, 3)
-        return json_response(payload, 201 if res.created else 200, perf)
+        return raw_json_response(out, status)
 
     @app.route("/v0/topics/<topic>/diff", methods=["POST"])
     async def diff(topic: str) -> Response:
