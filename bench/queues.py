@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Queue benchmark: end-to-end jobs/s and claim latency against backlog and priorities.
 
-    python bench/queue.py [--quick] [--duration S] [--workers N] [--claims N]
+    python bench/queues.py [--quick] [--duration S] [--workers N] [--claims N]
 
 Needs what the project's dev install brings (orjson; topicd itself from this checkout);
 installs nothing. One `topicd serve` on a temporary data directory (pinned to CPU 0 when
@@ -30,35 +30,21 @@ same backlog; end-to-end `disk` jobs/s at least 3x the same run's c=64 single-re
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
 import os
 import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# this file's name would shadow the standard library's `queue` (which multiprocessing
-# imports): keep the bench directory on the path, but behind the standard library
-if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
-    sys.path.pop(0)
-    sys.path.append(_HERE)
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import multiprocessing as mp  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-import http_core as hc  # noqa: E402
-import loadgen  # noqa: E402
-import orjson  # noqa: E402
-
-# http_core puts the bench directory first again: move it back behind the standard library
-while _HERE in sys.path:
-    sys.path.remove(_HERE)
-sys.path.append(_HERE)
-assert getattr(sys.modules.get("queue"), "SimpleQueue", True), "bench/queue.py shadowed queue"
+import http_core as hc
+import loadgen
+import orjson
 
 HOST = hc.HOST
 BG_WORKERS = 8
