@@ -124,6 +124,40 @@ def raw_json_response(body: bytes, status: int = 200) -> Response:
     return Response(body, status=status, content_type=JSON)
 
 
+def scope_header(scope: Scope) -> Callable[[str], str | None]:
+    """A case-insensitive request-header lookup over an ASGI scope's raw headers."""
+    headers = cast("list[tuple[bytes, bytes]]", scope["headers"])
+
+    def header(name: str) -> str | None:
+        key = name.lower().encode("latin-1")
+        for k, v in headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    return header
+
+
+async def quart_body() -> bytes:
+    """The Quart request's raw body (a `ReadBody` for the shared handlers)."""
+    data = await request.get_data(cache=False)
+    assert isinstance(data, bytes)
+    return data
+
+
+def any_route(*tables: FastRoutes) -> FastRoutes:
+    """The first table's handler for a scope, trying each in order."""
+
+    def route(scope: Scope) -> FastHandler | None:
+        for table in tables:
+            handler = table(scope)
+            if handler is not None:
+                return handler
+        return None
+
+    return route
+
+
 def principal(scope: Scope | None = None) -> Principal:
     """The request's principal (set by the gate); `scope` default: the Quart request's."""
     p = (request.scope if scope is None else scope).get("topicd.principal")
@@ -777,7 +811,7 @@ def create_app(
         probe=lambda path: ops.probe_payload(path, ref, config, lifecycle),
         requests_by_path=ref.requests_by_path,
         work=work.WorkStreams(ref, config, keys),
-        fast_routes=topics.fast_routes(ref, config),
+        fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
     )
     return app
 

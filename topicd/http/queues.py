@@ -5,65 +5,84 @@ makes other methods on the path answer `405` with `Allow: GET`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import orjson
+from quart import request
 
 from topicd.errors import InvalidRequest, JsonValue, MethodNotAllowed
 from topicd.http.app import (
+    check_body,
     decode,
-    json_response,
     performance,
     principal,
+    quart_body,
     raw_json_response,
-    read_body,
+    scope_header,
 )
 from topicd.wire import CLAIM_DECODER, LEASE_OP_DECODER, LeaseOpIn
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from quart import Response
     from quart_trio import QuartTrio
 
     from topicd.config import Config
     from topicd.engine.queues import SeqsResult
-    from topicd.http.app import EngineRef
+    from topicd.http.app import EngineRef, FastHandler, FastRoutes, ReadBody, Scope
 
 
-def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
-    max_body = config.limits.max_body_bytes
-    max_node = config.protocol.max_node_bytes
-    max_claim = config.queue.max_claim
+_TOPICS: Final = "/v0/topics/"
 
-    async def lease_op(topic: str) -> LeaseOpIn:
-        principal().require("write", topic)
-        body = await read_body(empty_ok=False, max_bytes=max_body)
-        assert body is not None
-        req = decode(LEASE_OP_DECODER, body)
-        req.check(max_node, max_claim)
+
+class QueueOps:
+    """claim, ack, nack and extend (api-queues §4, §6-§8): each `(topic, scope, read)` ->
+    (status, JSON body). The one implementation, called by the Quart routes and by the
+    gate's fast path (`fast_routes`); `read` returns the raw request body."""
+
+    def __init__(self, ref: EngineRef, config: Config) -> None:
+        self.ref = ref
+        self.max_body = config.limits.max_body_bytes
+        self.max_node = config.protocol.max_node_bytes
+        self.max_claim = config.queue.max_claim
+
+    def _body(self, body: bytes, scope: Scope) -> bytes:
+        checked = check_body(body, scope_header(scope), empty_ok=False, max_bytes=self.max_body)
+        assert checked is not None
+        return checked
+
+    async def _lease_op(self, topic: str, scope: Scope, read: ReadBody) -> LeaseOpIn:
+        principal(scope).require("write", topic)
+        req = decode(LEASE_OP_DECODER, self._body(await read(), scope))
+        req.check(self.max_node, self.max_claim)
         return req
 
-    def counted(res: SeqsResult, key: str) -> dict[str, JsonValue]:
-        return {
-            "topic": res.topic.name,
-            key: res.done,
-            "skipped": cast("JsonValue", res.skipped),
-            "ready": res.counts.ready,
-            "in_flight": res.counts.in_flight,
-        }
+    @staticmethod
+    def _counted(
+        res: SeqsResult, key: str, scope: Scope, perf: dict[str, JsonValue] | None
+    ) -> bytes:
+        return orjson.dumps(
+            {
+                "topic": res.topic.name,
+                key: res.done,
+                "skipped": cast("JsonValue", res.skipped),
+                "ready": res.counts.ready,
+                "in_flight": res.counts.in_flight,
+                "performance": performance(perf, scope),
+            }
+        )
 
-    @app.route("/v0/topics/<topic>/claim", methods=["POST"])
-    async def claim(topic: str) -> Response:
-        p = principal()
+    async def claim(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+        p = principal(scope)
         p.require("read", topic)
         p.require("write", topic)
-        body = await read_body(empty_ok=False, max_bytes=max_body)
-        assert body is not None
-        req = decode(CLAIM_DECODER, body)
-        req.check(max_node)
-        want = min(max(req.max, 1), max_claim)
-        res = await ref.engine.queues.claim(topic, req.node, want, req.lease_ms)
-        perf = orjson.dumps(performance({"throttle_wait_ms": 0.0}))
-        out = b"".join(
+        req = decode(CLAIM_DECODER, self._body(await read(), scope))
+        req.check(self.max_node)
+        want = min(max(req.max, 1), self.max_claim)
+        res = await self.ref.engine.queues.claim(topic, req.node, want, req.lease_ms)
+        perf = orjson.dumps(performance({"throttle_wait_ms": 0.0}, scope))
+        return 200, b"".join(
             (
                 b'{"topic":',
                 res.topic.name_json,
@@ -74,39 +93,88 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
                 b"}",
             )
         )
-        return raw_json_response(out)
 
-    @app.route("/v0/topics/<topic>/ack", methods=["POST"])
-    async def ack(topic: str) -> Response:
-        req = await lease_op(topic)
-        res = await ref.engine.queues.ack(topic, req.node, req.seqs, req.lease_ids or [])
-        return json_response(counted(res, "acked"), perf={"fsync_ms": round(res.fsync_ms, 3)})
+    async def ack(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+        req = await self._lease_op(topic, scope, read)
+        res = await self.ref.engine.queues.ack(topic, req.node, req.seqs, req.lease_ids or [])
+        return 200, self._counted(res, "acked", scope, {"fsync_ms": round(res.fsync_ms, 3)})
 
-    @app.route("/v0/topics/<topic>/nack", methods=["POST"])
-    async def nack(topic: str) -> Response:
-        req = await lease_op(topic)
-        res = await ref.engine.queues.nack(
+    async def nack(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+        req = await self._lease_op(topic, scope, read)
+        res = await self.ref.engine.queues.nack(
             topic, req.node, req.seqs, req.lease_ids or [], req.delay_ms
         )
-        return json_response(counted(res, "nacked"))
+        return 200, self._counted(res, "nacked", scope, None)
 
-    @app.route("/v0/topics/<topic>/extend", methods=["POST"])
-    async def extend(topic: str) -> Response:
-        req = await lease_op(topic)
+    async def extend(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+        req = await self._lease_op(topic, scope, read)
         if req.lease_ms is None:
             raise InvalidRequest("extend needs lease_ms", {"field": "lease_ms"})
-        res = await ref.engine.queues.extend(
+        res = await self.ref.engine.queues.extend(
             topic, req.node, req.seqs, req.lease_ids or [], req.lease_ms
         )
         deadlines: dict[str, JsonValue] = {str(s): d for s, d in res.deadlines.items()}
-        return json_response(
-            {
-                "topic": res.topic.name,
-                "extended": res.done,
-                "skipped": cast("JsonValue", res.skipped),
-                "deadlines": deadlines,
-            }
-        )
+        payload: dict[str, JsonValue] = {
+            "topic": res.topic.name,
+            "extended": res.done,
+            "skipped": cast("JsonValue", res.skipped),
+            "deadlines": deadlines,
+            "performance": performance(None, scope),
+        }
+        return 200, orjson.dumps(payload)
+
+    def by_name(self) -> dict[str, Callable[[str, Scope, ReadBody], Awaitable[tuple[int, bytes]]]]:
+        return {"claim": self.claim, "ack": self.ack, "nack": self.nack, "extend": self.extend}
+
+
+def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
+    """`POST /v0/topics/:q/{claim,ack,nack,extend}` served by the gate without the
+    framework (no query string: these routes take none)."""
+    ops = QueueOps(ref, config).by_name()
+
+    def route(scope: Scope) -> FastHandler | None:
+        if scope.get("method") != "POST" or scope.get("query_string"):
+            return None
+        path = cast("str", scope["path"])
+        if not path.startswith(_TOPICS):
+            return None
+        topic, slash, verb = path[len(_TOPICS) :].partition("/")
+        op = ops.get(verb) if slash and topic else None
+        if op is None or "/" in verb:
+            return None
+
+        async def serve(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+            return await op(topic, scope, read)
+
+        return serve
+
+    return route
+
+
+def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
+    ops = QueueOps(ref, config)
+
+    async def run(
+        op: Callable[[str, Scope, ReadBody], Awaitable[tuple[int, bytes]]], topic: str
+    ) -> Response:
+        status, out = await op(topic, cast("Scope", request.scope), quart_body)
+        return raw_json_response(out, status)
+
+    @app.route("/v0/topics/<topic>/claim", methods=["POST"])
+    async def claim(topic: str) -> Response:
+        return await run(ops.claim, topic)
+
+    @app.route("/v0/topics/<topic>/ack", methods=["POST"])
+    async def ack(topic: str) -> Response:
+        return await run(ops.ack, topic)
+
+    @app.route("/v0/topics/<topic>/nack", methods=["POST"])
+    async def nack(topic: str) -> Response:
+        return await run(ops.nack, topic)
+
+    @app.route("/v0/topics/<topic>/extend", methods=["POST"])
+    async def extend(topic: str) -> Response:
+        return await run(ops.extend, topic)
 
     @app.route("/v0/topics/<topic>/work", methods=["GET"])
     async def work_placeholder(topic: str) -> Response:

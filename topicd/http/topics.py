@@ -18,9 +18,11 @@ from topicd.http.app import (
     json_response,
     performance,
     principal,
+    quart_body,
     query_bool,
     raw_json_response,
     read_body,
+    scope_header,
 )
 from topicd.wire import (
     CONFIG_DECODER,
@@ -151,15 +153,7 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
             return None  # (an encoded slash in the name: Quart's 400)
 
         async def write(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
-            headers = cast("list[tuple[bytes, bytes]]", scope["headers"])
-
-            def header(name: str) -> str | None:
-                key = name.lower().encode("latin-1")
-                for k, v in headers:
-                    if k == key:
-                        return v.decode("latin-1")
-                return None
-
+            header = scope_header(scope)
             return await write_records(ref, topic, scope, read, header, _no_query, max_body)
 
         return write
@@ -217,16 +211,11 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
 
     @app.route("/v0/topics/<topic>", methods=["POST"])
     async def write(topic: str) -> Response:
-        async def body() -> bytes:
-            data = await request.get_data(cache=False)
-            assert isinstance(data, bytes)
-            return data
-
         status, out = await write_records(
             ref,
             topic,
             cast("Scope", request.scope),
-            body,
+            quart_body,
             request.headers.get,
             query_bool,
             max_body,
