@@ -246,6 +246,17 @@ def rewrite(
     return b'{"$seq":%d,"$ts":%d' % (seq, ts) + rest, shape
 
 
+def _ranges(seqs: list[int]) -> list[tuple[int, int]]:
+    """Ascending seqs as inclusive runs: a long `source_trim` stretch is one gap."""
+    out: list[tuple[int, int]] = []
+    for s in seqs:
+        if out and out[-1][1] + 1 == s:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
 @dataclass(eq=False, slots=True)
 class _NameLock:
     lock: trio.Lock = field(default_factory=trio.Lock)
@@ -727,8 +738,8 @@ class RouterService:
         if slots:
             nbytes = dst.publish_derived(ts, slots)
             engine.total_bytes += nbytes
-        for t in trims:
-            dst.add_trim(t, t)
+        for lo_t, hi_t in _ranges(trims):
+            dst.add_trim(lo_t, hi_t)
         total = sum(copies)
         if total:
             dst.last_write_ts = ts
@@ -1026,8 +1037,8 @@ class RouterService:
             rr.anchors = [a for a in rr.anchors if a[0] >= rr.cursor]
         if placed:
             self.engine.total_bytes += dst.insert_derived(placed)
-        for t in trims:
-            dst.add_trim(t, t)
+        for lo_t, hi_t in _ranges(trims):
+            dst.add_trim(lo_t, hi_t)
         return True
 
     def stragglers(self, dests: set[int], gaps: list[tuple[int, int, int]]) -> None:
