@@ -700,7 +700,7 @@ class RouterService:
             step: list[tuple[int, DerivedSlot]] = []
             need_records = need_bytes = 0
             for i, r in enumerate(feed):
-                if starts[i] < s:
+                if starts[i] < s and not self._skips(r, s):
                     slot = self._derive(r, s, seq + 1 + len(step), ts)
                     step.append((i, slot))
                     if slot.enc is not None:
@@ -756,6 +756,20 @@ class RouterService:
             engine.sched.mark_dirty(dst, demote=True)
             dst.wake()
         return done - lo
+
+    def _skips(self, r: Router, s: int) -> bool:
+        """A router on a cycle passes over, *without* taking a destination seq, every
+        source seq that would only be a hole there (nothing readable, filtered out, at
+        the hop cap): holes must not travel round a cycle, or forwarding would never
+        end. Its copies and `source_trim` gaps take seqs as everywhere else."""
+        if not r.cyclic:
+            return False
+        src = r.src
+        if src.enc(s) is None:
+            return not (s < src.evict_floor or any(lo <= s <= hi for lo, hi in src.lost_ranges))
+        if not r.d.matches(src.tags.get(s) if src.tags else None):
+            return True
+        return (src.hops.get(s, 0) if src.hops else 0) + 1 > self.cfg.max_hops
 
     def _derive(self, r: Router, s: int, seq: int, ts: int) -> DerivedSlot:
         """What source seq `s` becomes at destination seq `seq` (a copy, hole or trim)."""
@@ -865,7 +879,11 @@ class RouterService:
         dest_id, dest_base = body["dest_id"], body["dest_base"]
         if not isinstance(dest_id, int) or not isinstance(dest_base, int):
             raise frames.FrameError("bad RouterCreate")
-        base = src.head_seq
+        # the logged base, not the replayed head: the source's own derived records (it
+        # may be a router destination itself) are not replayed yet
+        base = body.get("src_base", src.head_seq)
+        if not isinstance(base, int):
+            raise frames.FrameError("bad RouterCreate")
         self.replay[d.name] = ReplayRouter(
             d, src.topic_id, dest_id, base, dest_base, base, dest_base, 0
         )
@@ -943,13 +961,26 @@ class RouterService:
             if rr.final is None:
                 live.append(rr)
         cyclic = cyclic_edges([(rr.d.source, rr.d.dest) for rr in live])
+
         # rounds until nothing moves: chains settle in order, cycles stop at the hop cap
+        # upstream first: a feed waits while a feed into its source still has work (its
+        # source's head may lie above seqs that are still to be re-derived); in a cycle
+        # nothing is ready and every pending feed runs (best effort, as live)
+        def pending(key: tuple[int, int]) -> bool:
+            src = by_id[key[0]]
+            return any(
+                rr.cursor < (src.head_seq if rr.final is None else min(rr.final, src.head_seq))
+                for rr in feeds[key]
+            )
+
         progress = True
         rounds = 0
-        while progress and rounds <= (len(work) + 1) * self.cfg.max_hops:
+        while progress and rounds <= (len(work) + 1) * (self.cfg.max_hops + 1):
             progress = False
             rounds += 1
-            for key in sorted(feeds):
+            todo = [key for key in sorted(feeds) if pending(key)]
+            ready = [k for k in todo if not any(o[1] == k[0] for o in todo if o != k)]
+            for key in ready or todo:
                 if self._rederive_feed(feeds[key], cyclic, snap_heads, direct, now_ms):
                     progress = True
         for rr in live:
@@ -1012,6 +1043,11 @@ class RouterService:
             for i in order:
                 if not starts[i] < s <= limits[i]:
                     continue
+                rr = feed[i]
+                if self._skips(fakes[i], s):
+                    rr.cursor = s
+                    rr.forwarded_total += 1
+                    continue
                 pos += 1
                 while True:  # skip the seqs the snapshot or a replayed direct write holds
                     if pos <= snap_head:
@@ -1024,7 +1060,6 @@ class RouterService:
                         continue
                     break
                 slot = self._derive(fakes[i], s, pos, src_ts)
-                rr = feed[i]
                 rr.cursor = s
                 rr.forwarded_total += 1
                 if slot is TRIM:
