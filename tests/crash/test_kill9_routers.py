@@ -130,3 +130,69 @@ async def test_kill9_during_forwarding_loses_and_duplicates_no_copy(tmp_path, se
             assert a is not None
             assert b is not None
             assert a.records == b.records, d
+
+
+@pytest.mark.parametrize("seed", [3])
+async def test_kill9_with_an_ephemeral_end_follows_the_documented_rule(tmp_path, seed):
+    """An `ephemeral` source or destination gets no copies back after `kill -9` (its
+    records were never persisted, or the copies of persisted records are not restored
+    into a RAM-only topic); the routers survive and resume at the source's head, and a
+    persistent pair in the same storm keeps every copy at its seq."""
+    rng = random.Random(seed)
+    pairs = {"e_src": "p_dst", "p_src": "e_dst", "p2_src": "p2_dst"}
+    classes = {"e_src": "ephemeral", "e_dst": "ephemeral", "p_src": "disk", "p_dst": "disk"}
+    acked: dict[str, int] = {}
+    async with serving(tmp_path) as server:
+        async with client(server) as c:
+            for name in [*pairs, *pairs.values()]:
+                r = await c.put(
+                    f"/v0/topics/{name}", json={"durability": classes.get(name, "disk")}
+                )
+                assert r.status_code in (200, 201), r.text
+            for s, d in pairs.items():
+                r = await c.put(f"/v0/routers/{s}->{d}", json={"source": s, "dest": d})
+                assert r.status_code == 201, r.text
+
+        async def writer() -> None:
+            async with client(server) as c:
+                n = 0
+                while True:
+                    name = rng.choice(list(pairs))
+                    n += 1
+                    try:
+                        r = await c.post(f"/v0/topics/{name}", json={"records": [{"data": n}]})
+                    except Exception:  # the kill
+                        return
+                    if r.status_code == 200:
+                        acked[name] = acked.get(name, 0) + 1
+
+        with trio.move_on_after(rng.uniform(0.3, 1.0)):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(writer)
+        async with client(server) as c:
+            seen = await dump_topic(c, "p2_dst")
+        await server.restart()
+        async with client(server) as c:
+            dumps = {n: await dump_topic(c, n) for n in [*pairs, *pairs.values()]}
+            assert acked.get("e_src") and acked.get("p_src")
+            assert dumps["e_src"].records == []  # ephemeral: RAM only
+            assert dumps["p_dst"].records == []  # copies of unpersisted records: none
+            assert dumps["e_dst"].records == []  # a RAM-only destination gets none back
+            assert len(dumps["p_src"].records) >= acked["p_src"]
+            src2 = [data for _, _, data, _ in dumps["p2_src"].records]
+            assert [data for _, _, data, _ in dumps["p2_dst"].records] == src2
+            assert seen is not None
+            before = {seq: data for seq, _, data, _ in seen.records}
+            after = {seq: data for seq, _, data, _ in dumps["p2_dst"].records}
+            assert all(after.get(seq) == data for seq, data in before.items())
+            # the routers survived and resume at the source head
+            for s, d in pairs.items():
+                w = await c.post(f"/v0/topics/{s}", json={"records": [{"data": "after"}]})
+                assert w.status_code == 200, w.text
+                dump = await dump_topic(c, d)  # read-path catch-up
+                assert dump is not None
+                assert dump.records[-1][2] == b'"after"'
+                r = await c.get(f"/v0/routers/{s}->{d}")
+                assert r.status_code == 200, r.text
+                assert r.json()["cursor_lag"] == 0

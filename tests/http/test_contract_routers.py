@@ -136,7 +136,7 @@ async def test_create_dest_false_on_absent_dest_is_404_with_the_dest(client):
     assert (await client.get("/v0/topics/a")).status_code == 404  # nothing created
 
 
-async def test_fan_in_is_409_router_dest_fan_in(client):
+async def test_fan_in_from_another_source_is_409_router_dest_fan_in(client):
     await put_router(client, "a->d", source="a", dest="d")
     e = await err(
         await client.put("/v0/routers/c->d", json={"source": "c", "dest": "d"}),
@@ -144,6 +144,78 @@ async def test_fan_in_is_409_router_dest_fan_in(client):
         "topic_exists_incompatible",
     )
     assert e["detail"] == {"topic": "d", "reason": "router_dest_fan_in"}
+    # once the router is gone, another source may feed the topic
+    await client.delete("/v0/routers/a->d")
+    await put_router(client, "c->d", source="c", dest="d")
+
+
+async def test_two_routers_of_one_source_into_one_dest_copy_in_lockstep(client):
+    await put_router(client, "r2", source="a", dest="d", preserve_tag=False)
+    await put_router(client, "r1", source="a", dest="d", filter="eu:*")
+    await write(client, "a", {"data": 1, "tag": "eu:x"}, {"data": 2, "tag": "us"})
+    await write(client, "d", {"data": "direct"})
+    await write(client, "a", {"data": 3, "tag": "eu:y"})
+    res = await read(client, "d", include_tags=True)
+    # per source seq, one slot per router in name order (r1, then r2); r1's filter
+    # leaves a silent hole for "us"
+    got = [(r["$seq"], r["data"], r.get("$tag")) for r in res["records"]]
+    assert got == [
+        (1, 1, "eu:x"),
+        (2, 1, None),
+        (4, 2, None),
+        (5, "direct", None),
+        (6, 3, "eu:y"),
+        (7, 3, None),
+    ]
+    assert res["head_seq"] == 7
+
+
+# ---- exactly_once ----------------------------------------------------------------------
+
+
+async def test_exactly_once_copies_carry_the_topics_router_meta_key(client):
+    await put_router(client, "a->b", source="a", dest="b", guarantee="exactly_once")
+    many = {f"k{i}": i for i in range(64)}
+    await write(
+        client,
+        "a",
+        {"data": 1, "meta": {"m": 1}},
+        {"data": 2},
+        {"data": 3, "meta": [1, 2]},
+        {"data": 4, "meta": many},
+    )
+    recs = (await read(client, "b"))["records"]
+    marks = [r["meta"]["_topics_router"] for r in recs]
+    assert [m["source_seq"] for m in marks] == [1, 2, 3, 4]
+    first = marks[0]
+    tid = first["source_topic_id"]
+    assert first == {
+        "idempotency_key": f"router:a->b:{tid}:1:1",
+        "router": "a->b",
+        "source_topic": "a",
+        "source_topic_id": tid,
+        "source_epoch": 1,
+        "source_seq": 1,
+    }
+    assert recs[0]["meta"]["m"] == 1  # merged into an object meta
+    assert set(recs[1]["meta"]) == {"_topics_router"}  # absent meta
+    assert recs[2]["meta"]["_topics_original_meta"] == [1, 2]  # not an object
+    assert recs[3]["meta"]["_topics_original_meta"] == many  # already 64 keys
+    assert set(recs[3]["meta"]) == {"_topics_router", "_topics_original_meta"}
+    # the source records are untouched, and at_least_once adds nothing
+    assert (await read(client, "a"))["records"][0]["meta"] == {"m": 1}
+    await put_router(client, "a->c", source="a", dest="c")
+    await write(client, "a", {"data": 5})
+    assert "meta" not in (await read(client, "c"))["records"][0]
+
+
+async def test_exactly_once_through_a_chain_keeps_one_marker_of_the_last_hop(client):
+    await put_router(client, "a->b", source="a", dest="b", guarantee="exactly_once")
+    await put_router(client, "b->c", source="b", dest="c", guarantee="exactly_once")
+    await write(client, "a", {"data": 1, "meta": {"m": 1}})
+    rec = (await read(client, "c"))["records"][0]
+    assert rec["meta"]["m"] == 1
+    assert rec["meta"]["_topics_router"]["router"] == "b->c"
 
 
 async def test_repoint_is_409_with_the_existing_endpoints(client):

@@ -204,3 +204,39 @@ async def test_a_copy_whose_source_was_evicted_before_the_restart_is_source_trim
     async with open_durable(disk) as engine:
         assert await dump(engine, "d") == [(2, "b")]
         assert await tombstones(engine, "d") == [(1, 1, "source_trim")]
+
+
+async def test_two_routers_of_one_source_come_back_in_lockstep_with_direct_writes():
+    disk = FakeDisk()
+    async with open_durable(disk) as engine:
+        await setup(engine, "disk", "disk")  # s->d at dest_base 1
+        await write(engine, "s", "a1")
+        await dump(engine, "d")
+        await write(engine, "s", "a2", "a3")  # not forwarded yet: s->d lags
+        await engine.routers.put("r2", RouterIn(source="s", dest="d", preserve_tag=False))
+        await write(engine, "d", "x1")
+        await write(engine, "s", "b1")
+        await dump(engine, "d")
+        await write(engine, "d", "x2")
+        await write(engine, "s", "b2")
+        assert await engine.routers.delete("r2")
+        await write(engine, "s", "c1")
+        before = await dump(engine, "d")
+        image = process_image(disk)
+    datas = [d for _, d in before]
+    assert sorted(datas) == sorted(
+        ["pre", "a1", "a2", "a3", "x1", "b1", "b1", "x2", "b2", "b2", "c1"]
+    )
+    assert [d for d in datas if d[0] in "abc"] == ["a1", "a2", "a3", "b1", "b1", "b2", "b2", "c1"]
+    disk.restore(image)
+    async with open_durable(disk) as engine:
+        assert await dump(engine, "d") == before
+        assert sorted(engine.routers.routers) == ["s->d"]
+        await write(engine, "s", "e1")
+        more = await dump(engine, "d")
+        assert more[:-1] == before, (more, before)
+        assert more[-1][1] == "e1"
+        image = process_image(disk)
+    disk.restore(image)
+    async with open_durable(disk) as engine:
+        assert await dump(engine, "d") == more

@@ -553,6 +553,8 @@ class Engine:
         if batch.synced:
             self.durable(topic, topic.head_seq)
         batch.completion.set_ok()
+        if topic in self.routers.held:
+            self.routers.release(topic)  # held router copies go in once nothing is in flight
 
     def durable(self, topic: Topic, seq: int) -> None:
         """Every record of `topic` up to `seq` is on disk (strong watchers may see it)."""
@@ -579,6 +581,8 @@ class Engine:
     def rewind(self, topic: Topic) -> None:
         assert topic.pending_records == 0, topic.pending_records
         topic.next_seq = topic.head_seq + 1
+        if topic in self.routers.held:
+            self.routers.release(topic)
 
     async def _wait_creating(self, name: str) -> None:
         ev = self._creating.get(name)
@@ -815,6 +819,12 @@ class Engine:
                     raise
                 await self._wait_for_room(topic, prepared.nbytes)
                 continue  # state may have changed while waiting: run every check again
+            gate = self.routers.gate(topic)
+            if gate is not None:
+                # router copies into this topic wait for its in-flight writes; they are
+                # placed when those publish, then the writes behind the gate go on
+                await gate.wait()
+                continue
             batch = self._stage(topic, prepared, now)
             break
         if not batch.completion.resolved:

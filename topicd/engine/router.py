@@ -1,35 +1,45 @@
 """Routers: server-side copying of every record committed to a source topic into a dest.
 
 A router is a definition plus a cursor (the last source seq it has *handled*). Forwarding
-is asynchronous and off the write path; three things drive it, all through `forward()`:
+is asynchronous and off the write path. The unit of forwarding is a **feed**: every router
+into one destination (they all share one source: the fan-in rule). Four things drive it:
 
-* the delivery scheduler's drain of the source (`Topic.on_drain`, one hook per source);
-* a sweep every `routers.tick_ms` (`RouterService.run`), which also retries routers
-  held back by a full destination;
-* read-path catch-up: a diff, long-poll or watch of a destination first drains the
+* the delivery scheduler's drain of the source, in the source's band, after the source's
+  own watchers are served (`RouterService.drain_source`); the drain yields between feeds
+  at its delivery quantum and requeues the source when a feed had more than
+  `routers.batch` seqs to handle. Under the governor's defer rung the source's drain makes
+  no copies: it enqueues each destination one band lower and the destination's drain
+  copies (the scheduler spec's demotion of router work);
+* the drain of a destination, before it serves its watchers (`drain_dest`): a watch pass
+  on a destination catches up the routers feeding it;
+* a sweep every `routers.tick_ms` (`RouterService.run`), which also retries feeds held
+  back by a full destination;
+* read-path catch-up: a diff, long-poll or new watch of a destination first drains the
   routers feeding it (and theirs, upstream), so a read right after a source write sees
   the copy.
 
-**Seq mapping.** Every handled source seq consumes exactly one destination seq, in source
-order: a copy, a *hole* (filtered out, deleted at the source, or at the hop cap: nothing
-readable, silently skipped) or a *trim* (the source evicted the record before it was
-copied: a `source_trim` tombstone). A copy always takes `dest head + 1` at forward time,
-and a direct write to the destination takes the next seq too, so copies and direct
-writes interleave in arrival order. Copies wait while a direct write to the destination
-is in flight, so a copy never sits above an unpublished direct write.
+**Seq mapping.** Every handled source seq consumes exactly one destination seq per
+router, in *lockstep* order: source seq first, router name second (two routers of one
+source into one destination copy seq `s` in name order, then seq `s + 1`). Each slot is a
+copy, a *hole* (filtered out, deleted at the source, or at the hop cap: nothing readable)
+or a *trim* (the source evicted the record before it was copied: a `source_trim`
+tombstone). Copies take `dest head + 1 ..` at forward time and a direct write takes the
+next seq too, so copies and direct writes interleave in arrival order. A copy is never
+placed while a direct write to the destination is in flight (it could still fail and
+release its seqs); the feed is *held* instead, and the destination's next direct writes
+wait at a gate until the held copies are placed, which happens synchronously when the
+in-flight writes have published (`release`). So copies are never starved by a busy
+destination, and nothing else waits on it.
 
-**Derived, not logged.** Copies never go through the WAL. Recovery re-derives them: from
-the router's last anchor (`RouterCreate`'s base, a `RouterCursor` frame or the
-snapshot: "source seq `cursor` handled, every later copy lies above `floor`"), each next
-source seq takes the next destination seq above the floor that no replayed direct write
-holds. That reproduces the live placement exactly, because a gap between two replayed
-direct writes can only have been filled by copies, in source order. Snapshots hold the
-destination's records (copies included), so only copies made since the last snapshot
-are re-derived; one whose source record is gone by then becomes a `source_trim` gap.
-
-One destination is fed by one router (a second router into a topic that already is a
-router destination is refused with `router_dest_fan_in`), which keeps the mapping a
-function of that router alone.
+**Derived, not logged.** Copies never go through the WAL. Recovery re-derives them, per
+feed: from the routers' anchors (`RouterCreate`'s base, `RouterCursor` frames, the
+snapshot: "source seq `cursor` handled, every later copy of the feed lies above
+`floor`"), each next (source seq, router) pair in lockstep order takes the next
+destination seq above the floor that no replayed direct write holds. That reproduces
+the live placement exactly, because a gap between two replayed direct writes can only
+have been filled by the feed's slots, in that order. Snapshots hold the destination's
+records (copies included), so only copies made since the last snapshot are re-derived;
+one whose source record is gone by then becomes a `source_trim` gap.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from __future__ import annotations
 import bisect
 import logging
 import re
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -54,20 +65,25 @@ from topicd.errors import (
     TopicExistsIncompatible,
     TopicNotFound,
 )
+from topicd.model import META_KEY, offsets
 from topicd.storage import frame as frames
 from topicd.wire import check_router_name, check_topic_name
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
     from topicd.model import Shape
+    from topicd.sched.classes import Budget
     from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.routers")
 
 _HEAD: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":\d+')
 TRIM: Final = DerivedSlot(None, size=-1)  # marker: the source lost the record first
-_CATCH_UP_PASSES: Final = 64  # read-path catch-up: batches per router before giving up
+_CATCH_UP_PASSES: Final = 64  # read-path catch-up: batches per feed before giving up
+SOURCE_EPOCH: Final = 1  # topic ids are never reused, so every incarnation is epoch 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +161,7 @@ class Router:
     copies_total: int = 0  # records actually appended to dest (topicd metric)
     logged: int = -1  # cursor of the last RouterCursor frame
     blocked: bool = False  # the destination refused room last time
+    cyclic: bool = False  # on a directed cycle of routers: hop counts apply
 
     @property
     def lag(self) -> int:
@@ -184,6 +201,33 @@ class RouterStats:
     passes: int = 0
 
 
+def mark_meta(
+    enc: bytes, shape: Shape | None, size: int, marker: dict[str, JsonValue], max_keys: int
+) -> tuple[bytes, Shape | None, int]:
+    """`exactly_once`: the record's stored JSON with `meta._topics_router` set to `marker`.
+
+    An object `meta` gets the key (replacing one an earlier hop set); a non-object
+    `meta`, or an object already at `max_keys` keys without it, moves under
+    `_topics_original_meta`; no `meta` becomes `{"_topics_router": marker}`. Returns the
+    new text, shape and size (data + meta bytes)."""
+    pre_len, data_off = offsets(enc, shape)
+    old = enc[pre_len + len(META_KEY) : data_off] if data_off > pre_len else None
+    new: JsonValue
+    if old is None:
+        new = {"_topics_router": marker}
+    else:
+        value = orjson.loads(old)
+        if isinstance(value, dict) and ("_topics_router" in value or len(value) < max_keys):
+            value["_topics_router"] = marker
+            new = value
+        else:
+            new = {"_topics_router": marker, "_topics_original_meta": value}
+    text = orjson.dumps(new)
+    part = META_KEY + text
+    out = enc[:pre_len] + part + enc[data_off:]
+    return out, (shape[0] if shape else 0, len(part)), size - len(old or b"") + len(text)
+
+
 def rewrite(
     enc: bytes, shape: Shape | None, node: str | None, keep_node: bool, seq: int, ts: int
 ) -> tuple[bytes, Shape | None]:
@@ -202,6 +246,69 @@ def rewrite(
     return b'{"$seq":%d,"$ts":%d' % (seq, ts) + rest, shape
 
 
+def _ranges(seqs: list[int]) -> list[tuple[int, int]]:
+    """Ascending seqs as inclusive runs: a long `source_trim` stretch is one gap."""
+    out: list[tuple[int, int]] = []
+    for s in seqs:
+        if out and out[-1][1] + 1 == s:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
+@dataclass(eq=False, slots=True)
+class _NameLock:
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    users: int = 0
+
+
+def cyclic_edges(edges: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The edges lying on a directed cycle: both ends in one strongly connected component
+    (iterative Tarjan, O(V + E))."""
+    graph: dict[str, list[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, []).append(b)
+        graph.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    comp: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, int]] = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack.add(v)
+            succ = graph[v]
+            if i < len(succ):
+                work.append((v, i + 1))
+                w = succ[i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp[w] = index[v]
+                    if w == v:
+                        break
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return {(a, b) for a, b in edges if comp[a] == comp[b]}
+
+
 class RouterService:
     """The router registry and forwarder of one engine."""
 
@@ -209,13 +316,15 @@ class RouterService:
         self.engine = engine
         self.cfg = engine.cfg.routers
         self.routers: dict[str, Router] = {}
-        self.by_source: dict[Topic, list[Router]] = {}
-        self.by_dest: dict[Topic, list[Router]] = {}
+        self.by_source: dict[Topic, dict[Topic, None]] = {}  # source -> its dests, ordered
+        self.by_dest: dict[Topic, list[Router]] = {}  # the feed of a dest, by router name
         self.stats = RouterStats()
-        self._busy: set[str] = set()  # names with a PUT/DELETE being committed
+        self._names: dict[str, _NameLock] = {}  # PUT/DELETE of one name run one at a time
+        self.held: dict[Topic, trio.Event] = {}  # feeds held by a direct write in flight
         # recovery only: routers as the log tells them, resolved in `rederive`
         self.replay: dict[str, ReplayRouter] = {}
         self.retired: list[ReplayRouter] = []
+        engine.sched.routers = self
 
     # ---- registry -----------------------------------------------------------------------
 
@@ -228,28 +337,42 @@ class RouterService:
 
     def _attach(self, r: Router) -> None:
         self.routers[r.d.name] = r
-        srcs = self.by_source.setdefault(r.src, [])
-        if not srcs:
-            r.src.on_drain.append(self._on_drain)
-        srcs.append(r)
-        self.by_dest.setdefault(r.dst, []).append(r)
+        self.by_source.setdefault(r.src, {})[r.dst] = None
+        feed = self.by_dest.setdefault(r.dst, [])
+        feed.append(r)
+        feed.sort(key=lambda x: x.d.name)
+        self._recycle()
 
     def _detach(self, r: Router) -> None:
         del self.routers[r.d.name]
-        srcs = self.by_source[r.src]
-        srcs.remove(r)
-        if not srcs:
-            del self.by_source[r.src]
-            if self._on_drain in r.src.on_drain:
-                r.src.on_drain.remove(self._on_drain)
-        dsts = self.by_dest[r.dst]
-        dsts.remove(r)
-        if not dsts:
+        feed = self.by_dest[r.dst]
+        feed.remove(r)
+        if not feed:
             del self.by_dest[r.dst]
+            dests = self.by_source[r.src]
+            dests.pop(r.dst, None)
+            if not dests:
+                del self.by_source[r.src]
+            self._release_gate(r.dst)
+        self._recycle()
+
+    def _recycle(self) -> None:
+        """Re-mark which routers lie on a cycle (only they carry hop counts)."""
+        on = cyclic_edges([(r.d.source, r.d.dest) for r in self.routers.values()])
+        for r in self.routers.values():
+            r.cyclic = (r.d.source, r.d.dest) in on
+
+    def feed(self, dest: Topic) -> list[Router]:
+        """The routers into `dest` (one source), in name order."""
+        return self.by_dest.get(dest, [])
+
+    def interested(self, topic: Topic) -> bool:
+        """Whether the scheduler has router work for `topic` (a source or a dest)."""
+        return topic in self.by_source or topic in self.by_dest
 
     def touching(self, topic: Topic) -> list[str]:
         """Names of the routers whose source or dest is `topic`, sorted."""
-        names = {r.d.name for r in self.by_source.get(topic, ())}
+        names = {r.d.name for d in self.by_source.get(topic, ()) for r in self.by_dest[d]}
         names |= {r.d.name for r in self.by_dest.get(topic, ())}
         return sorted(names)
 
@@ -258,6 +381,7 @@ class RouterService:
         names = self.touching(topic)
         for name in names:
             self._detach(self.routers[name])
+        self._release_gate(topic)
         if self.engine.replaying:
             for rr in list(self.replay.values()):
                 if topic.topic_id in (rr.src_id, rr.dst_id):
@@ -289,12 +413,27 @@ class RouterService:
 
     # ---- PUT / DELETE -------------------------------------------------------------------
 
+    @asynccontextmanager
+    async def _exclusive(self, name: str) -> AsyncIterator[None]:
+        """PUT and DELETE of one router name, one at a time (a fair lock per name, kept
+        only while someone holds or waits for it)."""
+        entry = self._names.get(name)
+        if entry is None:
+            entry = self._names[name] = _NameLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if not entry.users:
+                del self._names[name]
+
     async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
         """Create or configure a router (checks in the API's order). Returns (router,
         created). The caller has checked scopes and prefixes."""
         from topicd.engine.engine import parse_match
 
-        engine = self.engine
         check_router_name(name)
         check_topic_name(req.source, "source")
         check_topic_name(req.dest, "dest")
@@ -311,21 +450,25 @@ class RouterService:
             req.allow_cycle,
             req.guarantee,
         )
-        while name in self._busy:
-            await trio.lowlevel.checkpoint()  # a concurrent PUT/DELETE of this name commits first
+        async with self._exclusive(name):
+            return await self._put(d, req.create_dest)
+
+    async def _put(self, d: RouterDef, create_dest: bool) -> tuple[Router, bool]:
+        engine = self.engine
+        name = d.name
         existing = self.routers.get(name)
-        if req.dest not in engine.topics and not req.create_dest:
-            raise TopicNotFound(req.dest)
-        dest_topic = engine.topics.get(req.dest)
+        if d.dest not in engine.topics and not create_dest:
+            raise TopicNotFound(d.dest)
+        dest_topic = engine.topics.get(d.dest)
         if dest_topic is not None:
             for other in self.by_dest.get(dest_topic, ()):
-                if other.d.name != name:
+                if other.d.source != d.source:
                     raise TopicExistsIncompatible(
-                        f"topic {req.dest!r} is already the destination of router "
-                        f"{other.d.name!r} (source {other.d.source!r})",
-                        {"topic": req.dest, "reason": "router_dest_fan_in"},
+                        f"topic {d.dest!r} is already the destination of router "
+                        f"{other.d.name!r} from another source ({other.d.source!r})",
+                        {"topic": d.dest, "reason": "router_dest_fan_in"},
                     )
-        if existing is not None and (existing.d.source, existing.d.dest) != (req.source, req.dest):
+        if existing is not None and (existing.d.source, existing.d.dest) != (d.source, d.dest):
             raise TopicExistsIncompatible(
                 f"router {name!r} exists with another source or dest; delete and recreate it "
                 "to re-point",
@@ -340,9 +483,9 @@ class RouterService:
         if existing is None and cap and len(self.routers) >= cap:
             raise Throttled.limit("max_routers", cap)
         if not d.allow_cycle:
-            path = self._path(req.dest, req.source, name)
+            path = self._path(d.dest, d.source, name)
             if path is not None:
-                cycle = [req.source, *path]
+                cycle = [d.source, *path]
                 raise RouterCycle(
                     f"router {name!r} would close the cycle {' -> '.join(cycle)}",
                     {"cycle": list(cycle)},
@@ -350,25 +493,19 @@ class RouterService:
         if existing is not None and existing.d == d:
             await trio.lowlevel.checkpoint()
             return existing, False
-        self._busy.add(name)
-        try:
-            src = await self._ensure(req.source)
-            dst = await self._ensure(req.dest)
-            if src.deleted or dst.deleted:
-                raise TopicNotFound(req.source if src.deleted else req.dest)
-            engine.check_open()
-            body = d.to_frame()
-            body["dest_id"] = dst.topic_id
-            body["src_base"] = src.head_seq
-            body["dest_base"] = dst.head_seq
-            frame = frames.encode_control(
-                frames.ROUTER_CREATE, src.topic_id, engine.clock.now_ms(), body
-            )
-            r = await engine.commit.control(
-                src, frame, lambda: self.apply_create(d, src, dst, dst.head_seq)
-            )
-        finally:
-            self._busy.discard(name)
+        src = await self._ensure(d.source)
+        dst = await self._ensure(d.dest)
+        if src.deleted or dst.deleted:
+            raise TopicNotFound(d.source if src.deleted else d.dest)
+        engine.check_open()
+        body = d.to_frame()
+        body["dest_id"] = dst.topic_id
+        body["src_base"] = src.head_seq
+        body["dest_base"] = dst.head_seq
+        frame = frames.encode_control(
+            frames.ROUTER_CREATE, src.topic_id, engine.clock.now_ms(), body
+        )
+        r = await engine.commit.control(src, frame, lambda: self.apply_create(d, src, dst))
         return r, existing is None
 
     async def _ensure(self, name: str) -> Topic:
@@ -385,43 +522,42 @@ class RouterService:
             if created is not None:
                 return created
 
-    def apply_create(self, d: RouterDef, src: Topic, dst: Topic, dest_base: int) -> Router:
+    def apply_create(self, d: RouterDef, src: Topic, dst: Topic) -> Router:
         """A committed RouterCreate: a new router at the source head, or a new config."""
         existing = self.routers.get(d.name)
         if existing is not None:
             existing.d = d
+            self._recycle()
             return existing
-        r = Router(d, src, dst, src.head_seq, dest_base, src.head_seq)
+        r = Router(d, src, dst, src.head_seq, dst.head_seq, src.head_seq)
         r.logged = r.cursor
         self._attach(r)
         return r
 
     async def delete(self, name: str) -> bool:
         """Delete a router (durably logged); False if there was none."""
-        engine = self.engine
         check_router_name(name)
-        while name in self._busy:
-            await trio.lowlevel.checkpoint()
+        async with self._exclusive(name):
+            return await self._delete(name)
+
+    async def _delete(self, name: str) -> bool:
+        engine = self.engine
         r = self.routers.get(name)
         if r is None:
             await trio.lowlevel.checkpoint()
             return False
         engine.check_open()
-        self._busy.add(name)
-        try:
-            frame = frames.encode_control(
-                frames.ROUTER_DELETE, r.src.topic_id, engine.clock.now_ms(), r.anchor()
-            )
+        frame = frames.encode_control(
+            frames.ROUTER_DELETE, r.src.topic_id, engine.clock.now_ms(), r.anchor()
+        )
 
-            def apply() -> bool:
-                if self.routers.get(name) is not r:
-                    return False
-                self._detach(r)
-                return True
+        def apply() -> bool:
+            if self.routers.get(name) is not r:
+                return False
+            self._detach(r)
+            return True
 
-            return await engine.commit.control(r.src, frame, apply)
-        finally:
-            self._busy.discard(name)
+        return await engine.commit.control(r.src, frame, apply)
 
     # ---- listing ----------------------------------------------------------------------
 
@@ -453,21 +589,94 @@ class RouterService:
             out.append(r)
         return out, None
 
+    # ---- scheduling -----------------------------------------------------------------------
+
+    async def drain_source(self, topic: Topic, budget: Budget, defer: bool) -> bool:
+        """The router part of `topic`'s drain, in its band: forward every feed out of it.
+        Yields at the delivery quantum between feeds. Under `defer` no copy is made here:
+        each destination is enqueued one band lower and copies in its own drain. Returns
+        whether a feed has more than one batch left (the source is requeued)."""
+        dests = self.by_source.get(topic)
+        if not dests:
+            return False
+        more = False
+        sched = self.engine.sched
+        for dst in list(dests):
+            if defer:
+                if self.feed_lag(dst):
+                    sched.mark_dirty(dst, demote=True)
+                continue
+            self.forward(dst, self.cfg.batch)
+            if not self._stuck(dst) and self.feed_lag(dst):
+                more = True
+            if budget.due():
+                await budget.pause()
+        return more
+
+    def drain_dest(self, topic: Topic) -> bool:
+        """A drain (watch pass) of a destination first forwards its feed, one batch.
+        Returns whether more is left (the destination is requeued)."""
+        if topic not in self.by_dest:
+            return False
+        self.forward(topic, self.cfg.batch)
+        return not self._stuck(topic) and self.feed_lag(topic) > 0
+
+    def feed_lag(self, dest: Topic) -> int:
+        """Source seqs the slowest router of `dest`'s feed has still to handle."""
+        feed = self.by_dest.get(dest)
+        if not feed:
+            return 0
+        return max(r.lag for r in feed)
+
+    def _stuck(self, dest: Topic) -> bool:
+        """Held by an in-flight direct write, or refused room: retried later, not now."""
+        feed = self.by_dest.get(dest)
+        return dest in self.held or (feed is not None and any(r.blocked for r in feed))
+
+    # ---- the direct-write gate ------------------------------------------------------------
+
+    def gate(self, dest: Topic) -> trio.Event | None:
+        """What a direct write to `dest` waits on before taking seqs (None: nothing)."""
+        return self.held.get(dest)
+
+    def release(self, dest: Topic) -> None:
+        """`dest` has no write in flight any more (a publish or a rewind): place the held
+        copies now, synchronously, and open the gate."""
+        if dest not in self.held or dest.next_seq != dest.head_seq + 1:
+            return
+        for _ in range(_CATCH_UP_PASSES):
+            if not self.forward(dest, self.cfg.batch):
+                break
+        self._release_gate(dest)
+
+    def _release_gate(self, dest: Topic) -> None:
+        ev = self.held.pop(dest, None)
+        if ev is not None:
+            ev.set()
+
     # ---- forwarding ---------------------------------------------------------------------
 
-    def _on_drain(self, topic: Topic, start: int, end: int) -> None:
-        for r in list(self.by_source.get(topic, ())):
-            self.forward(r, self.cfg.batch)
-
-    def forward(self, r: Router, limit: int) -> int:
-        """Handle up to `limit` source seqs past the cursor; returns how many. Synchronous:
-        the copies are published in one step."""
-        src, dst = r.src, r.dst
-        if src.deleted or dst.deleted or self.routers.get(r.d.name) is not r:
+    def forward(self, dst: Topic, limit: int) -> int:
+        """Handle up to `limit` source seqs of `dst`'s feed, in lockstep (source seq, then
+        router name); returns how many source seqs moved. Synchronous: the copies are
+        published in one step."""
+        feed = self.by_dest.get(dst)
+        if not feed:
             return 0
-        end = min(src.head_seq, r.cursor + limit)
-        if end <= r.cursor or dst.next_seq != dst.head_seq + 1:
-            return 0  # nothing new, or a direct write to dest is in flight: wait for it
+        src = feed[0].src
+        if src.deleted or dst.deleted:
+            return 0
+        starts = [r.cursor for r in feed]
+        lo = min(starts)
+        end = min(src.head_seq, lo + limit)
+        if end <= lo:
+            return 0
+        if dst.next_seq != dst.head_seq + 1:
+            # a direct write to dest is in flight: hold the feed; the next direct writes
+            # wait at the gate until `release` places the copies
+            if dst not in self.held:
+                self.held[dst] = trio.Event()
+            return 0
         engine = self.engine
         now = engine.clock.now_ms()
         engine.enforce(src)
@@ -484,47 +693,83 @@ class RouterService:
         seq = dst.head_seq
         slots: list[DerivedSlot] = []
         trims: list[int] = []
-        handled = 0
-        for s in range(r.cursor + 1, end + 1):
-            slot = self._derive(r, s, seq + 1, ts)
-            if slot.enc is not None:
-                size = slot.size
-                if room_records == 0 or 0 <= room_bytes < size or 0 <= room_total < size:
-                    r.blocked = True  # backpressure: the cursor waits, nothing is dropped
-                    self.stats.blocked += 1
-                    break
-                if room_records > 0:
-                    room_records -= 1
-                if room_bytes >= 0:
-                    room_bytes -= size
-                if room_total >= 0:
-                    room_total -= size
-            seq += 1
-            handled += 1
-            if slot is TRIM:
-                trims.append(seq)
-                slot = HOLE
-            slots.append(slot)
-        if not slots:
+        copies = [0] * len(feed)
+        done = lo  # every router has handled every source seq <= max(start, done)
+        blocked = False
+        for s in range(lo + 1, end + 1):
+            step: list[tuple[int, DerivedSlot]] = []
+            need_records = need_bytes = 0
+            for i, r in enumerate(feed):
+                if starts[i] < s and not self._skips(r, s):
+                    slot = self._derive(r, s, seq + 1 + len(step), ts)
+                    step.append((i, slot))
+                    if slot.enc is not None:
+                        need_records += 1
+                        need_bytes += slot.size
+            if need_records and (
+                0 <= room_records < need_records
+                or 0 <= room_bytes < need_bytes
+                or 0 <= room_total < need_bytes
+            ):
+                blocked = True  # backpressure: the cursors wait, nothing is dropped
+                self.stats.blocked += 1
+                break
+            if room_records > 0:
+                room_records -= need_records
+            if room_bytes >= 0:
+                room_bytes -= need_bytes
+            if room_total >= 0:
+                room_total -= need_bytes
+            for i, slot in step:
+                seq += 1
+                if slot is TRIM:
+                    trims.append(seq)
+                    slot = HOLE
+                elif slot.enc is not None:
+                    copies[i] += 1
+                slots.append(slot)
+            done = s
+        for r in feed:
+            r.blocked = blocked
+        if dst in self.held and (blocked or done >= src.head_seq):
+            self._release_gate(dst)  # the held copies are placed: direct writes go on
+        if done == lo:
             return 0
-        r.blocked = handled < end - r.cursor
-        nbytes = dst.publish_derived(ts, slots)
-        engine.total_bytes += nbytes
-        for t in trims:
-            dst.add_trim(t, t)
-        copies = sum(1 for slot in slots if slot.enc is not None)
-        if copies:
+        if slots:
+            nbytes = dst.publish_derived(ts, slots)
+            engine.total_bytes += nbytes
+        for lo_t, hi_t in _ranges(trims):
+            dst.add_trim(lo_t, hi_t)
+        total = sum(copies)
+        if total:
             dst.last_write_ts = ts
-        r.cursor += handled
-        r.forwarded_total += handled
-        r.copies_total += copies
-        self.stats.copies += copies
+        for i, r in enumerate(feed):
+            if starts[i] < done:
+                r.forwarded_total += done - starts[i]
+                r.cursor = done
+                r.copies_total += copies[i]
+        self.stats.copies += total
         self.stats.trimmed += len(trims)
         self.stats.passes += 1
-        engine.enforce(dst)
-        engine.sched.mark_dirty(dst)
-        dst.wake()
-        return handled
+        if slots:
+            engine.enforce(dst)
+            engine.sched.mark_dirty(dst, demote=True)
+            dst.wake()
+        return done - lo
+
+    def _skips(self, r: Router, s: int) -> bool:
+        """A router on a cycle passes over, *without* taking a destination seq, every
+        source seq that would only be a hole there (nothing readable, filtered out, at
+        the hop cap): holes must not travel round a cycle, or forwarding would never
+        end. Its copies and `source_trim` gaps take seqs as everywhere else."""
+        if not r.cyclic:
+            return False
+        src = r.src
+        if src.enc(s) is None:
+            return not (s < src.evict_floor or any(lo <= s <= hi for lo, hi in src.lost_ranges))
+        if not r.d.matches(src.tags.get(s) if src.tags else None):
+            return True
+        return (src.hops.get(s, 0) if src.hops else 0) + 1 > self.cfg.max_hops
 
     def _derive(self, r: Router, s: int, seq: int, ts: int) -> DerivedSlot:
         """What source seq `s` becomes at destination seq `seq` (a copy, hole or trim)."""
@@ -536,15 +781,22 @@ class RouterService:
         tag = src.tags.get(s) if src.tags else None
         if not r.d.matches(tag):
             return HOLE
-        hop = (src.hops.get(s, 0) if src.hops else 0) + 1
-        if hop > self.cfg.max_hops:
-            return HOLE  # the hop cap: a looping record is not forwarded again
+        hop = 0
+        if r.cyclic:
+            hop = (src.hops.get(s, 0) if src.hops else 0) + 1
+            if hop > self.cfg.max_hops:
+                return HOLE  # the hop cap: a looping record is not forwarded again
         node = src.nodes.get(s) if src.nodes else None
         shape = src.shapes.get(s) if src.shapes else None
+        size = src.size(s)
+        if r.d.guarantee == "exactly_once":
+            enc, shape, size = mark_meta(
+                enc, shape, size, self._marker(r, s), self.engine.cfg.protocol.max_meta_keys
+            )
         copy, shape = rewrite(enc, shape, node, r.d.preserve_node, seq, ts)
         return DerivedSlot(
             copy,
-            src.size(s),
+            size,
             tag if r.d.preserve_tag else None,
             node if r.d.preserve_node else None,
             src.prios.get(s, 0) if src.prios else 0,
@@ -552,32 +804,45 @@ class RouterService:
             hop,
         )
 
+    @staticmethod
+    def _marker(r: Router, s: int) -> dict[str, JsonValue]:
+        src_id = r.src.topic_id
+        return {
+            "idempotency_key": f"router:{r.d.name}:{src_id}:{SOURCE_EPOCH}:{s}",
+            "router": r.d.name,
+            "source_topic": r.d.source,
+            "source_topic_id": src_id,
+            "source_epoch": SOURCE_EPOCH,
+            "source_seq": s,
+        }
+
     def catch_up(self, dest: Topic, depth: int = 0) -> None:
-        """Read-path catch-up: drain every router feeding `dest` (their sources first)."""
-        feeding = self.by_dest.get(dest)
-        if not feeding:
+        """Read-path catch-up: drain the feed of `dest` (its source's feeds first)."""
+        feed = self.by_dest.get(dest)
+        if not feed:
             return
-        for r in list(feeding):
-            if depth < self.cfg.max_hops:
-                self.catch_up(r.src, depth + 1)
-            for _ in range(_CATCH_UP_PASSES):
-                if not self.forward(r, self.cfg.batch):
-                    break
+        if depth < self.cfg.max_hops:
+            self.catch_up(feed[0].src, depth + 1)
+        for _ in range(_CATCH_UP_PASSES):
+            if not self.forward(dest, self.cfg.batch):
+                break
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The sweep: every `routers.tick_ms` forward what the drains left (a router held
-        back by a full destination retries here); every `routers.cursor_log_ms` log the
-        cursors that moved (`RouterCursor`, not sync-gated)."""
+        """The sweep: every `routers.tick_ms` forward what the drains left (a feed held
+        back by a full destination retries here, a gate whose writes all settled opens);
+        every `routers.cursor_log_ms` log the cursors that moved (`RouterCursor`, not
+        sync-gated)."""
         tick = self.cfg.tick_ms / 1000
         log_every = self.cfg.cursor_log_ms / 1000
         next_log = trio.current_time() + log_every
         task_status.started()
         while True:
             await trio.sleep(tick)
-            for name in sorted(self.routers):
-                r = self.routers.get(name)
-                if r is not None and r.lag:
-                    self.forward(r, self.cfg.batch)
+            for dst in list(self.held):
+                self.release(dst)
+            for dst in list(self.by_dest):
+                if self.feed_lag(dst):
+                    self.forward(dst, self.cfg.batch)
                     await trio.lowlevel.checkpoint()
             if trio.current_time() >= next_log:
                 next_log = trio.current_time() + log_every
@@ -614,7 +879,11 @@ class RouterService:
         dest_id, dest_base = body["dest_id"], body["dest_base"]
         if not isinstance(dest_id, int) or not isinstance(dest_base, int):
             raise frames.FrameError("bad RouterCreate")
-        base = src.head_seq
+        # the logged base, not the replayed head: the source's own derived records (it
+        # may be a router destination itself) are not replayed yet
+        base = body.get("src_base", src.head_seq)
+        if not isinstance(base, int):
+            raise frames.FrameError("bad RouterCreate")
         self.replay[d.name] = ReplayRouter(
             d, src.topic_id, dest_id, base, dest_base, base, dest_base, 0
         )
@@ -675,28 +944,44 @@ class RouterService:
         now_ms: int,
     ) -> set[int]:
         """Recovery, after every shard replayed: re-materialize the copies made since each
-        router's snapshot anchor and register the live routers. `snap_heads`: each topic's
+        feed's snapshot anchor and register the live routers. `snap_heads`: each topic's
         head as the snapshot left it; `direct`: the seq ranges of replayed direct writes.
         Returns the ids of every topic that is or was a router destination."""
         engine = self.engine
         by_id = engine.by_id
         work = [*self.retired, *self.replay.values()]
         dests = {rr.dst_id for rr in work}
+        feeds: dict[tuple[int, int], list[ReplayRouter]] = {}
         live: list[ReplayRouter] = []
         for rr in work:
             src, dst = by_id.get(rr.src_id), by_id.get(rr.dst_id)
             if src is None or dst is None:
                 continue  # an endpoint was deleted: the router went with it
+            feeds.setdefault((rr.src_id, rr.dst_id), []).append(rr)
             if rr.final is None:
                 live.append(rr)
+        cyclic = cyclic_edges([(rr.d.source, rr.d.dest) for rr in live])
+
         # rounds until nothing moves: chains settle in order, cycles stop at the hop cap
+        # upstream first: a feed waits while a feed into its source still has work (its
+        # source's head may lie above seqs that are still to be re-derived); in a cycle
+        # nothing is ready and every pending feed runs (best effort, as live)
+        def pending(key: tuple[int, int]) -> bool:
+            src = by_id[key[0]]
+            return any(
+                rr.cursor < (src.head_seq if rr.final is None else min(rr.final, src.head_seq))
+                for rr in feeds[key]
+            )
+
         progress = True
         rounds = 0
-        while progress and rounds <= (len(work) + 1) * self.cfg.max_hops:
+        while progress and rounds <= (len(work) + 1) * (self.cfg.max_hops + 1):
             progress = False
             rounds += 1
-            for rr in work:
-                if self._rederive_one(rr, snap_heads, direct, now_ms):
+            todo = [key for key in sorted(feeds) if pending(key)]
+            ready = [k for k in todo if not any(o[1] == k[0] for o in todo if o != k)]
+            for key in ready or todo:
+                if self._rederive_feed(feeds[key], cyclic, snap_heads, direct, now_ms):
                     progress = True
         for rr in live:
             src, dst = by_id[rr.src_id], by_id[rr.dst_id]
@@ -706,64 +991,89 @@ class RouterService:
         self.retired = []
         return dests
 
-    def _rederive_one(
+    def _rederive_feed(
         self,
-        rr: ReplayRouter,
+        feed: list[ReplayRouter],
+        cyclic: set[tuple[str, str]],
         snap_heads: dict[int, int],
         direct: dict[int, list[tuple[int, int]]],
         now_ms: int,
     ) -> bool:
+        """Place one feed's slots past its anchors, in lockstep order (source seq, then
+        router name), into the destination seqs no snapshot record or replayed direct
+        write holds. Returns whether anything moved."""
         by_id = self.engine.by_id
-        src, dst = by_id.get(rr.src_id), by_id.get(rr.dst_id)
-        if src is None or dst is None:
-            return False
-        limit = src.head_seq if rr.final is None else min(rr.final, src.head_seq)
-        if rr.cursor >= limit:
+        src, dst = by_id[feed[0].src_id], by_id[feed[0].dst_id]
+        limits = [src.head_seq if rr.final is None else min(rr.final, src.head_seq) for rr in feed]
+        if all(rr.cursor >= limit for rr, limit in zip(feed, limits, strict=True)):
             return False
         if "ephemeral" in (src.config.durability, dst.config.durability):
             # an ephemeral end keeps no records: nothing to re-derive (copies made before
-            # the crash are gone by design); the router resumes at the source head
-            rr.cursor = limit
+            # the crash are gone by design); the routers resume at the source head
+            for rr, limit in zip(feed, limits, strict=True):
+                rr.cursor = max(rr.cursor, limit)
             return False
-        snap_head = snap_heads.get(rr.dst_id, 0)
-        ranges = direct.get(rr.dst_id, [])
-        anchors = sorted(rr.anchors)
-        ai = 0
-        pos = rr.floor
-        ri = 0
+        order = sorted(range(len(feed)), key=lambda i: feed[i].d.name)  # stable: eras
+        starts = [rr.cursor for rr in feed]
+        anchors = sorted(
+            [(rr.cursor, rr.floor) for rr in feed] + [a for rr in feed for a in rr.anchors]
+        )
+        snap_head = snap_heads.get(feed[0].dst_id, 0)
+        ranges = direct.get(feed[0].dst_id, [])
+        ai = ri = pos = 0
         placed: dict[int, tuple[int, DerivedSlot]] = {}
         trims: list[int] = []
-        fake = Router(rr.d, src, dst, rr.src_base, rr.dest_base, rr.cursor)
-        while rr.cursor < limit:
-            while ai < len(anchors) and anchors[ai][0] <= rr.cursor:
+        fakes = [
+            Router(
+                rr.d,
+                src,
+                dst,
+                rr.src_base,
+                rr.dest_base,
+                rr.cursor,
+                cyclic=(rr.d.source, rr.d.dest) in cyclic,
+            )
+            for rr in feed
+        ]
+        for s in range(min(starts) + 1, max(limits) + 1):
+            while ai < len(anchors) and anchors[ai][0] < s:
                 pos = max(pos, anchors[ai][1])
                 ai += 1
-            pos += 1
-            while True:  # skip the seqs the snapshot or a replayed direct write holds
-                if pos <= snap_head:
-                    pos = snap_head + 1
-                    continue
-                while ri < len(ranges) and ranges[ri][1] < pos:
-                    ri += 1
-                if ri < len(ranges) and ranges[ri][0] <= pos:
-                    pos = ranges[ri][1] + 1
-                    continue
-                break
-            s = rr.cursor + 1
             src_ts = src.ts_at(s) if src.enc(s) is not None else now_ms
-            slot = self._derive(fake, s, pos, src_ts)
-            rr.cursor = s
-            rr.forwarded_total += 1
-            if slot is TRIM:
-                trims.append(pos)
-                slot = HOLE
-            if pos >= dst.evict_floor:
-                placed[pos] = (src_ts, slot)
-        rr.floor = pos
+            for i in order:
+                if not starts[i] < s <= limits[i]:
+                    continue
+                rr = feed[i]
+                if self._skips(fakes[i], s):
+                    rr.cursor = s
+                    rr.forwarded_total += 1
+                    continue
+                pos += 1
+                while True:  # skip the seqs the snapshot or a replayed direct write holds
+                    if pos <= snap_head:
+                        pos = snap_head + 1
+                        continue
+                    while ri < len(ranges) and ranges[ri][1] < pos:
+                        ri += 1
+                    if ri < len(ranges) and ranges[ri][0] <= pos:
+                        pos = ranges[ri][1] + 1
+                        continue
+                    break
+                slot = self._derive(fakes[i], s, pos, src_ts)
+                rr.cursor = s
+                rr.forwarded_total += 1
+                if slot is TRIM:
+                    trims.append(pos)
+                    slot = HOLE
+                if pos >= dst.evict_floor:
+                    placed[pos] = (src_ts, slot)
+        for rr in feed:
+            rr.floor = max(rr.floor, pos)
+            rr.anchors = [a for a in rr.anchors if a[0] >= rr.cursor]
         if placed:
             self.engine.total_bytes += dst.insert_derived(placed)
-        for t in trims:
-            dst.add_trim(t, t)
+        for lo_t, hi_t in _ranges(trims):
+            dst.add_trim(lo_t, hi_t)
         return True
 
     def stragglers(self, dests: set[int], gaps: list[tuple[int, int, int]]) -> None:

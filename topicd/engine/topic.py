@@ -275,7 +275,7 @@ class Topic:
         self.durable_head = 0
         self.drained_to = 0
         self.drained_strong = 0
-        self.on_drain: list[Callable[[Topic, int, int], None]] = []  # the router hook
+        self.on_drain: list[Callable[[Topic, int, int], None]] = []  # drain hooks (tests)
         # a queue topic's lease table and claim index (`engine.queues`), told of every
         # published and every removed record; None for a log topic
         self.queue: JobQueue | None = None

@@ -8,8 +8,10 @@ published meanwhile → yield to the loop (the delivery quantum).
 A drain serves one topic at a time from its shard's task, so per-topic order holds and no
 topic is drained twice at once:
 
+* a router destination first forwards the routers feeding it (a watch pass catches up
+  its routers, one batch);
 * it wakes the topic's `wait_ms` long-pollers (they re-read on their own);
-* it runs the topic's `on_drain` hooks with the drained range (routers attach here);
+* it runs the topic's `on_drain` hooks with the drained range;
 * for each group of live watchers sharing frame options it builds the frames of the
   newly published range once (through the diff path: tombstones for anything cap/TTL
   removed before the drain got to it) and offers each to every connection of the group
@@ -19,9 +21,14 @@ topic is drained twice at once:
   or `classes.quantum_items` offers; R1.2), so a drain to thousands of watchers does not
   hold up acks, probes and heartbeats. What is published meanwhile is past the drained
   range and requeues the topic; a stream that opens meanwhile catches up from the log and
-  refuses a frame whose range does not start at its position (`Conn.offer`).
+  refuses a frame whose range does not start at its position (`Conn.offer`);
+* a router source then forwards its feeds (router work runs in the source's band, as
+  part of its drain, under the same delivery quantum). While the governor defers, the
+  drain makes no copies: it enqueues each destination one band lower (B0 stays B0), and
+  the destination's drain makes them. A router-triggered enqueue of a destination is
+  demoted the same way.
 
-A topic nobody waits on (no watcher, long-poller or hook) is not queued at all: its
+A topic nobody waits on (no watcher, long-poller or router) is not queued at all: its
 drained watermarks just follow the head. A drain handles at most
 `scheduler.drain_max_records` new records; the rest requeues the topic at the tail of its
 band. Time is Trio's clock (`MockClock` in tests); recency uses the engine's wall clock.
@@ -32,7 +39,7 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
@@ -88,6 +95,16 @@ class Shard:
         self.next_age = 0.0
 
 
+class RouterWork(Protocol):
+    """What the router service offers the drain (`topicd.engine.router`)."""
+
+    def interested(self, topic: Topic) -> bool: ...
+
+    def drain_dest(self, topic: Topic) -> bool: ...
+
+    async def drain_source(self, topic: Topic, budget: Budget, defer: bool) -> bool: ...
+
+
 class DeliveryScheduler:
     def __init__(
         self,
@@ -110,6 +127,8 @@ class DeliveryScheduler:
         self.quantum_items = cfg.classes.quantum_items
         self.stats = SchedStats()
         self.running = False
+        self.defer = False  # the governor's defer rung
+        self.routers: RouterWork | None = None
 
     # ---- priority ---------------------------------------------------------------------
 
@@ -139,10 +158,26 @@ class DeliveryScheduler:
         return shards[0] if len(shards) == 1 else shards[shard_of(topic.topic_id, len(shards))]
 
     def interested(self, topic: Topic) -> bool:
-        return topic in self.registry.watchers or topic.has_waiters or bool(topic.on_drain)
+        return (
+            topic in self.registry.watchers
+            or topic.has_waiters
+            or bool(topic.on_drain)
+            or (self.routers is not None and self.routers.interested(topic))
+        )
 
-    def mark_dirty(self, topic: Topic) -> None:
-        """A commit (or a durable-head advance) may have something to deliver."""
+    def demoted(self, base: int) -> int:
+        """`base` moved one band down (B0 stays B0): where deferred router work goes."""
+        bounds = self.cfg.scheduler.band_thresholds
+        for i, bound in enumerate(bounds):
+            if base >= bound:
+                return bounds[i + 1] if i + 1 < len(bounds) else bound - 1
+        return base
+
+    def mark_dirty(self, topic: Topic, *, demote: bool = False) -> None:
+        """A commit (or a durable-head advance) may have something to deliver.
+
+        `demote`: a router-triggered enqueue; while the governor defers it goes one band
+        lower than the topic's own priority."""
         slot = topic.slot
         if slot.queued or topic.deleted:
             return  # the membership bit: a burst is one unit of work
@@ -153,9 +188,12 @@ class DeliveryScheduler:
             return
         shard = self.shard(topic)
         cfg = topic.config
+        base = self.base(topic)
+        if demote and self.defer:
+            base = self.demoted(base)
         shard.ready.mark(
             slot,
-            self.base(topic),
+            base,
             trio.current_time(),
             ripe_after=self.coalesce_s,
             manual_negative=cfg.priority is not None and cfg.priority < 0,
@@ -184,7 +222,9 @@ class DeliveryScheduler:
         return sum(len(shard.ready) for shard in self.shards)
 
     def set_defer(self, on: bool) -> None:
-        """The governor's defer rung: B0 and negative manual priorities get no credit."""
+        """The governor's defer rung: B0 and negative manual priorities get no credit;
+        router work is demoted one band."""
+        self.defer = on
         for shard in self.shards:
             shard.ready.defer = on
             if not on:
@@ -252,11 +292,13 @@ class DeliveryScheduler:
         if topic.deleted:
             return False
         self.enforce(topic)  # TTL: what expired before the drain is a tombstone
+        routers = self.routers
+        fed_more = routers is not None and routers.drain_dest(topic)
         limit = self.cfg.scheduler.drain_max_records
         head = topic.head_seq
         start = topic.drained_to
         end = min(head, start + limit)
-        more = end < head
+        more = end < head or fed_more
         topic.wake()  # long-pollers re-read by themselves
         if end > start:
             for hook in topic.on_drain:
@@ -299,6 +341,9 @@ class DeliveryScheduler:
                         await budget.pause()
                 self.stats.frames_offered += len(conns)
             delivered = True
+        if routers is not None and not topic.deleted:
+            # router work, in this topic's band, under the same quantum
+            more = await routers.drain_source(topic, budget, self.defer) or more
         self.stats.drain_yields += budget.yields
         if delivered:
             topic.last_read_ts = self.clock.now_ms()  # watch delivery is a read (recency)
