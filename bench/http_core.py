@@ -99,6 +99,15 @@ def synth_diff_response(topic: str, first_seq: int, n: int, head: int) -> bytes:
 # servers
 
 
+def topicd_server(tmpdir: Path, cwd: Path, data: str = "data") -> Server:
+    """`topicd serve` on port 0 with its data in `tmpdir/data`, run from `cwd` (the
+    checkout whose `topicd` is measured); the port comes back through a port file."""
+    port_file = tmpdir / "topicd.port"
+    argv = [sys.executable, "-m", "topicd", "serve", "--port", "0", "--data-dir"]
+    env = dict(os.environ, TOPICD_PORT_FILE=str(port_file))
+    return Server("topicd", [*argv, str(tmpdir / data)], env, port_file, cwd)
+
+
 class Server:
     """A server subprocess, ready once its stderr says "listening on"."""
 
@@ -773,23 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             workers = Workers(args.client_procs, cli_cpu)
             if "topicd" in names:
-                env = dict(os.environ, TOPICD_PORT_FILE=str(tmpdir / "topicd.port"))
-                servers["topicd"] = Server(
-                    "topicd",
-                    [
-                        sys.executable,
-                        "-m",
-                        "topicd",
-                        "serve",
-                        "--port",
-                        "0",
-                        "--data-dir",
-                        str(tmpdir / "data"),
-                    ],
-                    env,
-                    tmpdir / "topicd.port",
-                    args.topicd_src,
-                )
+                servers["topicd"] = topicd_server(tmpdir, args.topicd_src)
             if "floor" in names:
                 canned = tmpdir / "diff-body.json"
                 canned.write_bytes(

@@ -358,22 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="topicd-bench-queue-") as tmp:
         tmpdir = Path(tmp)
-        server = hc.Server(
-            "topicd",
-            [
-                sys.executable,
-                "-m",
-                "topicd",
-                "serve",
-                "--port",
-                "0",
-                "--data-dir",
-                str(tmpdir / "d"),
-            ],
-            dict(os.environ, TOPICD_PORT_FILE=str(tmpdir / "port")),
-            tmpdir / "port",
-            hc.REPO_DIR,
-        )
+        server = hc.topicd_server(tmpdir, hc.REPO_DIR, data="d")
         server.start(cpu=srv_cpu)
         try:
             conn = loadgen.BlockingConn(HOST, server.port)

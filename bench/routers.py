@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import statistics
 import subprocess
 import sys
@@ -213,23 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     lags: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="topicd-bench-routers-") as tmp:
         tmpdir = Path(tmp)
-        env = dict(os.environ, TOPICD_PORT_FILE=str(tmpdir / "topicd.port"))
-        server = http_core.Server(
-            "topicd",
-            [
-                sys.executable,
-                "-m",
-                "topicd",
-                "serve",
-                "--port",
-                "0",
-                "--data-dir",
-                str(tmpdir / "data"),
-            ],
-            env,
-            tmpdir / "topicd.port",
-            args.topicd_src,
-        )
+        server = http_core.topicd_server(tmpdir, args.topicd_src)
         workers = http_core.Workers(args.client_procs, None)
         try:
             server.start()
