@@ -16,6 +16,7 @@ import trio.testing
 
 from tests.sched.helpers import live_conn, received, write_req
 from topicd.engine.watch import FrameRef
+from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 from topicd.wire import DiffIn, TopicConfigIn
 
@@ -81,8 +82,8 @@ async def test_per_topic_order_with_many_topics_and_priorities(autojump_clock):
             async with trio.open_nursery() as nursery:
                 for name in names:
                     nursery.start_soon(engine.append, name, write_req(round_))
-            await trio.sleep(0.001)
-        await trio.sleep(0.05)
+            await advance(autojump_clock, 0.001)
+        await advance(autojump_clock, 0.05)  # past any coalescing delay: every drain done
         for name in names:
             refs = received(conns[name])
             assert_contiguous(refs, 0)
@@ -137,7 +138,7 @@ async def test_long_poll_is_released_by_the_drain(autojump_clock):
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(poll)
-            await trio.sleep(1)
+            await advance(autojump_clock, 1)  # the poll is parked, a second has passed
             t0 = trio.current_time()
             await engine.append("t", write_req(1))
         assert got == [(t0, 1)]
@@ -162,7 +163,7 @@ async def test_effective_priority_recency_decays_by_the_table(autojump_clock):
         seen = {}
         elapsed = 0
         for at in (0, 15, 30, 60, 120, 299, 300):
-            await trio.sleep(at - elapsed)
+            await advance(autojump_clock, at - elapsed)
             elapsed = at
             state = await (await client.get("/v0/topics/r?touch=false")).get_json()
             seen[at] = state["effective_priority"]
@@ -181,10 +182,10 @@ async def test_effective_priority_includes_aging_while_queued(autojump_clock):
         await live_conn(engine, "q")
         engine.sched.coalesce_s = 30.0  # keep it queued (unripe) for a while
         await engine.append("q", write_req(1))
-        await trio.sleep(2.5)
+        await advance(autojump_clock, 2.5)
         state = await (await client.get("/v0/topics/q")).get_json()
         assert state["effective_priority"] == 100 + 250
-        await trio.sleep(30)
+        await advance(autojump_clock, 30)
         state = await (await client.get("/v0/topics/q")).get_json()
         assert state["effective_priority"] == 100  # drained: base only
 

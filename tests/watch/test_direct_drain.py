@@ -17,6 +17,7 @@ import trio.testing
 
 from tests.sched.helpers import write_req
 from topicd.engine.watch import pump
+from topicd.testing.fake_clock import advance
 from topicd.testing.harness import open_app
 from topicd.testing.sse import SseParser
 from topicd.wire import WatchIn, WatchTopicIn
@@ -53,12 +54,6 @@ class Wire:
             while not cond():
                 self._changed = trio.Event()
                 await self._changed.wait()
-
-
-async def advance(clock: trio.testing.MockClock, seconds: float) -> None:
-    """Move virtual time forward and let every task due by then run."""
-    clock.jump(seconds)
-    await trio.testing.wait_all_tasks_blocked()
 
 
 async def start(engine, nursery, wire: Wire):

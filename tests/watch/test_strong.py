@@ -14,15 +14,10 @@ import pytest
 import trio
 import trio.testing
 
+from topicd.testing.fake_clock import advance
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable_app
 from topicd.testing.sse import AsgiStream, open_stream
-
-
-async def advance(clock: trio.testing.MockClock, seconds: float) -> None:
-    """Move virtual time forward, then let every task due by then run and settle."""
-    clock.jump(seconds)
-    await trio.testing.wait_all_tasks_blocked()
 
 
 async def collect(stream: AsgiStream, out: list[tuple[int, float]]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 
 class FakeWallClock:
@@ -22,3 +23,10 @@ class FakeWallClock:
 
     def jump(self, ms: int) -> None:
         self.offset_ms += ms
+
+
+async def advance(clock: trio.testing.MockClock, seconds: float) -> None:
+    """Move virtual time forward by `seconds`, then let every task due by then run and
+    settle (instead of sleeping in a test)."""
+    clock.jump(seconds)
+    await trio.testing.wait_all_tasks_blocked()
