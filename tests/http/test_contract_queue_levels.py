@@ -16,6 +16,7 @@ import json
 import pytest
 import trio
 
+from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 
 
@@ -114,7 +115,7 @@ async def test_retry_after_follows_the_measured_ack_rate(client, autojump_clock)
     for _ in range(10):  # 10 acks of 10 jobs, one per second
         got = await op(client, "claim", max=10)
         await op(client, "ack", seqs=[j["$seq"] for j in got["claimed"]])
-        await trio.sleep(1)
+        await advance(autojump_clock, 1)
     # 20 jobs left; ack rate ~ 100 acks over ~10 s of a 10 s EWMA
     await ok(await write(client, 80, disable_backpressure=True))  # 100: overflow
     detail = await throttled(await write(client))
@@ -150,7 +151,7 @@ async def test_overflow_bypass_waits_for_the_level_then_429(client, harness, aut
 
     async with trio.open_nursery() as n:
         n.start_soon(bypassing_write)
-        await trio.sleep(2)
+        await advance(autojump_clock, 2)
         assert results == []
         await op(client, "claim", max=2)  # depth 8: 0.80, below 0.90
     assert results == [200]
@@ -174,24 +175,24 @@ async def test_expired_and_nacked_jobs_back_off_by_deliveries_squared(client, au
     await ok(await write(client))
     t0 = trio.current_time()
     await op(client, "claim")
-    await trio.sleep(0.5 + 0.001)  # the lease expired: 1000 * 1^2 ms of backoff
+    await advance(autojump_clock, 0.5 + 0.001)  # the lease expired: 1000 * 1^2 ms of backoff
     assert await ready(client) == 0
-    await trio.sleep(0.999)
+    await advance(autojump_clock, 0.999)
     assert await ready(client) == 0
-    await trio.sleep(0.001)
+    await advance(autojump_clock, 0.001)
     assert await ready(client) == 1
     assert trio.current_time() - t0 == pytest.approx(1.501)  # from the expiry: 0.501 + 1
     got = await op(client, "claim")
     assert got["claimed"][0]["deliveries"] == 2
     await op(client, "nack", seqs=[1])  # no delay_ms: min(1000 * 2^2, 3000) = 3 s
     assert await ready(client) == 0
-    await trio.sleep(2.999)
+    await advance(autojump_clock, 2.999)
     assert await ready(client) == 0
-    await trio.sleep(0.001)
+    await advance(autojump_clock, 0.001)
     assert await ready(client) == 1
     await op(client, "claim")
     await op(client, "nack", seqs=[1], delay_ms=100)  # an explicit delay wins
-    await trio.sleep(0.1)
+    await advance(autojump_clock, 0.1)
     assert await ready(client) == 1
 
 
@@ -202,7 +203,7 @@ async def test_no_backoff_by_default(client, autojump_clock):
     await op(client, "nack", seqs=[1])
     assert await ready(client) == 1
     await op(client, "claim")
-    await trio.sleep(0.501)
+    await advance(autojump_clock, 0.501)
     assert await ready(client) == 1
 
 

@@ -2,8 +2,9 @@
 
 Method: black-box through Quart's test client on an in-process app whose wall clock
 follows Trio's clock. Timed rules (lease expiry, nack delays, the coalescing window) take
-`autojump_clock` and move virtual time with `trio.sleep`, asserting exact virtual times
-and deadlines; nothing waits on real time. Each test is named for the rule it proves.
+`autojump_clock` and move virtual time with `advance` (`MockClock.jump`, then settle),
+asserting exact virtual times and deadlines; nothing waits on real time. Each test is
+named for the rule it proves.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import pytest
 import trio
 
+from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 
 LEASE_ID = re.compile(r"lease_[0-9a-f]+")
@@ -346,7 +348,7 @@ async def test_a_stale_fence_never_acks_a_re_leased_job(client, autojump_clock):
     await make_queue(client)
     await produce(client, "q", 1)
     old = (await claim(client, lease_ms=1000))["claimed"][0]["lease_id"]
-    await trio.sleep(1.5)
+    await advance(autojump_clock, 1.5)
     new = (await claim(client))["claimed"][0]  # same node name, another process
     assert new["lease_id"] != old
     assert new["deliveries"] == 2
@@ -374,10 +376,10 @@ async def test_an_expired_lease_makes_the_job_claimable_again(harness, client, a
     t0 = trio.current_time()
     first = (await claim(client, lease_ms=1000))["claimed"][0]
     assert first["deadline"] == now_ms(harness) + 1000
-    await trio.sleep(1.0)  # now == deadline: still in flight
+    await advance(autojump_clock, 1.0)  # now == deadline: still in flight
     assert await queue_state(client) == {"ready": 0, "in_flight": 1, "dead_lettered": 0}
     assert (await claim(client, node="w2"))["count"] == 0
-    await trio.sleep(0.001)  # now > deadline
+    await advance(autojump_clock, 0.001)  # now > deadline
     assert trio.current_time() - t0 == pytest.approx(1.001)
     assert await queue_state(client) == {"ready": 1, "in_flight": 0, "dead_lettered": 0}
     again = (await claim(client, node="w2"))["claimed"][0]
@@ -390,7 +392,7 @@ async def test_an_expired_lease_cannot_be_acked_even_if_nobody_re_claimed_it(
     await make_queue(client)
     await produce(client, "q", 1)
     await claim(client, lease_ms=1000)
-    await trio.sleep(2)
+    await advance(autojump_clock, 2)
     body = await op(client, "ack", seqs=[1])
     assert (body["acked"], body["skipped"], body["ready"]) == (0, [1], 1)
 
@@ -402,7 +404,7 @@ async def test_expiry_timer_releases_leases_without_any_request(harness, autojum
     await claim(client, max=2, lease_ms=500)
     q = harness.engine.get("q").queue
     assert len(q.leases) == 2
-    await trio.sleep(0.6)
+    await advance(autojump_clock, 0.6)
     assert len(q.leases) == 0  # swept by the timer at the deadline, not by a request
     assert q.counts().ready == 2
 
@@ -427,9 +429,9 @@ async def test_nack_delay_hides_the_job_until_it_ends(client, autojump_clock):
     body = await op(client, "nack", seqs=[1], delay_ms=2000)
     assert (body["ready"], body["in_flight"]) == (1, 0)  # in neither count while delayed
     assert seqs_of(await claim(client, max=5)) == [2]
-    await trio.sleep(1.999)
+    await advance(autojump_clock, 1.999)
     assert (await claim(client))["count"] == 0
-    await trio.sleep(0.001)
+    await advance(autojump_clock, 0.001)
     body = await claim(client)
     assert seqs_of(body) == [1]
     assert body["claimed"][0]["deliveries"] == 2
@@ -442,7 +444,7 @@ async def test_nack_delay_is_clamped_to_max_nack_delay_ms(autojump_clock):
         await produce(client, "q", 1)
         await claim(client)
         await op(client, "nack", seqs=[1], delay_ms=10**9)
-        await trio.sleep(1.0)
+        await advance(autojump_clock, 1.0)
         assert seqs_of(await claim(client)) == [1]
 
 
@@ -461,14 +463,14 @@ async def test_extend_sets_the_deadline_from_now(harness, client, autojump_clock
     await make_queue(client)
     await produce(client, "q", 1)
     await claim(client, lease_ms=1000)
-    await trio.sleep(0.8)
+    await advance(autojump_clock, 0.8)
     body = await op(client, "extend", seqs=[1, 2], lease_ms=1000)
     assert list(body) == ["topic", "extended", "skipped", "deadlines", "performance"]
     assert (body["extended"], body["skipped"]) == (1, [2])
     assert body["deadlines"] == {"1": now_ms(harness) + 1000}  # set, not added
-    await trio.sleep(0.5)  # past the original deadline
+    await advance(autojump_clock, 0.5)  # past the original deadline
     assert await queue_state(client) == {"ready": 0, "in_flight": 1, "dead_lettered": 0}
-    await trio.sleep(0.6)
+    await advance(autojump_clock, 0.6)
     assert await queue_state(client) == {"ready": 1, "in_flight": 0, "dead_lettered": 0}
 
 
@@ -492,7 +494,7 @@ async def test_an_expired_lease_cannot_be_extended(client, autojump_clock):
     await make_queue(client)
     await produce(client, "q", 1)
     await claim(client, lease_ms=100)
-    await trio.sleep(0.2)
+    await advance(autojump_clock, 0.2)
     body = await op(client, "extend", seqs=[1], lease_ms=1000)
     assert (body["extended"], body["skipped"], body["deadlines"]) == (0, [1], {})
 
@@ -613,7 +615,7 @@ async def test_a_cohort_on_a_deleted_queue_fails_the_first_claimer_only(client, 
     async with trio.open_nursery() as nursery:
         for i in range(3):
             nursery.start_soon(one, i)
-            await trio.sleep(0.01)
+            await advance(autojump_clock, 0.01)
         r = await client.delete("/v0/topics/q")
         assert r.status_code == 200
     by = {i: (status, body) for i, status, body in results}

@@ -31,11 +31,12 @@ from typing import TYPE_CHECKING
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from topicd.errors import StorageUnavailable
 from topicd.storage import frame as frames
 from topicd.storage.checkpoint import Checkpointer
-from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.fake_clock import FakeWallClock, advance
 from topicd.testing.fake_fs import FakeDisk, FaultFs
 from topicd.testing.harness import durable_config, open_durable
 from topicd.wire import RecordIn, TopicConfigIn, WriteIn
@@ -132,15 +133,17 @@ async def check_restored(engine: Engine, before: tuple[object, ...], got: dict) 
     # the delay ends 5 s after the nack, the claimed lease 10 s after the claim, the
     # extended one 60 s after the extend: each job comes back with its counter going on
     hour = 3_600_000
-    await trio.sleep(5)
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, trio.testing.MockClock)
+    await advance(clock, 5)
     assert [(j["$seq"], j["deliveries"]) for j in await claim(engine, 10, lease_ms=hour)] == [
         (2, 2)
     ]
-    await trio.sleep(5.01)  # a lease is expired once its deadline passed by a ms
+    await advance(clock, 5.01)  # a lease is expired once its deadline passed by a ms
     assert [(j["$seq"], j["deliveries"]) for j in await claim(engine, 10, lease_ms=hour)] == [
         (4, 2)
     ]
-    await trio.sleep(50)
+    await advance(clock, 50)
     assert [(j["$seq"], j["deliveries"]) for j in await claim(engine, 10, lease_ms=hour)] == [
         (3, 2)
     ]
