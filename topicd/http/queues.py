@@ -5,7 +5,7 @@ makes other methods on the path answer `405` with `Allow: GET`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, TypeAlias, cast
 
 import orjson
 from quart import request
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.queues import SeqsResult
     from topicd.http.app import EngineRef, FastHandler, FastRoutes, ReadBody, Scope
+
+    # one queue endpoint: (topic, ASGI scope, body reader) -> (status, JSON body)
+    QueueOp: TypeAlias = Callable[[str, Scope, ReadBody], Awaitable[tuple[int, bytes]]]
 
 
 _TOPICS: Final = "/v0/topics/"
@@ -123,7 +126,7 @@ class QueueOps:
         }
         return 200, orjson.dumps(payload)
 
-    def by_name(self) -> dict[str, Callable[[str, Scope, ReadBody], Awaitable[tuple[int, bytes]]]]:
+    def by_name(self) -> dict[str, QueueOp]:
         return {"claim": self.claim, "ack": self.ack, "nack": self.nack, "extend": self.extend}
 
 
@@ -154,27 +157,15 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
 def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     ops = QueueOps(ref, config)
 
-    async def run(
-        op: Callable[[str, Scope, ReadBody], Awaitable[tuple[int, bytes]]], topic: str
-    ) -> Response:
-        status, out = await op(topic, cast("Scope", request.scope), quart_body)
-        return raw_json_response(out, status)
+    def route(verb: str, op: QueueOp) -> None:
+        async def view(topic: str) -> Response:
+            status, out = await op(topic, cast("Scope", request.scope), quart_body)
+            return raw_json_response(out, status)
 
-    @app.route("/v0/topics/<topic>/claim", methods=["POST"])
-    async def claim(topic: str) -> Response:
-        return await run(ops.claim, topic)
+        app.add_url_rule(f"/v0/topics/<topic>/{verb}", verb, view, methods=["POST"])
 
-    @app.route("/v0/topics/<topic>/ack", methods=["POST"])
-    async def ack(topic: str) -> Response:
-        return await run(ops.ack, topic)
-
-    @app.route("/v0/topics/<topic>/nack", methods=["POST"])
-    async def nack(topic: str) -> Response:
-        return await run(ops.nack, topic)
-
-    @app.route("/v0/topics/<topic>/extend", methods=["POST"])
-    async def extend(topic: str) -> Response:
-        return await run(ops.extend, topic)
+    for verb, op in ops.by_name().items():
+        route(verb, op)
 
     @app.route("/v0/topics/<topic>/work", methods=["GET"])
     async def work_placeholder(topic: str) -> Response:
