@@ -15,13 +15,22 @@ client that stops reading — the server's `send` blocks exactly as over a full 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
 import trio
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, MutableMapping
+
+    _AsgiApp: TypeAlias = Callable[
+        [
+            MutableMapping[str, object],
+            Callable[[], Awaitable[MutableMapping[str, object]]],
+            Callable[[MutableMapping[str, object]], Awaitable[None]],
+        ],
+        Awaitable[None],
+    ]
 
     from topicd.engine.watch import FrameRef  # noqa: F401
 
@@ -173,14 +182,7 @@ def _scope(path: str, query: bytes, headers: list[tuple[bytes, bytes]]) -> dict[
 
 async def open_stream(
     nursery: trio.Nursery,
-    app: Callable[
-        [
-            MutableMapping[str, object],
-            Callable[[], Awaitable[MutableMapping[str, object]]],
-            Callable[[MutableMapping[str, object]], Awaitable[None]],
-        ],
-        Awaitable[None],
-    ],
+    app: _AsgiApp,
     wid: str,
     *,
     headers: dict[str, str] | None = None,
@@ -192,14 +194,7 @@ async def open_stream(
 
 async def open_sse(
     nursery: trio.Nursery,
-    app: Callable[
-        [
-            MutableMapping[str, object],
-            Callable[[], Awaitable[MutableMapping[str, object]]],
-            Callable[[MutableMapping[str, object]], Awaitable[None]],
-        ],
-        Awaitable[None],
-    ],
+    app: _AsgiApp,
     path: str,
     *,
     headers: dict[str, str] | None = None,
