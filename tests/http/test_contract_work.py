@@ -17,22 +17,11 @@ from urllib.parse import urlencode
 import pytest
 import trio
 
+from tests.http.test_contract_queues import make_queue, produce
 from topicd.testing.harness import make_config, open_app
 from topicd.testing.sse import AsgiStream, open_sse
 
 ITEM_KEYS = ["topic", "$seq", "lease_id", "deadline", "$ts", "$tag", "$priority", "deliveries"]
-
-
-async def make_queue(client, name: str = "q", **cfg) -> None:
-    r = await client.put(f"/v0/topics/{name}", json={"type": "queue", **cfg})
-    assert r.status_code in (200, 201), await r.get_data()
-
-
-async def produce(client, name: str, *records) -> list[int]:
-    recs = [r if isinstance(r, dict) else {"data": r} for r in records]
-    r = await client.post(f"/v0/topics/{name}", json={"records": recs})
-    assert r.status_code in (200, 201), await r.get_data()
-    return (await r.get_json())["seqs"]
 
 
 async def op(client, verb: str, name: str = "q", node: str = "w1", **kw) -> dict:
