@@ -72,6 +72,8 @@ Message = MutableMapping[str, object]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# a WebSocket upgrade on the direct path: (socket stream, head, bytes after it) -> served?
+Upgrade = Callable[[trio.abc.Stream, bytes, bytes], Awaitable[bool]]
 ReadBody = Callable[[], Awaitable[bytes]]
 # a hot endpoint served by the gate without the framework: (scope, its body) ->
 # (status, JSON body); raises `TopicdError` for the canonical error answer
@@ -332,6 +334,9 @@ class Gate:
         self.access = config.logging.access_log
         self.pressure = pressure
         self._inflight: dict[str, int] = {}
+        # `GET /v0/ws` upgrades on the direct socket path (`topicd.http.ws`); set by
+        # `create_app`
+        self.ws_upgrade: Upgrade | None = None
 
     async def _answer_probe(self, path: str, t0: float, send: Send) -> None:
         """A probe answered here, without the framework (control work, scheduler spec R1)."""
@@ -588,6 +593,11 @@ class Gate:
         if self.access:
             access_log.info("GET %s %d %.2fms", path_template(path), status, perf_ms() - t0)
 
+    def admit(self, scope: Scope, path: str) -> TopicdError | None:
+        """The gate's admission of a request it does not run itself (a WebSocket
+        handshake on the direct path): lifecycle phase, then authentication."""
+        return self._admit(scope, path)
+
     def _admit(self, scope: Scope, path: str, *, authenticate: bool = True) -> TopicdError | None:
         probe = path in PROBE_PATHS
         if not self.http2 and scope.get("http_version") == "2":
@@ -724,7 +734,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, queues, routers, topics, watch, work
+    from topicd.http import metrics, ops, queues, routers, topics, watch, work, ws
 
     app = QuartTrio("topicd")
     # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
@@ -740,6 +750,7 @@ def create_app(
     app.extensions["topicd"] = {"engine": ref, "config": config, "lifecycle": lifecycle}
 
     topics.register(app, ref, config)
+    ws.register(app)
     queues.register(app, ref, config)
     routers.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
@@ -813,6 +824,16 @@ def create_app(
         work=work.WorkStreams(ref, config, keys),
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
     )
+    gate = gate_of(app)
+    gate.ws_upgrade = ws.WsEndpoint(
+        ref,
+        config,
+        keys,
+        lifecycle,
+        admit=gate.admit,
+        pressure=gate.pressure_header,
+        on_error=lambda err: _count(ref, err),
+    ).upgrade
     return app
 
 
