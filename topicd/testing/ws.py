@@ -156,7 +156,8 @@ class WsClient:
             skipped.append(msg)
 
     async def close(self, code: int = 1000) -> None:
-        if self.ws.state is ConnectionState.OPEN:
+        """Send a close frame (or answer the server's)."""
+        if self.ws.state in (ConnectionState.OPEN, ConnectionState.REMOTE_CLOSING):
             await self.stream.send_all(self.ws.send(CloseConnection(code=code)))
 
     async def aclose(self) -> None:
