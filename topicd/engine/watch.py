@@ -119,6 +119,13 @@ def ws_frame(payload: bytes) -> bytes:
     return bytes(_WS_FRAMES.send_data(payload.decode("utf-8")))
 
 
+def ws_payload(frame: bytes) -> bytes:
+    """The payload of a frame `ws_frame` made (for a transport that frames messages
+    itself): its header is 2, 4 or 10 bytes, by the 7-bit length field."""
+    size = frame[1] & 0x7F
+    return frame[2 if size < 126 else 4 if size == 126 else 10 :]
+
+
 def ws_message(op: str, fields: dict[str, JsonValue]) -> bytes:
     """`{"op": op, ...fields}` as a WebSocket text frame."""
     return ws_frame(orjson.dumps({"op": op, **fields}))

@@ -76,6 +76,7 @@ class WsConn:
         self.lagged = False
         self.lagged_since: float | None = None
         self.stop: bytes | None = None  # a terminal message to write, then end
+        self.draining = False  # `stop` is the graceful drain's (a close frame follows)
         self.closed = False
         self.cancel_scope = trio.CancelScope()
         self.write_started: float | None = None  # when the current socket write began
@@ -204,6 +205,7 @@ class WsConn:
 
     def shutdown(self) -> None:
         """Graceful drain: the terminal `server_shutting_down` error, then the close."""
+        self.draining = True
         self.stop = ws_message(
             "error",
             {
@@ -287,7 +289,7 @@ def catch_up(
 
 async def ws_pump(
     conn: WsConn,
-    write: Callable[[bytes], Awaitable[None]],
+    write: Callable[[list[bytes]], Awaitable[None]],
     *,
     catchup: trio.CapacityLimiter,
     max_scan: int,
@@ -298,9 +300,9 @@ async def ws_pump(
     replies and live frames in order, catch-up reads whenever the queue is empty."""
     recv = conn.recv_ch
 
-    async def emit(chunk: bytes) -> None:
+    async def emit(frames: list[bytes]) -> None:
         conn.write_started = trio.current_time()
-        await write(chunk)
+        await write(frames)
         conn.write_started = None
         conn.frames_written += 1
 
@@ -308,16 +310,16 @@ async def ws_pump(
         if conn.remainder:
             rest, conn.remainder = conn.remainder, b""
             conn.frames_written -= 1  # counted when the drain wrote its start
-            await emit(rest)
+            await emit([rest])
             continue
         if conn.stop is not None:
-            await emit(conn.stop)
+            await emit([conn.stop])
             return
         if conn.pulling() and recv.statistics().current_buffer_used == 0:
             async with catchup:
                 out, moved = catch_up(conn, max_scan, now_ms(), enforce)
             if out:
-                await emit(b"".join(out))
+                await emit(out)
             if moved:
                 continue
         # idle only when this receive will park: a receive that finds a message queued
@@ -358,4 +360,4 @@ async def ws_pump(
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
         if out:
-            await emit(b"".join(out))
+            await emit(out)

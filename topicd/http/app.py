@@ -82,6 +82,7 @@ FastRoutes = Callable[[Scope], FastHandler | None]
 
 PROBE_PATHS: Final = frozenset({"/v0/health", "/healthz", "/v0/ready", "/readyz"})
 METRICS_PATH: Final = "/v0/metrics"
+WS_PATH: Final = "/v0/ws"
 CONTROL_PATHS: Final = PROBE_PATHS | {METRICS_PATH}  # control work: no client permit (R1)
 JSON: Final = "application/json"
 
@@ -337,6 +338,7 @@ class Gate:
         # `GET /v0/ws` upgrades on the direct socket path (`topicd.http.ws`); set by
         # `create_app`
         self.ws_upgrade: Upgrade | None = None
+        self.ws_asgi: AsgiApp | None = None  # the same, when the handshake reaches Hypercorn
 
     async def _answer_probe(self, path: str, t0: float, send: Send) -> None:
         """A probe answered here, without the framework (control work, scheduler spec R1)."""
@@ -398,7 +400,9 @@ class Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind != "http":
-            if kind == "websocket":
+            if kind == "websocket" and self.ws_asgi is not None and scope.get("path") == WS_PATH:
+                await self.ws_asgi(scope, receive, send)
+            elif kind == "websocket":
                 await self._refuse_websocket(scope, receive, send)
             else:
                 await self.app(scope, receive, send)  # the lifespan
@@ -572,7 +576,7 @@ class Gate:
         return PayloadTooLarge(f"request body exceeds max_body_bytes {self.max_body}")
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """`404 not_found` for every WebSocket handshake: no path serves one yet. Sent as
+        """`404 not_found` for a WebSocket handshake to any path but `/v0/ws`. Sent as
         the HTTP answer to the handshake (ASGI's websocket denial response), with the
         canonical body and the pressure header, without the framework."""
         t0 = perf_ms()
@@ -825,7 +829,7 @@ def create_app(
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
     )
     gate = gate_of(app)
-    gate.ws_upgrade = ws.WsEndpoint(
+    endpoint = ws.WsEndpoint(
         ref,
         config,
         keys,
@@ -833,7 +837,9 @@ def create_app(
         admit=gate.admit,
         pressure=gate.pressure_header,
         on_error=lambda err: _count(ref, err),
-    ).upgrade
+    )
+    gate.ws_upgrade = endpoint.upgrade
+    gate.ws_asgi = endpoint.asgi
     return app
 
 

@@ -23,7 +23,9 @@ with a close frame. The connection holds no per-key in-flight slot; it counts fo
 drain like a request, and against the SSE caps.
 
 A handshake that reaches Hypercorn instead (the direct path off, or a connection
-Hypercorn already parses) is refused by the gate (`_refuse_websocket`).
+Hypercorn already parses) is served through ASGI (`WsEndpoint.asgi`, dispatched by the
+gate): the same admission, commands and delivery, with Hypercorn framing each message
+(per connection, so no frame is shared there).
 """
 
 from __future__ import annotations
@@ -47,16 +49,16 @@ from wsproto.events import (
 from wsproto.utilities import RemoteProtocolError
 
 from topicd.clock import perf_ms
-from topicd.engine.watch import WatchOptions, ws_frame
+from topicd.engine.watch import WatchOptions, ws_frame, ws_payload
 from topicd.engine.ws import open_ws, ws_pump
 from topicd.errors import (
     InvalidRequest,
     JsonValue,
     PayloadTooLarge,
-    Throttled,
     TopicdError,
     TopicNotFound,
 )
+from topicd.http.app import WS_PATH, error_parts
 from topicd.http.server import RECV_BYTES, close_quietly, linger, refusal_bytes
 from topicd.http.topics import write_records
 from topicd.wire import (
@@ -69,7 +71,7 @@ from topicd.wire import (
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from quart import Response
     from quart_trio import QuartTrio
@@ -78,7 +80,7 @@ if TYPE_CHECKING:
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
     from topicd.engine.ws import WsConn
-    from topicd.http.app import EngineRef, Scope
+    from topicd.http.app import EngineRef, Receive, Scope, Send
     from topicd.http.auth import KeyStore, Principal
     from topicd.lifecycle import Lifecycle
 
@@ -86,7 +88,6 @@ _T = TypeVar("_T")
 log = logging.getLogger("topicd.ws")
 access_log = logging.getLogger("topicd.access")
 
-WS_PATH: Final = "/v0/ws"
 _LINE: Final = (b"GET /v0/ws ", b"GET /v0/ws?")
 CLOSE_WAIT_S: Final = 1.0  # after our close frame: how long the client's close is awaited
 
@@ -122,8 +123,24 @@ def error_message(request_id: bytes, code: str, text: str, detail: JsonValue = N
     return message("error", request_id, fields)
 
 
-class _Invalid(Exception):
-    """A message that is no command at all (`invalid_json`)."""
+UNSUPPORTED: Final = error_message(
+    b"null", "unsupported_message", "binary messages are not supported: send JSON text"
+)
+
+
+async def _deny(scope: Scope, send: Send, err: TopicdError, pressure: bytes) -> None:
+    """Refuse an ASGI websocket handshake with the canonical error answer (the websocket
+    HTTP response extension; without it, a plain close, which the server turns into a
+    `403`)."""
+    extensions = cast("dict[str, object]", scope.get("extensions") or {})
+    if "websocket.http.response" not in extensions:
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    status, headers, body = error_parts(err)
+    headers.append((b"content-length", b"%d" % len(body)))
+    headers.append((b"x-topicd-pressure", pressure))
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 class WsEndpoint:
@@ -151,7 +168,59 @@ class WsEndpoint:
         self.max_subs = config.watch.max_watch_topics
         self.access = config.logging.access_log
 
-    # ---- the handshake ----------------------------------------------------------------
+    # ---- admission (both transports) --------------------------------------------------
+
+    def _open(self, headers: list[tuple[bytes, bytes]]) -> tuple[WsConn, Principal]:
+        """Admit a handshake as the gate admits a request (`503`, `401`), then take an
+        SSE connection slot (`429`). Raises the refusal."""
+        scope: Scope = {"type": "http", "method": "GET", "path": WS_PATH, "headers": headers}
+        err = self.admit(scope, WS_PATH)
+        if err is not None:
+            raise err
+        p = cast("Principal", scope["topicd.principal"])
+        conn = open_ws(
+            self.ref.engine.watch,
+            p.key_id if self.keys.enabled else None,
+            self.cfg.watch.ws_outbound_queue,
+            self.cfg.sse.channel_bytes,
+        )
+        return conn, p
+
+    async def _run(
+        self,
+        conn: WsConn,
+        write: Callable[[list[bytes]], Awaitable[None]],
+        read: Callable[[trio.CancelScope], Awaitable[None]],
+    ) -> bool:
+        """The reader and the writer, until the writer ends (a terminal message, the
+        answer to the client's close) or the reader does (the client left). Returns
+        whether the graceful drain ended it (the caller then sends the close frame)."""
+        engine = self.ref.engine
+        with conn.cancel_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, nursery.cancel_scope)
+                await ws_pump(
+                    conn,
+                    write,
+                    catchup=engine.watch.catchup,
+                    max_scan=self.cfg.protocol.max_scan_per_read,
+                    now_ms=engine.clock.now_ms,
+                    enforce=engine.enforce,
+                )
+                nursery.cancel_scope.cancel()  # written: a terminal message or the close
+            return conn.draining
+        return False  # cancelled: the client is gone or too slow
+
+    async def _on_message(self, conn: WsConn, p: Principal, data: bytes, size: int) -> None:
+        """One complete text message of `size` bytes (`data` is empty past the bound)."""
+        if size > self.max_body:
+            await conn.reply(self._too_large())
+            return
+        answer = await self.command(conn, p, data)
+        if answer is not None:
+            await conn.reply(answer)
+
+    # ---- the direct socket path (wsproto) -----------------------------------------------
 
     async def upgrade(self, stream: trio.abc.Stream, head: bytes, rest: bytes) -> bool:
         """Serve the connection if `head` asks to upgrade `/v0/ws` (then True: the
@@ -172,33 +241,16 @@ class WsEndpoint:
 
     async def _serve(self, stream: trio.abc.Stream, data: bytes) -> int:
         ws = WSConnection(ConnectionType.SERVER)
-        err: TopicdError | None = None
-        scope: Scope = {"type": "http", "method": "GET", "path": WS_PATH}
         try:
-            ws.receive_data(data)
-            request = next((e for e in ws.events() if isinstance(e, Request)), None)
-        except RemoteProtocolError as exc:
-            request = None
-            err = InvalidRequest(f"not a valid WebSocket handshake: {exc}")
-        if request is None:
-            err = err or InvalidRequest("not a valid WebSocket handshake")
-        else:
-            scope["headers"] = list(request.extra_headers)
-            err = self.admit(scope, WS_PATH)
-        conn = None
-        p = cast("Principal | None", scope.get("topicd.principal"))
-        if err is None and p is not None:
             try:
-                conn = open_ws(
-                    self.ref.engine.watch,
-                    p.key_id if self.keys.enabled else None,
-                    self.cfg.watch.ws_outbound_queue,
-                    self.cfg.sse.channel_bytes,
-                )
-            except Throttled as refused:
-                err = refused
-        if err is not None or conn is None:
-            assert err is not None
+                ws.receive_data(data)
+                request = next((e for e in ws.events() if isinstance(e, Request)), None)
+            except RemoteProtocolError as exc:
+                raise InvalidRequest(f"not a valid WebSocket handshake: {exc}") from None
+            if request is None:
+                raise InvalidRequest("not a valid WebSocket handshake")
+            conn, p = self._open(list(request.extra_headers))
+        except TopicdError as err:
             self.on_error(err)
             try:
                 await stream.send_all(refusal_bytes(err, self.pressure()))
@@ -208,49 +260,31 @@ class WsEndpoint:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             return err.http_status
-        assert p is not None
         try:
             await stream.send_all(ws.send(AcceptConnection()))
-            await self._run(stream, ws, conn, p)
+            if isinstance(stream, trio.SocketStream):
+                conn.direct = _direct_writer(stream)
+
+            async def write(frames: list[bytes]) -> None:
+                try:
+                    await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    conn.cancel_scope.cancel()  # the client is gone
+                    await trio.lowlevel.checkpoint()
+
+            async def read(done: trio.CancelScope) -> None:
+                await self._read(stream, ws, conn, p, done)
+
+            if await self._run(conn, write, read) and ws.state is ConnectionState.OPEN:
+                # the graceful drain: the error message went out, now the close frame
+                await stream.send_all(ws.send(CloseConnection(code=1001, reason="shutting down")))
+                with trio.move_on_after(CLOSE_WAIT_S):
+                    await self._await_close(stream, ws)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             conn.detach()
         return 101
-
-    # ---- the connection ---------------------------------------------------------------
-
-    async def _run(
-        self, stream: trio.abc.Stream, ws: WSConnection, conn: WsConn, p: Principal
-    ) -> None:
-        engine = self.ref.engine
-        if isinstance(stream, trio.SocketStream):
-            conn.direct = _direct_writer(stream)
-
-        async def write(chunk: bytes) -> None:
-            try:
-                await stream.send_all(chunk)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                conn.cancel_scope.cancel()  # the client is gone
-                await trio.lowlevel.checkpoint()
-
-        with conn.cancel_scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, stream, ws, conn, p, nursery.cancel_scope)
-                await ws_pump(
-                    conn,
-                    write,
-                    catchup=engine.watch.catchup,
-                    max_scan=self.cfg.protocol.max_scan_per_read,
-                    now_ms=engine.clock.now_ms,
-                    enforce=engine.enforce,
-                )
-                nursery.cancel_scope.cancel()  # written: a terminal message or the close
-            if conn.stop is not None and ws.state is ConnectionState.OPEN:
-                # the graceful drain: the error message went out, now the close frame
-                await stream.send_all(ws.send(CloseConnection(code=1001, reason="shutting down")))
-                with trio.move_on_after(CLOSE_WAIT_S):
-                    await self._await_close(stream, ws)
 
     @staticmethod
     async def _await_close(stream: trio.abc.Stream, ws: WSConnection) -> None:
@@ -279,28 +313,17 @@ class WsEndpoint:
             while True:
                 for event in ws.events():
                     if isinstance(event, TextMessage):
+                        piece = event.data.encode()
+                        size += len(piece)
                         if size <= self.max_body:
-                            piece = event.data.encode()
-                            size += len(piece)
                             parts.append(piece)
                         if event.message_finished:
                             data, parts = b"".join(parts), []
-                            if size > self.max_body:
-                                await conn.reply(self._too_large())
-                            else:
-                                answer = await self.command(conn, p, data)
-                                if answer is not None:
-                                    await conn.reply(answer)
+                            await self._on_message(conn, p, data, size)
                             size = 0
                     elif isinstance(event, BytesMessage):
                         if event.message_finished:
-                            await conn.reply(
-                                error_message(
-                                    b"null",
-                                    "unsupported_message",
-                                    "binary messages are not supported: send JSON text",
-                                )
-                            )
+                            await conn.reply(UNSUPPORTED)
                     elif isinstance(event, Ping):
                         await conn.reply(ws.send(event.response()))
                     elif isinstance(event, CloseConnection):
@@ -317,6 +340,59 @@ class WsEndpoint:
                 ws.receive_data(bytes(got))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             done.cancel()
+
+    # ---- the Hypercorn path (ASGI websocket) --------------------------------------------
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A `/v0/ws` handshake that reached Hypercorn (the direct path is off, or
+        Hypercorn already parses the connection): the same admission, commands and
+        delivery, with Hypercorn framing the messages (it also answers pings)."""
+        t0 = perf_ms()
+        status = 101
+        self.lifecycle.request_started()
+        try:
+            first = await receive()
+            if first["type"] != "websocket.connect":
+                return  # the client left
+            try:
+                conn, p = self._open(cast("list[tuple[bytes, bytes]]", scope.get("headers", [])))
+            except TopicdError as err:
+                self.on_error(err)
+                status = err.http_status
+                await _deny(scope, send, err, self.pressure())
+                return
+            try:
+                await send({"type": "websocket.accept"})
+
+                async def write(frames: list[bytes]) -> None:
+                    for frame in frames:
+                        text = ws_payload(frame).decode("utf-8")
+                        await send({"type": "websocket.send", "text": text})
+
+                async def read(done: trio.CancelScope) -> None:
+                    while True:
+                        msg = await receive()
+                        kind = msg["type"]
+                        if kind == "websocket.disconnect":
+                            done.cancel()
+                            return
+                        if kind != "websocket.receive":
+                            continue
+                        text = msg.get("text")
+                        if isinstance(text, str):
+                            data = text.encode()
+                            await self._on_message(conn, p, data, len(data))
+                        else:
+                            await conn.reply(UNSUPPORTED)
+
+                if await self._run(conn, write, read):
+                    await send({"type": "websocket.close", "code": 1001})
+            finally:
+                conn.detach()
+        finally:
+            self.lifecycle.request_finished()
+            if self.access:
+                access_log.info("GET %s %d %.2fms", WS_PATH, status, perf_ms() - t0)
 
     def _too_large(self) -> bytes:
         err = PayloadTooLarge(f"message exceeds max_body_bytes {self.max_body}")
