@@ -35,11 +35,16 @@ async def server(request):
         yield request.param, engine, app, host, port
 
 
-async def put_topic(host: str, port: int, name: str) -> None:
+async def put_topic(host: str, port: int, name: str, config: bytes = b"") -> None:
     stream = await trio.open_tcp_stream(host, port)
-    await stream.send_all(
-        b"PUT /v0/topics/%s HTTP/1.1\r\n%sContent-Length: 0\r\n\r\n" % (name.encode(), H)
+    head = b"PUT /v0/topics/%s HTTP/1.1\r\n%sContent-Length: %d\r\n" % (
+        name.encode(),
+        H,
+        len(config),
     )
+    if config:
+        head += b"Content-Type: application/json\r\n"
+    await stream.send_all(head + b"\r\n" + config)
     status, _, _ = await Reader(stream).raw()
     assert status == 201
     await stream.aclose()
@@ -163,4 +168,66 @@ async def test_drain_ends_every_connection_with_shutting_down_then_close(server)
         while engine.watch.sse_connections():
             await trio.sleep(0.01)
     for c in clients:
+        await c.aclose()
+
+
+async def test_a_stalled_socket_lags_and_catches_up_losslessly(server):
+    """A client that stops reading on a real socket (small receive buffer): the server's
+    direct writes run into a full socket mid-frame, the queue fills, the connection lags;
+    a healthy subscriber keeps up meanwhile; then every seq arrives once — as a record or
+    inside an exact cap tombstone — in well-formed frames (wsproto parses them all)."""
+    mode, engine, _app, host, port = server
+    await put_topic(host, port, "s", b'{"cap_records": 400}')
+    with trio.fail_after(30):
+        pub = await WsClient.connect(host, port)
+        first = await pub.request_reply(
+            {"op": "publish", "request_id": 0, "topic": "s", "records": [{"data": 0}]}
+        )
+        assert first["op"] == "ack"
+        healthy = await WsClient.connect(host, port)
+        stalled = await WsClient.connect(host, port, rcvbuf=4096)
+        for c in (healthy, stalled):
+            await c.send({"op": "subscribe", "topic": "s", "from_seq": 1})
+            await c.recv_until(lambda m: m["op"] == "caught_up")
+        conn = list(engine.watch.ws_conns)[2]
+        blob = "x" * 1024
+        n = 1500
+        got: list[int] = []
+        peak = 0
+        for i in range(2, n + 1):
+            ack = await pub.request_reply(
+                {
+                    "op": "publish",
+                    "request_id": i,
+                    "topic": "s",
+                    "records": [{"data": [i, blob]}],
+                    "return_seqs": False,
+                }
+            )
+            assert ack["first_seq"] == i
+            peak = max(peak, conn.recv_ch.statistics().current_buffer_used)
+            if i % 50 == 0:
+                while not got or got[-1] < i:
+                    m = await healthy.recv()
+                    if m["op"] == "record":
+                        got.extend(r["$seq"] for r in m["records"])
+        assert got == list(range(2, n + 1))
+        assert conn.lagged
+        assert peak <= 4
+        late = await stalled.recv_until(lambda m: m["op"] == "caught_up" and m["head_seq"] == n)
+    covered: list[int] = []
+    pos = 1
+    for m in late:
+        if m["op"] == "record":
+            assert m["from_seq"] == pos
+            covered.extend(r["$seq"] for r in m["records"])
+            pos = m["to_seq"]
+        elif m["op"] == "tombstone":
+            assert m["reason"] == "cap"
+            assert m["gap_from"] == pos + 1
+            covered.extend(range(m["gap_from"], m["gap_to"] + 1))
+            pos = m["gap_to"]
+    assert any(m["op"] == "tombstone" for m in late)
+    assert covered == list(range(2, n + 1))
+    for c in (pub, healthy, stalled):
         await c.aclose()

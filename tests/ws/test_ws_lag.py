@@ -15,6 +15,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 from topicd.testing.ws import WsClient, open_ws_in_process
 
@@ -138,3 +139,23 @@ async def test_replies_to_a_client_that_does_not_read_wait_for_room(autojump_clo
         assert conn.recv_ch.statistics().tasks_waiting_send == 1
         got = [await stalled.recv() for _ in range(3)]
         assert [m["request_id"] for m in got] == [0, 1, 2]
+
+
+async def test_a_write_blocked_past_the_slow_consumer_timeout_closes_it(autojump_clock, nursery):
+    cfg = make_config(watch={"slow_consumer_timeout_ms": 1000})
+    async with open_app(cfg) as h:
+        client = h.app.test_client()
+        await client.put("/v0/topics/t", json={})
+        stalled = await open_ws_in_process(nursery, h.app, lockstep=True)
+        await subscribe(stalled, "t")
+        await client.post("/v0/topics/t", json={"records": [{"data": 1}]})
+        await trio.testing.wait_all_tasks_blocked()
+        (conn,) = h.engine.watch.ws_conns
+        assert conn.write_started is not None  # blocked: the client does not read
+        await advance(autojump_clock, 0.9)
+        assert h.engine.watch.ws_conns  # not yet
+        await advance(autojump_clock, 1.2)  # past the timeout plus the watchdog's period
+        assert h.engine.watch.ws_conns == {}
+        assert h.engine.watch.sse_connections() == 0
+        assert h.engine.watch.stats.slow_closed == 1
+        assert h.lifecycle.inflight == 0

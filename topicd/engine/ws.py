@@ -301,6 +301,12 @@ async def ws_pump(
     recv = conn.recv_ch
 
     async def emit(frames: list[bytes]) -> None:
+        if conn.remainder:
+            # the rest of a frame the drain began writing: first, whatever woke the
+            # writer (a reply handed over while it was parked may precede that frame)
+            frames = [conn.remainder, *frames]
+            conn.remainder = b""
+            conn.frames_written -= 1  # counted when the drain wrote its start
         conn.write_started = trio.current_time()
         await write(frames)
         conn.write_started = None
@@ -308,9 +314,7 @@ async def ws_pump(
 
     while True:
         if conn.remainder:
-            rest, conn.remainder = conn.remainder, b""
-            conn.frames_written -= 1  # counted when the drain wrote its start
-            await emit([rest])
+            await emit([])  # (emit writes the remainder first)
             continue
         if conn.stop is not None:
             await emit([conn.stop])

@@ -65,9 +65,21 @@ class WsClient:
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, headers: dict[str, str] | None = None, path: str = "/v0/ws"
+        cls,
+        host: str,
+        port: int,
+        headers: dict[str, str] | None = None,
+        path: str = "/v0/ws",
+        *,
+        rcvbuf: int | None = None,
     ) -> WsClient:
-        stream = await trio.open_tcp_stream(host, port)
+        """Connect and handshake; `rcvbuf` shrinks the kernel receive buffer so a client
+        that stops reading blocks the server's writes sooner."""
+        sock = trio.socket.socket()
+        if rcvbuf is not None:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, rcvbuf)
+        await sock.connect((host, port))
+        stream = trio.SocketStream(sock)
         client = cls(stream, host)
         await stream.send_all(client.request(headers, path))
         await client.read_handshake()
