@@ -176,7 +176,7 @@ async def test_a_stalled_socket_lags_and_catches_up_losslessly(server):
     direct writes run into a full socket mid-frame, the queue fills, the connection lags;
     a healthy subscriber keeps up meanwhile; then every seq arrives once — as a record or
     inside an exact cap tombstone — in well-formed frames (wsproto parses them all)."""
-    mode, engine, _app, host, port = server
+    _mode, engine, _app, host, port = server
     await put_topic(host, port, "s", b'{"cap_records": 400}')
     with trio.fail_after(30):
         pub = await WsClient.connect(host, port)
