@@ -14,6 +14,7 @@ import orjson
 import pytest
 import trio
 
+from topicd.http.app import gate_of
 from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 from topicd.testing.sse import open_stream
@@ -183,3 +184,21 @@ async def test_drain_closes_even_when_the_client_never_answers(autojump_clock, n
         await advance(autojump_clock, 1.0)  # the close wait, then the connection ends
         assert trio.current_time() - t0 == 1.0
         assert h.lifecycle.inflight == 0
+
+
+async def test_publish_is_client_work_under_the_permits(autojump_clock, nursery):
+    cfg = make_config(classes={"client_permits": 1, "client_waiters": 0})
+    async with open_app(cfg) as h:
+        await h.app.test_client().put("/v0/topics/t", json={})
+        ws = await open_ws_in_process(nursery, h.app)
+        pool = gate_of(h.app).permits
+        held = await pool.admit()  # every permit taken, no waiter slot
+        body = {"op": "publish", "topic": "t", "records": [{"data": 1}]}
+        err = await ws.request_reply({**body, "request_id": 1})
+        assert (err["code"], err["detail"]["cause"]) == ("throttled", "client_waiters")
+        assert "retry_after_ms" in err["detail"]
+        # reads and pings are not refused
+        assert (await ws.request_reply({"op": "ping", "request_id": 2}))["op"] == "pong"
+        held.release()
+        assert (await ws.request_reply({**body, "request_id": 3}))["op"] == "ack"
+        assert pool.stats.in_use == 0

@@ -61,6 +61,7 @@ from topicd.errors import (
 from topicd.http.app import WS_PATH, error_parts
 from topicd.http.server import RECV_BYTES, close_quietly, linger, refusal_bytes
 from topicd.http.topics import write_records
+from topicd.sched.classes import ClientPermits
 from topicd.wire import (
     WS_ENVELOPE_DECODER,
     WS_PUBLISH_DECODER,
@@ -503,7 +504,22 @@ class WsEndpoint:
         def query(name: str, default: bool) -> bool:
             return req.return_seqs if name == "return_seqs" else default
 
-        _, body = await write_records(self.ref, topic, scope, read, header, query, self.max_body)
+        # client work, admitted like an HTTP write: a permit, or `429 client_waiters`
+        permits = self.ref.permits
+        permit = None
+        if permits is not None:
+            if permits.full():
+                raise permits.refusal()
+            permit = await permits.admit()
+        token = ClientPermits.hold(permit)
+        try:
+            _, body = await write_records(
+                self.ref, topic, scope, read, header, query, self.max_body
+            )
+        finally:
+            ClientPermits.unhold(token)
+            if permit is not None:
+                permit.release()
         res = cast("dict[str, JsonValue]", orjson.loads(body))
         res.setdefault("seqs", None)  # `null` when return_seqs is false
         fields: dict[str, JsonValue] = {
