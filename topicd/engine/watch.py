@@ -288,6 +288,11 @@ class Conn:
         self.idle = False  # the pump waits on an empty channel: the drain may write itself
         self.remainder = b""  # bytes a direct write left unsent: the pump writes them first
 
+    def take_remainder(self) -> bytes:
+        """What a direct write left unsent (cleared): the pump sends it next, as is."""
+        rest, self.remainder = self.remainder, b""
+        return rest
+
     def opts_for(self, name: str) -> WatchOptions:
         """The frame options of this stream's topic `name` (one set per session)."""
         return self.session.opts
@@ -847,6 +852,12 @@ async def pump(
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
             if out:
+                rest = conn.take_remainder()
+                if rest:
+                    # an item handed to the parked receive (an advisory) came before the
+                    # drain's direct write stopped mid-frame: that frame's rest goes first
+                    conn.frames_written -= 1  # counted when the drain wrote its start
+                    await emit(rest, raw=True)
                 await emit(b"".join(out))
     finally:
         registry.close(conn)
