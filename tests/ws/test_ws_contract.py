@@ -378,3 +378,17 @@ async def test_client_close_is_answered_and_frees_the_slot(h, nursery):
     assert h.engine.watch.ws_conns == {}
     assert h.engine.watch.watchers == {}
     assert h.lifecycle.inflight == 0
+
+
+async def test_a_bug_in_a_command_is_an_internal_error_message(h, nursery, monkeypatch, caplog):
+    from topicd.http import ws as ws_module
+
+    def broken(*_args, **_kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(ws_module.WsEndpoint, "unsubscribe", broken)
+    ws = await open_ws_in_process(nursery, h.app)
+    err = await ws.request_reply({"op": "unsubscribe", "request_id": 1, "topic": "t"})
+    assert (err["op"], err["code"]) == ("error", "internal")
+    assert "unhandled error in a /v0/ws unsubscribe command" in caplog.text
+    assert (await ws.request_reply({"op": "ping", "request_id": 2}))["op"] == "pong"

@@ -52,6 +52,7 @@ from topicd.clock import perf_ms
 from topicd.engine.watch import WatchOptions, ws_frame, ws_payload
 from topicd.engine.ws import open_ws, ws_pump
 from topicd.errors import (
+    Internal,
     InvalidRequest,
     JsonValue,
     PayloadTooLarge,
@@ -233,6 +234,8 @@ class WsEndpoint:
         self.lifecycle.request_started()
         try:
             status = await self._serve(stream, head + rest)
+        except Exception:
+            log.exception("unhandled error on a /v0/ws connection")  # it ends; the server stays
         finally:
             self.lifecycle.request_finished()
             await close_quietly(cast("trio.SocketStream", stream))
@@ -390,6 +393,8 @@ class WsEndpoint:
                     await send({"type": "websocket.close", "code": 1001})
             finally:
                 conn.detach()
+        except Exception:
+            log.exception("unhandled error on a /v0/ws connection")  # it ends; the server stays
         finally:
             self.lifecycle.request_finished()
             if self.access:
@@ -422,6 +427,11 @@ class WsEndpoint:
         except TopicdError as err:
             self.on_error(err)
             return error_message(rid, err.code, err.message, dict(err.detail) or None)
+        except Exception:
+            # a bug: the connection and the server stay up, the client learns of it
+            log.exception("unhandled error in a /v0/ws %s command", env.op[:32])
+            bug = Internal("internal error (a bug; see the server log)")
+            return error_message(rid, bug.code, bug.message)
         return error_message(
             rid,
             "invalid_json",
