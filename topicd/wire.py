@@ -205,7 +205,13 @@ class WsEnvelopeIn(msgspec.Struct):
     """What every `/v0/ws` command carries (api-routers-watch §3.1): `op`, and
     `request_id` (any JSON value, echoed verbatim on the reply)."""
 
-    op: str
+    op: str | None = None
+    request_id: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class WsRequestIdIn(msgspec.Struct):
+    """Only the `request_id` of a message whose `op` is unusable (to echo it)."""
+
     request_id: msgspec.Raw = msgspec.Raw(b"null")
 
 
@@ -248,6 +254,7 @@ class WsPublishIn(msgspec.Struct):
 
 
 WS_ENVELOPE_DECODER: Final = msgspec.json.Decoder(WsEnvelopeIn)
+WS_REQUEST_ID_DECODER: Final = msgspec.json.Decoder(WsRequestIdIn)
 WS_SUBSCRIBE_DECODER: Final = msgspec.json.Decoder(WsSubscribeIn)
 WS_UNSUBSCRIBE_DECODER: Final = msgspec.json.Decoder(WsUnsubscribeIn)
 WS_PUBLISH_DECODER: Final = msgspec.json.Decoder(WsPublishIn)

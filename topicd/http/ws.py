@@ -66,6 +66,7 @@ from topicd.sched.classes import ClientPermits
 from topicd.wire import (
     WS_ENVELOPE_DECODER,
     WS_PUBLISH_DECODER,
+    WS_REQUEST_ID_DECODER,
     WS_SUBSCRIBE_DECODER,
     WS_UNSUBSCRIBE_DECODER,
     check_topic_name,
@@ -411,9 +412,13 @@ class WsEndpoint:
         failure), or None when the command queued its reply itself."""
         try:
             env = WS_ENVELOPE_DECODER.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return error_message(b"null", "invalid_json", f"not a command: {exc}")
+        except msgspec.ValidationError as exc:  # (a DecodeError: first)
+            return error_message(_request_id(data), "invalid_json", f"not a command: {exc}")
+        except msgspec.DecodeError as exc:
+            return error_message(b"null", "invalid_json", f"not JSON: {exc}")
         rid = bytes(env.request_id)
+        if env.op is None:
+            return error_message(rid, "invalid_json", "a command needs an `op`")
         try:
             if env.op == "subscribe":
                 await self.subscribe(conn, p, rid, data)
@@ -547,6 +552,14 @@ class WsEndpoint:
             )
         }
         return message("ack", rid, fields)
+
+
+def _request_id(data: bytes) -> bytes:
+    """The message's `request_id` JSON text, or `null` (not an object, or none)."""
+    try:
+        return bytes(WS_REQUEST_ID_DECODER.decode(data).request_id)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return b"null"
 
 
 def _decode(decoder: msgspec.json.Decoder[_T], data: bytes) -> _T:
