@@ -128,10 +128,9 @@ async def test_plain_get_without_upgrade_is_400(server):
     await stream.aclose()
 
 
-async def test_auth_and_caps_at_the_upgrade():
-    cfg = make_config(
-        server={"port": 0}, auth={"api_keys": ["rd:r"]}, limits={"max_sse_connections": 1}
-    )
+@pytest.mark.parametrize("path", list(PATHS))
+async def test_auth_and_caps_at_the_upgrade(path):
+    cfg = make_config(**PATHS[path], auth={"api_keys": ["rd:r"]}, limits={"max_sse_connections": 1})
     async with served(cfg) as (_engine, _app, host, port):
         with trio.fail_after(10):
             anon = await WsClient.connect(host, port)
@@ -230,4 +229,31 @@ async def test_a_stalled_socket_lags_and_catches_up_losslessly(server):
     assert any(m["op"] == "tombstone" for m in late)
     assert covered == list(range(2, n + 1))
     for c in (pub, healthy, stalled):
+        await c.aclose()
+
+
+@pytest.mark.parametrize("size", [10, 200, 70000])
+async def test_messages_of_every_frame_length_arrive_intact(server, size):
+    """Frames whose payload length takes 7, 16 and 64 bits (the ASGI path unwraps the
+    shared frames: every header size must come out right)."""
+    _mode, _engine, _app, host, port = server
+    await put_topic(host, port, "big")
+    text = "é" * size  # multi-byte UTF-8 too
+    with trio.fail_after(10):
+        sub = await WsClient.connect(host, port)
+        await sub.send({"op": "subscribe", "topic": "big"})
+        await sub.recv_until(lambda m: m["op"] == "caught_up")
+        pub = await WsClient.connect(host, port)
+        ack = await pub.request_reply(
+            {"op": "publish", "request_id": 1, "topic": "big", "records": [{"data": text}]}
+        )
+        assert ack["op"] == "ack"
+        msg = await sub.recv()
+        assert msg["records"][0]["data"] == text
+        # and through catch-up (built for this connection alone)
+        late = await WsClient.connect(host, port)
+        await late.send({"op": "subscribe", "topic": "big"})
+        got = await late.recv_until(lambda m: m["op"] == "caught_up")
+        assert got[1]["records"][0]["data"] == text
+    for c in (sub, pub, late):
         await c.aclose()

@@ -111,3 +111,14 @@ async def test_a_reply_handed_over_before_a_partial_direct_write_follows_it(
         assert wire.direct_calls == 2
         assert [m["op"] for m in parse(wire.data)][-1] == "record"
         conn.detach()
+
+
+def test_ws_payload_inverts_ws_frame_for_every_length_field():
+    from topicd.engine.watch import ws_payload
+
+    for n in (0, 1, 125, 126, 127, 65535, 65536, 70000):
+        payload = b"x" * n
+        frame = ws_frame(payload)
+        assert frame[0] == 0x81  # FIN, text
+        assert ws_payload(frame) == payload
+        assert len(frame) - n == (2 if n < 126 else 4 if n < 65536 else 10)
