@@ -159,3 +159,39 @@ async def test_a_write_blocked_past_the_slow_consumer_timeout_closes_it(autojump
         assert h.engine.watch.sse_connections() == 0
         assert h.engine.watch.stats.slow_closed == 1
         assert h.lifecycle.inflight == 0
+
+
+async def test_catch_up_passes_are_byte_bounded_and_take_turns(
+    autojump_clock, nursery, monkeypatch
+):
+    """Three subscriptions with 1 MiB of backlog each: no catch-up pass is much larger
+    than its bound, and the subscriptions progress in turns (the last one's first record
+    arrives long before the first one is done)."""
+    import topicd.engine.ws as engine_ws
+
+    async with open_app() as h:
+        c = h.app.test_client()
+        blob = "x" * 8192
+        for name in ("a", "b", "z"):
+            await c.put(f"/v0/topics/{name}", json={})
+            for _ in range(4):
+                await c.post(
+                    f"/v0/topics/{name}", json={"records": [{"data": blob} for _ in range(32)]}
+                )
+        ws = await open_ws_in_process(nursery, h.app)
+        sizes: list[int] = []
+        real = engine_ws.catch_up
+
+        def spy(*args, **kwargs):
+            out, moved = real(*args, **kwargs)
+            sizes.append(sum(len(b) for b in out))
+            return out, moved
+
+        monkeypatch.setattr(engine_ws, "catch_up", spy)
+        await ws.send(
+            {"op": "subscribe", "topics": {"a": {}, "b": {}, "z": {}}, "max_batch_bytes": 65536}
+        )
+        got = await ws.recv_until(lambda m: m["op"] == "caught_up" and m["topic"] == "a")
+        assert max(sizes) <= engine_ws.CATCHUP_BYTES + 4 * (65536 + 8300)
+        order = [m["topic"] for m in got if m["op"] == "record"]
+        assert order.index("z") < len(order) - 1 - order[::-1].index("a")

@@ -22,7 +22,8 @@ Command replies (`subscribed`, `ack`, `pong`, `error`, ...) travel through the s
 queue, so a client that stops reading stops having its commands answered: the reader
 waits for room (`WsConn.reply`), which is the bound on what one connection can hold.
 The per-connection memory bound is therefore `ws_outbound_queue` references to shared
-frames or replies, plus the catch-up frames being written.
+frames or replies (at most `sse.channel_bytes` of live frames), plus one catch-up pass
+being written (about `CATCHUP_BYTES` plus `CATCHUP_FRAMES` frames of one subscription).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from topicd.engine.watch import WatchOptions, WatchRegistry
 
 CATCHUP_FRAMES: Final = 4  # frames one catch-up pass builds per subscription
+CATCHUP_BYTES: Final = 262144  # ... and the bytes after which a pass stops
 COALESCE_FRAMES: Final = 64  # queued messages one socket write may carry
 COALESCE_BYTES: Final = 262144
 
@@ -86,6 +88,7 @@ class WsConn:
         self.direct: Callable[[bytes], bytes | None] | None = None
         self.idle = False  # the writer waits on an empty queue: the drain may write itself
         self.remainder = b""  # bytes a direct write left unsent: the writer sends them first
+        self.next_pass = 0  # where the next catch-up pass starts (round robin)
 
     # ---- the drain's side (synchronous, never waits) ---------------------------------
 
@@ -248,11 +251,23 @@ def catch_up(
     """One catch-up pass over the subscriptions in pull mode (architecture §7.5).
 
     Synchronous: builds at most `CATCHUP_FRAMES` frames per subscription, moves its
-    position, and switches it to live in the same step that finds it at the head.
-    Returns (the frames to write, whether anything moved)."""
+    position, and switches it to live in the same step that finds it at the head. A
+    pass stops once it holds `CATCHUP_BYTES` (so it holds at most that plus
+    `CATCHUP_FRAMES` frames of one subscription); each pass starts one subscription
+    further on, so a long backlog does not starve the others. Returns (the frames to
+    write, whether anything moved)."""
     out: list[bytes] = []
+    size = 0
     moved = False
-    for name, sub in list(conn.subs.items()):
+    items = list(conn.subs.items())
+    if items:
+        k = conn.next_pass % len(items)
+        items = items[k:] + items[:k]
+        conn.next_pass += 1
+    for name, sub in items:
+        if size >= CATCHUP_BYTES:
+            moved = True  # the rest on the next pass
+            break
         if sub.mode != PULL:
             continue
         topic = sub.topic
@@ -271,6 +286,7 @@ def catch_up(
                 sub.pos = ref.to_seq
                 if ref.body is not None:
                     out.append(ref.body)
+                    size += ref.nbytes
                     sub.announce = True
             if frames:
                 moved = True
