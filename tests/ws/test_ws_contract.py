@@ -394,3 +394,24 @@ async def test_a_bug_in_a_command_is_an_internal_error_message(h, nursery, monke
     assert (err["op"], err["code"]) == ("error", "internal")
     assert "unhandled error in a /v0/ws unsubscribe command" in caplog.text
     assert (await ws.request_reply({"op": "ping", "request_id": 2}))["op"] == "pong"
+
+
+async def test_a_command_sent_right_behind_the_handshake_is_not_lost(h, nursery):
+    import trio
+    import trio.testing
+    from wsproto.frame_protocol import FrameProtocol
+
+    from topicd.http.app import gate_of
+    from topicd.testing.ws import WsClient
+
+    client_end, server_end = trio.testing.memory_stream_pair()
+    client = WsClient(client_end)
+    head = client.request()
+    # the client's first (masked) frame arrives in the same read as its handshake
+    first = bytes(
+        FrameProtocol(client=True, extensions=[]).send_data('{"op":"ping","request_id":"early"}')
+    )
+    nursery.start_soon(gate_of(h.app).ws_upgrade, server_end, head, first)
+    with trio.fail_after(5):  # (virtual time: a lost frame fails at once)
+        assert await client.read_handshake() == 101
+        assert await client.recv() == {"op": "pong", "request_id": "early"}

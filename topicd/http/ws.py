@@ -234,7 +234,7 @@ class WsEndpoint:
         status = 101
         self.lifecycle.request_started()
         try:
-            status = await self._serve(stream, head + rest)
+            status = await self._serve(stream, head, rest)
         except Exception:
             log.exception("unhandled error on a /v0/ws connection")  # it ends; the server stays
         finally:
@@ -244,11 +244,11 @@ class WsEndpoint:
                 access_log.info("GET %s %d %.2fms", WS_PATH, status, perf_ms() - t0)
         return True
 
-    async def _serve(self, stream: trio.abc.Stream, data: bytes) -> int:
+    async def _serve(self, stream: trio.abc.Stream, head: bytes, rest: bytes) -> int:
         ws = WSConnection(ConnectionType.SERVER)
         try:
             try:
-                ws.receive_data(data)
+                ws.receive_data(head)
                 request = next((e for e in ws.events() if isinstance(e, Request)), None)
             except RemoteProtocolError as exc:
                 raise InvalidRequest(f"not a valid WebSocket handshake: {exc}") from None
@@ -267,6 +267,10 @@ class WsEndpoint:
             return err.http_status
         try:
             await stream.send_all(ws.send(AcceptConnection()))
+            if rest:
+                # frames the client sent right behind its handshake (wsproto's accept
+                # starts the connection without the handshake parser's leftovers)
+                ws.receive_data(rest)
             if isinstance(stream, trio.SocketStream):
                 conn.direct = _direct_writer(stream)
 
