@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from topicd.lifecycle import Lifecycle
 
 PER_TOPIC_MAX: Final = 1000
+READY_PRIORITIES_MAX: Final = 8  # priority levels per queue in topicd_queue_ready_by_priority
 CLASSES: Final = ("ephemeral", "memory", "disk", "fsync")
 PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -127,6 +128,12 @@ class _Collector:
         q_in_flight = GaugeMetricFamily(
             "topics_topic_queue_in_flight", "Queue topics only: active leases.", labels=["topic"]
         )
+        q_by_prio = GaugeMetricFamily(
+            "topicd_queue_ready_by_priority",
+            f"Queue topics only: claimable jobs per priority, for the {READY_PRIORITIES_MAX} "
+            "highest priorities holding jobs.",
+            labels=["topic", "priority"],
+        )
         names = sorted(topics)
         for name in names[:PER_TOPIC_MAX]:
             t = topics[name]
@@ -136,9 +143,12 @@ class _Collector:
                 qc = engine.queues.counts(t)
                 q_ready.add_metric([name], qc.ready)
                 q_in_flight.add_metric([name], qc.in_flight)
+                for prio, ready in t.queue.ready_by_priority(READY_PRIORITIES_MAX):
+                    q_by_prio.add_metric([name, str(prio)], ready)
         yield from families.values()
         yield q_ready
         yield q_in_flight
+        yield q_by_prio
         yield gauge(
             "topics_topic_metrics_truncated",
             "1 if per-topic series were capped at 1000 topics.",

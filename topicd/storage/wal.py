@@ -52,6 +52,7 @@ import trio
 from topicd.clock import perf_ms
 from topicd.errors import Internal, JsonValue, StorageUnavailable, Throttled, TopicdError
 from topicd.model import shard_of
+from topicd.sched.classes import give_back
 from topicd.sched.governor import retry_after_ms as b5_retry_after_ms
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
@@ -899,6 +900,7 @@ class WalCommitPath:
         sub = Submission(topic, frame or b"", None, apply, sync=sync and frame is not None)
         sub.done = done = trio.Event()
         shard.enqueue(sub, front=True)
+        give_back()  # the request only waits for the WAL from here: free its client permit
         await done.wait()
         if sub.error is not None:
             raise sub.error
