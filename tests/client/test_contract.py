@@ -18,8 +18,6 @@ import pytest
 import trio
 
 from tests.server.helpers import served
-from topicd.errors import Throttled as ServerThrottled
-from topicd.http.app import gate_of
 from topicd.client import (
     BackpressurePolicy,
     CapacityError,
@@ -39,6 +37,8 @@ from topicd.client import (
     TopicNotFound,
     Unauthorized,
 )
+from topicd.errors import Throttled as ServerThrottled
+from topicd.http.app import gate_of
 from topicd.testing.harness import make_config
 
 
@@ -394,17 +394,16 @@ async def test_a_real_pressure_429_is_retried_for_a_write_but_not_for_a_claim():
                 result.append(await c.write("q", "job"))
 
             with trio.fail_after(20):
-                async with trio.open_nursery() as n:
-                    async with permit_held(app):
-                        with pytest.raises(Throttled) as info:
-                            await c.claim("q", "w1")
-                        assert info.value.detail.get("cause") == "client_waiters"
-                        assert info.value.retry_after_ms >= 1000
-                        assert transport.statuses[-1] == 429
-                        transport.refused = trio.Event()
-                        n.start_soon(write)
-                        await transport.refused.wait()  # the write's first attempt: 429
-                        assert not result
+                async with trio.open_nursery() as n, permit_held(app):
+                    with pytest.raises(Throttled) as info:
+                        await c.claim("q", "w1")
+                    assert info.value.detail.get("cause") == "client_waiters"
+                    assert info.value.retry_after_ms >= 1000
+                    assert transport.statuses[-1] == 429
+                    transport.refused = trio.Event()
+                    n.start_soon(write)
+                    await transport.refused.wait()  # the write's first attempt: 429
+                    assert not result
                     # the permit is free again: the write's retry goes through
             assert result[0].first_seq == 1
             assert transport.statuses[-2:] == [429, 200]

@@ -11,6 +11,7 @@ rules is in `test_contract.py`.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import httpx
@@ -88,7 +89,7 @@ def jitters(seed, n, spread=0.2):
 
 def gaps(script):
     times = [t for t, *_ in script.calls]
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 async def test_pressure_429_is_retried_after_the_larger_hint_plus_jitter(autojump_clock):
