@@ -81,7 +81,7 @@ class Proxy:
 @asynccontextmanager
 async def proxied_server():
     cfg = make_config(server={"port": 0})
-    async with served(cfg) as (engine, app, host, port), trio.open_nursery() as n:
+    async with served(cfg) as (_engine, _app, host, port), trio.open_nursery() as n:
         proxy = Proxy(port)
         await n.start(proxy.run)
         yield proxy, f"http://{host}:{port}", f"http://127.0.0.1:{proxy.port}"
@@ -108,49 +108,55 @@ def assert_exact(got, topic, n):
 
 
 async def test_dropped_connections_mid_stream_resume_exactly():
-    async with proxied_server() as (proxy, direct, via):
-        async with Client(direct) as writer, Client(via) as c:
-            await writer.write_batch("r", [{"data": i} for i in range(1, 41)])
-            await writer.write_batch("s", [{"data": i} for i in range(1, 11)])
-            got = []
+    async with (
+        proxied_server() as (proxy, direct, via),
+        Client(direct) as writer,
+        Client(via) as c,
+    ):
+        await writer.write_batch("r", [{"data": i} for i in range(1, 41)])
+        await writer.write_batch("s", [{"data": i} for i in range(1, 11)])
+        got = []
 
-            async def chaos(e):
-                if e.topic == "r" and e.seq in (7, 23, 38):
-                    # the server wrote frames past this record; the client has not
-                    # handed them out yet: a rewind must bring exactly those back
-                    await proxy.cut()
-                if e.topic == "r" and e.seq == 23:
-                    await writer.write_batch("r", [{"data": i} for i in range(41, 61)])
+        async def chaos(e):
+            if e.topic == "r" and e.seq in (7, 23, 38):
+                # the server wrote frames past this record; the client has not
+                # handed them out yet: a rewind must bring exactly those back
+                await proxy.cut()
+            if e.topic == "r" and e.seq == 23:
+                await writer.write_batch("r", [{"data": i} for i in range(41, 61)])
 
-            with trio.fail_after(30):
-                async with c.watch({"r": 0, "s": 0}, limit=5) as w:
-                    await consume(w, 60, got, chaos)
-                    assert w.reconnects >= 2 and w.sessions == 1
-                    assert w.cursors["r"] == 60
-            assert_exact(got, "r", 60)
-            assert_exact(got, "s", 10)
-            assert proxy.accepted >= 3  # one connection per reconnect
+        with trio.fail_after(30):
+            async with c.watch({"r": 0, "s": 0}, limit=5) as w:
+                await consume(w, 60, got, chaos)
+                assert w.reconnects >= 2 and w.sessions == 1
+                assert w.cursors["r"] == 60
+        assert_exact(got, "r", 60)
+        assert_exact(got, "s", 10)
+        assert proxy.accepted >= 3  # one connection per reconnect
 
 
 async def test_a_silent_peer_is_detected_by_the_watchdog_and_resumed():
-    async with proxied_server() as (proxy, direct, via):
-        async with Client(direct) as writer, Client(via) as c:
-            await writer.write_batch("r", [{"data": i} for i in range(1, 6)])
-            got = []
+    async with (
+        proxied_server() as (proxy, direct, via),
+        Client(direct) as writer,
+        Client(via) as c,
+    ):
+        await writer.write_batch("r", [{"data": i} for i in range(1, 6)])
+        got = []
 
-            async def on_record(e):
-                if e.seq == 5:
-                    proxy.freeze()
-                    await writer.write_batch("r", [{"data": i} for i in range(6, 11)])
+        async def on_record(e):
+            if e.seq == 5:
+                proxy.freeze()
+                await writer.write_batch("r", [{"data": i} for i in range(6, 11)])
 
-            with trio.fail_after(30):
-                async with c.watch({"r": 0}, heartbeat_ms=1000) as w:
-                    t0 = trio.current_time()
-                    await consume(w, 10, got, on_record)
-                    assert w.reconnects == 1
-            assert_exact(got, "r", 10)
-            # nothing for 2 × heartbeat_ms + 2 s, then the watchdog reopened the stream
-            assert trio.current_time() - t0 >= 4
+        with trio.fail_after(30):
+            async with c.watch({"r": 0}, heartbeat_ms=1000) as w:
+                t0 = trio.current_time()
+                await consume(w, 10, got, on_record)
+                assert w.reconnects == 1
+        assert_exact(got, "r", 10)
+        # nothing for 2 × heartbeat_ms + 2 s, then the watchdog reopened the stream
+        assert trio.current_time() - t0 >= 4
 
 
 class FixedPortServer(Server):
