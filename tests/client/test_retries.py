@@ -276,3 +276,23 @@ async def test_a_log_topic_is_probed_once(autojump_clock):
         await trio.sleep(5)
         await c.write("t", 2)
     assert [m for _, m, _, _ in script.calls] == ["GET", "POST", "POST"]
+
+
+async def test_a_failed_in_flight_refresh_is_one_attempt_and_no_signal(autojump_clock):
+    script = Script(err(503, "shutting_down", retry_after=1), ok(WRITE_OK))
+    async with client(script, enabled=True) as c:
+        t0 = trio.current_time()
+        await c.write("q", 1)
+        assert trio.current_time() == t0  # no retry wait, no delay: no signal
+    assert [m for _, m, _, _ in script.calls] == ["GET", "POST"]
+
+
+async def test_disable_backpressure_skips_the_delay_law_and_tells_the_server(autojump_clock):
+    script = Script(ok(WRITE_OK, pressure="0.99"), ok(WRITE_OK))
+    async with client(script, enabled=True) as c:
+        c.signals.observe_pressure("0.99")  # a pause for any other write
+        c._kinds["t"] = "log"
+        t0 = trio.current_time()
+        await c.write("t", 1, disable_backpressure=True)
+        assert trio.current_time() == t0
+    assert script.calls[0][3]["disable_backpressure"] is True

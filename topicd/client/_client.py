@@ -252,8 +252,11 @@ class Client:
         body: object = None,
         params: Mapping[str, str | int] | None = None,
         safe: bool,
+        retries: bool = True,
     ) -> JsonObject:
-        resp = await self._request(method, path, body=body, params=params, safe=safe)
+        resp = await self._request(
+            method, path, body=body, params=params, safe=safe, retries=retries
+        )
         try:
             return _json_obj(msgspec.json.decode(resp.content), f"{method} {path}")
         except msgspec.DecodeError as exc:
@@ -265,7 +268,7 @@ class Client:
         """Re-read a topic's in-flight count (one attempt; a failure leaves no signal)."""
         try:
             state = await self._json(
-                "GET", f"/v0/topics/{topic}", params={"touch": "false"}, safe=True
+                "GET", f"/v0/topics/{topic}", params={"touch": "false"}, safe=True, retries=False
             )
         except TopicNotFound:
             self._kinds.pop(topic, None)
@@ -405,6 +408,9 @@ class Client:
         (within the topic's `idempotency_window_ms`); a string is used as given; None
         sends none, and the write is then never retried.
 
+        `disable_backpressure`: sent to the server (it skips its pressure check and waits
+        at a full ingest queue instead), and the client skips its own delay law too.
+
         Raises the typed error of the answer; `BackpressureTimeout` when paused too long.
         """
         if not records:
@@ -426,7 +432,8 @@ class Client:
             body["config"] = dict(config)
         if disable_backpressure:
             body["disable_backpressure"] = True
-        await self._before_write(topic)
+        if not disable_backpressure:
+            await self._before_write(topic)
         res = await self._json("POST", f"/v0/topics/{topic}", body=body, safe=key is not None)
         if res.get("created") is True:
             self._kinds.pop(topic, None)
