@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from anyio.from_thread import start_blocking_portal
 
-from topicd.client._client import DEFAULT_URL, Client
+from topicd.client._client import AUTO, DEFAULT_URL, Client, _Auto
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -80,24 +80,92 @@ class SyncClient:
     def delete_topic(self, topic: str, *, if_empty: bool = False) -> JsonObject:
         return self._run(partial(self._client.delete_topic, topic, if_empty=if_empty))
 
-    def write(self, topic: str, data: object, *, tag: str | None = None) -> WriteResult:
-        return self._run(partial(self._client.write, topic, data, tag=tag))
+    def write(
+        self,
+        topic: str,
+        data: object,
+        *,
+        tag: str | None = None,
+        meta: object = None,
+        node: str | None = None,
+        priority: int | None = None,
+        idempotency_key: str | _Auto | None = AUTO,
+        create: bool | None = None,
+        config: Mapping[str, object] | None = None,
+    ) -> WriteResult:
+        call = partial(
+            self._client.write,
+            topic,
+            data,
+            tag=tag,
+            meta=meta,
+            node=node,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            create=create,
+            config=config,
+        )
+        return self._run(call)
 
     def write_batch(
-        self, topic: str, records: Sequence[Mapping[str, object]], *, node: str | None = None
+        self,
+        topic: str,
+        records: Sequence[Mapping[str, object]],
+        *,
+        node: str | None = None,
+        idempotency_key: str | _Auto | None = AUTO,
+        create: bool | None = None,
+        config: Mapping[str, object] | None = None,
     ) -> WriteResult:
-        return self._run(partial(self._client.write_batch, topic, records, node=node))
+        call = partial(
+            self._client.write_batch,
+            topic,
+            records,
+            node=node,
+            idempotency_key=idempotency_key,
+            create=create,
+            config=config,
+        )
+        return self._run(call)
 
-    def diff(self, topic: str, from_seq: int = 0, *, include_tags: bool = False) -> Iterator[Event]:
-        reader = self._client.diff(topic, from_seq, include_tags=include_tags)
+    def diff(
+        self,
+        topic: str,
+        from_seq: int = 0,
+        *,
+        limit: int = 0,
+        node: str | Sequence[str] | None = None,
+        include_tags: bool = False,
+        include_meta: bool = True,
+    ) -> Iterator[Event]:
+        """Events up to the topic's head (the blocking form of `Client.diff`)."""
+        reader = self._client.diff(
+            topic,
+            from_seq,
+            limit=limit,
+            node=node,
+            include_tags=include_tags,
+            include_meta=include_meta,
+        )
         while True:
             try:
                 yield self._run(reader.__anext__)
             except StopAsyncIteration:
                 return
 
-    def watch(self, topics: Mapping[str, int | Literal["tail"]]) -> Iterator[Event]:
-        stream = self._client.watch(topics)
+    def watch(
+        self,
+        topics: Mapping[str, int | Literal["tail"]],
+        *,
+        node: str | Sequence[str] | None = None,
+        include_tags: bool = False,
+        include_meta: bool = True,
+    ) -> Iterator[Event]:
+        """Live events (the blocking form of `Client.watch`); closing the iterator (or
+        leaving its `for` loop) closes the stream."""
+        stream = self._client.watch(
+            topics, node=node, include_tags=include_tags, include_meta=include_meta
+        )
         try:
             while True:
                 try:

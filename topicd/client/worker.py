@@ -11,7 +11,8 @@ lease every `lease_ms / 3` (the heartbeat), fenced by the job's `lease_id`. Then
   is cancelled and the job left alone, since someone else may be running it now.
 
 An empty claim waits `idle_poll_ms` and claims again, or with `stop_when_idle` ends the
-slot. A throttled or unavailable claim waits the server's hint. Cancelling the caller
+slot. A throttled (`429`, whatever its cause) or unavailable claim waits the server's
+hint and claims again. Cancelling the caller
 stops every slot at once; their leases then expire (or are released by nobody), and the
 jobs are redelivered: the queue's contract is at-least-once.
 """
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from topicd.client.errors import CapacityError, ClientError, Throttled, Unavailable
+from topicd.client.errors import ClientError, Throttled, Unavailable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -73,9 +74,9 @@ async def run_worker(
         while True:
             try:
                 jobs = await client.claim(queue, node, max=1, lease_ms=lease_ms)
-            except CapacityError:
-                raise
             except (Throttled, Unavailable) as exc:
+                # a capacity 429 here is `max_inflight_per_key` (the key's other requests
+                # hold every slot): it frees itself, so the loop waits like for pressure
                 hint = exc.retry_after_ms if exc.retry_after_ms is not None else 1000
                 await client.clock.sleep(client.hint_s(hint))
                 continue
