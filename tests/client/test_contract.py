@@ -133,14 +133,36 @@ async def test_diff_cursor_moves_over_records_it_skips():
         assert reader.cursor == 3
 
 
-async def test_diff_surfaces_a_recreated_topic():
+async def test_diff_surfaces_a_recreated_topic_and_rereads_the_new_instance():
     async with connected() as c:
         await c.write_batch("r", [{"data": i} for i in range(5)])
         await c.delete_topic("r")
-        await c.write("r", "new")
-        events = [e async for e in c.diff("r", 5)]
-        assert isinstance(events[0], Tombstone) and events[0].reason == "recreated"
-        assert [e.seq for e in events[1:]] == [1]
+        await c.write_batch("r", [{"data": "a"}, {"data": "b"}])
+        reader = c.diff("r", 5)
+        tomb = await reader.__anext__()
+        assert isinstance(tomb, Tombstone) and tomb.reason == "recreated"
+        assert (tomb.gap_from, tomb.gap_to, tomb.earliest_seq) == (1, 2, 1)
+        assert reader.cursor == 0  # not gap_to: the new records are still to be read
+        assert [e.data async for e in c.diff("r", reader.cursor)] == ["a", "b"]
+        assert [e.data async for e in reader] == ["a", "b"]
+
+
+async def test_watch_of_a_recreated_topic_delivers_the_new_instance():
+    async with connected() as c:
+        await c.write_batch("r", [{"data": i} for i in range(5)])
+        await c.delete_topic("r")
+        await c.write_batch("r", [{"data": "a"}, {"data": "b"}])
+        events = []
+        with trio.fail_after(10):
+            async with c.watch({"r": 5}) as w:
+                async for e in w:
+                    events.append(e)
+                    if isinstance(e, Tombstone):
+                        assert w.cursors == {"r": 0}
+                    if isinstance(e, CaughtUp):
+                        break
+        assert [type(e).__name__ for e in events] == ["Tombstone", "Record", "Record", "CaughtUp"]
+        assert [e.data for e in events[1:3]] == ["a", "b"]
 
 
 async def test_diff_follow_long_polls_for_the_next_append():

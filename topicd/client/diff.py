@@ -7,7 +7,8 @@ filtered by node) still move the cursor; it stops at `caught_up`, or with `follo
 long-polls (`wait_ms`) for the next append and never stops.
 
 `cursor` is the position after the last event handed out: after a record its `$seq`,
-after a tombstone its `gap_to`, after a page's last event the page's `next_from_seq`.
+after a tombstone its `gap_to` (for a recreated topic: just below the new instance's
+first record), after a page's last event the page's `next_from_seq`.
 Persisting it and starting a new reader there resumes exactly.
 """
 
@@ -104,7 +105,7 @@ class DiffReader:
             if not isinstance(tomb, dict):
                 raise ProtocolError(f"diff {self.topic}: tombstone is not an object")
             t = Tombstone.from_json(self.topic, tomb)
-            self._pending.append((t, t.gap_to))
+            self._pending.append((t, t.resume_after))
         for raw in page.records:
             rec = Record.decode(self.topic, bytes(raw))
             self._pending.append((rec, rec.seq))

@@ -125,6 +125,13 @@ class Tombstone:
             num("missed_estimate", max(0, gap_to - gap_from + 1)),
         )
 
+    @property
+    def resume_after(self) -> int:
+        """The cursor a reader holds right after this tombstone: `gap_to`, except for a
+        recreated topic, where reading restarts below the new instance's first record
+        (`earliest_seq - 1`, lower than `gap_to`)."""
+        return max(0, min(self.gap_to, self.earliest_seq - 1))
+
     def json(self) -> bytes:
         return msgspec.json.encode(
             {

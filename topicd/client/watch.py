@@ -360,7 +360,7 @@ class WatchStream:
         cursor: int | None = None
         if kind == "tombstone" and topic is not None:
             event = Tombstone.from_json(topic, obj)
-            cursor = event.gap_to
+            cursor = event.resume_after
         elif kind == "caught-up" and topic is not None:
             head = obj.get("head_seq")
             event = CaughtUp(topic, head if isinstance(head, int) else 0)
@@ -380,6 +380,8 @@ class WatchStream:
         frame = _RECORD_FRAME.decode(data)
         topic = frame.topic
         last = self._queued.get(topic)
+        if last is not None and frame.to_seq is not None and frame.to_seq < last:
+            return  # wholly below what was handed out already (never expected)
         for raw in frame.records:
             rec = Record.decode(topic, bytes(raw))
             if last is not None and rec.seq <= last:
