@@ -186,6 +186,16 @@ async def test_failures_print_code_and_message_and_exit_1():
     assert code == 1 and err.startswith("topicd: connection_failed: ")
 
 
+async def test_a_refused_write_exits_1_with_the_server_code():
+    async with server() as (url, c):
+        await c.put_topic("full", {"cap_records": 2, "discard": "reject"})
+        await c.write("full", 0)
+        code, out, err = await cli(["write", "full"], url, b'{"data":1}\n{"data":2}\n')
+        assert (code, out) == (1, "")
+        assert err.startswith("topicd: topic_full: "), err
+        assert (await c.get_topic("full"))["count"] == 1  # one batch, refused whole
+
+
 async def test_usage_errors_exit_2():
     code, _, err = await cli(["tail"])
     assert code == 2 and "the following arguments are required: TOPIC" in err

@@ -295,6 +295,17 @@ async def test_worker_heartbeats_keep_a_slow_job_leased_and_ack_it():
         assert (1, 2) not in seen  # seq 1 was never redelivered: the heartbeat held it
 
 
+async def test_worker_surfaces_a_server_error_as_itself():
+    async with connected() as c:
+        await c.put_topic("plain")
+
+        async def handler(job):
+            raise AssertionError("never called")
+
+        with pytest.raises(NotAQueue):
+            await c.run_worker("plain", handler, node="w1", concurrency=3)
+
+
 async def test_worker_cancels_a_handler_whose_lease_was_lost():
     async with connected() as c:
         await c.put_topic("lost", {"type": "queue"})

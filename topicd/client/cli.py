@@ -27,6 +27,7 @@ from topicd.client.errors import (
     ClientError,
     ConnectionFailed,
     ServerError,
+    sole_error,
 )
 from topicd.client.models import Event, Record, Tombstone, TopicDeleted
 
@@ -83,7 +84,16 @@ def run(
 ) -> int:
     """Run one client subcommand and map its outcome to an exit code."""
     try:
-        return trio.run(main, args)
+        try:
+            return trio.run(main, args)
+        except BaseExceptionGroup as group:  # `write` runs a reader and a writer task
+            sole = sole_error(group)
+            if sole is not None:
+                raise sole from None
+            interrupt, rest = group.split(KeyboardInterrupt)
+            if interrupt is not None and rest is None:
+                raise KeyboardInterrupt from None
+            raise
     except UsageError as exc:
         _fail("invalid_input", str(exc))
         return EXIT_USAGE

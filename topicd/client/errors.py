@@ -169,6 +169,22 @@ class WatchSuperseded(ClientError):
     """Another stream took over this watch session (a newer `GET` for the same `wid`)."""
 
 
+def sole_error(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    """The one plain error inside a (nested) exception group, or None when there are
+    several or any is not an `Exception` (a cancellation must propagate as it is)."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    if len(leaves) == 1 and isinstance(leaves[0], Exception):
+        return leaves[0]
+    return None
+
+
 _BY_CODE: dict[str, type[ServerError]] = {
     cls.CODE: cls
     for cls in (

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from topicd.client.errors import ClientError, Throttled, Unavailable
+from topicd.client.errors import ClientError, Throttled, Unavailable, sole_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -88,9 +88,16 @@ async def run_worker(
             stats.claimed += 1
             await _run_one(client, jobs[0], handler, node, lease_ms, nack_delay_ms, stats)
 
-    async with anyio.create_task_group() as tg:
-        for _ in range(concurrency):
-            tg.start_soon(slot)
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(slot)
+    except BaseExceptionGroup as group:
+        # one slot's error (say `NotAQueue`) surfaces as itself, not wrapped
+        sole = sole_error(group)
+        if sole is None:
+            raise
+        raise sole from None
     return stats
 
 
