@@ -51,11 +51,11 @@ async def test_the_client_under_asyncio():
                 handled = []
 
                 async def handler(job):
-                    await asyncio.sleep(0.25)  # longer than the lease: heartbeats keep it
-                    handled.append(job.seq)
+                    await asyncio.sleep(1.5)  # longer than the lease: heartbeats keep it
+                    handled.append((job.seq, job.deliveries))
 
                 stats = await c.run_worker(
-                    "q", handler, node="aio", concurrency=2, lease_ms=150, stop_when_idle=True
+                    "q", handler, node="aio", concurrency=3, lease_ms=600, stop_when_idle=True
                 )
                 out["handled"] = sorted(handled)
                 out["acked"] = stats.acked
@@ -67,4 +67,4 @@ async def test_the_client_under_asyncio():
     assert out["watch"] == [1, 2, 3]
     assert out["delay_s"] >= 0.24
     assert any(z.zone == "amber" and z.delay_ms == pytest.approx(250) for z in zones)
-    assert out["handled"] == [1, 2, 3] and out["acked"] == 3
+    assert out["handled"] == [(1, 1), (2, 1), (3, 1)] and out["acked"] == 3

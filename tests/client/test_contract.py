@@ -169,19 +169,20 @@ async def test_diff_follow_long_polls_for_the_next_append():
     async with connected() as c:
         await c.write("f", 1)
         got = []
+        first = trio.Event()
 
         async def reader():
             async for e in c.diff("f", follow=True, wait_ms=5000):
                 got.append(e.seq)
+                first.set()
                 if len(got) == 2:
                     return
 
-        async with trio.open_nursery() as n:
-            n.start_soon(reader)
-            with trio.fail_after(10):
-                while not got:
-                    await trio.sleep(0.01)
-            await c.write("f", 2)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as n:
+                n.start_soon(reader)
+                await first.wait()
+                await c.write("f", 2)
         assert got == [1, 2]
 
 
@@ -268,7 +269,7 @@ async def test_worker_heartbeats_keep_a_slow_job_leased_and_ack_it():
         async def handler(job):
             seen.append((job.seq, job.deliveries))
             if job.seq == 1:
-                await trio.sleep(0.9)  # three times the lease: only heartbeats keep it
+                await trio.sleep(2.5)  # 2.5 leases: only the heartbeats keep it
             if job.seq == 3:
                 raise RuntimeError("poison")
 
@@ -278,7 +279,7 @@ async def test_worker_heartbeats_keep_a_slow_job_leased_and_ack_it():
                 handler,
                 node="w1",
                 concurrency=2,
-                lease_ms=300,
+                lease_ms=1000,
                 nack_delay_ms=60000,  # the failed job stays out of reach: the claims run dry
                 stop_when_idle=True,
             )
