@@ -296,3 +296,32 @@ async def test_disable_backpressure_skips_the_delay_law_and_tells_the_server(aut
         await c.write("t", 1, disable_backpressure=True)
         assert trio.current_time() == t0
     assert script.calls[0][3]["disable_backpressure"] is True
+
+
+async def test_paused_producers_share_one_probe_per_poll_interval(autojump_clock):
+    """Twenty producers paused together probe `/v0/health` about once per
+    `hard_poll_ms` between them, not twenty times."""
+    probes = []
+
+    def server(request):
+        if request.url.path == "/v0/health":
+            probes.append(trio.current_time())
+            pressure = "0.95" if len(probes) < 10 else "0.10"
+            return ok({"status": "ok"}, pressure=pressure)
+        return ok(WRITE_OK, pressure="0.10")
+
+    c = Client(
+        "http://topicd.test",
+        transport=httpx.MockTransport(server),
+        policy=BackpressurePolicy(),
+    )
+    async with c:
+        c.signals.observe_pressure("0.95")
+        c._kinds["t"] = "log"
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            for _ in range(20):
+                n.start_soon(c.write, "t", 1)
+        assert trio.current_time() - t0 == pytest.approx(1.0)
+    assert len(probes) == 10
+    assert [round(p - t0, 6) for p in probes] == [round(0.1 * i, 6) for i in range(1, 11)]

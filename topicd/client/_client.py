@@ -25,6 +25,7 @@ import random
 import uuid
 from typing import TYPE_CHECKING, Final, Literal
 
+import anyio
 import httpx
 import msgspec
 
@@ -33,6 +34,7 @@ from topicd.client.backpressure import (
     BackpressurePolicy,
     Clock,
     LoopClock,
+    Observation,
     Signals,
     ZoneReport,
 )
@@ -159,6 +161,7 @@ class Client:
         self.signals = Signals(self.clock, self.policy.signal_ttl_ms)
         self.backpressure = Backpressure(self.policy, self.signals, self._refresh_signals, on_zone)
         self._kinds: dict[str, str] = {}  # topic -> "log" | "queue", learnt from its state
+        self._probe_lock = anyio.Lock()
 
     async def __aenter__(self) -> Client:
         return self
@@ -285,11 +288,22 @@ class Client:
             self._kinds[topic] = "log"
 
     async def _refresh_signals(self, topic: str) -> None:
-        """During a pause: a health probe for pressure, the state for in-flight."""
-        with contextlib.suppress(ClientError):
-            await self._request("GET", "/v0/health", safe=True, retries=False)
-        if self._kinds.get(topic) == "queue":
-            await self._refresh_in_flight(topic)
+        """During a pause: a health probe for pressure, the state for in-flight. Shared by
+        every paused producer of this client: a value younger than `hard_poll_ms` (from
+        any answer) is not probed again, and one probe at a time runs, so N paused
+        producers cost one probe per poll interval, not N."""
+        poll_s = self.policy.hard_poll_ms / 1000
+
+        def stale(obs: Observation | None) -> bool:
+            # (less a nanosecond: float error must not skip a whole poll interval)
+            return obs is None or self.clock.now() - obs.at >= poll_s - 1e-9
+
+        async with self._probe_lock:
+            if stale(self.signals.pressure):
+                with contextlib.suppress(ClientError):
+                    await self._request("GET", "/v0/health", safe=True, retries=False)
+            if self._kinds.get(topic) == "queue" and stale(self.signals.in_flight.get(topic)):
+                await self._refresh_in_flight(topic)
 
     async def _before_write(self, topic: str) -> None:
         if not self.policy.enabled:
