@@ -61,10 +61,12 @@ import datetime as dt
 import io
 import math
 import os
+import re
 import resource
 import selectors
 import shlex
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -78,8 +80,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import http_core as hc  # siblings of this script
+import durable  # siblings of this script
+import http_core as hc
 import loadgen
+import write_flood
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -246,6 +250,64 @@ def tool_version(argv: list[str]) -> str:
     return text[0] if text else "?"
 
 
+@contextlib.contextmanager
+def profiling(server: hc.Server, name: str, args: argparse.Namespace) -> Iterator[None]:
+    """With --profile DIR: py-spy samples topicd over the block into DIR/<name>.txt."""
+    if args.profile is None:
+        yield
+        return
+    assert server.proc is not None
+    out = args.profile / f"{name}.txt"
+    spy = subprocess.Popen(
+        [shutil.which("py-spy") or "py-spy", "record", "--pid", str(server.proc.pid),
+         "--format", "raw", "--rate", "997", "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its output and exits
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+        args.profiles.append(out)
+
+
+def by_topicd_frame(profile: Path, top: int = 12) -> list[tuple[str, float]]:
+    """(function, share of samples): each sample charged to its leaf-most topicd frame."""
+    shares: dict[str, int] = {}
+    for line in profile.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        ours = (f for f in reversed(frames) if "(topicd/" in f and "(topicd/cli.py" not in f)
+        hit = next(ours, "")
+        if not hit:
+            trio = any("(trio/" in f for f in frames)
+            hit = "trio scheduler (epoll, task switches)" if trio else "other (no topicd frame)"
+        hit = re.sub(r":\d+\)$", ")", hit)
+        shares[hit] = shares.get(hit, 0) + int(count)
+    total = sum(shares.values()) or 1
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
+    return [(name, n / total) for name, n in ranked]
+
+
+def print_profiles(paths: list[Path]) -> None:
+    for path in paths:
+        if not path.exists() or not path.stat().st_size:
+            print(f"profile {path}: empty (is py-spy installed? `pip install py-spy`)")
+            continue
+        samples = sum(int(x.rpartition(" ")[2]) for x in path.read_text().splitlines())
+        print(f"\nprofile {path} ({samples} samples; py-spy attached, so the run is slower)")
+        fan = "fanout" in path.name
+        rows = by_topicd_frame(path) if fan else write_flood.split(path)
+        for stage, share in rows:
+            print(f"{100 * share:5.1f} %  {stage}")
+
+
 # ------------------------------------------------------------------------------------------
 # write metrics
 
@@ -277,10 +339,12 @@ def topicd_write(
 ) -> dict[str, Any]:
     url = f"http://{HOST}:{server.port}/v0/topics/{topic}"
     wrk(url, body, metric.conns, args.warmup)
-    cpu0 = server.cpu_s()
-    res, cli_cpu = wrk(url, body, metric.conns, args.duration)
-    srv_cpu = server.cpu_s() - cpu0
-    window = res["duration_us"] / 1e6
+    with profiling(server, topic, args):
+        cpu0, sys0, t0 = server.cpu_s(), hc.system_cpu(), time.monotonic()
+        res, cli_cpu = wrk(url, body, metric.conns, args.duration)
+        wall = time.monotonic() - t0  # wrk's whole life, for the CPU shares
+        srv_cpu, sys1 = server.cpu_s() - cpu0, hc.system_cpu()
+    window = res["duration_us"] / 1e6  # wrk's own window, for the rates
     n = res["requests"]
     errors = sum(res["errors"].values())
     return {
@@ -289,11 +353,12 @@ def topicd_write(
         "p50_ms": res["p50_us"] / 1e3,
         "p99_ms": res["p99_us"] / 1e3,
         "window_s": window,
-        "server_cpu_pct": 100 * srv_cpu / window,
+        "server_cpu_pct": 100 * srv_cpu / wall,
         "server_cpu_us_per_record": 1e6 * srv_cpu / max(1, n * metric.batch),
-        "client_cpu_pct": 100 * cli_cpu / window,
+        "client_cpu_pct": 100 * cli_cpu / wall,
         "errors": errors,
         "error_detail": res["errors"] if errors else None,
+        **hc.other_load(sys1[0] - sys0[0], sys1[1] - sys0[1], srv_cpu, cli_cpu, wall),
     }
 
 
@@ -319,11 +384,11 @@ def redis_write(peer: Peer, metric: Metric, key: str, args: argparse.Namespace) 
     warm, _ = redis_benchmark(peer.port, metric, key, warm_n)
     n = int(float(warm["rps"]) * args.duration)
     n = max(n - n % max(1, metric.batch * metric.conns), 1000)
-    cpu0 = peer.cpu_s()
+    cpu0, sys0 = peer.cpu_s(), hc.system_cpu()
     t0 = time.monotonic()
     row, cli_cpu = redis_benchmark(peer.port, metric, key, n)
     window = time.monotonic() - t0  # the process's wall time, start-up included
-    srv_cpu = peer.cpu_s() - cpu0
+    srv_cpu, sys1 = peer.cpu_s() - cpu0, hc.system_cpu()
     rps = float(row["rps"])
     return {
         "records_per_s": rps,
@@ -336,6 +401,7 @@ def redis_write(peer: Peer, metric: Metric, key: str, args: argparse.Namespace) 
         "client_cpu_pct": 100 * cli_cpu / window,
         "errors": 0,
         "requests": n,
+        **hc.other_load(sys1[0] - sys0[0], sys1[1] - sys0[1], srv_cpu, cli_cpu, window),
     }
 
 
@@ -352,6 +418,7 @@ def fanout(
     metric: Metric,
     tmpdir: Path,
     args: argparse.Namespace,
+    topicd: hc.Server | None = None,
 ) -> dict[str, Any]:
     out = tmpdir / f"fan-{kind}-{topic}.txt"
     n = metric.watchers
@@ -376,17 +443,20 @@ def fanout(
         sel.close()
         setup_s = time.monotonic() - t_setup
         pub_kind = "http" if kind == "sse" else "nats"
-        srv0, t0 = server_cpu(), time.monotonic()
-        pub_out, _ = run_client(
-            [str(exe), "pub", pub_kind, HOST, str(port), topic, str(metric.rate), str(count)],
-            None,
-            count / metric.rate + 120,
-        )
-        pub_window = time.monotonic() - t0
-        srv_cpu = server_cpu() - srv0
+        with profiling(topicd, topic, args) if topicd is not None else contextlib.nullcontext():
+            srv0, t0, sys0 = server_cpu(), time.monotonic(), hc.system_cpu()
+            sub0 = proc_cpu_s(sub.pid)
+            pub_out, pub_cpu = run_client(
+                [str(exe), "pub", pub_kind, HOST, str(port), topic, str(metric.rate), str(count)],
+                None,
+                count / metric.rate + 120,
+            )
+            pub_window = time.monotonic() - t0
+            srv_cpu, sys1 = server_cpu() - srv0, hc.system_cpu()
+            win_cli_cpu = pub_cpu + proc_cpu_s(sub.pid) - sub0
         time.sleep(args.fan_grace)
-        sub_out, sub_err = sub.communicate(b"stop\n", timeout=60)  # its stdin: stop
-        sub_out, sub_err = sub_out.decode(), sub_err.decode(errors="replace")
+        raw_out, raw_err = sub.communicate(b"stop\n", timeout=60)  # its stdin: stop
+        sub_out, sub_err = raw_out.decode(), raw_err.decode(errors="replace")
     finally:
         if sub.poll() is None:
             sub.kill()
@@ -396,7 +466,7 @@ def fanout(
         raise RuntimeError(f"fan-out subscriber exited {sub.returncode}: {sub_err[-1500:]!r}")
     pub = orjson.loads(pub_out.strip().splitlines()[-1])
     counters = orjson.loads(sub_out.strip().splitlines()[-1])
-    lat: list[int] = []
+    lat: list[float] = []
     pairs: set[tuple[int, int]] = set()
     received = 0
     with out.open() as f:
@@ -406,7 +476,7 @@ def fanout(
                 continue
             received += 1
             pairs.add((int(c), int(i)))
-            lat.append(int(ns))
+            lat.append(float(ns))
     out.unlink()
     lat.sort()
     measured = count - warm_n
@@ -430,6 +500,7 @@ def fanout(
         "client_cpu_pct": 100 * cli_cpu / (pub_window + args.fan_grace + setup_s),
         "errors": pub["errors"] + counters["error_lines"] + counters["bad_markers"],
         "streams_closed": counters["closed"],
+        **hc.other_load(sys1[0] - sys0[0], sys1[1] - sys0[1], srv_cpu, win_cli_cpu, pub_window),
     }
 
 
@@ -485,7 +556,11 @@ def evaluate(
         if per is None:
             continue
         t, p = per.get("topicd"), per.get(m.peer)
-        ratio = ratio_of(m, t, p) if t and p else None
+        of_medians = ratio_of(m, t, p) if t and p else None
+        rounds = per_round.get(m.name, [])
+        # the headline: the median of the rounds' own ratios (each compares neighbours in
+        # time; the host drifts between rounds)
+        ratio = statistics.median(rounds) if rounds else None
         goal, op = TARGETS[m.name]
         met = None
         if ratio is not None:
@@ -498,6 +573,7 @@ def evaluate(
                 "label": m.label,
                 "peer": m.peer,
                 "ratio": ratio,
+                "ratio_of_medians": of_medians,
                 "round_ratios": per_round.get(m.name, []),
                 "target": f"{op} {goal}",
                 "met": met,
@@ -522,9 +598,16 @@ def print_report(
         f"machine : nproc={info['nproc']}, {info['cpu_model']}, {info['implementation']} "
         f"{info['python']}, kernel {info['kernel']}"
     )
-    p(f"load    : loadavg at start {' '.join(info['loadavg_start'])}, at end "
-      f"{' '.join(info['loadavg_end'])}; trio.sleep(0) {info['trio_sleep0_per_s_start']:,.0f}/s "
-      "at start (≈ 360,000/s on a quiet machine)")  # fmt: skip
+    p(
+        f"load    : loadavg at start {' '.join(info['loadavg_start'])}, at end "
+        f"{' '.join(info['loadavg_end'])}; trio.sleep(0) {info['trio_sleep0_per_s_start']:,.0f}/s"
+        " at start (≈ 360,000/s on a quiet machine)"
+    )
+    d0, d1 = info["fdatasync_p50_us_start"], info["fdatasync_p50_us_end"]
+    p(
+        f"disk    : fdatasync after a 100-byte append, p50 {d0:.0f} µs at start, {d1:.0f} µs "
+        "at end (≈ 140 µs on a quiet machine)"
+    )
     p("versions: " + ", ".join(f"{k}: {v}" for k, v in info["peer_versions"].items()))
     p(
         f"topicd  : this checkout at {info['git_commit']}"
@@ -554,13 +637,13 @@ def print_report(
             f"{m.label:<46}{tv:>14}{peer_label + ' ' + pv:>22}{ratio:>9}"
             f"{row['target']:>9}  {rounds}  {mark}"
         )
-    p("ratio = topicd / peer (records/s for rates, p50 for latencies), medians of the rounds;")
-    p("rounds = each round's own ratio, in order.")
+    p("ratio = topicd / peer (records/s for rates, p50 for latencies): the median of the")
+    p("rounds' own ratios (rounds, in order); topicd and peer columns: medians of the rounds.")
     p()
     p("detail (medians)")
     header = (
         f"{'metric':<14}{'system':>8}{'rec/s':>12}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'srv CPU%':>9}{'srv µs/rec':>11}{'cli CPU%':>9}{'errors':>7}"
+        f"{'srv CPU%':>9}{'srv µs/rec':>11}{'cli CPU%':>9}{'other%':>8}{'errors':>7}"
     )
     p(header)
     p("-" * len(header))
@@ -571,8 +654,11 @@ def print_report(
             p(
                 f"{m.name:<14}{system:>8}{'-' if rate is None else f'{rate:,.0f}':>12}"
                 f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['server_cpu_pct']:>9.0f}"
-                f"{per_rec:>11.1f}{r['client_cpu_pct']:>9.0f}{r['errors']:>7}"
+                f"{per_rec:>11.1f}{r['client_cpu_pct']:>9.0f}{r['other_cpu_pct']:>8.0f}"
+                f"{r['errors']:>7}"
             )
+    p("other% = CPU used by anything but the server and its clients during the window (% of")
+    p("one core; the machine is shared): high values mean noise.")
     fan = [m for m in METRICS if m.watchers and m.name in summary]
     if fan:
         p("(fan-out rows: srv µs/rec = server CPU per delivery; rec/s not applicable)")
@@ -624,7 +710,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-pin", action="store_true", help="do not pin servers and clients")
     p.add_argument("--no-json", action="store_true", help="do not write bench/results/*.json")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="sample topicd with py-spy (not a project dependency) during its windows into "
+        "DIR/<topic>.txt and print the split per stage; the numbers of such a run are slower",
+    )
     args = p.parse_args(argv)
+    args.profiles = []
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     q = args.quick
     args.duration = args.duration or (1.0 if q else 4.0)
     args.warmup = args.warmup or 1.0
@@ -698,6 +794,8 @@ def main(argv: list[str] | None = None) -> int:
     per_round: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="topicd-bench-peers-") as tmp:
         tmpdir = Path(tmp)
+        info["fdatasync_p50_us_start"] = durable.fdatasync_probe(tmpdir, 300, False)["p50_us"]
+        print(f"fdatasync p50 at start: {info['fdatasync_p50_us_start']:.0f} µs", flush=True)
         fan_exe = tmpdir / "fanout"
         if any(m.watchers for m in metrics):
             subprocess.run(
@@ -744,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
                         if m.watchers:
                             if system == "topicd":
                                 res = fanout(fan_exe, "sse", topicd.port, topicd.cpu_s, name,
-                                             m, tmpdir, args)  # fmt: skip
+                                             m, tmpdir, args, topicd)  # fmt: skip
                             else:
                                 assert nats is not None
                                 res = fanout(fan_exe, "nats", nats.port, nats.cpu_s, name,
@@ -777,11 +875,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for s in reversed(started):
                 s.stop()
+        info["fdatasync_p50_us_end"] = durable.fdatasync_probe(tmpdir, 300, False)["p50_us"]
 
     summary = {m: {s: median_of(rs) for s, rs in per.items()} for m, per in rounds.items()}
     targets = evaluate(summary, per_round)
     info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     print_report(info, command, settings, summary, targets, skipped)
+    print_profiles(args.profiles)
     if not args.no_json:
         hc.RESULTS_DIR.mkdir(exist_ok=True)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
