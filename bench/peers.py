@@ -45,6 +45,10 @@ that also sizes the timed run to about `--duration` s), then the timed window. F
 stragglers. Every metric runs `--repeat` (3) rounds, the two systems back to back with the
 first one alternating round after round; medians are reported, with each round's ratio.
 Server CPU per record (from /proc) and the clients' CPU (% of their core) are reported.
+Before each measurement the server under test must be idle (below 10 % of a core over
+0.5 s, waiting at most 30 s): after a write metric topicd keeps absorbing the committed
+records into its segments in the background for a while, and a fan-out measured meanwhile
+measured that (seen in a profile).
 
 Targets (issue 14): topicd/Redis c=64 records/s ≥ 0.16; topicd/Redis c=1 p50 ≤ 2.6;
 topicd/Redis 100-record batches ≥ 0.8; topicd fan-out p50 ≤ 1.5 × NATS core's, at both
@@ -239,6 +243,21 @@ def nats_peer(tmpdir: Path) -> Peer:
     port = free_port()
     argv = ["nats-server", "-a", HOST, "-p", str(port)]
     return Peer("nats", argv, port, nats_ready, tmpdir / "nats.log")
+
+
+def settle(cpu_s: Callable[[], float], timeout: float = 30.0) -> float:
+    """Wait until a server is idle (below 10 % of a core over 0.5 s); seconds waited.
+
+    topicd absorbs what a write metric committed into its segments in the background for
+    a while after the load stops; a measurement that started meanwhile would measure that.
+    """
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        c0 = cpu_s()
+        time.sleep(0.5)
+        if cpu_s() - c0 < 0.05:
+            break
+    return time.monotonic() - t0
 
 
 def tool_version(argv: list[str]) -> str:
@@ -839,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
                     got: dict[str, dict[str, Any]] = {}
                     for system in systems:
                         name = topic_name(m, r)
+                        srv = {"topicd": topicd, "redis": redis, "nats": nats}[system]
+                        assert srv is not None
+                        waited = settle(srv.cpu_s)
                         if m.watchers:
                             if system == "topicd":
                                 res = fanout(fan_exe, "sse", topicd.port, topicd.cpu_s, name,
@@ -853,6 +875,7 @@ def main(argv: list[str] | None = None) -> int:
                             assert redis is not None
                             res = redis_write(redis, m, name.replace("-", ":"), args)
                         res["round"] = r
+                        res["settle_s"] = waited
                         got[system] = res
                         rounds.setdefault(m.name, {}).setdefault(system, []).append(res)
                         extra = (
@@ -864,7 +887,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"round {r + 1}/{args.repeat} {m.name:<13} {system:<7} {extra}, "
                             f"p50 {res['p50_ms']:.3f} ms, p99 {res['p99_ms']:.3f} ms "
                             f"(server CPU {res['server_cpu_pct']:.0f} %, client "
-                            f"{res['client_cpu_pct']:.0f} %, errors {res['errors']})",
+                            f"{res['client_cpu_pct']:.0f} %, errors {res['errors']}, "
+                            f"settled {waited:.1f} s)",
                             flush=True,
                         )
                         time.sleep(0.2)
