@@ -296,12 +296,20 @@ def profiling(server: hc.Server, name: str, args: argparse.Namespace) -> Iterato
         args.profiles.append(out)
 
 
+IDLE_LEAF = "get_events (trio/_core/_io_epoll.py"  # the loop waiting in epoll_wait
+
+
 def by_topicd_frame(profile: Path, top: int = 12) -> list[tuple[str, float]]:
-    """(function, share of samples): each sample charged to its leaf-most topicd frame."""
+    """(function, share of busy samples): each sample charged to its leaf-most topicd
+    frame; samples of the loop idle in `epoll_wait` are left out (their share is listed)."""
     shares: dict[str, int] = {}
+    idle = 0
     for line in profile.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
+        if IDLE_LEAF in frames[-1]:
+            idle += int(count)
+            continue
         ours = (f for f in reversed(frames) if "(topicd/" in f and "(topicd/cli.py" not in f)
         hit = next(ours, "")
         if not hit:
@@ -311,7 +319,9 @@ def by_topicd_frame(profile: Path, top: int = 12) -> list[tuple[str, float]]:
         shares[hit] = shares.get(hit, 0) + int(count)
     total = sum(shares.values()) or 1
     ranked = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
-    return [(name, n / total) for name, n in ranked]
+    return [(f"(left out: {idle} idle samples in epoll_wait)", 0.0)] + [
+        (name, n / total) for name, n in ranked
+    ]
 
 
 def print_profiles(paths: list[Path]) -> None:
