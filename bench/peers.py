@@ -368,20 +368,31 @@ def topicd_write(
 ) -> dict[str, Any]:
     url = f"http://{HOST}:{server.port}/v0/topics/{topic}"
     wrk(url, body, metric.conns, args.warmup)
-    with profiling(server, topic, args):
-        cpu0, sys0, t0 = server.cpu_s(), hc.system_cpu(), time.monotonic()
-        res, cli_cpu = wrk(url, body, metric.conns, args.duration)
-        wall = time.monotonic() - t0  # wrk's whole life, for the CPU shares
-        srv_cpu, sys1 = server.cpu_s() - cpu0, hc.system_cpu()
+    conn = loadgen.BlockingConn(HOST, server.port)
+    try:
+        fsyncs0 = durable.wal_fsyncs(conn, server.port)
+        with profiling(server, topic, args):
+            cpu0, sys0, t0 = server.cpu_s(), hc.system_cpu(), time.monotonic()
+            res, cli_cpu = wrk(url, body, metric.conns, args.duration)
+            wall = time.monotonic() - t0  # wrk's whole life, for the CPU shares
+            srv_cpu, sys1 = server.cpu_s() - cpu0, hc.system_cpu()
+        fsyncs = durable.wal_fsyncs(conn, server.port) - fsyncs0
+    finally:
+        conn.close()
     window = res["duration_us"] / 1e6  # wrk's own window, for the rates
     n = res["requests"]
     errors = sum(res["errors"].values())
+    if n and not fsyncs:  # an `fsync` topic that was never synced measured something else
+        errors += 1
+        res["errors"]["no_fsync"] = 1
     return {
         "records_per_s": n * metric.batch / window,
         "req_per_s": n / window,
         "p50_ms": res["p50_us"] / 1e3,
         "p99_ms": res["p99_us"] / 1e3,
         "window_s": window,
+        "fsyncs": fsyncs,
+        "records_per_fsync": n * metric.batch / fsyncs if fsyncs else math.nan,
         "server_cpu_pct": 100 * srv_cpu / wall,
         "server_cpu_us_per_record": 1e6 * srv_cpu / max(1, n * metric.batch),
         "client_cpu_pct": 100 * cli_cpu / wall,
@@ -686,6 +697,13 @@ def print_report(
                 f"{per_rec:>11.1f}{r['client_cpu_pct']:>9.0f}{r['other_cpu_pct']:>8.0f}"
                 f"{r['errors']:>7}"
             )
+    per_sync = [
+        f"{m.name} {summary[m.name]['topicd']['records_per_fsync']:.1f}"
+        for m in METRICS
+        if "records_per_fsync" in summary.get(m.name, {}).get("topicd", {})
+    ]
+    if per_sync:
+        p("topicd records per fdatasync (its own counter): " + ", ".join(per_sync))
     p("other% = CPU used by anything but the server and its clients during the window (% of")
     p("one core; the machine is shared): high values mean noise.")
     fan = [m for m in METRICS if m.watchers and m.name in summary]
@@ -893,6 +911,8 @@ def main(argv: list[str] | None = None) -> int:
                             if m.watchers
                             else f"{res['records_per_s']:,.0f} rec/s"
                         )
+                        if "records_per_fsync" in res:
+                            extra += f" ({res['records_per_fsync']:.1f} per fdatasync)"
                         print(
                             f"round {r + 1}/{args.repeat} {m.name:<13} {system:<7} {extra}, "
                             f"p50 {res['p50_ms']:.3f} ms, p99 {res['p99_ms']:.3f} ms "
