@@ -2,6 +2,7 @@
 """Side by side with Redis and NATS: topicd against its peers in one run, C clients on every side.
 
     python bench/peers.py [--repeat N] [--quick] [--metrics NAME,...] [--no-pin]
+                          [--profile DIR]
 
 Needs (installs nothing): Debian packages `wrk` (HTTP load), `redis-server` (which brings
 `redis-server` and `redis-benchmark`), `nats-server`, and `gcc` (the fan-out client in
@@ -43,8 +44,15 @@ Each write metric: a warm-up (`--warmup` s of wrk; for redis-benchmark a calibra
 that also sizes the timed run to about `--duration` s), then the timed window. Fan-out:
 `--fan-warmup` s of publishing, then `--fan-duration` s measured, then `--fan-grace` s for
 stragglers. Every metric runs `--repeat` (3) rounds, the two systems back to back with the
-first one alternating round after round; medians are reported, with each round's ratio.
-Server CPU per record (from /proc) and the clients' CPU (% of their core) are reported.
+first one alternating round after round; medians are reported, and the ratio is the
+median of the rounds' own ratios (each round's is printed too). Also reported: server CPU
+per record (from /proc), the clients' CPU (% of their core), the CPU used by anything else
+on the (shared) machine during each window, topicd's records per `fdatasync` (its own
+counter, `GET /v0/metrics`; a write window without one counts as an error), and an
+`fdatasync` probe of the temporary directory's file system at the start and the end.
+With `--profile DIR`, py-spy (not a project dependency) samples topicd during its windows
+and the split per stage is printed; such a run is slower, its numbers are not the
+reference.
 Before each measurement the server under test must be idle (below 10 % of a core over
 0.5 s, waiting at most 30 s): after a write metric topicd keeps absorbing the committed
 records into its segments in the background for a while, and a fan-out measured meanwhile
