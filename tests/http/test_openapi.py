@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from topicd.testing.harness import AppHarness
 
 CONTRACT = Contract()
+VARY = "Accept-Encoding"
+GZ = {"Accept-Encoding": "gzip"}
 
 # Operations the document describes ahead of the server: allowed to be missing from the
 # app's routes while tests/test_docs.py lists them as not served yet.
@@ -84,6 +86,12 @@ def test_the_checker_rejects_what_the_document_does_not_say():
     assert CONTRACT.problems("GET", "/v0/health", 418, hdrs, b"{}")
     throttled = orjson.dumps({"error": {"code": "throttled", "message": "m"}})
     assert CONTRACT.problems("GET", "/v0/topics", 429, hdrs, throttled)  # no Retry-After
+    # compressed where the document says answers are never compressed (a probe)
+    zipped = gzip.compress(orjson.dumps(good))
+    assert CONTRACT.problems("GET", "/v0/health", 200, hdrs, orjson.dumps(good)) == []
+    assert CONTRACT.problems(
+        "GET", "/v0/health", 200, hdrs | {"content-encoding": "gzip", "vary": VARY}, zipped
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -110,6 +118,8 @@ class Seen:
         problems = CONTRACT.problems(method, path, status, headers, body)
         assert problems == [], problems
         self.record(method, path, status, body)
+        if r.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
         if code is not None:
             assert orjson.loads(body)["error"]["code"] == code, body
         ctype = r.headers.get("Content-Type", "")
@@ -245,6 +255,9 @@ async def dev_mode(ck: Seen) -> None:
         await ck.check(await c.get("/v0/topics/nope"), "GET", "/v0/topics/nope", 404)
         r = await c.get("/v0/topics?touch=false")
         await ck.check(r, "GET", "/v0/topics", 200)
+        r = await call(c, "POST", "/v0/topics/many", {"records": [{"data": 1}] * 500}, headers=GZ)
+        assert r.headers["Content-Encoding"] == "gzip"  # the fast path's answer
+        await ck.check(r, "POST", "/v0/topics/many", 201)
         r = await c.get("/v0/topics?page_size=1")
         assert "next_cursor" in await ck.check(r, "GET", "/v0/topics", 200)
         await ck.check(await c.get("/v0/topics?cursor=%25%25"), "GET", "/v0/topics", 400)
@@ -253,6 +266,10 @@ async def dev_mode(ck: Seen) -> None:
         diff = "/v0/topics/big/diff"
         r = await call(c, "POST", diff, {"include_tags": True, "limit": 1000})
         assert len((await ck.check(r, "POST", diff, 200))["records"]) == 41
+        # the same answer gzipped (the checker undoes the encoding before validating)
+        r = await call(c, "POST", diff, {"include_tags": True}, headers=GZ)
+        assert r.headers["Content-Encoding"] == "gzip"
+        await ck.check(r, "POST", diff, 200)
         await ck.check(await c.post(diff), "POST", diff, 200)  # empty body: defaults
         await call(c, "PUT", "/v0/topics/capped", {"cap_records": 2})
         await call(c, "POST", "/v0/topics/capped", {"records": [{"data": i} for i in range(5)]})
@@ -276,6 +293,11 @@ async def dev_mode(ck: Seen) -> None:
         claim = "/v0/topics/q/claim"
         r = await call(c, "POST", claim, {"node": "w", "max": 5, "lease_ms": 60_000})
         got = await ck.check(r, "POST", claim, 200)
+        await call(c, "PUT", "/v0/topics/jobs", {"type": "queue"})
+        await call(c, "POST", "/v0/topics/jobs", {"records": [{"data": "x" * 30}] * 50})
+        r = await call(c, "POST", "/v0/topics/jobs/claim", {"node": "w", "max": 50}, headers=GZ)
+        assert r.headers["Content-Encoding"] == "gzip"
+        await ck.check(r, "POST", claim, 200)
         seqs = [j["$seq"] for j in got["claimed"]]
         assert len(seqs) >= 2
         await ck.check(await call(c, "POST", claim, {"node": ""}), "POST", claim, 400)
@@ -356,6 +378,9 @@ async def dev_mode(ck: Seen) -> None:
             await ck.check(await c.get(path), "GET", path, 200)
         await ck.check(await c.get("/v0/metrics"), "GET", "/v0/metrics", 200)
         r = await c.get("/v0/metrics", headers={"Accept": "application/json"})
+        await ck.check(r, "GET", "/v0/metrics", 200)
+        r = await c.get("/v0/metrics", headers=GZ)
+        assert r.headers["Content-Encoding"] == "gzip"
         await ck.check(r, "GET", "/v0/metrics", 200)
 
 

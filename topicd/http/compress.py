@@ -1,11 +1,11 @@
 """Response compression: gzip for large JSON and metrics bodies (docs/api.md, "Responses").
 
-A whole-body answer (JSON, or the Prometheus text of `/v0/metrics`) of at least
-`GZIP_MIN_BYTES` is sent gzip-encoded when the request's `Accept-Encoding` allows gzip,
-and carries `Vary: Accept-Encoding` whatever the request said (its encoding depended on
-that header). Smaller answers are left alone: below about 1 KiB the saved bytes do not
-pay for the work and the extra headers. SSE streams never reach this code (they are
-served before the framework and written frame by frame).
+A successful whole-body answer (JSON, or the Prometheus text of `/v0/metrics`) of at
+least `GZIP_MIN_BYTES` is sent gzip-encoded when the request's `Accept-Encoding` allows
+gzip, and carries `Vary: Accept-Encoding` whatever the request said (its encoding
+depended on that header). Errors and smaller answers are left alone: below about 1 KiB
+the saved bytes do not pay for the work and the extra headers. SSE streams never reach
+this code (they are served before the framework and written frame by frame).
 
 Compression runs at level 1: on JSON it keeps most of level 6's saving (about 11 % of
 the size against 9 %) at a third of the CPU (docs/PERFORMANCE.md, "Response
@@ -93,7 +93,8 @@ class Compressor:
     async def finish(self, response: Response, accept_encoding: str | None) -> Response:
         """A framework answer, compressed when it qualifies (see the module docstring)."""
         if (
-            response.status_code in (204, 304)
+            not 200 <= response.status_code < 300
+            or response.status_code == 204
             or response.mimetype not in COMPRESSIBLE
             or "Content-Encoding" in response.headers
             or not isinstance(response.response, DataBody)  # a streamed body

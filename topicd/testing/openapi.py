@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 DOC_PATH: Final = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 BASE_URI: Final = "urn:topicd:openapi"
 METHODS: Final = ("get", "put", "post", "delete", "patch", "head", "options")
+# headers an answer may carry only where the document lists them (the others it does not
+# list, e.g. `content-length` or `date`, are the transport's)
+UNLESS_DOCUMENTED: Final = ("content-encoding", "vary", "retry-after", "www-authenticate")
 
 Json = dict[str, object]
 
@@ -183,6 +186,12 @@ class Contract:
         response, rpointer = self.resolve(raw[str(status)], f"{op.pointer}/responses/{status}")
         lower = {k.lower(): v for k, v in headers.items()}
         out: list[str] = []
+        documented = {name.lower() for name in cast("Json", response.get("headers", {}))}
+        out.extend(
+            f"{where}: header {name} sent but not documented for this answer"
+            for name in UNLESS_DOCUMENTED
+            if name in lower and name not in documented
+        )
         for name, hdr in cast("Json", response.get("headers", {})).items():
             spec, _ = self.resolve(hdr, "")
             value = lower.get(name.lower())
