@@ -17,8 +17,9 @@ sometimes with `Accept-Encoding: gzip`. Each answer must hold the invariants:
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, TypeAlias, cast
 from urllib.parse import quote, urlencode
 
 import orjson
@@ -29,14 +30,20 @@ from topicd.testing.openapi import Contract, Operation
 
 if TYPE_CHECKING:
     from collections import Counter
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from hypothesis.strategies import SearchStrategy
+
+    # (method, path with query, headers, body) -> (status, headers, raw body as received)
+    Send: TypeAlias = Callable[
+        [str, str, dict[str, str], bytes], Awaitable[tuple[int, dict[str, str], bytes]]
+    ]
 
 SKIPPED: Final = frozenset(
     {("GET", "/v0/topics/{topic}/work"), ("GET", "/v0/watch/{wid}"), ("GET", "/v0/ws")}
 )
 TOPICS: Final = ("t", "q", "d", "nope", "x.y:z-1")
+
 ROUTERS: Final = ("t->d", "d->t", "a->b")
 
 _json = st.recursive(
@@ -126,6 +133,11 @@ def from_schema(schema: object) -> SearchStrategy[object]:
     return _json
 
 
+def _dumps(value: object) -> bytes:
+    """JSON text of `value`, integers of any size included (orjson stops at 64 bits)."""
+    return json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
 class Tracebacks(logging.Handler):
     """Collects every log record that carries an exception."""
 
@@ -141,8 +153,11 @@ class Tracebacks(logging.Handler):
 class Fuzzer:
     """Strategies per operation, built once from the document."""
 
-    def __init__(self, contract: Contract | None = None) -> None:
+    def __init__(self, contract: Contract | None = None, *, max_wait_ms: int | None = None) -> None:
+        """`max_wait_ms` bounds the diff long-polls drawn (against a server on the real
+        clock; in process, run under a `MockClock` and the waits cost nothing)."""
         self.contract = contract or Contract()
+        self.max_wait_ms = max_wait_ms
         self.ops = [op for op in self.contract.operations if op.key not in SKIPPED]
         self._cache: dict[
             tuple[str, str], SearchStrategy[tuple[str, str, dict[str, str], bytes]]
@@ -177,14 +192,18 @@ class Fuzzer:
         path_params = {str(p["name"]): self._param(p) for p in params if p["in"] == "path"}
         query_params = {str(p["name"]): self._param(p) for p in params if p["in"] == "query"}
         schema = self.contract.request_schema(op)
+        if schema is not None and self.max_wait_ms is not None:
+            wait = cast("dict[str, dict[str, object]]", schema.get("properties", {})).get("wait_ms")
+            if wait is not None:
+                wait["maximum"] = self.max_wait_ms
         bodies: SearchStrategy[bytes | None]
         if schema is None:
             bodies = st.none()
         else:
             bodies = st.one_of(
-                from_schema(schema).map(orjson.dumps),
-                from_schema(schema).map(orjson.dumps),
-                _json.map(orjson.dumps),
+                from_schema(schema).map(_dumps),
+                from_schema(schema).map(_dumps),
+                _json.map(_dumps),
                 st.just(b""),
                 st.binary(max_size=16),
             )
@@ -219,40 +238,57 @@ class Fuzzer:
         n: int = 5,
         seen: Counter[tuple[str, str, int]] | None = None,
     ) -> None:
-        """One example: a fresh app with a little state, then `n` drawn requests
-        (`seen` counts the answers by operation and status)."""
+        """One example on the in-process app: a fresh app with the `SETUP` state, then
+        `n` drawn requests (`seen` counts the answers by operation and status); also
+        fails when anything logged a traceback."""
         catcher = Tracebacks()
         root = logging.getLogger()
         root.addHandler(catcher)
         try:
             async with open_app() as h:
                 client = h.app.test_client()
-                for set_method, set_path, set_body in SETUP:
-                    r = await client.open(set_path, method=set_method, json=set_body)
-                    assert r.status_code < 300, (set_path, await r.get_data())
-                for _ in range(n):
-                    op = cast("Operation", draw(st.sampled_from(self.ops)))
-                    method, path, headers, body = cast(
-                        "tuple[str, str, dict[str, str], bytes]", draw(self.strategy(op))
-                    )
+
+                async def send(
+                    method: str, path: str, headers: dict[str, str], body: bytes
+                ) -> tuple[int, dict[str, str], bytes]:
                     r = await client.open(  # type: ignore[call-arg]  # (json: a sentinel default)
                         path, method=method, headers=headers, data=body
                     )
-                    raw = cast("bytes", await r.get_data())
-                    status = r.status_code
-                    if seen is not None:
-                        seen[(method, op.path, status)] += 1
-                    where = f"{method} {path} {headers} {body[:200]!r} -> {status} {raw[:300]!r}"
-                    assert status < 500 or (status == 503 and "503" in op.statuses), where
-                    # a drawn path may fall outside the template (an encoded name that
-                    # decodes oddly): it must then be a canonical 4xx
-                    problems = self.contract.problems(
-                        method, op.path, status, dict(r.headers.items()), raw
+                    return r.status_code, dict(r.headers.items()), cast("bytes", await r.get_data())
+
+                for set_method, set_path, set_body in SETUP:
+                    status, _, raw = await send(
+                        set_method,
+                        set_path,
+                        {"Content-Type": "application/json"},
+                        orjson.dumps(set_body),
                     )
-                    assert problems == [], (where, problems)
+                    assert status < 300, (set_path, raw)
+                await self.requests(send, draw, n, seen)
         finally:
             root.removeHandler(catcher)
         assert catcher.seen == [], catcher.seen
+
+    async def requests(
+        self,
+        send: Send,
+        draw: Callable[[SearchStrategy[object]], object],
+        n: int,
+        seen: Counter[tuple[str, str, int]] | None = None,
+    ) -> None:
+        """`n` drawn requests through `send`, each answer checked (module docstring)."""
+        for _ in range(n):
+            op = cast("Operation", draw(st.sampled_from(self.ops)))
+            method, path, headers, body = cast(
+                "tuple[str, str, dict[str, str], bytes]", draw(self.strategy(op))
+            )
+            status, got_headers, raw = await send(method, path, headers, body)
+            if seen is not None:
+                seen[(method, op.path, status)] += 1
+            where = f"{method} {path} {headers} {body[:200]!r} -> {status} {raw[:300]!r}"
+            assert status < 500 or (status == 503 and "503" in op.statuses), where
+            problems = self.contract.problems(method, op.path, status, got_headers, raw)
+            assert problems == [], (where, problems)
 
 
 SETUP: Final = (
