@@ -150,6 +150,55 @@ async def sse(h: AppHarness, path: str, *, query: str = "", headers: dict | None
     return stream
 
 
+async def ws_handshake(app, headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
+    """A WebSocket handshake on `/v0/ws` through the ASGI entry: (101, {}, b"") when
+    accepted (then closed at once), else the HTTP answer the server denied it with."""
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "scheme": "ws",
+        "path": "/v0/ws",
+        "raw_path": b"/v0/ws",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 4000),
+        "subprotocols": [],
+        "extensions": {"websocket.http.response": {}},
+    }
+    got: dict = {"status": 0, "headers": {}, "body": b""}
+    connected = [False]
+    done = trio.Event()
+
+    async def receive():
+        if not connected[0]:
+            connected[0] = True
+            return {"type": "websocket.connect"}
+        await done.wait()
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send(message):
+        kind = message["type"]
+        if kind == "websocket.accept":
+            got["status"] = 101
+            done.set()
+        elif kind == "websocket.http.response.start":
+            got["status"] = message["status"]
+            got["headers"] = {k.decode(): v.decode() for k, v in message["headers"]}
+        elif kind == "websocket.http.response.body":
+            got["body"] += message.get("body", b"")
+            if not message.get("more_body"):
+                done.set()
+        elif kind == "websocket.close":
+            done.set()
+
+    with trio.move_on_after(5):
+        await app.asgi_app(scope, receive, send)
+    return got["status"], got["headers"], got["body"]
+
+
 # One acceptable request per operation, for the statuses they all share. The names exist
 # in `populate`'s state: a log topic `t`, a queue `q` holding leased jobs, a router.
 def requests(wid: str = WID) -> dict[tuple[str, str], tuple[str, str, object]]:
@@ -550,8 +599,57 @@ async def storage_failure(ck: Seen) -> None:
             fs.clear()  # let the shutdown drain finish
 
 
+async def websocket_upgrade(ck: Seen) -> None:
+    """`GET /v0/ws`, once served: accepted (`101`), `401` without a key, `429` with the
+    connection cap reached, `503` before serving."""
+    ws = ("GET", "/v0/ws")
+
+    def record(status: int, headers: dict, body: bytes) -> None:
+        problems = CONTRACT.problems(*ws, status, headers, body, streaming=status == 101)
+        assert problems == [], problems
+        ck.record(*ws, status, body)
+
+    async with open_app() as h:
+        record(*await ws_handshake(h.app))
+    async with open_app(make_config(auth={"api_keys": KEYS})) as h:
+        status, headers, body = await ws_handshake(h.app)
+        assert status == 401
+        record(status, headers, body)
+    async with open_app(make_config(limits={"max_sse_connections": 1})) as h:
+        c = h.app.test_client()
+        await populate(c)
+        r = await call(c, "POST", "/v0/watch", {"topics": {"t": {}}})
+        wid = (await r.get_json())["wid"]
+        async with trio.open_nursery() as nursery:
+            first = await open_sse(nursery, h.app.asgi_app, f"/v0/watch/{wid}")
+            status, headers, body = await ws_handshake(h.app)
+            assert status == 429
+            record(status, headers, body)
+            first.disconnect()
+    async with open_app(serving=False) as h:
+        status, headers, body = await ws_handshake(h.app)
+        assert status == 503
+        record(status, headers, body)
+
+
+async def test_a_websocket_handshake_is_answered_over_asgi():
+    """The handshake helper the `/v0/ws` scenario uses works today: before the route is
+    served a handshake is denied with the canonical `404 not_found`."""
+    async with open_app() as h:
+        served = ("GET", "/v0/ws") in CONTRACT.served(h.app)
+        status, headers, body = await ws_handshake(h.app)
+    if served:
+        assert status == 101
+    else:
+        assert status == 404
+        assert orjson.loads(body)["error"]["code"] == "not_found"
+        assert headers["x-topicd-pressure"]
+
+
 async def test_every_documented_status_is_answered_as_documented(autojump_clock):
     ck = Seen()
+    async with open_app() as h:
+        served = CONTRACT.served(h.app)
     for scenario in (
         dev_mode,
         auth_on,
@@ -562,11 +660,14 @@ async def test_every_documented_status_is_answered_as_documented(autojump_clock)
         storage_failure,
     ):
         await scenario(ck)
+    ahead = AHEAD - served  # documented ahead of the server, and still not served
+    if ("GET", "/v0/ws") in served:
+        await websocket_upgrade(ck)
     documented = {
         (op.method, op.path, status)
         for op in CONTRACT.operations
         for status in op.statuses
-        if status != "500" and op.key not in AHEAD
+        if status != "500" and op.key not in ahead
     }
     assert documented - ck.pairs == set(), "documented statuses never provoked"
     undocumented = ck.pairs - documented
