@@ -92,18 +92,19 @@ class Compressor:
 
     async def finish(self, response: Response, accept_encoding: str | None) -> Response:
         """A framework answer, compressed when it qualifies (see the module docstring)."""
+        length = response.content_length  # None for a streamed body
         if (
-            not 200 <= response.status_code < 300
+            length is None
+            or length < self.min_bytes  # most answers stop here, at no cost
+            or not 200 <= response.status_code < 300
             or response.status_code == 204
             or response.mimetype not in COMPRESSIBLE
             or "Content-Encoding" in response.headers
-            or not isinstance(response.response, DataBody)  # a streamed body
+            or not isinstance(response.response, DataBody)
         ):
             return response
         body = await response.get_data()
         assert isinstance(body, bytes)
-        if len(body) < self.min_bytes:
-            return response
         response.vary.add(VARY)
         encoded = await self.encode(body, accept_encoding)
         if encoded is not None:
