@@ -580,6 +580,14 @@ async def storage_failure(ck: Seen) -> None:
     async with open_durable_app(fs, cfg) as h:
         c = h.app.test_client()
         await populate(c)
+        # answers only a server with a WAL gives: the storage block of ready, the wal
+        # block of the metrics, a write's wal_append_ms
+        body = await ck.check(await c.get("/v0/ready"), "GET", "/v0/ready", 200)
+        assert body["storage"]["breakers"] == {"0": "closed"}
+        r = await c.get("/v0/metrics", headers={"Accept": "application/json"})
+        assert "wal" in await ck.check(r, "GET", "/v0/metrics", 200)
+        r = await call(c, "POST", "/v0/topics/t", {"records": [{"data": 9}]})
+        assert "wal_append_ms" in (await ck.check(r, "POST", "/v0/topics/t", 200))["performance"]
         fs.fail("fdatasync", always=True, errno=errno.EIO)
         r = await call(c, "PUT", "/v0/topics/f", {"durability": "fsync"})
         assert r.status_code == 503, await r.get_data()
