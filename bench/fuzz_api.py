@@ -3,14 +3,17 @@ tests/http/test_openapi_fuzz.py, runs the same driver for a second or two).
 
     python bench/fuzz_api.py --examples 5000 --requests 10
     python bench/fuzz_api.py --seconds 1800
+    python bench/fuzz_api.py --faults --seconds 600
     python bench/fuzz_api.py --server --seconds 600
 
 Default: each example is a fresh in-process app with a little state and `--requests`
 requests generated from the document (`topicd.testing.fuzz_api`). `--server` runs one
 real `topicd serve` in a subprocess instead (its own temporary data directory; the
 requests then go over the socket, through the direct HTTP/1.1 path and Hypercorn) and
-checks its log for tracebacks at the end. Invariants: no 5xx but a documented `503`,
-every answer conforms to the document strictly, no traceback in the log. A failure is
+checks its log for tracebacks at the end. `--faults` runs each example on a durable
+in-process app whose fake disk starts failing every sync, and heals, at drawn points.
+Invariants: no 5xx but a documented `503`, every answer conforms to the document
+strictly, no traceback in the log. A failure is
 shrunk by Hypothesis and printed. At the end: the statuses seen per operation.
 """
 
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -81,6 +85,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10, help="requests per example")
     ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: no bound)")
     ap.add_argument("--server", action="store_true", help="fuzz a real server in a subprocess")
+    ap.add_argument(
+        "--faults",
+        action="store_true",
+        help="in process: a durable app whose fake disk fails every sync, and heals",
+    )
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--no-shrink", action="store_true", help="report a failure as found")
     args = ap.parse_args()
@@ -121,7 +130,13 @@ def main() -> None:
         else:
             # virtual time: long-polls and timers cost nothing
             clock = trio.testing.MockClock(autojump_threshold=0)
-            trio.run(fuzzer.exercise, data.draw, args.requests, seen, clock=clock)
+            trio.run(
+                partial(fuzzer.exercise, faults=args.faults),
+                data.draw,
+                args.requests,
+                seen,
+                clock=clock,
+            )
 
     if args.seed is not None:
         run = seed(args.seed)(run)

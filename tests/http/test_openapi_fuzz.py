@@ -34,3 +34,21 @@ FUZZER = Fuzzer()
 @given(data=st.data())
 async def test_generated_requests_get_documented_answers(autojump_clock, data):
     await FUZZER.exercise(data.draw, n=6)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+    derandomize=True,
+)
+@given(data=st.data())
+async def test_generated_requests_get_documented_answers_while_storage_fails(autojump_clock, data):
+    """The same on a durable app whose disk starts failing every sync, and heals, at
+    drawn points: refusals must be the documented `503 storage_unavailable`, and nothing
+    may crash (a background task dying would fail the example)."""
+    await FUZZER.exercise(data.draw, n=8, faults=True)

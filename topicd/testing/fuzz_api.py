@@ -17,15 +17,16 @@ sometimes with `Accept-Encoding: gzip`. Each answer must hold the invariants:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from typing import TYPE_CHECKING, Final, TypeAlias, cast
 from urllib.parse import quote, urlencode
 
-import orjson
 from hypothesis import strategies as st
 
-from topicd.testing.harness import open_app
+from topicd.testing.fake_fs import FakeDisk, FaultFs
+from topicd.testing.harness import durable_config, open_app, open_durable_app
 from topicd.testing.openapi import Contract, Operation
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ SKIPPED: Final = frozenset(
 TOPICS: Final = ("t", "q", "d", "nope", "x.y:z-1")
 
 ROUTERS: Final = ("t->d", "d->t", "a->b")
+
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -237,34 +239,50 @@ class Fuzzer:
         draw: Callable[[SearchStrategy[object]], object],
         n: int = 5,
         seen: Counter[tuple[str, str, int]] | None = None,
+        *,
+        faults: bool = False,
     ) -> None:
         """One example on the in-process app: a fresh app with the `SETUP` state, then
         `n` drawn requests (`seen` counts the answers by operation and status); also
-        fails when anything logged a traceback."""
+        fails when anything logged a traceback.
+
+        With `faults` the app is durable, on a `FakeDisk` behind a `FaultFs`, and before
+        each request a drawn choice may make every sync fail from then on (which opens
+        the WAL breaker: the documented `503 storage_unavailable`) or heal the disk
+        again. Run it on virtual time (`MockClock`): the breaker's timers then pass."""
         catcher = Tracebacks()
         root = logging.getLogger()
         root.addHandler(catcher)
+        fs = FaultFs(FakeDisk()) if faults else None
         try:
-            async with open_app() as h:
+            opened = (
+                open_app()
+                if fs is None
+                else open_durable_app(fs, durable_config(shards=1, breaker={"open_ms": 200}))
+            )
+            async with opened as h:
                 client = h.app.test_client()
 
                 async def send(
                     method: str, path: str, headers: dict[str, str], body: bytes
                 ) -> tuple[int, dict[str, str], bytes]:
+                    if fs is not None:
+                        choice = draw(st.sampled_from(("keep", "keep", "keep", "fail", "heal")))
+                        if choice == "fail":
+                            fs.fail("fdatasync", always=True, errno=errno.EIO)
+                        elif choice == "heal":
+                            fs.clear()
                     r = await client.open(  # type: ignore[call-arg]  # (json: a sentinel default)
                         path, method=method, headers=headers, data=body
                     )
                     return r.status_code, dict(r.headers.items()), cast("bytes", await r.get_data())
 
                 for set_method, set_path, set_body in SETUP:
-                    status, _, raw = await send(
-                        set_method,
-                        set_path,
-                        {"Content-Type": "application/json"},
-                        orjson.dumps(set_body),
-                    )
-                    assert status < 300, (set_path, raw)
+                    r = await client.open(set_path, method=set_method, json=set_body)
+                    assert r.status_code < 300, (set_path, await r.get_data())
                 await self.requests(send, draw, n, seen)
+                if fs is not None:
+                    fs.clear()  # let the shutdown drain finish
         finally:
             root.removeHandler(catcher)
         assert catcher.seen == [], catcher.seen
