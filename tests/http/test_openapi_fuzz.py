@@ -11,12 +11,14 @@ for as long as asked, in process or against a real server.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from topicd.testing.fuzz_api import Fuzzer
 
 FUZZER = Fuzzer()
+# no "explain" phase: its line tracing of a whole app makes a failure take minutes to report
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink]
 
 
 @settings(
@@ -30,6 +32,7 @@ FUZZER = Fuzzer()
         HealthCheck.function_scoped_fixture,
     ],
     derandomize=True,
+    phases=PHASES,
 )
 @given(data=st.data())
 async def test_generated_requests_get_documented_answers(autojump_clock, data):
@@ -45,10 +48,13 @@ async def test_generated_requests_get_documented_answers(autojump_clock, data):
         HealthCheck.function_scoped_fixture,
     ],
     derandomize=True,
+    phases=PHASES,
 )
 @given(data=st.data())
 async def test_generated_requests_get_documented_answers_while_storage_fails(autojump_clock, data):
-    """The same on a durable app whose disk starts failing every sync, and heals, at
-    drawn points: refusals must be the documented `503 storage_unavailable`, and nothing
-    may crash (a background task dying would fail the example)."""
+    """The same on a durable app whose disk starts failing every sync, heals, gets
+    background writes and lets virtual time pass, at drawn points: refusals must be the
+    documented `503 storage_unavailable`, nothing may crash (a background task dying
+    fails the example), and once the disk has healed and the breaker's longest open time
+    has passed, writes are taken again."""
     await FUZZER.exercise(data.draw, n=8, faults=True)

@@ -23,6 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Final, TypeAlias, cast
 from urllib.parse import quote, urlencode
 
+import trio
 from hypothesis import strategies as st
 
 from topicd.testing.fake_fs import FakeDisk, FaultFs
@@ -46,6 +47,10 @@ SKIPPED: Final = frozenset(
 TOPICS: Final = ("t", "q", "d", "nope", "x.y:z-1")
 
 ROUTERS: Final = ("t->d", "d->t", "a->b")
+WAITS_S: Final = (0.05, 0.5, 2.0, 30.0)  # virtual seconds between requests (fault mode)
+# fault mode: short breaker times, so a healed shard is back within RECOVERY_S
+FAULT_BREAKER: Final[dict[str, object]] = {"open_ms": 200, "max_open_ms": 2000}
+RECOVERY_S: Final = 2.0  # `max_open_ms`: the longest a healed shard stays open
 
 
 _json = st.recursive(
@@ -248,8 +253,10 @@ class Fuzzer:
 
         With `faults` the app is durable, on a `FakeDisk` behind a `FaultFs`, and before
         each request a drawn choice may make every sync fail from then on (which opens
-        the WAL breaker: the documented `503 storage_unavailable`) or heal the disk
-        again. Run it on virtual time (`MockClock`): the breaker's timers then pass."""
+        the WAL breaker: the documented `503 storage_unavailable`), heal the disk again,
+        write a record to one of the `SETUP` topics (traffic for routers and queues), or
+        let virtual time pass so background work (router sweeps, breaker probes,
+        checkpoints) runs meanwhile. Run it on a `MockClock` with autojump."""
         catcher = Tracebacks()
         root = logging.getLogger()
         root.addHandler(catcher)
@@ -258,7 +265,7 @@ class Fuzzer:
             opened = (
                 open_app()
                 if fs is None
-                else open_durable_app(fs, durable_config(shards=1, breaker={"open_ms": 200}))
+                else open_durable_app(fs, durable_config(shards=1, breaker=FAULT_BREAKER))
             )
             async with opened as h:
                 client = h.app.test_client()
@@ -267,22 +274,43 @@ class Fuzzer:
                     method: str, path: str, headers: dict[str, str], body: bytes
                 ) -> tuple[int, dict[str, str], bytes]:
                     if fs is not None:
-                        choice = draw(st.sampled_from(("keep", "keep", "keep", "fail", "heal")))
-                        if choice == "fail":
+                        choice = draw(
+                            st.sampled_from(("keep", "keep", "fail", "heal", "wait", "write"))
+                        )
+                        if choice == "write":  # traffic on the state: routers, queues
+                            await background_write(cast("str", draw(st.sampled_from("tqd"))))
+                        elif choice == "fail":
                             fs.fail("fdatasync", always=True, errno=errno.EIO)
                         elif choice == "heal":
                             fs.clear()
+                        elif choice == "wait":  # background work runs: sweeps, probes
+                            await trio.sleep(cast("float", draw(st.sampled_from(WAITS_S))))
                     r = await client.open(  # type: ignore[call-arg]  # (json: a sentinel default)
                         path, method=method, headers=headers, data=body
                     )
                     return r.status_code, dict(r.headers.items()), cast("bytes", await r.get_data())
+
+                async def background_write(topic: str) -> None:
+                    path = f"/v0/topics/{topic}"
+                    r = await client.post(path, json={"records": [{"data": 1}]})
+                    raw = cast("bytes", await r.get_data())
+                    problems = self.contract.problems(
+                        "POST", path, r.status_code, dict(r.headers.items()), raw
+                    )
+                    assert r.status_code < 500 or r.status_code == 503, raw
+                    assert problems == [], problems
 
                 for set_method, set_path, set_body in SETUP:
                     r = await client.open(set_path, method=set_method, json=set_body)
                     assert r.status_code < 300, (set_path, await r.get_data())
                 await self.requests(send, draw, n, seen)
                 if fs is not None:
-                    fs.clear()  # let the shutdown drain finish
+                    # liveness: once the disk heals and the breaker's longest open time
+                    # has passed, the shard takes writes again (no restart needed)
+                    fs.clear()
+                    await trio.sleep(2 * RECOVERY_S)
+                    r = await client.post("/v0/topics/t", json={"records": [{"data": 1}]})
+                    assert r.status_code == 200, await r.get_data()
         finally:
             root.removeHandler(catcher)
         assert catcher.seen == [], catcher.seen
