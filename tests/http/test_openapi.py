@@ -608,8 +608,8 @@ async def storage_failure(ck: Seen) -> None:
 
 
 async def websocket_upgrade(ck: Seen) -> None:
-    """`GET /v0/ws`, once served: accepted (`101`), `401` without a key, `429` with the
-    connection cap reached, `503` before serving."""
+    """`GET /v0/ws`, once served: accepted (`101`), `400` for a plain `GET`, `401`
+    without a key, `429` with the connection cap reached, `503` before serving."""
     ws = ("GET", "/v0/ws")
 
     def record(status: int, headers: dict, body: bytes) -> None:
@@ -619,6 +619,8 @@ async def websocket_upgrade(ck: Seen) -> None:
 
     async with open_app() as h:
         record(*await ws_handshake(h.app))
+        r = await h.app.test_client().get("/v0/ws")  # a plain GET: no upgrade
+        await ck.check(r, *ws, 400, "invalid_request")
     async with open_app(make_config(auth={"api_keys": KEYS})) as h:
         status, headers, body = await ws_handshake(h.app)
         assert status == 401
