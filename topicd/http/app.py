@@ -52,6 +52,7 @@ from topicd.errors import (
     UnsupportedMediaType,
 )
 from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
+from topicd.http.compress import Compressor
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.sched.classes import ClientPermits, Permit
 from topicd.wire import check_topic_name
@@ -316,8 +317,10 @@ class Gate:
         requests_by_path: dict[str, int] | None = None,
         work: WorkStreams | None = None,
         fast_routes: FastRoutes | None = None,
+        compressor: Compressor | None = None,
     ) -> None:
         self.app = app
+        self.compressor = compressor
         self.work = work
         self.fast_routes = fast_routes
         self.max_body = config.limits.max_body_bytes
@@ -542,10 +545,16 @@ class Gate:
             status, headers, body = error_parts(err)
             headers.insert(1, (b"content-length", b"%d" % len(body)))
         else:
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-            ]
+            headers = [(b"content-type", b"application/json")]
+            compressor = self.compressor
+            if compressor is not None and len(body) >= compressor.min_bytes:
+                # a large answer (a claim of many jobs, the seqs of a big write)
+                headers.append((b"vary", b"Accept-Encoding"))
+                encoded = await compressor.encode(body, _header(scope, b"accept-encoding"))
+                if encoded is not None:
+                    body = encoded
+                    headers.append((b"content-encoding", b"gzip"))
+            headers.insert(1, (b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -761,6 +770,12 @@ def create_app(
     metrics.register(app, ref, config, lifecycle)
     watch.register(app, ref, config, keys)
 
+    compressor = Compressor()
+
+    @app.after_request
+    async def _compress(response: Response) -> Response:
+        return await compressor.finish(response, request.headers.get("Accept-Encoding"))
+
     @app.errorhandler(TopicdError)
     async def _topicd_error(err: TopicdError) -> Response:
         _count(ref, err)
@@ -827,6 +842,7 @@ def create_app(
         requests_by_path=ref.requests_by_path,
         work=work.WorkStreams(ref, config, keys),
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
+        compressor=compressor,
     )
     gate = gate_of(app)
     endpoint = ws.WsEndpoint(
