@@ -422,6 +422,16 @@ class Gate:
         wid = None if self.streams is None else self.streams.wid_of(scope)
         queue = None if self.work is None else self.work.topic_of(scope)
         try:
+            if served_by == "hypercorn" and _framing_conflict(scope):
+                # RFC 9112 §6.1: answer, then close. (The direct path refuses these before
+                # a hand-off; this is a request Hypercorn parsed after one, or with the
+                # direct path off. h11 frames the body by `transfer-encoding` and would
+                # read on; `connection: close` in the answer makes Hypercorn close.)
+                err = InvalidRequest("both Content-Length and Transfer-Encoding")
+                if self.on_error is not None:
+                    self.on_error(err)
+                await send_error(send_stamped, err, close=True)
+                return
             if queue is not None:
                 # a `/work` stream: authenticates itself (`?token=`), no in-flight slot
                 assert self.work is not None
@@ -626,9 +636,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def send_error(send: Send, err: TopicdError) -> None:
+def _framing_conflict(scope: Scope) -> bool:
+    """Whether a request carries both `content-length` and `transfer-encoding`."""
+    names = {key for key, _ in cast("list[tuple[bytes, bytes]]", scope.get("headers", []))}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
     status, headers, body = error_parts(err)
     headers.append((b"content-length", str(len(body)).encode()))
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
