@@ -427,10 +427,10 @@ class Gate:
                 # a hand-off; this is a request Hypercorn parsed after one, or with the
                 # direct path off. h11 frames the body by `transfer-encoding` and would
                 # read on; `connection: close` in the answer makes Hypercorn close.)
-                err = InvalidRequest("both Content-Length and Transfer-Encoding")
+                conflict = InvalidRequest("both Content-Length and Transfer-Encoding")
                 if self.on_error is not None:
-                    self.on_error(err)
-                await send_error(send_stamped, err, close=True)
+                    self.on_error(conflict)
+                await send_error(send_stamped, conflict, close=True)
                 return
             if queue is not None:
                 # a `/work` stream: authenticates itself (`?token=`), no in-flight slot
