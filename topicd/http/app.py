@@ -427,6 +427,9 @@ class Gate:
                 # a hand-off; this is a request Hypercorn parsed after one, or with the
                 # direct path off. h11 frames the body by `transfer-encoding` and would
                 # read on; `connection: close` in the answer makes Hypercorn close.)
+                # (the body is read first: Hypercorn closes a `connection: close` answer
+                # from its reader too when more bytes come while the answer is going out)
+                await self._drop_body(receive)
                 conflict = InvalidRequest("both Content-Length and Transfer-Encoding")
                 if self.on_error is not None:
                     self.on_error(conflict)
@@ -572,6 +575,17 @@ class Gate:
                 if not message.get("more_body", False):
                     return parts[0] if len(parts) == 1 else b"".join(parts)
         raise InvalidRequest("the request body did not arrive in time")
+
+    async def _drop_body(self, receive: Receive) -> None:
+        """Read and drop the request body, bounded by `limits.max_body_bytes` and the body
+        timeout (beyond either, the caller answers anyway)."""
+        size = 0
+        with trio.move_on_after(self.body_timeout):
+            while size <= self.max_body:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                size += len(cast("bytes", message.get("body", b"")))
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds max_body_bytes {self.max_body}")

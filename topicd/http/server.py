@@ -115,7 +115,10 @@ def response_head(
 
 _H11_STATUS: Final = b"HTTP/1.1 "
 # the head of an answer Hypercorn makes itself, without the app (its `_send_error_response`)
-_H11_OWN_ERROR: Final = b"content-length: 0\r\nconnection: close\r\n"
+# (the fields it starts with; h11 moves `connection` last for an HTTP/1.0 client, and
+# every answer that went through the gate carries the pressure header)
+_H11_OWN_ERROR: Final = b"\r\ncontent-length: 0\r\n"
+_STAMPED: Final = b"\r\nx-topicd-pressure: "
 LINGER_S: Final = 1.0  # after refusing a head: how long the client's rest is read
 LINGER_BYTES: Final = 1 << 20  # ... and how much of it
 
@@ -181,6 +184,11 @@ class HypercornStream(trio.abc.HalfCloseableStream):
         self._pressure = pressure
         self._max_head = max_head
         self._linger = False
+        # Hypercorn sends `send_eof` outside its send lock (its reader may close while an
+        # answer is going out): one lock here keeps the two from colliding
+        self._sending = trio.Lock()
+        self._eof = False
+        self.on_close: Callable[[], Awaitable[None]] | None = None
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._prefix:
@@ -192,12 +200,15 @@ class HypercornStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if data[:9] == _H11_STATUS and data[12:14] == b" \r":
             data = self._mend(bytes(data))
-        await self.stream.send_all(data)
+        async with self._sending:
+            if self._eof:
+                raise trio.BrokenResourceError("the connection was closed for writing")
+            await self.stream.send_all(data)
 
     def _mend(self, head: bytes) -> bytes:
         """`head` (h11's, empty reason phrase) as topicd writes it."""
         status = int(head[9:12])
-        if status >= 400 and head[15 : 15 + len(_H11_OWN_ERROR)] == _H11_OWN_ERROR:
+        if status >= 400 and _H11_OWN_ERROR in head and _STAMPED not in head:
             self._linger = True
             pressure = b"0.000" if self._pressure is None else self._pressure()
             return refusal_bytes(hypercorn_refusal(status, self._max_head), pressure)
@@ -207,7 +218,9 @@ class HypercornStream(trio.abc.HalfCloseableStream):
         await self.stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self.stream.send_eof()
+        async with self._sending:
+            self._eof = True
+            await self.stream.send_eof()
 
     async def aclose(self) -> None:
         try:
@@ -216,6 +229,9 @@ class HypercornStream(trio.abc.HalfCloseableStream):
                 await linger(self.stream)
         finally:
             await self.stream.aclose()
+            if self.on_close is not None:
+                on_close, self.on_close = self.on_close, None
+                await on_close()
 
 
 async def linger(stream: trio.SocketStream) -> None:
@@ -525,7 +541,7 @@ class Listener:
                         checked = len(head)
                     data = await stream.receive_some(RECV_BYTES)
                     if not data:
-                        return head, "other" if head else "closed"
+                        return head, "closed"  # (with half a head: nothing to answer)
                     head += data
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return head, "closed"
@@ -589,6 +605,10 @@ class Listener:
             self.state,
             cast("trio.SSLStream[trio.SocketStream]", conn_stream),
         )
+        # once the connection is closed, nothing is left to time out: Hypercorn would
+        # otherwise keep its idle timer (and this task) to `keep_alive_timeout` after it
+        # closes a connection over a malformed request
+        conn_stream.on_close = server.idle_task.stop
         await server.run()
 
     async def _refuse_head(self, stream: trio.SocketStream, err: TopicdError) -> None:
