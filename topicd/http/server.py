@@ -25,13 +25,18 @@ the connection's trio socket stream.
   client_waiters` from a glance at its head (`_refuse_unparsed`: no h11, no scope, no
   gate task, no framework; with authentication on, the gate decides, still without
   Quart); the connection stays for the next request.
-* Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding`, `Expect`, a
-  `HEAD`, a body over the limit, a malformed or oversized head — goes to Hypercorn
-  unchanged: the bytes already read are replayed to it first (`HypercornStream`), so it
-  parses the connection from that request on (and keeps it). The same stream mends what
-  Hypercorn writes: reason phrases on its status lines, and the canonical error answer
-  in place of the bodiless ones it makes itself (a malformed head, `431` for a head over
-  the limit).
+* Every head is parsed by `topicd.http.head` (strict HTTP/1.1, no h11) before anything
+  serves it. A head it refuses (malformed, an ambiguous body framing such as
+  `Content-Length` with `Transfer-Encoding`) is answered `400` here and the connection
+  closed, so nothing behind it runs; bytes that can never make a head (a TLS
+  ClientHello, a bare LF) are refused as they arrive. A head over the bound is `431`.
+* Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding: chunked`,
+  `Expect`, a `HEAD`, another form of target or `HTTP/1.x` version, a body over the
+  limit — goes to Hypercorn unchanged: the bytes already read are replayed to it first
+  (`HypercornStream`), so it parses the connection from that request on (and keeps it).
+  The same stream mends what Hypercorn writes: reason phrases on its status lines, and
+  the canonical error answer in place of the bodiless ones it makes itself (a head h11
+  refuses later on that connection).
 
 `sse.direct_write = false` turns the direct path off (every request then goes through
 Hypercorn); `server.direct_http1 = false` keeps it to streams and probes. Both paths run
