@@ -8,8 +8,9 @@ from this process (Trio, raw sockets), for `--duration` seconds (default 1800):
 
 * `--idle` connections (default 10,000) held open the whole run: a third send nothing, a
   third half a head, a third one request and then idle on keep-alive. The server closes
-  each at `server.header_read_timeout_ms` (`--header-timeout-ms`, default 60,000, the server default); the
-  holder checks when (never later than the timeout plus `SLACK_S`) and reconnects;
+  each at `server.header_read_timeout_ms` (`--header-timeout-ms`, default 60,000 as in
+  the server); the holder checks when (never later than the timeout plus `SLACK_S`) and
+  reconnects;
 * `--workers` fuzzing loops (default 8), each sending one case after another on a new
   connection: mutated heads (bytes flipped, inserted, deleted; fields repeated or
   folded; lengths wrong), request-smuggling framings (Content-Length with
