@@ -609,3 +609,23 @@ async def test_a_thousand_idle_connections_leave_probes_answered_and_nothing_beh
             )
             assert rss_bytes() - rss0 < 64 * 2**20
     assert_clean_log(caplog)
+
+
+async def test_a_connection_hypercorn_closes_leaves_no_task_behind():
+    """With every request given to Hypercorn (`sse.direct_write = false`), clients that
+    leave in the middle of a head make Hypercorn close their connections; its idle timer
+    (an hour here) must not keep each connection's task alive until it fires."""
+    cfg = make_config(
+        server={"port": 0, "header_read_timeout_ms": HOUR_MS}, sse={"direct_write": False}
+    )
+    async with served(cfg) as (_engine, _app, host, port):
+        await trio.testing.wait_all_tasks_blocked()
+        tasks0 = trio.lowlevel.current_statistics().tasks_living
+        for _ in range(20):
+            async with connection(host, port) as (stream, _r):
+                await stream.send_all(b"GET /v0/topics HTTP/1.1\r\nHo")  # then gone
+        # the bound only stops a leak from hanging the test; each task ends on its own
+        with trio.move_on_after(10):
+            while trio.lowlevel.current_statistics().tasks_living > tasks0:
+                await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+        assert trio.lowlevel.current_statistics().tasks_living <= tasks0
