@@ -164,18 +164,20 @@ async def run_daemon(
                     await trio.Path(cfg.server.port_file).write_text(f"{port}\n")
                 log.info("bound to %s; recovering %s", ", ".join(binds), cfg.storage.data_dir)
                 task_status.started(port)
+                offload = ThreadOffload(
+                    {
+                        "wal": 8,
+                        "misc": cfg.io.misc_threads,
+                        "read": cfg.io.read_threads,
+                        "snapshot": 1,
+                    },
+                    dedicated=("wal",),  # group commits skip the thread-cache hand-off
+                )
                 try:
                     async with open_durable_engine(
                         cfg,
                         RealFs(),
-                        ThreadOffload(
-                            {
-                                "wal": 8,
-                                "misc": cfg.io.misc_threads,
-                                "read": cfg.io.read_threads,
-                                "snapshot": 1,
-                            }
-                        ),
+                        offload,
                         clock,
                         boot_id=read_boot_id(),
                         progress=lifecycle.set_progress,
@@ -205,6 +207,8 @@ async def run_daemon(
                     log.error("recovery refused: %s", exc)
                     stop_http.set()
                     raise
+                finally:
+                    offload.close()  # the engine is closed: no WAL call is left
             root.cancel_scope.cancel("drained")
         lifecycle.phase.value = Phase.STOPPED
         log.info("topicd stopped cleanly")

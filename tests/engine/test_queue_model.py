@@ -230,6 +230,12 @@ class LeaseTableMachine(RuleBasedStateMachine):
             assert lease.node == self.jobs[seq].node
         for seq, job in self.jobs.items():
             assert self.queue.deliveries.get(seq, 0) == job.deliveries
+        ready: dict[int, int] = {}
+        for job in self.jobs.values():
+            ready.setdefault(job.prio, 0)
+            ready[job.prio] += job.state == "ready"
+        top = sorted(ready, reverse=True)[:3]
+        assert self.queue.ready_by_priority(3) == [(p, ready[p]) for p in top]
 
 
 LeaseTableMachine.TestCase.settings = settings(

@@ -203,3 +203,34 @@ def test_tidy_floats_recurses_and_keeps_non_floats():
 
     value = {"a": [1.00004, 2, True, None, "x"], "b": {"c": 1e-9, "d": 12345.678912}}
     assert tidy_floats(value) == {"a": [1.0, 2, True, None, "x"], "b": {"c": 0.0, "d": 12345.6789}}
+
+
+async def test_queue_ready_by_priority_covers_the_top_8_levels(autojump_clock):
+    async with open_app() as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/q", json={"type": "queue"})
+        # priorities 0..9, two jobs each, plus three more at priority 9
+        recs = [{"data": i, "priority": i % 10} for i in range(20)]
+        recs += [{"data": 100 + i, "priority": 9} for i in range(3)]
+        assert (await c.post("/v0/topics/q", json={"records": recs})).status_code == 200
+        r = await c.post("/v0/topics/q/claim", json={"node": "w", "max": 4})
+        claimed = (await r.get_json())["claimed"]  # all four at priority 9
+        assert [j["$priority"] for j in claimed] == [9, 9, 9, 9]
+        nack = {"node": "w", "seqs": [claimed[0]["$seq"]], "lease_ids": [claimed[0]["lease_id"]]}
+        assert (
+            await c.post("/v0/topics/q/nack", json={**nack, "delay_ms": 60_000})
+        ).status_code == 200
+        ack = {"node": "w", "seqs": [claimed[1]["$seq"]], "lease_ids": [claimed[1]["lease_id"]]}
+        assert (await c.post("/v0/topics/q/ack", json=ack)).status_code == 200
+        text = (await (await c.get("/v0/metrics")).get_data()).decode()
+        got = {
+            int(p): float(v)
+            for p, v in re.findall(
+                r'^topicd_queue_ready_by_priority\{priority="(\d+)",topic="q"\} (\S+)$', text, re.M
+            )
+        }
+        # 9: five jobs, one acked, two leased, one delayed -> 1 claimable; 2..8: two each;
+        # priorities 0 and 1 are below the top eight levels
+        assert got == {9: 1.0, 8: 2.0, 7: 2.0, 6: 2.0, 5: 2.0, 4: 2.0, 3: 2.0, 2: 2.0}
+        # the per-queue total agrees with the levels it covers plus the two below
+        assert sample(text, "topics_topic_queue_ready", '{topic="q"}') == 1 + 7 * 2 + 2 * 2

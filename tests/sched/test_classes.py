@@ -12,8 +12,10 @@ import trio.testing
 
 from topicd.errors import Throttled
 from topicd.http.app import gate_of
+from topicd.offload import InlineOffload
 from topicd.sched.classes import ClientPermits, give_back
-from topicd.testing.harness import make_config, open_app
+from topicd.testing.fake_fs import FakeDisk
+from topicd.testing.harness import durable_config, make_config, open_app, open_durable_app
 
 
 async def test_permits_then_bounded_waiters_then_429():
@@ -99,3 +101,35 @@ async def test_a_parked_long_poll_holds_no_permit(autojump_clock):
             r = await c.post("/v0/topics/t", json={"records": [{"data": 1}]})
             assert r.status_code == 200
         assert [rec["$seq"] for rec in out[0]["records"]] == [1]
+
+
+async def test_an_ack_waiting_for_its_sync_holds_no_permit(autojump_clock):
+    """An ack only waits for its synced delete once it is logged: the permit goes back
+    (otherwise fifty workers parked on group commits read as saturation, the governor
+    widens the commit window, and the waits grow with it)."""
+    cfg = durable_config(classes={"client_permits": 1, "client_waiters": 0})
+    slow = [0.0]
+    offload = InlineOffload(lambda group: slow[0])
+    async with open_durable_app(FakeDisk(), cfg, offload=offload) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/q", json={"type": "queue", "durability": "disk"})
+        await c.post("/v0/topics/q", json={"records": [{"data": 1}]})
+        r = await c.post("/v0/topics/q/claim", json={"node": "w", "max": 1})
+        job = (await r.get_json())["claimed"][0]
+        slow[0] = 1.0  # every WAL call now takes a virtual second
+        out = []
+
+        async def ack() -> None:
+            body = {"node": "w", "seqs": [job["$seq"]], "lease_ids": [job["lease_id"]]}
+            r = await c.post("/v0/topics/q/ack", json=body)
+            out.append((r.status_code, await r.get_json()))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(ack)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not out  # parked on its sync
+            t0 = trio.current_time()
+            r = await c.get("/v0/topics")  # the only permit is free: no 429
+            assert r.status_code == 200
+            assert trio.current_time() == t0 and not out  # served while the ack waits
+        assert out[0][0] == 200 and out[0][1]["acked"] == 1

@@ -135,3 +135,46 @@ async def test_a_dest_with_a_write_in_flight_holds_only_its_own_feed(autojump_cl
         await trio.testing.wait_all_tasks_blocked()
         assert datas(d) == [b'"w"', b'"w"', b'"x"', b'"a"', b'"y"']
         assert not engine.routers.held
+
+
+async def test_a_dest_nobody_reads_live_costs_no_drain_of_its_own(autojump_clock):
+    """Ten routers out of one source: each write is one drain (the source's), not eleven.
+    A destination gets its own drain only when something consumes its deliveries."""
+    async with open_app(make_config(routers=NO_SWEEP)) as h:
+        engine = h.engine
+        for i in range(10):
+            await engine.routers.put(f"s->d{i}", RouterIn(source="s", dest=f"d{i}"))
+        drains = engine.sched.stats.drains
+        await engine.append("s", write_req(1))
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.sched.stats.drains - drains == 1
+        for i in range(10):
+            d = engine.topics[f"d{i}"]
+            assert datas(d) == [b"1"]
+            assert d.drained_to == d.head_seq == 1  # nothing left for a later drain
+            assert not d.slot.queued
+
+
+async def test_a_watched_dest_is_drained_and_its_watcher_gets_the_copies(autojump_clock):
+    async with open_app(make_config(routers=NO_SWEEP)) as h:
+        engine = h.engine
+        await engine.routers.put("s->d0", RouterIn(source="s", dest="d0"))
+        await engine.routers.put("s->d1", RouterIn(source="s", dest="d1"))
+        conn = await live_conn(engine, "d1")
+        drains = engine.sched.stats.drains
+        await engine.append("s", write_req(1, 2))
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.sched.stats.drains - drains == 2  # the source's, and d1's
+        got = [ref.body for ref in received(conn)]
+        assert len(got) == 1 and got[0] is not None
+        assert b'"data":1' in got[0] and b'"data":2' in got[0]
+
+
+async def test_a_copy_into_a_dest_that_feeds_another_is_drained_on(autojump_clock):
+    async with open_app(make_config(routers=NO_SWEEP)) as h:
+        engine = h.engine
+        await engine.routers.put("a->b", RouterIn(source="a", dest="b"))
+        await engine.routers.put("b->c", RouterIn(source="b", dest="c"))
+        await engine.append("a", write_req(7))
+        await trio.testing.wait_all_tasks_blocked()
+        assert datas(engine.topics["c"]) == [b"7"]

@@ -193,6 +193,40 @@ class JobQueue:
         self.logged_delays: dict[int, int] = {}
         self.unresumed = False
         self._index_add(0)
+        self.live_by_prio: dict[int, int] = {}  # live jobs per priority (with 0s removed)
+        self._count_prios()
+
+    def _count_prios(self) -> None:
+        """`live_by_prio` from the topic (the priorities map holds live records only)."""
+        topic = self.topic
+        counts: dict[int, int] = {}
+        for prio in topic.prios.values():
+            counts[prio] = counts.get(prio, 0) + 1
+        if topic.count > len(topic.prios):
+            counts[0] = topic.count - len(topic.prios)
+        self.live_by_prio = counts
+
+    def _live_delta(self, prio: int, n: int) -> None:
+        left = self.live_by_prio.get(prio, 0) + n
+        if left > 0:
+            self.live_by_prio[prio] = left
+        else:
+            self.live_by_prio.pop(prio, None)
+
+    def ready_by_priority(self, top: int) -> list[tuple[int, int]]:
+        """(priority, claimable jobs) of the `top` highest priorities that hold live jobs.
+        O(levels + jobs in flight, delayed or held), never O(queued jobs)."""
+        levels = sorted(self.live_by_prio, reverse=True)[:top]
+        if not levels:
+            return []
+        ready = {p: self.live_by_prio[p] for p in levels}
+        prios = self.topic.prios
+        for seqs in (self.leases, self.delayed, self.held):
+            for seq in seqs:
+                p = prios.get(seq, 0)
+                if p in ready:
+                    ready[p] -= 1
+        return [(p, ready[p]) for p in levels]
 
     # ---- change notification ------------------------------------------------------------
 
@@ -246,10 +280,13 @@ class JobQueue:
             for i, prio in prios.items():
                 self._index_add(prio)
                 self.levels[prio].fresh.append(first_seq + i)
+                self._live_delta(prio, 1)
             if len(prios) < n:
                 self._index_add(0)
+                self._live_delta(0, n - len(prios))
         else:
             self._index_add(0)
+            self._live_delta(0, n)
         self.changed()
 
     def dropped(self, seq: int, prio: int) -> None:
@@ -257,6 +294,7 @@ class JobQueue:
         # only a job that was claimable can leave an entry behind in its level: a leased,
         # delayed or held one was taken out of the level already (counting those too made
         # a busy level compact every 64 acks, at a cost of the level's size)
+        self._live_delta(prio, -1)
         claimable = False
         if self.leases.pop(seq, None) is None:
             claimable = self.delayed.pop(seq, None) is None and seq not in self.held
@@ -668,6 +706,7 @@ class JobQueue:
             self.logged_delays = {}
         self.logged = {}
         self._index_add(0)
+        self._count_prios()
         for seq, prio in sorted(topic.prios.items()):
             if live(seq) is not None:
                 self._index_add(prio)

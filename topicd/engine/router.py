@@ -370,6 +370,10 @@ class RouterService:
         """Whether the scheduler has router work for `topic` (a source or a dest)."""
         return topic in self.by_source or topic in self.by_dest
 
+    def feeds_out(self, topic: Topic) -> bool:
+        """Whether routers copy out of `topic` (its drain forwards them)."""
+        return topic in self.by_source
+
     def touching(self, topic: Topic) -> list[str]:
         """Names of the routers whose source or dest is `topic`, sorted."""
         names = {r.d.name for d in self.by_source.get(topic, ()) for r in self.by_dest[d]}
@@ -600,13 +604,16 @@ class RouterService:
         if not dests:
             return False
         more = False
-        sched = self.engine.sched
+        engine = self.engine
+        sched = engine.sched
+        now = engine.clock.now_ms()
+        engine._enforce(topic, now)  # once for every feed out of it
         for dst in list(dests):
             if defer:
                 if self.feed_lag(dst):
                     sched.mark_dirty(dst, demote=True)
                 continue
-            self.forward(dst, self.cfg.batch)
+            self.forward(dst, self.cfg.batch, now)
             if not self._stuck(dst) and self.feed_lag(dst):
                 more = True
             if budget.due():
@@ -656,18 +663,23 @@ class RouterService:
 
     # ---- forwarding ---------------------------------------------------------------------
 
-    def forward(self, dst: Topic, limit: int) -> int:
+    def forward(self, dst: Topic, limit: int, now: int | None = None) -> int:
         """Handle up to `limit` source seqs of `dst`'s feed, in lockstep (source seq, then
         router name); returns how many source seqs moved. Synchronous: the copies are
-        published in one step."""
+        published in one step. `now`: the caller read the clock and applied the source's
+        TTL and caps at that instant (a source drain does it once for all its feeds)."""
         feed = self.by_dest.get(dst)
         if not feed:
             return 0
         src = feed[0].src
         if src.deleted or dst.deleted:
             return 0
-        starts = [r.cursor for r in feed]
-        lo = min(starts)
+        if len(feed) == 1:
+            starts = [feed[0].cursor]
+            lo = starts[0]
+        else:
+            starts = [r.cursor for r in feed]
+            lo = min(starts)
         end = min(src.head_seq, lo + limit)
         if end <= lo:
             return 0
@@ -678,8 +690,102 @@ class RouterService:
                 self.held[dst] = trio.Event()
             return 0
         engine = self.engine
-        now = engine.clock.now_ms()
-        engine.enforce(src)
+        if now is None:
+            now = engine.clock.now_ms()
+            engine._enforce(src, now)
+        ts = dst.stamp(now)
+        slots: list[DerivedSlot] = []
+        trims: list[int] = []
+        copies = [0] * len(feed)
+        blocked = False
+        if len(feed) == 1 and not self._limited(dst):
+            done = self._derive_run(feed[0], lo, end, dst.head_seq, ts, slots, trims, copies)
+        else:
+            done, blocked = self._derive_lockstep(
+                feed, starts, lo, end, dst, ts, slots, trims, copies
+            )
+        for r in feed:
+            r.blocked = blocked
+        if dst in self.held and (blocked or done >= src.head_seq):
+            self._release_gate(dst)  # the held copies are placed: direct writes go on
+        if done == lo:
+            return 0
+        if slots:
+            engine.total_bytes += dst.publish_derived(ts, slots)
+        if trims:
+            for lo_t, hi_t in _ranges(trims):
+                dst.add_trim(lo_t, hi_t)
+            self.stats.trimmed += len(trims)
+        total = sum(copies)
+        if total:
+            dst.last_write_ts = ts
+        for i, r in enumerate(feed):
+            if starts[i] < done:
+                r.forwarded_total += done - starts[i]
+                r.cursor = done
+                r.copies_total += copies[i]
+        self.stats.copies += total
+        self.stats.passes += 1
+        if slots:
+            engine._enforce(dst, now)
+            engine.sched.mark_copied(dst, more=not blocked and done < src.head_seq)
+            dst.wake()
+        return done - lo
+
+    def _limited(self, dst: Topic) -> bool:
+        """Whether copies into `dst` must check for room (a `reject` cap or the quota)."""
+        cfg = dst.config
+        if cfg.discard == "reject" and (cfg.cap_records or cfg.cap_bytes):
+            return True
+        return bool(self.engine.cfg.limits.max_total_bytes)
+
+    def _derive_run(
+        self,
+        r: Router,
+        lo: int,
+        end: int,
+        seq: int,
+        ts: int,
+        slots: list[DerivedSlot],
+        trims: list[int],
+        copies: list[int],
+    ) -> int:
+        """The single-router feed with no room to check: every source seq `lo+1 .. end`
+        becomes its slot (the common case, kept free of the lockstep bookkeeping).
+        Returns the last source seq handled."""
+        derive = self._derive
+        cyclic = r.cyclic
+        n = 0
+        for s in range(lo + 1, end + 1):
+            if cyclic and self._skips(r, s):
+                continue
+            seq += 1
+            slot = derive(r, s, seq, ts)
+            if slot is TRIM:
+                trims.append(seq)
+                slot = HOLE
+            elif slot.enc is not None:
+                n += 1
+            slots.append(slot)
+        copies[0] = n
+        return end
+
+    def _derive_lockstep(
+        self,
+        feed: list[Router],
+        starts: list[int],
+        lo: int,
+        end: int,
+        dst: Topic,
+        ts: int,
+        slots: list[DerivedSlot],
+        trims: list[int],
+        copies: list[int],
+    ) -> tuple[int, bool]:
+        """Several routers of one source into `dst` (or room to check): source seq by
+        source seq, each router's slot in name order, stopping where room runs out.
+        Returns (the last source seq every router has handled, whether room ran out)."""
+        engine = self.engine
         cfg = dst.config
         room_records = room_bytes = -1
         if cfg.discard == "reject":
@@ -689,13 +795,8 @@ class RouterService:
                 room_bytes = cfg.cap_bytes - dst.bytes - dst.pending_bytes
         quota = engine.cfg.limits.max_total_bytes
         room_total = quota - engine.total_bytes - engine.pending_bytes if quota else -1
-        ts = dst.stamp(now)
         seq = dst.head_seq
-        slots: list[DerivedSlot] = []
-        trims: list[int] = []
-        copies = [0] * len(feed)
         done = lo  # every router has handled every source seq <= max(start, done)
-        blocked = False
         for s in range(lo + 1, end + 1):
             step: list[tuple[int, DerivedSlot]] = []
             need_records = need_bytes = 0
@@ -711,9 +812,8 @@ class RouterService:
                 or 0 <= room_bytes < need_bytes
                 or 0 <= room_total < need_bytes
             ):
-                blocked = True  # backpressure: the cursors wait, nothing is dropped
                 self.stats.blocked += 1
-                break
+                return done, True  # backpressure: the cursors wait, nothing is dropped
             if room_records > 0:
                 room_records -= need_records
             if room_bytes >= 0:
@@ -729,33 +829,7 @@ class RouterService:
                     copies[i] += 1
                 slots.append(slot)
             done = s
-        for r in feed:
-            r.blocked = blocked
-        if dst in self.held and (blocked or done >= src.head_seq):
-            self._release_gate(dst)  # the held copies are placed: direct writes go on
-        if done == lo:
-            return 0
-        if slots:
-            nbytes = dst.publish_derived(ts, slots)
-            engine.total_bytes += nbytes
-        for lo_t, hi_t in _ranges(trims):
-            dst.add_trim(lo_t, hi_t)
-        total = sum(copies)
-        if total:
-            dst.last_write_ts = ts
-        for i, r in enumerate(feed):
-            if starts[i] < done:
-                r.forwarded_total += done - starts[i]
-                r.cursor = done
-                r.copies_total += copies[i]
-        self.stats.copies += total
-        self.stats.trimmed += len(trims)
-        self.stats.passes += 1
-        if slots:
-            engine.enforce(dst)
-            engine.sched.mark_dirty(dst, demote=True)
-            dst.wake()
-        return done - lo
+        return done, False
 
     def _skips(self, r: Router, s: int) -> bool:
         """A router on a cycle passes over, *without* taking a destination seq, every
@@ -778,8 +852,9 @@ class RouterService:
         if enc is None:
             evicted = s < src.evict_floor or any(lo <= s <= hi for lo, hi in src.lost_ranges)
             return TRIM if evicted else HOLE
+        d = r.d
         tag = src.tags.get(s) if src.tags else None
-        if not r.d.matches(tag):
+        if d.filter is not None and not d.matches(tag):
             return HOLE
         hop = 0
         if r.cyclic:
@@ -789,16 +864,21 @@ class RouterService:
         node = src.nodes.get(s) if src.nodes else None
         shape = src.shapes.get(s) if src.shapes else None
         size = src.size(s)
-        if r.d.guarantee == "exactly_once":
+        if d.guarantee == "exactly_once":
             enc, shape, size = mark_meta(
                 enc, shape, size, self._marker(r, s), self.engine.cfg.protocol.max_meta_keys
             )
-        copy, shape = rewrite(enc, shape, node, r.d.preserve_node, seq, ts)
+        if node is None and shape is None:
+            m = _HEAD.match(enc)
+            assert m is not None
+            copy = b'{"$seq":%d,"$ts":%d' % (seq, ts) + enc[m.end() :]
+        else:
+            copy, shape = rewrite(enc, shape, node, d.preserve_node, seq, ts)
         return DerivedSlot(
             copy,
             size,
-            tag if r.d.preserve_tag else None,
-            node if r.d.preserve_node else None,
+            tag if d.preserve_tag else None,
+            node if d.preserve_node else None,
             src.prios.get(s, 0) if src.prios else 0,
             shape,
             hop,

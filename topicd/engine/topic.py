@@ -71,9 +71,13 @@ class Tombstone:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class DerivedSlot:
-    """One seq a router fills in its destination: a copy (`enc` set) or a hole."""
+    """One seq a router fills in its destination: a copy (`enc` set) or a hole.
+
+    Treated as immutable (`HOLE` and the routers' `TRIM` are shared markers); not frozen
+    only because a frozen dataclass's constructor costs about three times as much, and
+    every forwarded copy builds one."""
 
     enc: bytes | None
     size: int = 0
@@ -417,22 +421,29 @@ class Topic:
             run = Run(first)
             self.runs.append(run)
         nbytes = 0
+        count = 0
+        queue = self.queue
+        encs, sizes = run.encs, run.sizes
         for i, slot in enumerate(slots):
-            seq = first + i
-            run.encs.append(slot.enc)
-            run.ts.append(ts)
-            run.sizes.append(slot.size)
-            if slot.enc is None:
+            enc = slot.enc
+            encs.append(enc)
+            sizes.append(slot.size)
+            if enc is None:
                 continue
-            self._extras(seq, slot)
+            if slot.tag is not None or slot.node is not None or slot.prio or slot.shape or slot.hop:
+                self._extras(first + i, slot)
             nbytes += slot.size
-            self.count += 1
-            if self.queue is not None:
-                self.queue.published(seq, 1, {0: slot.prio} if slot.prio else {})
+            count += 1
+            if queue is not None:
+                queue.published(first + i, 1, {0: slot.prio} if slot.prio else {})
+        run.ts.extend([ts] * len(slots))
         self.head_seq = self.next_seq - 1 + len(slots)
         self.next_seq = self.head_seq + 1
+        self.count += count
         self.bytes += nbytes
-        self._advance_earliest()
+        if self.earliest_seq >= first:
+            # the log held nothing live: `earliest_seq` steps over leading holes
+            self._advance_earliest()
         return nbytes
 
     def _extras(self, seq: int, slot: DerivedSlot) -> None:

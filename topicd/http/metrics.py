@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from topicd.lifecycle import Lifecycle
 
 PER_TOPIC_MAX: Final = 1000
+READY_PRIORITIES_MAX: Final = 8  # priority levels per queue in topicd_queue_ready_by_priority
 CLASSES: Final = ("ephemeral", "memory", "disk", "fsync")
 PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -127,6 +128,12 @@ class _Collector:
         q_in_flight = GaugeMetricFamily(
             "topics_topic_queue_in_flight", "Queue topics only: active leases.", labels=["topic"]
         )
+        q_by_prio = GaugeMetricFamily(
+            "topicd_queue_ready_by_priority",
+            f"Queue topics only: claimable jobs per priority, for the {READY_PRIORITIES_MAX} "
+            "highest priorities holding jobs.",
+            labels=["topic", "priority"],
+        )
         names = sorted(topics)
         for name in names[:PER_TOPIC_MAX]:
             t = topics[name]
@@ -136,9 +143,12 @@ class _Collector:
                 qc = engine.queues.counts(t)
                 q_ready.add_metric([name], qc.ready)
                 q_in_flight.add_metric([name], qc.in_flight)
+                for prio, ready in t.queue.ready_by_priority(READY_PRIORITIES_MAX):
+                    q_by_prio.add_metric([name, str(prio)], ready)
         yield from families.values()
         yield q_ready
         yield q_in_flight
+        yield q_by_prio
         yield gauge(
             "topics_topic_metrics_truncated",
             "1 if per-topic series were capped at 1000 topics.",
@@ -351,7 +361,7 @@ class _Collector:
         yield opened
         yield counter(
             "topicd_sse_lagged_total",
-            "SSE connections marked lagged (channel full: they re-read from the log).",
+            "SSE and WebSocket connections marked lagged (queue full: they re-read from the log).",
             watch.stats.lagged,
         )
         yield counter(
@@ -361,8 +371,8 @@ class _Collector:
         )
         yield gauge_of(
             "topicd_sse_lagged",
-            "SSE connections lagged now.",
-            sum(1 for c in watch.conns if c.lagged),
+            "SSE and WebSocket connections lagged now.",
+            sum(1 for c in watch.conns if c.lagged) + sum(1 for c in watch.ws_conns if c.lagged),
         )
         ready = GaugeMetricFamily(
             "topicd_sched_ready", "Dirty topics queued per band.", labels=["shard", "band"]

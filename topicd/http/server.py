@@ -30,9 +30,9 @@ the connection's trio socket stream.
   `Content-Length` with `Transfer-Encoding`) is answered `400` here and the connection
   closed, so nothing behind it runs; bytes that can never make a head (a TLS
   ClientHello, a bare LF) are refused as they arrive. A head over the bound is `431`.
-* Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding: chunked`,
-  `Expect`, a `HEAD`, another form of target or `HTTP/1.x` version, a body over the
-  limit — goes to Hypercorn unchanged: the bytes already read are replayed to it first
+* Anything else — h2c prior knowledge, an `Upgrade` (but `GET /v0/ws`, served by
+  `upgrade`), `Transfer-Encoding: chunked`, `Expect`, a `HEAD`, another form of target
+  or `HTTP/1.x` version, a body over the limit — goes to Hypercorn unchanged: the bytes already read are replayed to it first
   (`HypercornStream`), so it parses the connection from that request on (and keeps it).
   The same stream mends what Hypercorn writes: reason phrases on its status lines, and
   the canonical error answer in place of the bodiless ones it makes itself (a head h11
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from topicd.errors import TopicdError
-    from topicd.http.app import AsgiApp, Message, Scope
+    from topicd.http.app import AsgiApp, Message, Scope, Upgrade
 
 log = logging.getLogger("topicd.http")
 
@@ -255,7 +255,8 @@ async def linger(stream: trio.SocketStream) -> None:
 
 
 PROBE_HEADS: Final = (b"GET /v0/health ", b"GET /healthz ", b"GET /v0/ready ", b"GET /readyz ")
-DIRECT_HEADS: Final = (STREAM_HEAD, *PROBE_HEADS)
+WS_HEAD: Final = b"GET /v0/ws"  # a WebSocket upgrade: `upgrade` (topicd.http.ws) serves it
+DIRECT_HEADS: Final = (STREAM_HEAD, WS_HEAD, *PROBE_HEADS)
 
 
 WORK_HEAD: Final = b"GET /v0/topics/"
@@ -494,9 +495,11 @@ class Listener:
         quick_refusal: Callable[[], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
         | None = None,
         pressure: Callable[[], bytes] | None = None,
+        upgrade: Upgrade | None = None,
     ) -> None:
         self.app = app
         self.asgi = asgi
+        self.upgrade = upgrade  # `GET /v0/ws` upgrades (None: Hypercorn's, like any upgrade)
         self.is_stream = is_stream
         self.full = full  # client permits and waiters exhausted: refuse here, cheaply
         self.quick_refusal = quick_refusal
@@ -583,6 +586,12 @@ class Listener:
                     return
                 if refused:
                     continue
+            if (
+                self.upgrade is not None
+                and head.startswith(WS_HEAD)
+                and await self.upgrade(stream, head[:end], head[end:])
+            ):
+                return
             if parsed.handoff or not (self.all_http1 or sniff(head)):
                 break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
             scope = head_scope(parsed, addrs)
@@ -786,6 +795,7 @@ async def serve(
                 full=(lambda: permits.full()) if permits is not None else None,
                 quick_refusal=gate.quick_refusal,
                 pressure=gate.pressure_header,
+                upgrade=gate.ws_upgrade,
             )
             task_status.started(binds)
             try:

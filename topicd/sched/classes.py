@@ -11,7 +11,8 @@ answers from a glance at the head and reads the body off the socket unparsed, so
 connection stays usable; see `http/server.py`).
 
 A request gives its permit back as soon as it only waits — for a long-poll's wake-up, a
-WAL completion, room at a full ingest — with `give_back()`: a parked task costs no loop
+WAL completion (an append's, or a control frame's: an ack's synced delete), room at a full
+ingest — with `give_back()`: a parked task costs no loop
 time, and holding permits while parked would let 32 long-polls starve every writer. It
 does not take one again: what is left (rendering the answer) is short and bounded.
 

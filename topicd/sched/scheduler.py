@@ -100,6 +100,8 @@ class RouterWork(Protocol):
 
     def interested(self, topic: Topic) -> bool: ...
 
+    def feeds_out(self, topic: Topic) -> bool: ...
+
     def drain_dest(self, topic: Topic) -> bool: ...
 
     async def drain_source(self, topic: Topic, budget: Budget, defer: bool) -> bool: ...
@@ -164,6 +166,24 @@ class DeliveryScheduler:
             or bool(topic.on_drain)
             or (self.routers is not None and self.routers.interested(topic))
         )
+
+    def mark_copied(self, topic: Topic, *, more: bool) -> None:
+        """A router placed copies in `topic`. A drain of it is needed only when it has
+        someone to deliver them to (watchers, long-pollers, drain hooks, routers out of
+        it) or its feed has more to copy (the drain forwards the next batch); otherwise,
+        as for a topic nobody is interested in, the drained watermarks follow the head
+        (ten routers out of one source would otherwise cost ten idle drains a write)."""
+        if (
+            more
+            or topic in self.registry.watchers
+            or topic.has_waiters
+            or topic.on_drain
+            or (self.routers is not None and self.routers.feeds_out(topic))
+        ):
+            self.mark_dirty(topic, demote=True)
+        elif not topic.slot.queued:
+            topic.drained_to = topic.head_seq
+            topic.drained_strong = topic.durable_head
 
     def demoted(self, base: int) -> int:
         """`base` moved one band down (B0 stays B0): where deferred router work goes."""
@@ -322,14 +342,10 @@ class DeliveryScheduler:
             if e <= s:
                 continue
             frames, _ = build_frames(topic, s, e, opts, self.max_scan)
-            if (
-                frames
-                and frames[0].body is not None
-                and frames[0].body.startswith(b"event: tombstone")
-            ):
+            if frames and frames[0].tomb:
                 # a tombstone reached the live watchers: announce the head again after it
                 last = frames[-1].to_seq
-                body = caught_up_frame(topic)
+                body = caught_up_frame(topic, ws=opts.ws)
                 frames.append(FrameRef(topic.name, last, last, body, len(body)))
             self.stats.frames_built += len(frames)
             conns = group.conns  # a group is rebuilt, never changed, when streams come and go

@@ -52,6 +52,7 @@ import trio
 from topicd.clock import perf_ms
 from topicd.errors import Internal, JsonValue, StorageUnavailable, Throttled, TopicdError
 from topicd.model import shard_of
+from topicd.sched.classes import give_back
 from topicd.sched.governor import retry_after_ms as b5_retry_after_ms
 from topicd.storage import frame as frames
 from topicd.storage.breaker import Breaker, BreakerState
@@ -841,8 +842,12 @@ class WalCommitPath:
             shard.check_stall(now)
 
     def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
+        """Busy integrals of the offload groups client work waits on (the governor's s3).
+        Not the `snapshot` group: its one token is a checkpoint's, which runs for seconds
+        on a large data set while clients wait for nothing (topicd decision: counting it
+        pinned pressure at 1.0 through every long checkpoint of an idle server)."""
         out: list[tuple[str, float, int]] = []
-        for group in ("wal", "misc", "read", "snapshot"):
+        for group in ("wal", "misc", "read"):
             tokens = len(self.shards) if group == "wal" else self.offload.tokens(group)
             out.append((group, self.offload.stats(group).busy_integral(now), max(tokens, 1)))
         return out
@@ -899,6 +904,7 @@ class WalCommitPath:
         sub = Submission(topic, frame or b"", None, apply, sync=sync and frame is not None)
         sub.done = done = trio.Event()
         shard.enqueue(sub, front=True)
+        give_back()  # the request only waits for the WAL from here: free its client permit
         await done.wait()
         if sub.error is not None:
             raise sub.error
