@@ -32,8 +32,9 @@ the connection's trio socket stream.
   ClientHello, a bare LF) are refused as they arrive. A head over the bound is `431`.
 * Anything else — h2c prior knowledge, an `Upgrade` (but `GET /v0/ws`, served by
   `upgrade`), `Transfer-Encoding: chunked`, `Expect`, a `HEAD`, another form of target
-  or `HTTP/1.x` version, a body over the limit — goes to Hypercorn unchanged: the bytes already read are replayed to it first
-  (`HypercornStream`), so it parses the connection from that request on (and keeps it).
+  or `HTTP/1.x` version, a body over the limit — goes to Hypercorn unchanged: the bytes
+  already read are replayed to it first (`HypercornStream`), so it parses the connection
+  from that request on (and keeps it).
   The same stream mends what Hypercorn writes: reason phrases on its status lines, and
   the canonical error answer in place of the bodiless ones it makes itself (a head h11
   refuses later on that connection).
