@@ -434,6 +434,19 @@ class Gate:
         wid = None if self.streams is None else self.streams.wid_of(scope)
         queue = None if self.work is None else self.work.topic_of(scope)
         try:
+            if served_by == "hypercorn" and _framing_conflict(scope):
+                # RFC 9112 §6.1: answer, then close. (The direct path refuses these before
+                # a hand-off; this is a request Hypercorn parsed after one, or with the
+                # direct path off. h11 frames the body by `transfer-encoding` and would
+                # read on; `connection: close` in the answer makes Hypercorn close.)
+                # (the body is read first: Hypercorn closes a `connection: close` answer
+                # from its reader too when more bytes come while the answer is going out)
+                await self._drop_body(receive)
+                conflict = InvalidRequest("both Content-Length and Transfer-Encoding")
+                if self.on_error is not None:
+                    self.on_error(conflict)
+                await send_error(send_stamped, conflict, close=True)
+                return
             if queue is not None:
                 # a `/work` stream: authenticates itself (`?token=`), no in-flight slot
                 assert self.work is not None
@@ -581,6 +594,17 @@ class Gate:
                     return parts[0] if len(parts) == 1 else b"".join(parts)
         raise InvalidRequest("the request body did not arrive in time")
 
+    async def _drop_body(self, receive: Receive) -> None:
+        """Read and drop the request body, bounded by `limits.max_body_bytes` and the body
+        timeout (beyond either, the caller answers anyway)."""
+        size = 0
+        with trio.move_on_after(self.body_timeout):
+            while size <= self.max_body:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                size += len(cast("bytes", message.get("body", b"")))
+
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds max_body_bytes {self.max_body}")
 
@@ -649,9 +673,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def send_error(send: Send, err: TopicdError) -> None:
+def _framing_conflict(scope: Scope) -> bool:
+    """Whether a request carries both `content-length` and `transfer-encoding`."""
+    names = {key for key, _ in cast("list[tuple[bytes, bytes]]", scope.get("headers", []))}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
     status, headers, body = error_parts(err)
     headers.append((b"content-length", str(len(body)).encode()))
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
