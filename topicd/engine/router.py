@@ -55,13 +55,15 @@ import orjson
 import trio
 import trio.lowlevel
 
-from topicd.engine.topic import HOLE, DerivedSlot
+from topicd.engine.payloads import LOAD_BYTES_MAX
+from topicd.engine.topic import EVICTED, HOLE, DerivedSlot
 from topicd.errors import (
     InvalidRequest,
     JsonValue,
     RouterCycle,
     RouterNotFound,
     Throttled,
+    TopicdError,
     TopicExistsIncompatible,
     TopicNotFound,
 )
@@ -321,6 +323,9 @@ class RouterService:
         self.stats = RouterStats()
         self._names: dict[str, _NameLock] = {}  # PUT/DELETE of one name run one at a time
         self.held: dict[Topic, trio.Event] = {}  # feeds held by a direct write in flight
+        # feeds stopped at a source record whose bytes are only in its segment: the
+        # sweep loads them (offloaded) and forwards right after (dest -> source seq)
+        self.wants: dict[Topic, int] = {}
         # recovery only: routers as the log tells them, resolved in `rederive`
         self.replay: dict[str, ReplayRouter] = {}
         self.retired: list[ReplayRouter] = []
@@ -696,7 +701,11 @@ class RouterService:
         copies = [0] * len(feed)
         done = lo  # every router has handled every source seq <= max(start, done)
         blocked = False
+        evicted_to = src.absorbed_to
         for s in range(lo + 1, end + 1):
+            if s <= evicted_to and src.enc(s) is EVICTED:
+                self.wants[dst] = s  # the sweep loads it, then forwards on
+                break
             step: list[tuple[int, DerivedSlot]] = []
             need_records = need_bytes = 0
             for i, r in enumerate(feed):
@@ -775,6 +784,7 @@ class RouterService:
         """What source seq `s` becomes at destination seq `seq` (a copy, hole or trim)."""
         src = r.src
         enc = src.enc(s)
+        assert enc is not EVICTED, s  # `forward` loads evicted source records first
         if enc is None:
             evicted = s < src.evict_floor or any(lo <= s <= hi for lo, hi in src.lost_ranges)
             return TRIM if evicted else HOLE
@@ -840,6 +850,8 @@ class RouterService:
             await trio.sleep(tick)
             for dst in list(self.held):
                 self.release(dst)
+            if self.wants:
+                await self._load_wanted()
             for dst in list(self.by_dest):
                 if self.feed_lag(dst):
                     self.forward(dst, self.cfg.batch)
@@ -847,6 +859,23 @@ class RouterService:
             if trio.current_time() >= next_log:
                 next_log = trio.current_time() + log_every
                 await self.log_cursors()
+
+    async def _load_wanted(self) -> None:
+        """Forward the feeds that stopped at evicted source records: load a batch of
+        them from the segments (offloaded), then forward while they are held."""
+        cache = self.engine.payloads
+        for dst, s in list(self.wants.items()):
+            del self.wants[dst]
+            feed = self.by_dest.get(dst)
+            if not feed or feed[0].src.deleted or dst.deleted:
+                continue
+            with cache.hold() as hold:
+                try:
+                    await cache.load(feed[0].src, s, self.cfg.batch, LOAD_BYTES_MAX, hold)
+                except TopicdError as exc:  # corrupt or unreadable: counted, retried
+                    log.error("router feed of %r: %s", dst.name, exc)
+                    continue
+                self.forward(dst, self.cfg.batch)
 
     async def log_cursors(self, *, sync: bool = False) -> None:
         """Write a `RouterCursor` anchor for every router whose cursor moved (`sync`:

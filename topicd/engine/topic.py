@@ -4,8 +4,10 @@ Everything here is synchronous and owned by the event-loop thread. The log is st
 columns, no Python object per record:
 
 * a `Run` covers consecutive seqs `base ..`: `encs` (each record's stored JSON, see
-  `model`, or `None` once it was deleted, evicted or expired) and compact `array`
-  columns of `$ts` and payload size, all indexed by `seq - base` (O(1) lookup);
+  `model`; `None` once it was deleted, evicted or expired; or the shared `EVICTED`
+  marker while the bytes of a live record are only in its segment file, see
+  `topicd.engine.payloads`) and compact `array` columns of `$ts` and payload size, all
+  indexed by `seq - base` (O(1) lookup);
 * a topic is normally one run. A restart that resumes above the seq reservation leaves a
   gap of seqs that never held records; the gap is not stored: a new run starts above it,
   and reads jump it in O(1);
@@ -31,9 +33,10 @@ lies below `evict_floor` (topicd decision; docs/decisions.md).
 from __future__ import annotations
 
 import bisect
+import enum
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import trio
 
@@ -43,11 +46,22 @@ from topicd.sched.bands import Slot
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from topicd.engine.payloads import PayloadCache
     from topicd.engine.queues import JobQueue
     from topicd.errors import JsonValue
     from topicd.model import Shape, TopicConfig
 
 _RUNS_MAX: Final = 64
+
+
+class Evicted(enum.Enum):
+    """The slot marker of a live record whose bytes are only in its segment."""
+
+    EVICTED = "evicted"
+
+
+EVICTED: Final = Evicted.EVICTED
+Enc: TypeAlias = bytes | Evicted | None  # a log slot: bytes, evicted, or dead
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +111,9 @@ class ReadResult:
     earliest_seq: int
     tombstone: Tombstone | None
     scanned: int
+    # the walk stopped before this seq: its bytes are not in memory (load, then read
+    # again); the result is valid as it stands, only shorter
+    missing: int | None = None
 
     @property
     def caught_up(self) -> bool:
@@ -224,7 +241,7 @@ class Run:
 
     def __init__(self, base: int) -> None:
         self.base = base
-        self.encs: list[bytes | None] = []
+        self.encs: list[Enc] = []
         self.ts = array("q")
         self.sizes = array("I")
 
@@ -283,6 +300,12 @@ class Topic:
         # a checkpoint; those killed since are listed so the next one flips their flags
         self.seg_tail = 0
         self.seg_killed: list[int] = []
+        # the payload cache (`topicd.engine.payloads`): chunks below `released` are
+        # absorbed (evictable); `cached` are those of them in the LRU
+        self.cache: PayloadCache | None = None
+        self.absorbed_to = 0  # records up to here are in segments (only they can be evicted)
+        self.released = 0
+        self.cached: set[int] = set()
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -297,8 +320,9 @@ class Topic:
         run = runs[i]
         return run if seq <= run.end else None
 
-    def enc(self, seq: int) -> bytes | None:
-        """The stored JSON of the live record `seq`, or None."""
+    def enc(self, seq: int) -> Enc:
+        """The stored JSON of the live record `seq`, `EVICTED` if its bytes are only in
+        its segment (`topicd.engine.payloads`), or None."""
         if seq < self.earliest_seq or seq > self.head_seq:
             return None
         run = self._run(seq)
@@ -329,6 +353,40 @@ class Topic:
             return seq
         i = bisect.bisect_right(self.runs, seq, key=lambda r: r.base)
         return self.runs[i].base if i < len(self.runs) else None
+
+    # ---- the payload cache's chunks (`topicd.engine.payloads`) -------------------------
+
+    def _parts(self, lo: int, hi: int) -> list[tuple[Run, int, int]]:
+        """(run, first index, end index) of the slots of seqs `lo ..= hi` in each run."""
+        lo = max(lo, self.earliest_seq)
+        out = []
+        for run in self.runs:
+            a, b = max(lo, run.base), min(hi, run.end)
+            if a <= b:
+                out.append((run, a - run.base, b - run.base + 1))
+        return out
+
+    def resident_bytes(self, lo: int, hi: int) -> int:
+        """The bytes of the records `lo ..= hi` held in memory."""
+        total = 0
+        for run, a, b in self._parts(lo, hi):
+            total += sum([len(e) for e in run.encs[a:b] if isinstance(e, bytes)])
+        return total
+
+    def evict_range(self, lo: int, hi: int) -> None:
+        """Drop the bytes of the live records `lo ..= hi` (they stay live: `EVICTED`)."""
+        for run, a, b in self._parts(lo, hi):
+            run.encs[a:b] = [None if e is None else EVICTED for e in run.encs[a:b]]
+
+    def fill(self, seq: int, enc: bytes) -> bool:
+        """Put back the bytes of the evicted record `seq` (False: not evicted now)."""
+        if seq < self.earliest_seq or seq > self.head_seq:
+            return False
+        run = self._run(seq)
+        if run is None or run.encs[seq - run.base] is not EVICTED:
+            return False
+        run.encs[seq - run.base] = enc
+        return True
 
     # ---- write side -------------------------------------------------------------------
 
@@ -454,7 +512,7 @@ class Topic:
         bytes added."""
         if not placed:
             return 0
-        slots: dict[int, tuple[bytes | None, int, int]] = {}
+        slots: dict[int, tuple[Enc, int, int]] = {}
         for run in self.runs:
             for i, enc in enumerate(run.encs):
                 slots[run.base + i] = (enc, run.ts[i], run.sizes[i])
@@ -697,6 +755,7 @@ class Topic:
             scanned = jump - cursor
             cursor = jump
         out: list[bytes] = []
+        missing: int | None = None
         seq = cursor
         end = min(head, barrier, cursor + max_scan)
         if upto is not None and upto < end:
@@ -719,6 +778,11 @@ class Topic:
                     enc = encs[seq - base]
                     if enc is None:
                         continue
+                    if enc is EVICTED:
+                        missing = seq  # its bytes are in its segment only: stop before it
+                        seq -= 1
+                        full = True
+                        break
                     if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
                         continue
                     if not plain:
@@ -744,12 +808,14 @@ class Topic:
             if not full:
                 seq = end  # examined every seq up to `end`, or jumped a gap holding none
             scanned += seq - cursor
+            if self.cached and self.cache is not None and cursor < self.absorbed_to:
+                self.cache.touch(self, cursor + 1, seq)
         if lost is not None and seq >= barrier and not out and tomb is None:
             # the walk reached a lost range with nothing to deliver: announce it
             gap_from, gap_to = max(lost[0], from_seq + 1), lost[1]
             tomb = Tombstone(gap_from, gap_to, lost[2], gap_to + 1, head)
             seq = gap_to
-        return ReadResult(out, seq, head, earliest, tomb, scanned)
+        return ReadResult(out, seq, head, earliest, tomb, scanned, missing)
 
     def _next_lost(self, from_seq: int) -> tuple[int, int, str] | None:
         """The first lost range (`crash`) or router trim (`source_trim`) ending above

@@ -321,7 +321,7 @@ class DeliveryScheduler:
                 s, e = start, end
             if e <= s:
                 continue
-            frames, _ = build_frames(topic, s, e, opts, self.max_scan)
+            frames, _, missing = build_frames(topic, s, e, opts, self.max_scan)
             if (
                 frames
                 and frames[0].body is not None
@@ -340,6 +340,11 @@ class DeliveryScheduler:
                     if budget.due():
                         await budget.pause()
                 self.stats.frames_offered += len(conns)
+            if missing is not None:
+                # bytes only in a segment (a drain far behind): each stream catches up
+                # from its own position, loading them off the loop
+                for conn in conns:
+                    conn.set_pull(topic.name)
             delivered = True
         if routers is not None and not topic.deleted:
             # router work, in this topic's band, under the same quantum

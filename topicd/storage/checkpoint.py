@@ -176,6 +176,13 @@ class Checkpointer:
                 return False
             self.number = number
             doomed = self.segments.install(outcome)
+            # what the snapshot now names is durable in segments: its payloads may leave
+            # memory (the payload cache evicts down to its bound)
+            by_id = self.engine.by_id
+            for tid, res in outcome.topics.items():
+                topic = by_id.get(tid)
+                if topic is not None:
+                    self.engine.payloads.release(topic, res.state.absorbed)
             if keep == 1:
                 reclaim, self._doomed = self._doomed + doomed, []
             else:

@@ -514,6 +514,60 @@ class SegmentStore:
             return None
         return rec
 
+    def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> dict[int, bytes]:
+        """The stored JSON of the live records `lo ..= hi` (blocking: run offloaded), in
+        seq order, stopping after the record that reaches `max_bytes` of frames. One
+        `pread` per segment; every frame is verified. Raises `SegmentCorruption` (and
+        counts it) when one fails its checksum."""
+        st = self.topics.get(topic_id)
+        out: dict[int, bytes] = {}
+        if st is None:
+            return out
+        total = 0
+        for seg in list(st.segments):
+            if seg.last < lo or seg.first > hi or total >= max_bytes:
+                continue
+            want: list[int] = []  # slot indexes to read, ascending
+            for i in range(max(lo, seg.first) - seg.first, min(hi, seg.last) - seg.first + 1):
+                if seg.offsets[i] == ABSENT or seg.flags[i]:
+                    continue
+                want.append(i)
+                total += seg.lens[i]
+                if total >= max_bytes:
+                    break
+            if not want:
+                continue
+            start = seg.offsets[want[0]]
+            stop = seg.offsets[want[-1]] + seg.lens[want[-1]]
+            path = data_path(self.root, topic_id, seg.first)
+            fd = self.fs.open(path)
+            try:
+                data = self.fs.pread(fd, stop - start, start)
+            finally:
+                self.fs.close(fd)
+            for i in want:
+                at = seg.offsets[i] - start
+                seq = seg.first + i
+                try:
+                    frame = frames.read_frame(data, at, at + seg.lens[i], frames.LEGACY_MAX_FRAME)
+                    if frame is None or frame.seq != seq or frame.end != at + seg.lens[i]:
+                        raise frames.FrameError("checksum mismatch or bad frame")
+                    rec = decode_record(frame)
+                except frames.FrameError as exc:
+                    self.corruptions += 1
+                    rel = posixpath.relpath(path, self.root)
+                    log.error(
+                        "segment corruption: %s offset %d: %s (record %d not served)",
+                        rel,
+                        seg.offsets[i],
+                        exc,
+                        seq,
+                    )
+                    raise SegmentCorruption(rel, seg.offsets[i], str(exc)) from None
+                if data[frame.end - 1] != DELETED:
+                    out[seq] = rec.enc
+        return out
+
 
 # ---- recovery ---------------------------------------------------------------------------
 

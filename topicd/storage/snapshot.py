@@ -38,13 +38,14 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import msgspec
 import trio
 import xxhash
 
 from topicd.engine.queues import leases_durable
+from topicd.engine.topic import EVICTED
 from topicd.storage.fs import replace_file
 from topicd.storage.segments import AbsorbRecord, AbsorbWork, SegSnap
 
@@ -194,7 +195,9 @@ def capture_topic(
             continue  # nothing live left in it (or all in segments)
         start = max(run.base, floor)
         lo = start - run.base
-        copies.append(RunCopy(start, run.encs[lo:], run.ts[lo:], run.sizes[lo:]))
+        # above the absorbed mark every live slot holds its bytes (never `EVICTED`)
+        encs = cast("list[bytes | None]", run.encs[lo:])
+        copies.append(RunCopy(start, encs, run.ts[lo:], run.sizes[lo:]))
     snap = TopicSnap(
         id=topic.topic_id,
         name=topic.name,
@@ -255,6 +258,8 @@ def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
             range(a, b + 1), run.encs[i:j], run.ts[i:j], run.sizes[i:j], strict=True
         ):
             if enc is not None:
+                # above the absorbed mark nothing is ever evicted (topicd.engine.payloads)
+                assert enc is not EVICTED, seq
                 records.append(AbsorbRecord(seq, ts, enc, size))
     if records and (topic.tags or topic.nodes or topic.prios or topic.shapes):
         tags, nodes, prios, shapes = topic.tags, topic.nodes, topic.prios, topic.shapes

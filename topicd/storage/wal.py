@@ -936,6 +936,21 @@ class WalCommitPath:
             raise Internal(f"stored record {seq} of topic {topic.name!r}: {exc}") from exc
         return None if rec is None else rec.enc
 
+    async def read_stored_range(
+        self, topic: Topic, lo: int, hi: int, max_bytes: int
+    ) -> dict[int, bytes]:
+        """Records read back from their segments in one offloaded call (read limiter)."""
+        assert self.checkpointer is not None
+        store = self.checkpointer.segments
+        try:
+            return await self.offload.run(
+                store.read_range, topic.topic_id, lo, hi, max_bytes, group="read"
+            )
+        except SegmentCorruption as exc:
+            raise Internal(f"stored records of topic {topic.name!r} are corrupt") from exc
+        except OSError as exc:
+            raise Internal(f"stored records {lo}..{hi} of topic {topic.name!r}: {exc}") from exc
+
     def storage_stats(self) -> dict[str, int]:
         return {} if self.checkpointer is None else self.checkpointer.segments.stats()
 
