@@ -259,7 +259,6 @@ class StorageConfig:
         268435456,
         "Bound on the payloads of absorbed records kept in memory (one LRU for all "
         "topics); records not yet in segments stay in memory besides it.",
-        env=_env2("PAYLOAD_CACHE_BYTES"),
         min=0,
     )
     segments: SegmentsConfig = section(SegmentsConfig, "Per-topic segment files")

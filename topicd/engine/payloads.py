@@ -133,6 +133,8 @@ class PayloadCache:
         old = self._lru.pop(key, 0)
         self._lru[key] = old + nbytes
         self.bytes += nbytes
+        if topic.cached is None:
+            topic.cached = set()
         topic.cached.add(k)
         self._topics[topic.topic_id] = topic
 
@@ -140,8 +142,11 @@ class PayloadCache:
         """A read used seqs `lo ..= hi`: their cached chunks become the youngest."""
         lru = self._lru
         tid = topic.topic_id
+        cached = topic.cached
+        if not cached:
+            return
         for k in range(lo >> self.shift, min(hi >> self.shift, topic.released - 1) + 1):
-            if k in topic.cached:
+            if k in cached:
                 lru.move_to_end((tid, k))
                 self.hits += 1
 
@@ -161,8 +166,10 @@ class PayloadCache:
             topic = self._topics[key[0]]
             k = key[1]
             topic.evict_range(k << self.shift, ((k + 1) << self.shift) - 1)
-            topic.cached.discard(key[1])
+            assert topic.cached is not None
+            topic.cached.discard(k)
             if not topic.cached:
+                topic.cached = None
                 del self._topics[key[0]]
             self.evicted_chunks += 1
         for key, nbytes in reversed(skipped):  # back at the old end, in their order
@@ -173,9 +180,9 @@ class PayloadCache:
     def forget(self, topic: Topic) -> None:
         """A deleted topic's chunks leave the LRU (its slots go with the topic)."""
         tid = topic.topic_id
-        for k in topic.cached:
+        for k in topic.cached or ():
             self.bytes -= self._lru.pop((tid, k), 0)
-        topic.cached.clear()
+        topic.cached = None
         self._topics.pop(tid, None)
 
     # ---- misses -----------------------------------------------------------------------

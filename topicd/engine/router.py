@@ -83,6 +83,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicd.routers")
 
 _HEAD: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":\d+')
+_LOAD_PASSES: Final = 16  # batches a feed behind evicted records loads per sweep tick
 TRIM: Final = DerivedSlot(None, size=-1)  # marker: the source lost the record first
 _CATCH_UP_PASSES: Final = 64  # read-path catch-up: batches per feed before giving up
 SOURCE_EPOCH: Final = 1  # topic ids are never reused, so every incarnation is epoch 1
@@ -864,18 +865,19 @@ class RouterService:
         """Forward the feeds that stopped at evicted source records: load a batch of
         them from the segments (offloaded), then forward while they are held."""
         cache = self.engine.payloads
-        for dst, s in list(self.wants.items()):
-            del self.wants[dst]
-            feed = self.by_dest.get(dst)
-            if not feed or feed[0].src.deleted or dst.deleted:
-                continue
-            with cache.hold() as hold:
-                try:
-                    await cache.load(feed[0].src, s, self.cfg.batch, LOAD_BYTES_MAX, hold)
-                except TopicdError as exc:  # corrupt or unreadable: counted, retried
-                    log.error("router feed of %r: %s", dst.name, exc)
-                    continue
-                self.forward(dst, self.cfg.batch)
+        for dst in list(self.wants):
+            for _ in range(_LOAD_PASSES):  # (then the next tick goes on)
+                s = self.wants.pop(dst, None)
+                feed = self.by_dest.get(dst)
+                if s is None or not feed or feed[0].src.deleted or dst.deleted:
+                    break
+                with cache.hold() as hold:
+                    try:
+                        await cache.load(feed[0].src, s, self.cfg.batch, LOAD_BYTES_MAX, hold)
+                    except TopicdError as exc:  # corrupt or unreadable: counted, retried
+                        log.error("router feed of %r: %s", dst.name, exc)
+                        break
+                    self.forward(dst, self.cfg.batch)
 
     async def log_cursors(self, *, sync: bool = False) -> None:
         """Write a `RouterCursor` anchor for every router whose cursor moved (`sync`:

@@ -305,7 +305,7 @@ class Topic:
         self.cache: PayloadCache | None = None
         self.absorbed_to = 0  # records up to here are in segments (only they can be evicted)
         self.released = 0
-        self.cached: set[int] = set()
+        self.cached: set[int] | None = None  # (created with the first: most topics never)
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -359,11 +359,15 @@ class Topic:
     def _parts(self, lo: int, hi: int) -> list[tuple[Run, int, int]]:
         """(run, first index, end index) of the slots of seqs `lo ..= hi` in each run."""
         lo = max(lo, self.earliest_seq)
+        runs = self.runs
         out = []
-        for run in self.runs:
+        i = max(0, bisect.bisect_right(runs, lo, key=lambda r: r.base) - 1)
+        while i < len(runs) and runs[i].base <= hi:
+            run = runs[i]
             a, b = max(lo, run.base), min(hi, run.end)
             if a <= b:
                 out.append((run, a - run.base, b - run.base + 1))
+            i += 1
         return out
 
     def resident_bytes(self, lo: int, hi: int) -> int:
