@@ -223,14 +223,52 @@ class TopicSegments:
 
 
 @dataclass(slots=True)
+class AbsorbSlice:
+    """Consecutive slots `base ..` of a topic's log as captured (C-level copies)."""
+
+    base: int
+    encs: list[bytes | None]
+    ts: array[int]
+    sizes: array[int]
+
+
+@dataclass(slots=True)
 class AbsorbWork:
-    """What one checkpoint does to one topic's segments (captured on the loop)."""
+    """What one checkpoint does to one topic's segments. Captured on the loop as slices
+    of the log and copies of the sparse extras; `materialize` turns them into records in
+    the checkpoint's thread, so the loop does no per-record Python work."""
 
     topic_id: int
-    records: list[AbsorbRecord]  # ascending seqs above the registered `absorbed`
+    slices: list[AbsorbSlice]  # the slots above the registered `absorbed`, ascending
     flips: list[int]  # seqs killed since the last checkpoint (flip their tail if present)
     earliest: int  # the topic's earliest live seq: sealed segments wholly below go
     absorbed_to: int  # the new `absorbed` mark (the captured head)
+    tags: dict[int, str] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    prios: dict[int, int] = field(default_factory=dict)
+    shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    records: list[AbsorbRecord] = field(default_factory=list)  # ascending, live only
+
+    def materialize(self) -> None:
+        """Build `records` from the captured slices (blocking work: run offloaded)."""
+        records: list[AbsorbRecord] = []
+        for sl in self.slices:
+            for seq, enc, ts, size in zip(
+                range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
+            ):
+                if enc is not None:
+                    records.append(AbsorbRecord(seq, ts, enc, size))
+        tags, nodes, prios, shapes = self.tags, self.nodes, self.prios, self.shapes
+        if tags or nodes or prios or shapes:
+            for rec in records:
+                seq = rec.seq
+                rec.tag = tags.get(seq)
+                rec.node = nodes.get(seq)
+                rec.prio = prios.get(seq, 0)
+                shape = shapes.get(seq)
+                rec.shape = None if shape is None else (shape[0], shape[1])
+        self.records = records
+        self.slices = []
 
 
 @dataclass(slots=True)
@@ -298,6 +336,7 @@ class SegmentStore:
             self.fs.mkdir(topics_root)
             self.fs.fsync_dir(self.root)
         for work in works:
+            work.materialize()
             out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
         for tid in self.topics:
             if tid not in live_ids:

@@ -45,9 +45,8 @@ import trio
 import xxhash
 
 from topicd.engine.queues import leases_durable
-from topicd.engine.topic import EVICTED
 from topicd.storage.fs import replace_file
-from topicd.storage.segments import AbsorbRecord, AbsorbWork, SegSnap
+from topicd.storage.segments import AbsorbSlice, AbsorbWork, SegSnap
 
 if TYPE_CHECKING:
     from topicd.engine.engine import Engine
@@ -244,36 +243,30 @@ def absorbable(engine: Engine, topic: Topic) -> bool:
 
 
 def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
-    """The live records of `topic` above `absorbed` (C-level slices, then one pass for
-    the sparse extras), and the absorbed seqs killed since the last checkpoint."""
+    """The slots of `topic` above `absorbed` (C-level slices; the records are built in
+    the checkpoint's thread), copies of the sparse extras there, and the absorbed seqs
+    killed since the last checkpoint."""
     lo = max(absorbed + 1, topic.earliest_seq)
     head = topic.head_seq
-    records: list[AbsorbRecord] = []
+    slices: list[AbsorbSlice] = []
     for run in topic.runs:
         a, b = max(lo, run.base), min(head, run.end)
         if a > b:
             continue
         i, j = a - run.base, b - run.base + 1
-        for seq, enc, ts, size in zip(
-            range(a, b + 1), run.encs[i:j], run.ts[i:j], run.sizes[i:j], strict=True
-        ):
-            if enc is not None:
-                # above the absorbed mark nothing is ever evicted (topicd.engine.payloads)
-                assert enc is not EVICTED, seq
-                records.append(AbsorbRecord(seq, ts, enc, size))
-    if records and (topic.tags or topic.nodes or topic.prios or topic.shapes):
-        tags, nodes, prios, shapes = topic.tags, topic.nodes, topic.prios, topic.shapes
-        for rec in records:
-            seq = rec.seq
-            rec.tag = tags.get(seq)
-            rec.node = nodes.get(seq)
-            rec.prio = prios.get(seq, 0)
-            shape = shapes.get(seq)
-            rec.shape = None if shape is None else (shape[0], shape[1])
-    killed = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
+        # above the absorbed mark nothing is ever evicted (topicd.engine.payloads)
+        encs = cast("list[bytes | None]", run.encs[i:j])
+        slices.append(AbsorbSlice(a, encs, run.ts[i:j], run.sizes[i:j]))
+    work = AbsorbWork(topic.topic_id, slices, [], topic.earliest_seq, head)
+    if slices:
+        work.tags = _above(topic.tags, lo - 1, head)
+        work.nodes = _above(topic.nodes, lo - 1, head)
+        work.prios = _above(topic.prios, lo - 1, head)
+        work.shapes = {s: (v[0], v[1]) for s, v in _above(topic.shapes, lo - 1, head).items()}
+    work.flips = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
     topic.seg_killed = []
     topic.seg_tail = max(topic.seg_tail, head)
-    return AbsorbWork(topic.topic_id, records, killed, topic.earliest_seq, head)
+    return work
 
 
 def capture(
