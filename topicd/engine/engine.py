@@ -400,6 +400,7 @@ class Engine:
         if topic.deleted:
             raise TopicNotFound(topic.name)
         topic.config = config
+        topic.changed = True
         if config.ttl_ms > 0:
             self._ttl_topics.add(topic)
         else:
@@ -653,6 +654,7 @@ class Engine:
         self._enforce(topic, now)
         if touch:
             topic.last_read_ts = now
+            topic.changed = True
         cfg = topic.config
         state: dict[str, JsonValue] = {
             "topic": topic.name,
@@ -710,6 +712,7 @@ class Engine:
             self._enforce(topic, now)
             if touch:
                 topic.last_read_ts = now
+                topic.changed = True
             items.append(
                 {
                     "topic": name,
@@ -1005,6 +1008,7 @@ class Engine:
         now = self.clock.now_ms()
         self._enforce(topic, now)
         topic.last_read_ts = now
+        topic.changed = True
         node_filter: frozenset[str] | None = None
         if req.node is not None and topic.config.dedupe_node:
             node_filter = frozenset([req.node] if isinstance(req.node, str) else req.node)

@@ -29,6 +29,8 @@ from topicd.storage.wal import WalCommitPath, parse_wal_name
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import msgspec
+
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.engine import Engine
@@ -108,11 +110,15 @@ class Checkpointer:
         self.failures = 0
         self.last_duration_ms = 0.0
         self.last_bytes = 0
+        self.last_captured = 0  # topics the last checkpoint captured (the rest: reused)
         self.files_trimmed = 0
         self.segments = segments or SegmentStore(fs, cfg.storage.data_dir, cfg.storage.segments)
         # segment files the newest snapshot no longer references but the previous kept one
         # may: removed after the next snapshot (like WAL trimming, one snapshot behind)
         self._doomed: list[str] = []
+        # the newest snapshot's entry of each topic that has not changed since (reused as
+        # is: a checkpoint re-captures only what changed)
+        self._encoded: dict[int, msgspec.Raw] = {}
 
     def _written(self) -> int:
         return sum(shard.bytes_written for shard in self.wal.shards)
@@ -142,15 +148,20 @@ class Checkpointer:
             positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
             now_ms = self.clock.now_ms()
             cap = snapshot.capture(
-                self.engine, positions, now_ms, final=final, segments=self.segments, absorb=True
+                self.engine,
+                positions,
+                now_ms,
+                final=final,
+                segments=self.segments,
+                absorb=True,
+                reuse=self._encoded,
             )
             keep = self.cfg.storage.snapshot.keep
             try:
-                live = {t.id for t in cap.body.topics}
                 outcome = await self.offload.run(
-                    self.segments.absorb, cap.works, live, now_ms, group="snapshot"
+                    self.segments.absorb, cap.works, cap.live_ids, now_ms, group="snapshot"
                 )
-                for snap in cap.body.topics:
+                for snap in cap.fresh:
                     res = outcome.topics.get(snap.id)
                     if res is not None:
                         snap.segments = [seg.snap() for seg in res.state.segments]
@@ -171,11 +182,19 @@ class Checkpointer:
                     topic = self.engine.by_id.get(work.topic_id)
                     if topic is not None:
                         topic.seg_killed[:0] = work.flips
+                for topic in cap.captured:  # captured again next time
+                    topic.changed = True
                 self.failures += 1
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
                 return False
             self.number = number
             doomed = self.segments.install(outcome)
+            encoded = self._encoded
+            for topic in cap.captured:
+                encoded.pop(topic.topic_id, None)
+            encoded.update(cap.encoded)
+            if len(encoded) > len(cap.live_ids):  # deleted topics' entries
+                self._encoded = {tid: e for tid, e in encoded.items() if tid in cap.live_ids}
             # what the snapshot now names is durable in segments: its payloads may leave
             # memory (the payload cache evicts down to its bound)
             by_id = self.engine.by_id
@@ -209,10 +228,13 @@ class Checkpointer:
             self._last_at = trio.current_time()
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)
+            self.last_captured = len(cap.captured)
             log.info(
-                "checkpoint %d: %d topics, %d records absorbed, %d bytes in %.1f ms%s",
+                "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
+                "%.1f ms%s",
                 number,
-                len(cap.body.topics),
+                len(cap.live_ids),
+                len(cap.captured),
                 outcome.records,
                 self.last_bytes,
                 self.last_duration_ms,

@@ -312,6 +312,18 @@ class SegmentStore:
         st = self.topics.get(topic_id)
         return 0 if st is None else st.absorbed
 
+    def aged(self, now_ms: int) -> set[int]:
+        """Topics whose active segment is due to seal by age (`max_age_ms`)."""
+        max_age = self.cfg.max_age_ms
+        if max_age <= 0:
+            return set()
+        out: set[int] = set()
+        for tid, st in self.topics.items():
+            segs = st.segments
+            if segs and not segs[-1].sealed and now_ms - segs[-1].created_ms >= max_age:
+                out.add(tid)
+        return out
+
     def registry(self, topic_id: int) -> list[SegSnap]:
         st = self.topics.get(topic_id)
         return [] if st is None else [s.snap() for s in st.segments]

@@ -169,13 +169,24 @@ class RunCopy:
 
 @dataclass(slots=True)
 class Capture:
-    """What `capture` copies on the loop; `encode` turns it into bytes in a thread."""
+    """What `capture` copies on the loop; `encode` turns it into bytes in a thread.
 
-    body: SnapshotBody  # its topics' `runs` are filled by `encode`
+    `body.topics` holds a `TopicSnap` for each topic captured now and, with an
+    incremental capture, the encoded entry of the previous snapshot (`msgspec.Raw`) for
+    each topic that did not change since; `runs` are the record copies of the fresh ones
+    (aligned with `fresh`)."""
+
+    body: SnapshotBody  # its fresh topics' `runs` are filled by `encode`
     runs: list[list[RunCopy]]
     # records to copy into segments, and the topics whose registry the checkpoint fills
     # in once it absorbed them (`TopicSnap.segments`)
     works: list[AbsorbWork] = field(default_factory=list)
+    fresh: list[TopicSnap] = field(default_factory=list)
+    live_ids: set[int] = field(default_factory=set)
+    captured: list[Topic] = field(default_factory=list)  # their `changed` flags were cleared
+    # the encoded entries of fresh topics without records in the file (`encode` fills
+    # it): reusable while the topic does not change
+    encoded: dict[int, msgspec.Raw] = field(default_factory=dict)
 
 
 def capture_topic(
@@ -277,6 +288,7 @@ def capture(
     final: bool = False,
     segments: SegmentStore | None = None,
     absorb: bool = False,
+    reuse: dict[int, msgspec.Raw] | None = None,
 ) -> Capture:
     """The engine's state and the WAL positions it reflects (one synchronous step).
 
@@ -285,16 +297,32 @@ def capture(
     `segments`, records they hold are left out; with `absorb` too, every absorbable
     topic's records up to its head are captured for copying into segments instead
     (`Capture.works`), and the checkpoint fills in the new registry.
+
+    With `reuse` (the previous snapshot's encoded entries, `Capture.encoded`) the capture
+    is incremental: a topic that did not change since (`Topic.changed` unset, no queue,
+    no active segment due to seal by age) keeps its entry as it was, so a checkpoint
+    costs what changed rather than what exists. `final` captures everything.
     """
-    topics: list[TopicSnap] = []
-    runs: list[list[RunCopy]] = []
-    works: list[AbsorbWork] = []
+    topics: list[TopicSnap | msgspec.Raw] = []
+    cap = Capture(SnapshotBody(VERSION, created_ms, 0, 0, [], [], []), [])
+    aged = segments.aged(created_ms) if segments is not None and reuse else set()
     for t in engine.by_id.values():
         if t.deleted:
             continue
-        absorbed = segments.absorbed(t.topic_id) if segments is not None else 0
+        tid = t.topic_id
+        cap.live_ids.add(tid)
+        if reuse is not None and not final and not t.changed and t.queue is None:
+            entry = reuse.get(tid)
+            if entry is not None and tid not in aged:
+                if VERIFY_INCREMENTAL:
+                    _verify_unchanged(engine, t, entry, created_ms, segments)
+                topics.append(entry)
+                continue
+        t.changed = False
+        cap.captured.append(t)
+        absorbed = segments.absorbed(tid) if segments is not None else 0
         if segments is not None and absorb and absorbable(engine, t):
-            works.append(capture_absorb(t, absorbed))
+            cap.works.append(capture_absorb(t, absorbed))
             absorbed = max(absorbed, t.head_seq)
         snap, copies = capture_topic(
             t,
@@ -303,25 +331,71 @@ def capture(
             absorbed=absorbed,
         )
         if segments is not None:
-            snap.segments = segments.registry(t.topic_id)
+            snap.segments = segments.registry(tid)
         topics.append(snap)
-        runs.append(copies)
+        cap.fresh.append(snap)
+        cap.runs.append(copies)
     # a retry window is as durable as the records it points to: none for ephemeral topics
-    durable_ids = {t.id for t in topics if t.config.get("durability") != "ephemeral"}
-    body = SnapshotBody(
+    by_id = engine.by_id
+    idem = [
+        entry
+        for entry in engine.idem.committed()
+        if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
+    ]
+    cap.body = SnapshotBody(
         VERSION,
         created_ms,
         engine.next_topic_id,
         len(positions),
         positions,
-        topics,
-        [entry for entry in engine.idem.committed() if entry[0] in durable_ids],
+        topics,  # type: ignore[arg-type]  # (encoded entries are written as they are)
+        idem,
         engine.routers.export(),
     )
-    return Capture(body, runs, works)
+    return cap
+
+
+# Tests set this: every reused entry is checked against a fresh capture of its topic (a
+# mutation that forgot to set `Topic.changed` would otherwise leave a stale entry).
+VERIFY_INCREMENTAL = False
+
+
+def _verify_unchanged(
+    engine: Engine, t: Topic, entry: msgspec.Raw, now_ms: int, segments: SegmentStore | None
+) -> None:
+    absorbed = segments.absorbed(t.topic_id) if segments is not None else 0
+    snap, copies = capture_topic(
+        t, reserved=max(t.reserved_head, t.head_seq), now_ms=now_ms, absorbed=absorbed
+    )
+    if segments is not None:
+        snap.segments = segments.registry(t.topic_id)
+    pieces: list[bytes] = []
+    assert not _fill_runs(snap, copies, pieces), t.name  # reused entries have no records
+    fresh = _ENC.encode(snap)
+    assert bytes(entry) == fresh, f"topic {t.name!r} changed without Topic.changed set"
 
 
 # ---- encoding and files (blocking: run offloaded) ------------------------------------
+
+
+def _fill_runs(snap: TopicSnap, copies: list[RunCopy], pieces: list[bytes]) -> int:
+    """Add the copies' columns to `snap.runs` and their records to `pieces`; returns the
+    record bytes added."""
+    added = 0
+    for run in copies:
+        encs = run.encs
+        lens = array("I", [DEAD if e is None else len(e) for e in encs])
+        total = 0
+        for i in range(0, len(encs), CHUNK_RECORDS):
+            piece = b"".join([e for e in encs[i : i + CHUNK_RECORDS] if e is not None])
+            if piece:
+                pieces.append(piece)
+                total += len(piece)
+        snap.runs.append(
+            RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), b"", total)
+        )
+        added += total
+    return added
 
 
 def encode(cap: Capture) -> list[bytes]:
@@ -329,19 +403,16 @@ def encode(cap: Capture) -> list[bytes]:
     it offloaded; no piece is larger than the body or `CHUNK_RECORDS` records)."""
     body = cap.body
     pieces: list[bytes] = []
-    for snap, copies in zip(body.topics, cap.runs, strict=True):
-        for run in copies:
-            encs = run.encs
-            lens = array("I", [DEAD if e is None else len(e) for e in encs])
-            total = 0
-            for i in range(0, len(encs), CHUNK_RECORDS):
-                piece = b"".join([e for e in encs[i : i + CHUNK_RECORDS] if e is not None])
-                if piece:
-                    pieces.append(piece)
-                    total += len(piece)
-            snap.runs.append(
-                RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), b"", total)
-            )
+    for snap, copies in zip(cap.fresh, cap.runs, strict=True):
+        if not _fill_runs(snap, copies, pieces):
+            # no record bytes after the body: the entry is whole, reusable as it is
+            cap.encoded[snap.id] = msgspec.Raw(_ENC.encode(snap))
+    if cap.encoded:
+        topics: list[TopicSnap | msgspec.Raw] = list(body.topics)
+        for i, entry in enumerate(topics):
+            if isinstance(entry, TopicSnap) and entry.id in cap.encoded:
+                topics[i] = cap.encoded[entry.id]
+        body.topics = topics  # type: ignore[assignment]
     payload = _ENC.encode(body)
     digest = xxhash.xxh3_64(payload)
     for piece in pieces:
