@@ -118,6 +118,10 @@ class Engine:
         self.pending_bytes = 0
         self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
         self.payloads = PayloadCache(config.storage.payload_cache_bytes)
+        # topics whose snapshot entry changed since the last checkpoint captured them, and
+        # the queues (re-captured every time): an incremental checkpoint's work list
+        self.changed_topics: set[Topic] = set()
+        self.queue_topics: set[Topic] = set()
         self.payloads.loader = self._load_stored
         self.commit: StorageBackend = commit or InMemoryCommitPath()
         self.commit.attach(self)
@@ -364,7 +368,12 @@ class Engine:
 
     def apply_create(self, topic: Topic) -> Topic:
         topic.cache = self.payloads
+        topic.tracker = self.changed_topics
+        if topic.changed:
+            self.changed_topics.add(topic)
         self.queues.attach(topic)
+        if topic.queue is not None:
+            self.queue_topics.add(topic)
         self.by_id[topic.topic_id] = topic
         self.next_topic_id = max(self.next_topic_id, topic.topic_id + 1)
         if topic.config.ttl_ms > 0:
@@ -400,7 +409,7 @@ class Engine:
         if topic.deleted:
             raise TopicNotFound(topic.name)
         topic.config = config
-        topic.changed = True
+        topic.mark_changed()
         if config.ttl_ms > 0:
             self._ttl_topics.add(topic)
         else:
@@ -427,6 +436,9 @@ class Engine:
         self.total_bytes -= topic.bytes
         self.idem.drop_topic(topic.topic_id)
         self.payloads.forget(topic)
+        self.changed_topics.discard(topic)
+        self.queue_topics.discard(topic)
+        topic.tracker = None
         topic.deleted = True
         self.routers.topic_deleted(topic)  # cascade
         if topic.queue is not None:
@@ -654,7 +666,7 @@ class Engine:
         self._enforce(topic, now)
         if touch:
             topic.last_read_ts = now
-            topic.changed = True
+            topic.mark_changed()
         cfg = topic.config
         state: dict[str, JsonValue] = {
             "topic": topic.name,
@@ -712,7 +724,7 @@ class Engine:
             self._enforce(topic, now)
             if touch:
                 topic.last_read_ts = now
-                topic.changed = True
+                topic.mark_changed()
             items.append(
                 {
                     "topic": name,
@@ -1008,7 +1020,7 @@ class Engine:
         now = self.clock.now_ms()
         self._enforce(topic, now)
         topic.last_read_ts = now
-        topic.changed = True
+        topic.mark_changed()
         node_filter: frozenset[str] | None = None
         if req.node is not None and topic.config.dedupe_node:
             node_filter = frozenset([req.node] if isinstance(req.node, str) else req.node)

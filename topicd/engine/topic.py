@@ -281,6 +281,7 @@ class Topic:
         # something the snapshot records changed since the last checkpoint captured the
         # topic (set by every such mutation; checkpoints re-capture only these)
         self.changed = True
+        self.tracker: set[Topic] | None = None  # the engine's set of changed topics
         self.deleting: trio.Event | None = None  # set while a delete is being committed
         self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
         self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
@@ -309,6 +310,14 @@ class Topic:
         self.absorbed_to = 0  # records up to here are in segments (only they can be evicted)
         self.released = 0
         self.cached: set[int] | None = None  # (created with the first: most topics never)
+
+    def mark_changed(self) -> None:
+        """Something the snapshot records changed: the next checkpoint captures the topic
+        (`topicd.storage.snapshot.capture`)."""
+        if not self.changed:
+            self.changed = True
+            if self.tracker is not None:
+                self.tracker.add(self)
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -401,7 +410,7 @@ class Topic:
         """The `$ts` for a new write: the wall clock, never below the previous stamp."""
         ts = now_ms if now_ms > self.last_ts else self.last_ts
         self.last_ts = ts
-        self.changed = True
+        self.mark_changed()
         return ts
 
     def publish(
@@ -423,7 +432,7 @@ class Topic:
         n = len(encs)
         assert n > 0
         assert first_seq == self.head_seq + 1, (first_seq, self.head_seq)
-        self.changed = True
+        self.mark_changed()
         run = self.runs[-1]
         assert first_seq == run.end + 1, (first_seq, run.base, len(run.encs))
         run.encs.extend(encs)
@@ -454,7 +463,7 @@ class Topic:
         reservation or a lost range). The gap is not stored: a new run starts above it."""
         if new_head <= self.head_seq:
             return
-        self.changed = True
+        self.mark_changed()
         if self.count == 0:
             self.runs = [Run(new_head + 1)]
             self.earliest_seq = new_head + 1
@@ -468,7 +477,7 @@ class Topic:
     def add_lost_range(self, gap_from: int, gap_to: int) -> None:
         """Record seqs possibly lost in a crash (recovery); reads announce them."""
         assert gap_from <= gap_to
-        self.changed = True
+        self.mark_changed()
         self.lost_ranges.append((gap_from, gap_to))
         self.lost_ranges.sort()
         self.skip_to(gap_to)
@@ -480,7 +489,7 @@ class Topic:
         this is the whole publication. Returns the payload bytes added."""
         assert slots
         assert self.next_seq == self.head_seq + 1, "a write is in flight"
-        self.changed = True
+        self.mark_changed()
         first = self.head_seq + 1
         run = self.runs[-1]
         if run.end + 1 != first:
@@ -524,7 +533,7 @@ class Topic:
         bytes added."""
         if not placed:
             return 0
-        self.changed = True
+        self.mark_changed()
         slots: dict[int, tuple[Enc, int, int]] = {}
         for run in self.runs:
             for i, enc in enumerate(run.encs):
@@ -563,7 +572,7 @@ class Topic:
 
     def add_trim(self, gap_from: int, gap_to: int) -> None:
         """Seqs a router could not fill: its source lost them first (`source_trim`)."""
-        self.changed = True
+        self.mark_changed()
         trims = self.trims
         if trims and trims[-1][1] + 1 == gap_from:
             trims[-1] = (trims[-1][0], gap_to)
@@ -601,7 +610,7 @@ class Topic:
 
     def _evict_front(self, reason: str) -> int:
         seq = self.earliest_seq
-        self.changed = True
+        self.mark_changed()
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
         while self.lost_ranges and self.lost_ranges[0][1] < seq:
@@ -619,7 +628,7 @@ class Topic:
         i = seq - run.base
         assert run.encs[i] is not None
         run.encs[i] = None
-        self.changed = True
+        self.mark_changed()
         size = run.sizes[i]
         if seq <= self.seg_tail:
             self.seg_killed.append(seq)

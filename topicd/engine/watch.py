@@ -699,7 +699,7 @@ def catch_up(
             if frames:
                 moved = True
                 topic.last_read_ts = now_ms  # watch delivery is a read (recency)
-                topic.changed = True
+                topic.mark_changed()
         if pos[name] >= bound and pos[name] <= topic.head_seq:
             mode[name] = LIVE  # at the head: the drains feed it from here
             conn.enqueued_to[name] = pos[name]

@@ -352,7 +352,7 @@ class DeliveryScheduler:
         self.stats.drain_yields += budget.yields
         if delivered:
             topic.last_read_ts = self.clock.now_ms()  # watch delivery is a read (recency)
-            topic.changed = True
+            topic.mark_changed()
         topic.drained_to = end
         topic.drained_strong = strong_end if any_strong else topic.durable_head
         if budget.yields:  # published while the fan-out yielded (mark_dirty saw it queued)

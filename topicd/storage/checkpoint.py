@@ -154,12 +154,12 @@ class Checkpointer:
                 final=final,
                 segments=self.segments,
                 absorb=True,
-                reuse=self._encoded,
+                reuse=self._encoded if self.count else None,  # (the first: everything)
             )
             keep = self.cfg.storage.snapshot.keep
             try:
                 outcome = await self.offload.run(
-                    self.segments.absorb, cap.works, cap.live_ids, now_ms, group="snapshot"
+                    self.segments.absorb, cap.works, cap.gone_ids, now_ms, group="snapshot"
                 )
                 for snap in cap.fresh:
                     res = outcome.topics.get(snap.id)
@@ -183,18 +183,14 @@ class Checkpointer:
                     if topic is not None:
                         topic.seg_killed[:0] = work.flips
                 for topic in cap.captured:  # captured again next time
-                    topic.changed = True
+                    topic.mark_changed()
                 self.failures += 1
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
                 return False
             self.number = number
             doomed = self.segments.install(outcome)
-            encoded = self._encoded
-            for topic in cap.captured:
-                encoded.pop(topic.topic_id, None)
-            encoded.update(cap.encoded)
-            if len(encoded) > len(cap.live_ids):  # deleted topics' entries
-                self._encoded = {tid: e for tid, e in encoded.items() if tid in cap.live_ids}
+            cap.entries.update(cap.encoded)
+            self._encoded = cap.entries
             # what the snapshot now names is durable in segments: its payloads may leave
             # memory (the payload cache evicts down to its bound)
             by_id = self.engine.by_id
@@ -233,7 +229,7 @@ class Checkpointer:
                 "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
                 "%.1f ms%s",
                 number,
-                len(cap.live_ids),
+                len(cap.body.topics),
                 len(cap.captured),
                 outcome.records,
                 self.last_bytes,

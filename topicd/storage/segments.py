@@ -32,6 +32,7 @@ snapshot says.
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
 import posixpath
 import re
@@ -301,6 +302,7 @@ class SegmentStore:
         self.dropped_total = 0
         self.flipped_total = 0
         self.absorbed_records = 0
+        self._active: list[tuple[int, int]] | None = None  # (created_ms, topic id), a heap
 
     def state(self, topic_id: int) -> TopicSegments:
         st = self.topics.get(topic_id)
@@ -313,15 +315,31 @@ class SegmentStore:
         return 0 if st is None else st.absorbed
 
     def aged(self, now_ms: int) -> set[int]:
-        """Topics whose active segment is due to seal by age (`max_age_ms`)."""
+        """Topics whose active segment is due to seal by age (`max_age_ms`): a heap of
+        active segments by creation time, so the cost follows the segments due."""
         max_age = self.cfg.max_age_ms
         if max_age <= 0:
             return set()
+        heap = self._active
+        if heap is None:
+            heap = self._active = [
+                (st.segments[-1].created_ms, tid)
+                for tid, st in self.topics.items()
+                if st.segments and not st.segments[-1].sealed
+            ]
+            heapq.heapify(heap)
         out: set[int] = set()
-        for tid, st in self.topics.items():
-            segs = st.segments
-            if segs and not segs[-1].sealed and now_ms - segs[-1].created_ms >= max_age:
+        limit = now_ms - max_age
+        while heap and heap[0][0] <= limit:
+            created, tid = heapq.heappop(heap)
+            st = self.topics.get(tid)
+            if st is None or not st.segments:
+                continue
+            last = st.segments[-1]
+            if not last.sealed and last.created_ms == created:
                 out.add(tid)
+        for tid in out:  # still due until a checkpoint sealed them
+            heapq.heappush(heap, (self.topics[tid].segments[-1].created_ms, tid))
         return out
 
     def registry(self, topic_id: int) -> list[SegSnap]:
@@ -339,7 +357,7 @@ class SegmentStore:
 
     # ---- checkpoint: absorb (blocking, offloaded) -----------------------------------
 
-    def absorb(self, works: list[AbsorbWork], live_ids: set[int], now_ms: int) -> AbsorbOutcome:
+    def absorb(self, works: list[AbsorbWork], gone_ids: set[int], now_ms: int) -> AbsorbOutcome:
         """Copy the captured records into segments, flip delete flags, seal, and sync
         every touched file and new directory. Never changes `self` (see `install`)."""
         out = AbsorbOutcome()
@@ -350,8 +368,8 @@ class SegmentStore:
         for work in works:
             work.materialize()
             out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
-        for tid in self.topics:
-            if tid not in live_ids:
+        for tid in sorted(gone_ids):
+            if tid in self.topics:
                 out.gone_dirs.append(topic_dir(self.root, tid))
         return out
 
@@ -513,6 +531,15 @@ class SegmentStore:
         what the new registry no longer references (files and topic directories)."""
         doomed: list[str] = []
         for tid, res in outcome.topics.items():
+            old = self.topics.get(tid)
+            segs = res.state.segments
+            new_active = (
+                segs
+                and not segs[-1].sealed
+                and (old is None or not old.segments or old.segments[-1].first != segs[-1].first)
+            )
+            if self._active is not None and new_active:
+                heapq.heappush(self._active, (segs[-1].created_ms, tid))
             self.topics[tid] = res.state
             doomed += res.dropped
             self.sealed_total += res.sealed

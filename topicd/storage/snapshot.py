@@ -182,7 +182,9 @@ class Capture:
     # in once it absorbed them (`TopicSnap.segments`)
     works: list[AbsorbWork] = field(default_factory=list)
     fresh: list[TopicSnap] = field(default_factory=list)
-    live_ids: set[int] = field(default_factory=set)
+    # the reused entries of the topics not captured now (incremental capture)
+    entries: dict[int, msgspec.Raw] = field(default_factory=dict)
+    gone_ids: set[int] = field(default_factory=set)  # deleted topics that have segments
     captured: list[Topic] = field(default_factory=list)  # their `changed` flags were cleared
     # the encoded entries of fresh topics without records in the file (`encode` fills
     # it): reusable while the topic does not change
@@ -298,26 +300,40 @@ def capture(
     topic's records up to its head are captured for copying into segments instead
     (`Capture.works`), and the checkpoint fills in the new registry.
 
-    With `reuse` (the previous snapshot's encoded entries, `Capture.encoded`) the capture
-    is incremental: a topic that did not change since (`Topic.changed` unset, no queue,
-    no active segment due to seal by age) keeps its entry as it was, so a checkpoint
-    costs what changed rather than what exists. `final` captures everything.
+    With `reuse` (the previous snapshot's encoded entries: `Capture.entries` with
+    `Capture.encoded` added) the capture is incremental: only the topics marked changed
+    since (`Topic.mark_changed`), queues (their lease state), topics due to seal a
+    segment by age and topics without an entry are captured; every other topic keeps its
+    entry byte for byte. The work on the loop then follows what changed, plus C-level
+    set operations over the topic ids. `final` captures everything.
     """
-    topics: list[TopicSnap | msgspec.Raw] = []
     cap = Capture(SnapshotBody(VERSION, created_ms, 0, 0, [], [], []), [])
-    aged = segments.aged(created_ms) if segments is not None and reuse else set()
-    for t in engine.by_id.values():
-        if t.deleted:
-            continue
+    by_id = engine.by_id
+    todo: list[Topic]
+    if reuse is None or final:
+        todo = [t for t in by_id.values() if not t.deleted]
+        engine.changed_topics.clear()
+    else:
+        due = set(engine.changed_topics)
+        engine.changed_topics.clear()
+        due |= engine.queue_topics
+        ids = by_id.keys()
+        extra = ids - reuse.keys()  # new topics, and entries re-made every time
+        if segments is not None:
+            extra |= segments.aged(created_ms) & ids
+        due.update(by_id[tid] for tid in extra)
+        todo = [t for t in due if not t.deleted and t.topic_id in by_id]
+        entries = dict(reuse)
+        for tid in reuse.keys() - ids:  # deleted since
+            del entries[tid]
+        for t in todo:
+            entries.pop(t.topic_id, None)
+        if VERIFY_INCREMENTAL:
+            for tid, entry in entries.items():
+                _verify_unchanged(engine, by_id[tid], entry, created_ms, segments)
+        cap.entries = entries
+    for t in todo:
         tid = t.topic_id
-        cap.live_ids.add(tid)
-        if reuse is not None and not final and not t.changed and t.queue is None:
-            entry = reuse.get(tid)
-            if entry is not None and tid not in aged:
-                if VERIFY_INCREMENTAL:
-                    _verify_unchanged(engine, t, entry, created_ms, segments)
-                topics.append(entry)
-                continue
         t.changed = False
         cap.captured.append(t)
         absorbed = segments.absorbed(tid) if segments is not None else 0
@@ -332,16 +348,17 @@ def capture(
         )
         if segments is not None:
             snap.segments = segments.registry(tid)
-        topics.append(snap)
         cap.fresh.append(snap)
         cap.runs.append(copies)
+    if segments is not None:
+        cap.gone_ids = segments.topics.keys() - by_id.keys()
     # a retry window is as durable as the records it points to: none for ephemeral topics
-    by_id = engine.by_id
     idem = [
         entry
         for entry in engine.idem.committed()
         if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
     ]
+    topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
     cap.body = SnapshotBody(
         VERSION,
         created_ms,

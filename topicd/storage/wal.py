@@ -525,7 +525,7 @@ class Shard:
         for topic, reserved in reserving.items():
             if reserved > topic.reserved_head:
                 topic.reserved_head = reserved
-                topic.changed = True
+                topic.mark_changed()
         self._publish(subs, sync_ms, append_ms if data else None)
         if data and not sync:
             heads = self.unsynced_heads
