@@ -1,14 +1,16 @@
 """Checkpoints: snapshot the engine, then trim the WAL behind it (storage spec §9).
 
 A checkpoint runs when the WAL written since the last one reaches
-`max(storage.snapshot.wal_bytes_threshold, live bytes)` — so rewriting the whole state
-never costs much more than the log it replaces — or when `storage.snapshot.interval_ms`
-has passed and anything was written; checked every `check_interval_ms`. A final one runs
-at graceful shutdown, after the WAL drained and synced, with every seq reservation
-released to its head so a clean restart resumes with no gap.
+`storage.snapshot.wal_bytes_threshold`, or when `storage.snapshot.interval_ms` has passed
+and anything was written; checked every `check_interval_ms`. A final one runs at
+graceful shutdown, after the WAL drained and synced, with every seq reservation released
+to its head so a clean restart resumes with no gap.
 
-Steps: capture (one synchronous step on the loop: state and per-shard WAL positions) →
-encode (offloaded) → write, sync, rename, sync `meta/` (shielded) → remove WAL files that
+Steps: capture (one synchronous step on the loop: the topics that changed since the
+last checkpoint, slices of their records to absorb, per-shard WAL positions) → absorb
+into segments and encode (offloaded) → write, sync, rename, sync `meta/` (shielded) →
+install the new segment registry and release the absorbed records' payloads to the
+payload cache → remove WAL files that
 lie wholly before the positions of the *previous* snapshot (with `keep ≥ 2`), so the
 older kept snapshot can still be replayed if the newest one turns out unreadable. A
 failure is logged, counted and retried at the next check; the WAL keeps its files longer.

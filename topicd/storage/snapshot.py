@@ -1,12 +1,13 @@
-"""Snapshots: the engine's whole state in one checksummed file, so the WAL can be trimmed.
+"""Snapshots: the engine's state in one checksummed file, so the WAL can be trimmed.
 
-topicd keeps every retained record in memory, so a snapshot is the complete state: every
-topic's metadata, its retained records (as stored JSON, with their `$ts` and sizes in
-compact arrays and the sparse extras), the unexpired idempotency entries, and per WAL
-shard the position up to which the log is reflected (replay starts there). There are no
-per-topic segment files in this version (docs/decisions.md): the checkpoint trigger
-scales with the retained bytes, so rewriting the state costs at most about as much as
-the log it replaces.
+A snapshot holds every topic's metadata and segment registry (records up to its
+`absorbed` mark live in the topic's segment files, `topicd.storage.segments`), the
+records segments do not hold (a router destination's, and everything in a file written
+before segments existed: as stored JSON, with their `$ts` and sizes in compact arrays and
+the sparse extras), the unexpired idempotency entries, router and durable lease state,
+and per WAL shard the position up to which the log is reflected (replay starts there).
+Checkpoints capture incrementally (`capture`): only topics that changed since the last
+one are captured again; the others' encoded entries are written as they were.
 
 File: `meta/snapshot-<n:020d>.bin`; a 32-byte header (magic `TOPICDSN`, version u32,
 checksum algorithm u8, 3 reserved bytes, msgpack body length u64, XXH3-64 of everything
