@@ -108,6 +108,7 @@ class Checkpointer:
         self._written_at_last = self._written()
         self._last_at = trio.current_time()
         self._lock = trio.Lock()
+        self._wake = trio.Event()  # set by `poke`: the WAL bytes threshold was reached
         self.count = 0
         self.failures = 0
         self.last_duration_ms = 0.0
@@ -134,11 +135,21 @@ class Checkpointer:
             return True
         return trio.current_time() - self._last_at >= snap.interval_ms / 1000
 
+    def poke(self) -> None:
+        """The WAL wrote a batch: start a checkpoint now if the bytes threshold is reached
+        (not at the next periodic check: records stay pinned in memory until absorbed)."""
+        if not self._wake.is_set():
+            threshold = self.cfg.storage.snapshot.wal_bytes_threshold
+            if self._written() - self._written_at_last >= threshold:
+                self._wake.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         period = self.cfg.storage.snapshot.check_interval_ms / 1000
         while True:
-            await trio.sleep(period)
+            with trio.move_on_after(period):
+                await self._wake.wait()
+            self._wake = trio.Event()
             if self.due():
                 await self.checkpoint()
 

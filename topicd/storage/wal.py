@@ -234,6 +234,7 @@ class Shard:
             success_threshold=b.success_threshold,
         )
         self.commit_window_ms = cfg.governor.commit_window_min_ms
+        self.on_written: Callable[[], None] | None = None  # after each batch written
         # queues
         self.queues: dict[Topic, deque[Submission]] = {}
         self.ready: deque[Topic] = deque()
@@ -514,6 +515,8 @@ class Shard:
             self.batches += 1
             self.frames_written += len(out)
             self.bytes_written += len(data)
+            if self.on_written is not None:
+                self.on_written()
             if sync:
                 self._synced(sync_ms, sum(s.batch.count for s in subs if s.batch is not None))
             else:
@@ -757,6 +760,8 @@ class Checkpoints(Protocol):
 
     async def checkpoint(self, *, final: bool = False) -> bool: ...
 
+    def poke(self) -> None: ...
+
 
 class WalCommitPath:
     """The engine's commit path over `N` WAL shards (see module docstring)."""
@@ -794,6 +799,12 @@ class WalCommitPath:
             Shard(i, n, self.root, files, self.cfg, self.fs, self.offload, self.clock, hooks)
             for i, files in enumerate(self._shard_files)
         ]
+        for shard in self.shards:
+            shard.on_written = self._written
+
+    def _written(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.poke()
 
     def shard(self, topic: Topic) -> Shard:
         return self.shards[shard_of(topic.topic_id, len(self.shards))]
