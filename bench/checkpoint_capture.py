@@ -12,6 +12,7 @@ those 10), one with nothing changed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -21,14 +22,24 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from topicd.config import Config  # noqa: TC001 - used at run time by dataclasses
 from topicd.storage import snapshot
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable
 from topicd.wire import RecordIn, WriteIn
 
 
+def config() -> Config:
+    """No checkpoint but the three this script takes."""
+    cfg = durable_config()
+    snap = dataclasses.replace(
+        cfg.storage.snapshot, interval_ms=1 << 40, wal_bytes_threshold=1 << 50
+    )
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, snapshot=snap))
+
+
 async def main(n: int) -> None:
-    async with open_durable(FakeDisk(), durable_config()) as engine:
+    async with open_durable(FakeDisk(), config()) as engine:
         req = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"x" * 90 + b'"'))] * 3)
         for i in range(n):
             await engine.append(f"t{i}", req)

@@ -7,7 +7,8 @@ segments yet exist only in the WAL and in memory, so their bytes are *pinned*: t
 leave. Once a checkpoint made their segment durable, their bytes become evictable and
 enter one LRU shared by every topic, bounded by `storage.payload_cache_bytes`.
 
-The unit is a *chunk*: the `CHUNK` consecutive seqs `k·CHUNK ..` of one topic. A chunk
+The unit is a *chunk*: the 256 (`1 << CHUNK_SHIFT`) consecutive seqs `k·256 ..` of one
+topic. A chunk
 enters the LRU when its last seq is absorbed (`release`), is moved to the young end when a
 read uses it (`touch`), and leaving the LRU turns every live slot of it into `EVICTED`. A
 chunk may be partly resident (a miss loads only what a read needs); the LRU counts the
