@@ -635,9 +635,14 @@ class RouterService:
         return max(r.lag for r in feed)
 
     def _stuck(self, dest: Topic) -> bool:
-        """Held by an in-flight direct write, or refused room: retried later, not now."""
+        """Held by an in-flight direct write, refused room, or stopped at evicted source
+        records (the sweep loads them): retried later, not now."""
         feed = self.by_dest.get(dest)
-        return dest in self.held or (feed is not None and any(r.blocked for r in feed))
+        return (
+            dest in self.held
+            or dest in self.wants
+            or (feed is not None and any(r.blocked for r in feed))
+        )
 
     # ---- the direct-write gate ------------------------------------------------------------
 

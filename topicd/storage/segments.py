@@ -630,7 +630,7 @@ class SegmentStore:
                     frame = frames.read_frame(data, at, at + seg.lens[i], frames.LEGACY_MAX_FRAME)
                     if frame is None or frame.seq != seq or frame.end != at + seg.lens[i]:
                         raise frames.FrameError("checksum mismatch or bad frame")
-                    rec = decode_record(frame)
+                    enc = frames.single_enc(frame)
                 except frames.FrameError as exc:
                     self.corruptions += 1
                     rel = posixpath.relpath(path, self.root)
@@ -643,7 +643,7 @@ class SegmentStore:
                     )
                     raise SegmentCorruption(rel, seg.offsets[i], str(exc)) from None
                 if data[frame.end - 1] != DELETED:
-                    out[seq] = rec.enc
+                    out[seq] = enc
         return out
 
 
