@@ -95,7 +95,7 @@ class Segment:
     created_ms: int
     offsets: array[int] = field(default_factory=lambda: array("I"))  # ABSENT: no frame
     lens: array[int] = field(default_factory=lambda: array("I"))
-    ts: array[int] = field(default_factory=lambda: array("q"))
+    ts: array[int] = field(default_factory=lambda: array("q"))  # empty once sealed
     flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
 
     def copy(self) -> Segment:
@@ -500,10 +500,11 @@ class SegmentStore:
 
     def _seal(self, seg: Segment, tid: int) -> None:
         seg.sealed = True
+        ts_column, seg.ts = seg.ts, array("q")  # only the `.idx` needs them: 8 bytes a seq
         if not self.write_idx:
             return
         entries = bytearray()
-        for off, length, ts, flag in zip(seg.offsets, seg.lens, seg.ts, seg.flags, strict=True):
+        for off, length, ts, flag in zip(seg.offsets, seg.lens, ts_column, seg.flags, strict=True):
             flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
             entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
         path = idx_path(self.root, tid, seg.first)
@@ -705,6 +706,8 @@ def load_segment(
     while seg.last < reg.last:  # trailing absent slots
         seg.add(reg.last, 0, 0, seg.ts[-1] if len(seg.ts) else 0)
         seg.offsets[-1] = ABSENT
+    if reg.sealed:
+        seg.ts = array("q")  # (kept only while a segment may still be sealed)
     return LoadedSegment(seg, live, len(data) - reg.data_len)
 
 
