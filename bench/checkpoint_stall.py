@@ -46,7 +46,7 @@ def make_capture(n: int) -> snapshot.Capture:
         evictions=[], lost=[], last_ts=0, last_write_ts=None, last_read_ts=None, runs=[],
     )  # fmt: skip
     body = snapshot.SnapshotBody(snapshot.VERSION, 0, 2, 1, [(0, 64)], [topic], [])
-    return snapshot.Capture(body, [[run]])
+    return snapshot.Capture(body, [[run]], fresh=[topic])
 
 
 def fresh(cap: snapshot.Capture) -> snapshot.Capture:

@@ -255,6 +255,12 @@ class StorageConfig:
         min=0,
         max=8,
     )
+    payload_cache_bytes: int = key(
+        268435456,
+        "Bound on the payloads of absorbed records kept in memory (one LRU for all "
+        "topics); records not yet in segments stay in memory besides it.",
+        min=0,
+    )
     segments: SegmentsConfig = section(SegmentsConfig, "Per-topic segment files")
     wal: WalConfig = section(WalConfig, "Write-ahead log: files, group commit, ingest bounds")
     snapshot: SnapshotConfig = section(SnapshotConfig, "Checkpoints and snapshots")

@@ -113,6 +113,9 @@ class Server:
         env["TOPICD_STORAGE_SNAPSHOT_CHECK_INTERVAL_MS"] = "100"
         env["TOPICD_STORAGE_SNAPSHOT_WAL_BYTES_THRESHOLD"] = str(WAL_FILE_BYTES)
         env["TOPICD_SEGMENT_MAX_EVENTS"] = "50"  # segments seal (and drop) within a run
+        # a payload cache of a few records: reads after each restart load evicted records
+        # back from the segments
+        env["TOPICD_STORAGE_PAYLOAD_CACHE_BYTES"] = "4096"
         shards = self.pick_shards.choice([1, 2, 3]) if self.pick_shards else None
         self.shards.append(shards)
         if shards is not None:

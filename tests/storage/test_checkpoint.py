@@ -205,7 +205,7 @@ def capture_of(*runs: snapshot.RunCopy) -> snapshot.Capture:
         evictions=[], lost=[], last_ts=0, last_write_ts=None, last_read_ts=None, runs=[],
     )  # fmt: skip
     body = snapshot.SnapshotBody(2, 0, 2, 1, [(0, 64)], [topic], [])
-    return snapshot.Capture(body, [list(runs)])
+    return snapshot.Capture(body, [list(runs)], fresh=[topic])
 
 
 def run_copy(base: int, encs: list[bytes | None]) -> snapshot.RunCopy:

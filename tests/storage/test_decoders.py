@@ -126,6 +126,11 @@ def test_append_round_trip(encs, pass_joined, fsync, tags):
     assert bool(f.flags & frames.FLAG_FSYNC) == fsync
     body = frames.decode_append(f)
     assert (body.encs, body.sizes, body.extras) == (encs, sizes, extras)
+    if len(encs) == 1:  # the segment read's shortcut reads the same bytes
+        assert frames.single_enc(f) == encs[0]
+    else:
+        with pytest.raises(frames.FrameError):
+            frames.single_enc(f)
 
 
 def test_a_record_with_a_raw_nul_keeps_the_length_column():

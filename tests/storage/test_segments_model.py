@@ -9,6 +9,11 @@ all happen within a few steps. The engine runs on `FakeDisk`; a restart is eithe
 leaves, written bytes kept). The model applies each acknowledged operation to a dict of
 live `seq → (data, tag)` per topic. After every restart, and at the end, every topic's
 readable records (seq and data) must equal the model's.
+
+The same run goes through a tiny payload cache (2-seq chunks, a bound of 0 to a few
+records): absorbed records leave memory at each checkpoint and every read — including
+the `read` steps between the others — loads them back from the segments, and the cache
+never counts more than its bound once a read ended.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import dataclasses
 
 import msgspec
 import orjson
+import pytest
 import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.storage.test_checkpoint import cp
+from topicd.engine import payloads
 from topicd.engine.engine import Engine
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable
@@ -39,6 +46,7 @@ ops = st.lists(
         st.tuples(st.just("del_tag"), st.sampled_from(TOPICS), st.sampled_from(TAGS)),
         st.tuples(st.just("del_before"), st.sampled_from(TOPICS), st.integers(0, 6)),
         st.tuples(st.just("checkpoint")),
+        st.tuples(st.just("read")),
         st.tuples(st.just("restart"), st.booleans()),
     ),
     min_size=1,
@@ -46,10 +54,11 @@ ops = st.lists(
 )
 
 
-def config():
+def config(cache_bytes: int = 1 << 28):
     cfg = durable_config(wal={"file_bytes": 4096})
     seg = dataclasses.replace(cfg.storage.segments, max_events=3)
-    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, segments=seg))
+    storage = dataclasses.replace(cfg.storage, segments=seg, payload_cache_bytes=cache_bytes)
+    return dataclasses.replace(cfg, storage=storage)
 
 
 async def readback(engine: Engine, name: str) -> dict[int, bytes]:
@@ -67,9 +76,11 @@ async def readback(engine: Engine, name: str) -> dict[int, bytes]:
             return out
 
 
-async def run(operations: list[tuple[object, ...]]) -> None:
+async def run(operations: list[tuple[object, ...]], cache_bytes: int = 1 << 28) -> int:
+    """Run `operations` against the model; returns the payload cache misses it took."""
     disk = FakeDisk()
-    cfg = config()
+    misses = 0
+    cfg = config(cache_bytes)
     model: dict[str, dict[int, tuple[bytes, str]]] = {t: {} for t in TOPICS}
     heads = dict.fromkeys(TOPICS, 0)
     counter = 0
@@ -78,6 +89,9 @@ async def run(operations: list[tuple[object, ...]]) -> None:
         for name in TOPICS:
             want = {seq: data for seq, (data, _) in model[name].items()}
             assert await readback(engine, name) == want, name
+        assert engine.payloads.bytes <= cache_bytes
+        nonlocal misses
+        misses += engine.payloads.misses
 
     engine_cm = open_durable(disk, cfg)
     engine = await engine_cm.__aenter__()
@@ -119,6 +133,8 @@ async def run(operations: list[tuple[object, ...]]) -> None:
             elif kind == "checkpoint":  # twice: the second trims the WAL behind the first
                 assert await cp(engine).checkpoint()
                 assert await cp(engine).checkpoint()
+            elif kind == "read":
+                await check(engine)
             else:
                 (_, clean) = op
                 if clean:
@@ -140,6 +156,7 @@ async def run(operations: list[tuple[object, ...]]) -> None:
         await check(engine)
     finally:
         await engine_cm.__aexit__(None, None, None)
+    return misses
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -158,3 +175,28 @@ async def run(operations: list[tuple[object, ...]]) -> None:
 )
 def test_interleavings_read_back_like_the_model(operations):
     trio.run(run, operations)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops, st.sampled_from([0, 400, 1500]))
+def test_interleavings_read_back_like_the_model_through_a_tiny_payload_cache(
+    operations, cache_bytes
+):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(payloads, "CHUNK_SHIFT", 1)
+        trio.run(run, operations, cache_bytes)
+
+
+def test_the_tiny_cache_run_really_reads_evicted_records_back():
+    operations = [
+        *[("write", "plain", 4, "a")] * 3,
+        ("checkpoint",),
+        ("read",),
+        ("del_tag", "plain", "a"),
+        ("write", "capped", 4, "b"),
+        ("checkpoint",),
+        ("restart", False),
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(payloads, "CHUNK_SHIFT", 1)
+        assert trio.run(run, operations, 0) > 0

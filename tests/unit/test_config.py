@@ -241,6 +241,14 @@ def test_derived_env_name_for_keys_without_explicit_names(tmp_path):
     assert cfg.engine.housekeeping_interval_ms == 250
 
 
+def test_payload_cache_bytes_defaults_to_256_mib_and_takes_its_derived_env_name(tmp_path):
+    assert DEFAULT.storage.payload_cache_bytes == 256 << 20
+    cfg = load(tmp_path, env={"TOPICD_STORAGE_PAYLOAD_CACHE_BYTES": "0"})
+    assert cfg.storage.payload_cache_bytes == 0  # 0: every absorbed payload is evicted
+    with pytest.raises(ConfigError):
+        load(tmp_path, env={"TOPICD_STORAGE_PAYLOAD_CACHE_BYTES": "-1"})
+
+
 def test_derived_names_have_no_legacy_alias(tmp_path):
     cfg = load(tmp_path, env={"TOPICS_SCHEDULER_PRIORITY_MIN": "-5"})
     assert cfg.scheduler.priority_min == DEFAULT.scheduler.priority_min

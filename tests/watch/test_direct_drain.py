@@ -70,6 +70,7 @@ async def start(engine, nursery, wire: Wire):
             max_scan=10000,
             now_ms=engine.clock.now_ms,
             enforce=engine.enforce,
+            payloads=engine.payloads,
         )
     )
     await trio.testing.wait_all_tasks_blocked()

@@ -210,6 +210,15 @@ class StorageBackend(CommitPath, Protocol):
         and is counted: corrupt bytes are never served."""
         ...
 
+    async def read_stored_range(
+        self, topic: Topic, lo: int, hi: int, max_bytes: int
+    ) -> dict[int, bytes]:
+        """The stored JSON of the live records `lo ..= hi` from durable storage, in seq
+        order, stopping once `max_bytes` of them were read (at least one record). The
+        payload cache's misses (`topicd.engine.payloads`). Like `read_stored`: offloaded,
+        verified, a checksum failure raises `Internal` (500) and is counted."""
+        ...
+
     def storage_stats(self) -> dict[str, int]:
         """Counters for metrics (segments, sealed, bytes, corruptions)."""
         ...
@@ -263,7 +272,19 @@ class InMemoryCommitPath:
 
     async def read_stored(self, topic: Topic, seq: int, min_visible: int) -> bytes | None:
         await trio.lowlevel.checkpoint()
-        return topic.enc(seq) if seq >= min_visible else None
+        enc = topic.enc(seq)
+        return enc if isinstance(enc, bytes) and seq >= min_visible else None
+
+    async def read_stored_range(
+        self, topic: Topic, lo: int, hi: int, max_bytes: int
+    ) -> dict[int, bytes]:
+        await trio.lowlevel.checkpoint()  # nothing is ever evicted without segments
+        out: dict[int, bytes] = {}
+        for seq in range(lo, hi + 1):
+            enc = topic.enc(seq)
+            if isinstance(enc, bytes):
+                out[seq] = enc
+        return out
 
     def storage_stats(self) -> dict[str, int]:
         return {}

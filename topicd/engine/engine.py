@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 import orjson
 import trio
 
-from topicd.engine.commit import AppendBatch, CommitPath, InMemoryCommitPath
+from topicd.engine.commit import AppendBatch, InMemoryCommitPath, StorageBackend
 from topicd.engine.idempotency import IdemEntry, IdempotencyStore
+from topicd.engine.payloads import PayloadCache
 from topicd.engine.queues import QueueService
 from topicd.engine.router import RouterService
 from topicd.engine.topic import ReadResult, Topic
@@ -103,7 +104,7 @@ class Engine:
         self,
         config: Config,
         clock: WallClock,
-        commit: CommitPath | None = None,
+        commit: StorageBackend | None = None,
     ) -> None:
         self.cfg = config
         self.clock = clock
@@ -116,7 +117,13 @@ class Engine:
         self.total_bytes = 0
         self.pending_bytes = 0
         self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
-        self.commit: CommitPath = commit or InMemoryCommitPath()
+        self.payloads = PayloadCache(config.storage.payload_cache_bytes)
+        # topics whose snapshot entry changed since the last checkpoint captured them, and
+        # the queues (re-captured every time): an incremental checkpoint's work list
+        self.changed_topics: set[Topic] = set()
+        self.queue_topics: set[Topic] = set()
+        self.payloads.loader = self._load_stored
+        self.commit: StorageBackend = commit or InMemoryCommitPath()
         self.commit.attach(self)
         self.checkpointer: object = None  # storage's, when durable (metrics, tests)
         self.recovery: dict[str, float] = {}  # what recovery found (metrics)
@@ -366,7 +373,13 @@ class Engine:
     # ------------------------------------------------------------------------------------
 
     def apply_create(self, topic: Topic) -> Topic:
+        topic.cache = self.payloads
+        topic.tracker = self.changed_topics
+        if topic.changed:
+            self.changed_topics.add(topic)
         self.queues.attach(topic)
+        if topic.queue is not None:
+            self.queue_topics.add(topic)
         self.by_id[topic.topic_id] = topic
         self.next_topic_id = max(self.next_topic_id, topic.topic_id + 1)
         if topic.config.ttl_ms > 0:
@@ -402,6 +415,7 @@ class Engine:
         if topic.deleted:
             raise TopicNotFound(topic.name)
         topic.config = config
+        topic.mark_changed()
         if config.ttl_ms > 0:
             self._ttl_topics.add(topic)
         else:
@@ -427,6 +441,10 @@ class Engine:
         self._ttl_topics.discard(topic)
         self.total_bytes -= topic.bytes
         self.idem.drop_topic(topic.topic_id)
+        self.payloads.forget(topic)
+        self.changed_topics.discard(topic)
+        self.queue_topics.discard(topic)
+        topic.tracker = None
         topic.deleted = True
         self.routers.topic_deleted(topic)  # cascade
         if topic.queue is not None:
@@ -654,6 +672,7 @@ class Engine:
         self._enforce(topic, now)
         if touch:
             topic.last_read_ts = now
+            topic.mark_changed()
         cfg = topic.config
         state: dict[str, JsonValue] = {
             "topic": topic.name,
@@ -711,6 +730,7 @@ class Engine:
             self._enforce(topic, now)
             if touch:
                 topic.last_read_ts = now
+                topic.mark_changed()
             items.append(
                 {
                     "topic": name,
@@ -949,7 +969,7 @@ class Engine:
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
         self.routers.catch_up(topic)  # read-your-writes through routers
-        res = self._read(topic, req)
+        res = await self._read_loaded(topic, req)
         if (
             wait_ms > 0
             and not res.records
@@ -966,10 +986,39 @@ class Engine:
             if topic.deleted:
                 raise TopicNotFound(name)
             self.routers.catch_up(topic)
-            res = self._read(topic, req)  # once, with the same request (step 9)
+            res = await self._read_loaded(topic, req)  # once, with the same request (step 9)
         else:
             await trio.lowlevel.checkpoint()
         return topic, res
+
+    async def _read_loaded(self, topic: Topic, req: DiffIn) -> ReadResult:
+        """`_read`, loading the payloads it finds evicted (`topicd.engine.payloads`) from
+        the segments, offloaded: the walk restarts with them held in memory, so it never
+        returns early for want of bytes (each round loads at least one record)."""
+        res = self._read(topic, req)
+        if res.missing is None:
+            return res
+        p = self.cfg.protocol
+        limit = min(req.limit or p.default_limit, p.max_limit)
+        max_bytes = min(req.max_batch_bytes or p.default_max_batch_bytes, p.max_batch_bytes)
+        missing: int | None = res.missing
+        with self.payloads.hold() as hold:
+            while missing is not None:
+                got = sum(len(r) for r in res.records)
+                await self.payloads.load(
+                    topic, missing, limit - len(res.records), max_bytes - got, hold
+                )
+                if topic.deleted:
+                    raise TopicNotFound(topic.name)
+                res = self._read(topic, req)
+                missing = res.missing
+        return res
+
+    async def _load_stored(
+        self, topic: Topic, lo: int, hi: int, max_bytes: int
+    ) -> dict[int, bytes]:
+        """The payload cache's loader: the storage seam's verified, offloaded read."""
+        return await self.commit.read_stored_range(topic, lo, hi, max_bytes)
 
     def _read(self, topic: Topic, req: DiffIn) -> ReadResult:
         """Steps 3-8 of api-topics §7.2 against the topic's current state."""
@@ -977,6 +1026,7 @@ class Engine:
         now = self.clock.now_ms()
         self._enforce(topic, now)
         topic.last_read_ts = now
+        topic.mark_changed()
         node_filter: frozenset[str] | None = None
         if req.node is not None and topic.config.dedupe_node:
             node_filter = frozenset([req.node] if isinstance(req.node, str) else req.node)
@@ -1100,7 +1150,7 @@ def canonical_match(match: tuple[str, str]) -> list[str]:
 
 @asynccontextmanager
 async def open_engine(
-    config: Config, clock: WallClock, commit: CommitPath | None = None
+    config: Config, clock: WallClock, commit: StorageBackend | None = None
 ) -> AsyncIterator[Engine]:
     """Run an engine with its housekeeping task; cancelled when the block exits."""
     engine = Engine(config, clock, commit)

@@ -48,6 +48,8 @@ import orjson
 import trio
 
 from topicd.clock import perf_ms
+from topicd.engine.payloads import LOAD_BYTES_MAX
+from topicd.engine.topic import EVICTED
 from topicd.engine.watch import error_frame
 from topicd.errors import NotAQueue, Throttled, TopicdError, TopicNotFound
 from topicd.model import split
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from topicd.engine.engine import Engine
+    from topicd.engine.payloads import Hold
     from topicd.engine.topic import Topic
     from topicd.engine.work import WorkConn
 
@@ -789,12 +792,20 @@ class JobQueue:
 # ---- the claim item ---------------------------------------------------------------------
 
 
+def _evicted(topic: Topic, members: list[Claimer]) -> bool:
+    """Whether a claimed job's payload is only in its segment (to load first)."""
+    top = topic.absorbed_to
+    return any(
+        lease.seq <= top and topic.enc(lease.seq) is EVICTED for m in members for lease, _ in m.got
+    )
+
+
 def claim_item(topic: Topic, lease: Lease, deliveries: int) -> bytes:
     """One `claimed[]` element: `$seq`, `lease_id`, `deadline`, `$ts`, `$tag` (if set),
     `$priority` (if not 0), `deliveries`, `data`, `meta` (if set)."""
     seq = lease.seq
     enc = topic.enc(seq)
-    assert enc is not None
+    assert isinstance(enc, bytes)  # the claim loaded evicted payloads first
     data, meta = split(enc, topic.shapes.get(seq))
     parts = [
         b'{"$seq":%d,"lease_id":"%s","deadline":%d,"$ts":%d'
@@ -1168,17 +1179,38 @@ class QueueService:
         if diverted:
             assert cfg.dead_letter is not None
             cohort.dead_letter = (cfg.dead_letter, cfg.max_deliveries)
-        if durable:
-            cohort.done = trio.Event()
-            try:
-                await self._log_claims(topic, q, cohort.members)
-            finally:
-                cohort.done.set()
-        for m in cohort.members:
-            m.items = [claim_item(topic, lease, n) for lease, n in m.got]
+        with engine.payloads.hold() as hold:
+            if durable or _evicted(topic, cohort.members):
+                cohort.done = trio.Event()  # the other members wait for their items
+                try:
+                    if durable:
+                        await self._log_claims(topic, q, cohort.members)
+                    await self._load_jobs(topic, cohort.members, hold)
+                finally:
+                    cohort.done.set()
+            for m in cohort.members:
+                m.items = [claim_item(topic, lease, n) for lease, n in m.got]
         cohort.ready = q.counts().ready
         self._schedule(q)
         return diverted
+
+    async def _load_jobs(self, topic: Topic, members: list[Claimer], hold: Hold) -> None:
+        """Load the claimed jobs whose payloads are only in their segments (offloaded),
+        held until the claim items are built. A job that died meanwhile is left out; a
+        failed read is every member's error (their leases simply expire)."""
+        cache = self.engine.payloads
+        seqs = sorted(lease.seq for m in members for lease, _ in m.got)
+        try:
+            for seq in seqs:
+                if topic.enc(seq) is EVICTED:
+                    await cache.load(topic, seq, seqs[-1] - seq + 1, LOAD_BYTES_MAX, hold)
+        except TopicdError as exc:
+            for m in members:
+                m.got = []
+                m.error = exc
+            return
+        for m in members:
+            m.got = [(lease, n) for lease, n in m.got if topic.enc(lease.seq) is not None]
 
     async def _log_claims(self, topic: Topic, q: JobQueue, members: list[Claimer]) -> None:
         """Log the staged leases of one pass (`claimed` events) and install them at the
@@ -1216,8 +1248,21 @@ class QueueService:
         engine = self.engine
         target, max_deliveries = dead_letter
         for i, seq in enumerate(seqs):
-            enc = topic.enc(seq)
-            if enc is None or seq not in q.held:
+            if topic.enc(seq) is EVICTED:  # only in its segment: load it (offloaded)
+                try:
+                    with engine.payloads.hold() as hold:
+                        await engine.payloads.load(topic, seq, 1, LOAD_BYTES_MAX, hold)
+                        enc = topic.enc(seq)  # (read while held)
+                except TopicdError as exc:
+                    log.error("queue %r: job %d stays claimable: %s", topic.name, seq, exc)
+                    q.release_held([seq])
+                    continue
+                except BaseException:
+                    q.release_held(seqs[i:])
+                    raise
+            else:
+                enc = topic.enc(seq)
+            if not isinstance(enc, bytes) or seq not in q.held:
                 continue
             data, meta = split(enc, topic.shapes.get(seq))
             record = RecordIn(

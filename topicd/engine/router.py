@@ -55,7 +55,8 @@ import orjson
 import trio
 import trio.lowlevel
 
-from topicd.engine.topic import HOLE, DerivedSlot
+from topicd.engine.payloads import LOAD_BYTES_MAX
+from topicd.engine.topic import EVICTED, HOLE, DerivedSlot
 from topicd.errors import (
     InvalidRequest,
     JsonValue,
@@ -63,6 +64,7 @@ from topicd.errors import (
     RouterNotFound,
     StorageUnavailable,
     Throttled,
+    TopicdError,
     TopicExistsIncompatible,
     TopicNotFound,
 )
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicd.routers")
 
 _HEAD: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":\d+')
+_LOAD_PASSES: Final = 16  # batches a feed behind evicted records loads per sweep tick
 TRIM: Final = DerivedSlot(None, size=-1)  # marker: the source lost the record first
 _CATCH_UP_PASSES: Final = 64  # read-path catch-up: batches per feed before giving up
 SOURCE_EPOCH: Final = 1  # topic ids are never reused, so every incarnation is epoch 1
@@ -322,6 +325,9 @@ class RouterService:
         self.stats = RouterStats()
         self._names: dict[str, _NameLock] = {}  # PUT/DELETE of one name run one at a time
         self.held: dict[Topic, trio.Event] = {}  # feeds held by a direct write in flight
+        # feeds stopped at a source record whose bytes are only in its segment: the
+        # sweep loads them (offloaded) and forwards right after (dest -> source seq)
+        self.wants: dict[Topic, int] = {}
         # recovery only: routers as the log tells them, resolved in `rederive`
         self.replay: dict[str, ReplayRouter] = {}
         self.retired: list[ReplayRouter] = []
@@ -637,9 +643,14 @@ class RouterService:
         return max(r.lag for r in feed)
 
     def _stuck(self, dest: Topic) -> bool:
-        """Held by an in-flight direct write, or refused room: retried later, not now."""
+        """Held by an in-flight direct write, refused room, or stopped at evicted source
+        records (the sweep loads them): retried later, not now."""
         feed = self.by_dest.get(dest)
-        return dest in self.held or (feed is not None and any(r.blocked for r in feed))
+        return (
+            dest in self.held
+            or dest in self.wants
+            or (feed is not None and any(r.blocked for r in feed))
+        )
 
     # ---- the direct-write gate ------------------------------------------------------------
 
@@ -752,12 +763,20 @@ class RouterService:
         copies: list[int],
     ) -> int:
         """The single-router feed with no room to check: every source seq `lo+1 .. end`
-        becomes its slot (the common case, kept free of the lockstep bookkeeping).
-        Returns the last source seq handled."""
+        becomes its slot (the common case, kept free of the lockstep bookkeeping), up to
+        the first whose bytes are only in its segment (the sweep loads those). Returns
+        the last source seq handled."""
         derive = self._derive
         cyclic = r.cyclic
+        src = r.src
+        evicted_to = src.absorbed_to
         n = 0
+        done = lo
         for s in range(lo + 1, end + 1):
+            if s <= evicted_to and src.enc(s) is EVICTED:
+                self.wants[r.dst] = s  # the sweep loads it, then forwards on
+                break
+            done = s
             if cyclic and self._skips(r, s):
                 continue
             seq += 1
@@ -769,7 +788,7 @@ class RouterService:
                 n += 1
             slots.append(slot)
         copies[0] = n
-        return end
+        return done
 
     def _derive_lockstep(
         self,
@@ -798,7 +817,12 @@ class RouterService:
         room_total = quota - engine.total_bytes - engine.pending_bytes if quota else -1
         seq = dst.head_seq
         done = lo  # every router has handled every source seq <= max(start, done)
+        src = feed[0].src
+        evicted_to = src.absorbed_to
         for s in range(lo + 1, end + 1):
+            if s <= evicted_to and src.enc(s) is EVICTED:
+                self.wants[dst] = s  # the sweep loads it, then forwards on
+                break
             step: list[tuple[int, DerivedSlot]] = []
             need_records = need_bytes = 0
             for i, r in enumerate(feed):
@@ -850,6 +874,7 @@ class RouterService:
         """What source seq `s` becomes at destination seq `seq` (a copy, hole or trim)."""
         src = r.src
         enc = src.enc(s)
+        assert enc is not EVICTED, s  # `forward` loads evicted source records first
         if enc is None:
             evicted = s < src.evict_floor or any(lo <= s <= hi for lo, hi in src.lost_ranges)
             return TRIM if evicted else HOLE
@@ -921,6 +946,8 @@ class RouterService:
             await trio.sleep(tick)
             for dst in list(self.held):
                 self.release(dst)
+            if self.wants:
+                await self._load_wanted()
             for dst in list(self.by_dest):
                 if self.feed_lag(dst):
                     self.forward(dst, self.cfg.batch)
@@ -928,6 +955,24 @@ class RouterService:
             if trio.current_time() >= next_log:
                 next_log = trio.current_time() + log_every
                 await self.log_cursors()
+
+    async def _load_wanted(self) -> None:
+        """Forward the feeds that stopped at evicted source records: load a batch of
+        them from the segments (offloaded), then forward while they are held."""
+        cache = self.engine.payloads
+        for dst in list(self.wants):
+            for _ in range(_LOAD_PASSES):  # (then the next tick goes on)
+                s = self.wants.pop(dst, None)
+                feed = self.by_dest.get(dst)
+                if s is None or not feed or feed[0].src.deleted or dst.deleted:
+                    break
+                with cache.hold() as hold:
+                    try:
+                        await cache.load(feed[0].src, s, self.cfg.batch, LOAD_BYTES_MAX, hold)
+                    except TopicdError as exc:  # corrupt or unreadable: counted, retried
+                        log.error("router feed of %r: %s", dst.name, exc)
+                        break
+                    self.forward(dst, self.cfg.batch)
 
     async def log_cursors(self, *, sync: bool = False) -> None:
         """Write a `RouterCursor` anchor for every router whose cursor moved (`sync`:

@@ -4,8 +4,10 @@ Everything here is synchronous and owned by the event-loop thread. The log is st
 columns, no Python object per record:
 
 * a `Run` covers consecutive seqs `base ..`: `encs` (each record's stored JSON, see
-  `model`, or `None` once it was deleted, evicted or expired) and compact `array`
-  columns of `$ts` and payload size, all indexed by `seq - base` (O(1) lookup);
+  `model`; `None` once it was deleted, evicted or expired; or the shared `EVICTED`
+  marker while the bytes of a live record are only in its segment file, see
+  `topicd.engine.payloads`) and compact `array` columns of `$ts` and payload size, all
+  indexed by `seq - base` (O(1) lookup);
 * a topic is normally one run. A restart that resumes above the seq reservation leaves a
   gap of seqs that never held records; the gap is not stored: a new run starts above it,
   and reads jump it in O(1);
@@ -31,9 +33,10 @@ lies below `evict_floor` (topicd decision; docs/decisions.md).
 from __future__ import annotations
 
 import bisect
+import enum
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import trio
 
@@ -43,11 +46,22 @@ from topicd.sched.bands import Slot
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from topicd.engine.payloads import PayloadCache
     from topicd.engine.queues import JobQueue
     from topicd.errors import JsonValue
     from topicd.model import Shape, TopicConfig
 
 _RUNS_MAX: Final = 64
+
+
+class Evicted(enum.Enum):
+    """The slot marker of a live record whose bytes are only in its segment."""
+
+    EVICTED = "evicted"
+
+
+EVICTED: Final = Evicted.EVICTED
+Enc: TypeAlias = bytes | Evicted | None  # a log slot: bytes, evicted, or dead
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +115,9 @@ class ReadResult:
     earliest_seq: int
     tombstone: Tombstone | None
     scanned: int
+    # the walk stopped before this seq: its bytes are not in memory (load, then read
+    # again); the result is valid as it stands, only shorter
+    missing: int | None = None
 
     @property
     def caught_up(self) -> bool:
@@ -228,7 +245,7 @@ class Run:
 
     def __init__(self, base: int) -> None:
         self.base = base
-        self.encs: list[bytes | None] = []
+        self.encs: list[Enc] = []
         self.ts = array("q")
         self.sizes = array("I")
 
@@ -265,6 +282,10 @@ class Topic:
         self.tag_index = TagIndex()
         self.evictions = EvictionRuns()
         self.deleted = False
+        # something the snapshot records changed since the last checkpoint captured the
+        # topic (set by every such mutation; checkpoints re-capture only these)
+        self.changed = True
+        self.tracker: set[Topic] | None = None  # the engine's set of changed topics
         self.deleting: trio.Event | None = None  # set while a delete is being committed
         self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
         self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
@@ -287,6 +308,20 @@ class Topic:
         # a checkpoint; those killed since are listed so the next one flips their flags
         self.seg_tail = 0
         self.seg_killed: list[int] = []
+        # the payload cache (`topicd.engine.payloads`): chunks below `released` are
+        # absorbed (evictable); `cached` are those of them in the LRU
+        self.cache: PayloadCache | None = None
+        self.absorbed_to = 0  # records up to here are in segments (only they can be evicted)
+        self.released = 0
+        self.cached: set[int] | None = None  # (created with the first: most topics never)
+
+    def mark_changed(self) -> None:
+        """Something the snapshot records changed: the next checkpoint captures the topic
+        (`topicd.storage.snapshot.capture`)."""
+        if not self.changed:
+            self.changed = True
+            if self.tracker is not None:
+                self.tracker.add(self)
 
     # ---- lookup -------------------------------------------------------------------------
 
@@ -301,8 +336,9 @@ class Topic:
         run = runs[i]
         return run if seq <= run.end else None
 
-    def enc(self, seq: int) -> bytes | None:
-        """The stored JSON of the live record `seq`, or None."""
+    def enc(self, seq: int) -> Enc:
+        """The stored JSON of the live record `seq`, `EVICTED` if its bytes are only in
+        its segment (`topicd.engine.payloads`), or None."""
         if seq < self.earliest_seq or seq > self.head_seq:
             return None
         run = self._run(seq)
@@ -334,12 +370,51 @@ class Topic:
         i = bisect.bisect_right(self.runs, seq, key=lambda r: r.base)
         return self.runs[i].base if i < len(self.runs) else None
 
+    # ---- the payload cache's chunks (`topicd.engine.payloads`) -------------------------
+
+    def _parts(self, lo: int, hi: int) -> list[tuple[Run, int, int]]:
+        """(run, first index, end index) of the slots of seqs `lo ..= hi` in each run."""
+        lo = max(lo, self.earliest_seq)
+        runs = self.runs
+        out = []
+        i = max(0, bisect.bisect_right(runs, lo, key=lambda r: r.base) - 1)
+        while i < len(runs) and runs[i].base <= hi:
+            run = runs[i]
+            a, b = max(lo, run.base), min(hi, run.end)
+            if a <= b:
+                out.append((run, a - run.base, b - run.base + 1))
+            i += 1
+        return out
+
+    def resident_bytes(self, lo: int, hi: int) -> int:
+        """The bytes of the records `lo ..= hi` held in memory."""
+        total = 0
+        for run, a, b in self._parts(lo, hi):
+            total += sum([len(e) for e in run.encs[a:b] if isinstance(e, bytes)])
+        return total
+
+    def evict_range(self, lo: int, hi: int) -> None:
+        """Drop the bytes of the live records `lo ..= hi` (they stay live: `EVICTED`)."""
+        for run, a, b in self._parts(lo, hi):
+            run.encs[a:b] = [None if e is None else EVICTED for e in run.encs[a:b]]
+
+    def fill(self, seq: int, enc: bytes) -> bool:
+        """Put back the bytes of the evicted record `seq` (False: not evicted now)."""
+        if seq < self.earliest_seq or seq > self.head_seq:
+            return False
+        run = self._run(seq)
+        if run is None or run.encs[seq - run.base] is not EVICTED:
+            return False
+        run.encs[seq - run.base] = enc
+        return True
+
     # ---- write side -------------------------------------------------------------------
 
     def stamp(self, now_ms: int) -> int:
         """The `$ts` for a new write: the wall clock, never below the previous stamp."""
         ts = now_ms if now_ms > self.last_ts else self.last_ts
         self.last_ts = ts
+        self.mark_changed()
         return ts
 
     def publish(
@@ -361,6 +436,7 @@ class Topic:
         n = len(encs)
         assert n > 0
         assert first_seq == self.head_seq + 1, (first_seq, self.head_seq)
+        self.mark_changed()
         run = self.runs[-1]
         assert first_seq == run.end + 1, (first_seq, run.base, len(run.encs))
         run.encs.extend(encs)
@@ -391,6 +467,7 @@ class Topic:
         reservation or a lost range). The gap is not stored: a new run starts above it."""
         if new_head <= self.head_seq:
             return
+        self.mark_changed()
         if self.count == 0:
             self.runs = [Run(new_head + 1)]
             self.earliest_seq = new_head + 1
@@ -404,6 +481,7 @@ class Topic:
     def add_lost_range(self, gap_from: int, gap_to: int) -> None:
         """Record seqs possibly lost in a crash (recovery); reads announce them."""
         assert gap_from <= gap_to
+        self.mark_changed()
         self.lost_ranges.append((gap_from, gap_to))
         self.lost_ranges.sort()
         self.skip_to(gap_to)
@@ -415,6 +493,7 @@ class Topic:
         this is the whole publication. Returns the payload bytes added."""
         assert slots
         assert self.next_seq == self.head_seq + 1, "a write is in flight"
+        self.mark_changed()
         first = self.head_seq + 1
         run = self.runs[-1]
         if run.end + 1 != first:
@@ -465,7 +544,8 @@ class Topic:
         bytes added."""
         if not placed:
             return 0
-        slots: dict[int, tuple[bytes | None, int, int]] = {}
+        self.mark_changed()
+        slots: dict[int, tuple[Enc, int, int]] = {}
         for run in self.runs:
             for i, enc in enumerate(run.encs):
                 slots[run.base + i] = (enc, run.ts[i], run.sizes[i])
@@ -503,6 +583,7 @@ class Topic:
 
     def add_trim(self, gap_from: int, gap_to: int) -> None:
         """Seqs a router could not fill: its source lost them first (`source_trim`)."""
+        self.mark_changed()
         trims = self.trims
         if trims and trims[-1][1] + 1 == gap_from:
             trims[-1] = (trims[-1][0], gap_to)
@@ -540,6 +621,7 @@ class Topic:
 
     def _evict_front(self, reason: str) -> int:
         seq = self.earliest_seq
+        self.mark_changed()
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
         while self.lost_ranges and self.lost_ranges[0][1] < seq:
@@ -557,6 +639,7 @@ class Topic:
         i = seq - run.base
         assert run.encs[i] is not None
         run.encs[i] = None
+        self.mark_changed()
         size = run.sizes[i]
         if seq <= self.seg_tail:
             self.seg_killed.append(seq)
@@ -708,6 +791,7 @@ class Topic:
             scanned = jump - cursor
             cursor = jump
         out: list[bytes] = []
+        missing: int | None = None
         seq = cursor
         end = min(head, barrier, cursor + max_scan)
         if upto is not None and upto < end:
@@ -730,6 +814,11 @@ class Topic:
                     enc = encs[seq - base]
                     if enc is None:
                         continue
+                    if enc is EVICTED:
+                        missing = seq  # its bytes are in its segment only: stop before it
+                        seq -= 1
+                        full = True
+                        break
                     if nodes is not None and nodes.get(seq) in node_filter:  # type: ignore[operator]
                         continue
                     if not plain:
@@ -755,12 +844,14 @@ class Topic:
             if not full:
                 seq = end  # examined every seq up to `end`, or jumped a gap holding none
             scanned += seq - cursor
+            if self.cached and self.cache is not None and cursor < self.absorbed_to:
+                self.cache.touch(self, cursor + 1, seq)
         if lost is not None and seq >= barrier and not out and tomb is None:
             # the walk reached a lost range with nothing to deliver: announce it
             gap_from, gap_to = max(lost[0], from_seq + 1), lost[1]
             tomb = Tombstone(gap_from, gap_to, lost[2], gap_to + 1, head)
             seq = gap_to
-        return ReadResult(out, seq, head, earliest, tomb, scanned)
+        return ReadResult(out, seq, head, earliest, tomb, scanned, missing)
 
     def _next_lost(self, from_seq: int) -> tuple[int, int, str] | None:
         """The first lost range (`crash`) or router trim (`source_trim`) ending above

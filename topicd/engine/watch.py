@@ -43,12 +43,13 @@ import orjson
 import trio
 from wsproto.frame_protocol import FrameProtocol
 
-from topicd.errors import JsonValue, NotFound, Throttled, Unauthorized
+from topicd.errors import JsonValue, NotFound, Throttled, TopicdError, Unauthorized
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from topicd.config import Config
+    from topicd.engine.payloads import Hold, PayloadCache
     from topicd.engine.topic import Topic
     from topicd.engine.ws import WsConn
 
@@ -193,12 +194,14 @@ def build_frames(
     *,
     first_read: bool = False,
     max_frames: int = 0,
-) -> tuple[list[FrameRef], int]:
+) -> tuple[list[FrameRef], int, int | None]:
     """The frames for the topic's records after `start`, never past `end`, through the
     diff path: a tombstone where cap/TTL (or a crash) removed records the cursor had not
     passed, then `record` frames of at most `opts.limit` records / `opts.max_bytes`.
 
-    `max_frames` (0: no bound) stops early. Returns (frames, the position they lead to).
+    `max_frames` (0: no bound) stops early, and so does a record whose bytes are only in
+    its segment (`topicd.engine.payloads`). Returns (frames, the position they lead to,
+    that record's seq or None).
     A cursor above the head (a previous instance's) gets the `recreated` tombstone and
     restarts at `earliest_seq - 1`, the one case where the position moves down.
     """
@@ -250,12 +253,14 @@ def build_frames(
             out.append(FrameRef(name, after, nxt, body, len(body)))
         elif nxt > after:
             out.append(FrameRef(name, after, nxt, None, 0))  # skipped only: no frame
-        if nxt == cursor and tomb is None:
-            break  # no progress possible (defensive; the walk always moves or ends)
         cursor = nxt
+        if res.missing is not None:
+            return out, cursor, res.missing  # the rest waits for a load
+        if nxt == after and tomb is None:
+            break  # no progress possible (defensive; the walk always moves or ends)
         if max_frames and len(out) >= max_frames:
             break
-    return out, cursor
+    return out, cursor, None
 
 
 class Conn:
@@ -701,15 +706,17 @@ class WatchRegistry:
 
 def catch_up(
     conn: Conn, max_scan: int, now_ms: int, enforce: Callable[[Topic], None]
-) -> tuple[list[bytes], bool]:
+) -> tuple[list[bytes], bool, tuple[Topic, int] | None]:
     """One catch-up pass over the topics in pull mode (architecture §7.5).
 
     Synchronous: builds at most `CATCHUP_FRAMES` frames per topic, in session order,
     moves the stream position, and switches a topic to live in the same step that finds
-    it at its head. Returns (the bytes to write, whether anything moved).
+    it at its head. Returns (the bytes to write, whether anything moved, the first
+    record found only in its segment: the pump loads it and passes again).
     """
     out: list[bytes] = []
     moved = False
+    miss: tuple[Topic, int] | None = None
     session = conn.session
     opts = session.opts
     pos = conn.pos
@@ -729,9 +736,11 @@ def catch_up(
         first = name in conn.first_read
         conn.first_read.discard(name)
         if cur < bound or cur > topic.head_seq:
-            frames, _ = build_frames(
+            frames, _, missing = build_frames(
                 topic, cur, bound, opts, max_scan, first_read=first, max_frames=CATCHUP_FRAMES
             )
+            if missing is not None and miss is None:
+                miss = (topic, missing)
             for ref in frames:
                 pos[name] = ref.to_seq
                 if ref.body is not None:
@@ -740,6 +749,7 @@ def catch_up(
             if frames:
                 moved = True
                 topic.last_read_ts = now_ms  # watch delivery is a read (recency)
+                topic.mark_changed()
         if pos[name] >= bound and pos[name] <= topic.head_seq:
             mode[name] = LIVE  # at the head: the drains feed it from here
             conn.enqueued_to[name] = pos[name]
@@ -749,7 +759,7 @@ def catch_up(
     if conn.lagged and PULL not in mode.values():
         conn.lagged = False
         conn.lagged_since = None
-    return out, moved
+    return out, moved, miss
 
 
 async def pump(
@@ -761,9 +771,14 @@ async def pump(
     max_scan: int,
     now_ms: Callable[[], int],
     enforce: Callable[[Topic], None],
+    payloads: PayloadCache,
 ) -> None:
-    """Produce and write the stream (architecture §7.4) until it ends or is cancelled."""
+    """Produce and write the stream (architecture §7.4) until it ends or is cancelled.
+
+    A catch-up that meets records whose bytes are only in their segments loads them
+    (offloaded, `payloads`) and passes again, holding them until that pass used them."""
     session = conn.session
+    hold: Hold | None = None
     heartbeat = session.heartbeat_ms / 1000
     recv = conn.recv_ch
     pos = conn.pos
@@ -798,11 +813,24 @@ async def pump(
                 return
             if conn.pulling() and recv.statistics().current_buffer_used == 0:
                 async with registry.catchup:
-                    out, moved = catch_up(conn, max_scan, now_ms(), enforce)
+                    out, moved, miss = catch_up(conn, max_scan, now_ms(), enforce)
+                if hold is not None:
+                    hold.__exit__(None, None, None)  # the pass used what it loaded
+                    hold = None
                 if out:
                     await emit(b"".join(out))
                 if conn.finished():
                     return
+                if miss is not None:
+                    hold = payloads.hold()
+                    topic, seq = miss
+                    opts = session.opts
+                    try:
+                        await payloads.load(topic, seq, opts.limit, opts.max_bytes, hold)
+                    except TopicdError as exc:  # unreadable or corrupt: counted, logged
+                        await emit(error_frame(exc.code, exc.message, topic=topic.name))
+                        return
+                    continue
                 if moved:
                     continue
             ref: FrameRef | None = None
@@ -860,4 +888,6 @@ async def pump(
                     await emit(rest, raw=True)
                 await emit(b"".join(out))
     finally:
+        if hold is not None:
+            hold.__exit__(None, None, None)
         registry.close(conn)

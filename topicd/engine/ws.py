@@ -35,12 +35,15 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from topicd.engine.watch import LIVE, PULL, FrameRef, build_frames, caught_up_frame, ws_message
+from topicd.errors import TopicdError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from topicd.engine.payloads import Hold, PayloadCache
     from topicd.engine.topic import Topic
     from topicd.engine.watch import WatchOptions, WatchRegistry
+    from topicd.errors import JsonValue
 
 CATCHUP_FRAMES: Final = 4  # frames one catch-up pass builds per subscription
 CATCHUP_BYTES: Final = 262144  # ... and the bytes after which a pass stops
@@ -168,6 +171,14 @@ class WsConn:
     def pulling(self) -> bool:
         return any(sub.mode == PULL for sub in self.subs.values())
 
+    def set_pull(self, name: str) -> None:
+        """Switch one subscription to pull (a drain met records whose bytes are only in
+        their segment); the writer catches it up from its position, loading them."""
+        sub = self.subs.get(name)
+        if sub is not None and sub.mode == LIVE:
+            sub.mode = PULL
+            self.poke()
+
     # ---- subscriptions ----------------------------------------------------------------
 
     def subscribe(self, topic: Topic, opts: WatchOptions, start: int) -> None:
@@ -247,7 +258,7 @@ def topic_deleted_frame(name: str) -> bytes:
 
 def catch_up(
     conn: WsConn, max_scan: int, now_ms: int, enforce: Callable[[Topic], None]
-) -> tuple[list[bytes], bool]:
+) -> tuple[list[bytes], bool, tuple[Topic, Sub, int] | None]:
     """One catch-up pass over the subscriptions in pull mode (architecture §7.5).
 
     Synchronous: builds at most `CATCHUP_FRAMES` frames per subscription, moves its
@@ -255,10 +266,12 @@ def catch_up(
     pass stops once it holds `CATCHUP_BYTES` (so it holds at most that plus
     `CATCHUP_FRAMES` frames of one subscription); each pass starts one subscription
     further on, so a long backlog does not starve the others. Returns (the frames to
-    write, whether anything moved)."""
+    write, whether anything moved, the first subscription stopped at a record whose
+    bytes are only in its segment: the writer loads them and passes again)."""
     out: list[bytes] = []
     size = 0
     moved = False
+    miss: tuple[Topic, Sub, int] | None = None
     items = list(conn.subs.items())
     if items:
         k = conn.next_pass % len(items)
@@ -279,9 +292,11 @@ def catch_up(
         enforce(topic)  # TTL expiry first: what expired is a tombstone, never a record
         head = topic.head_seq
         if sub.pos < head or sub.pos > head:
-            frames, _ = build_frames(
+            frames, _, missing = build_frames(
                 topic, sub.pos, head, sub.opts, max_scan, max_frames=CATCHUP_FRAMES
             )
+            if missing is not None and miss is None:
+                miss = (topic, sub, missing)
             for ref in frames:
                 sub.pos = ref.to_seq
                 if ref.body is not None:
@@ -300,7 +315,7 @@ def catch_up(
     if conn.lagged and not conn.pulling():
         conn.lagged = False
         conn.lagged_since = None
-    return out, moved
+    return out, moved, miss
 
 
 async def ws_pump(
@@ -311,10 +326,14 @@ async def ws_pump(
     max_scan: int,
     now_ms: Callable[[], int],
     enforce: Callable[[Topic], None],
+    payloads: PayloadCache,
 ) -> None:
     """Write the connection's outbound messages until it stops or is cancelled: queued
-    replies and live frames in order, catch-up reads whenever the queue is empty."""
+    replies and live frames in order, catch-up reads whenever the queue is empty. A
+    catch-up that meets records whose bytes are only in their segments loads them
+    (offloaded, `payloads`) and passes again, holding them until that pass used them."""
     recv = conn.recv_ch
+    hold: Hold | None = None
 
     async def emit(frames: list[bytes]) -> None:
         if conn.remainder:
@@ -328,56 +347,82 @@ async def ws_pump(
         conn.write_started = None
         conn.frames_written += 1
 
-    while True:
-        if conn.remainder:
-            await emit([])  # (emit writes the remainder first)
-            continue
-        if conn.stop is not None:
-            await emit([conn.stop])
-            return
-        if conn.pulling() and recv.statistics().current_buffer_used == 0:
-            async with catchup:
-                out, moved = catch_up(conn, max_scan, now_ms(), enforce)
+    try:
+        while True:
+            if conn.remainder:
+                await emit([])  # (emit writes the remainder first)
+                continue
+            if conn.stop is not None:
+                await emit([conn.stop])
+                return
+            if conn.pulling() and recv.statistics().current_buffer_used == 0:
+                async with catchup:
+                    out, moved, miss = catch_up(conn, max_scan, now_ms(), enforce)
+                if hold is not None:
+                    hold.__exit__(None, None, None)  # the pass used what it loaded
+                    hold = None
+                if out:
+                    await emit(out)
+                if miss is not None:
+                    topic, missed, seq = miss
+                    hold = payloads.hold()
+                    try:
+                        await payloads.load(
+                            topic, seq, missed.opts.limit, missed.opts.max_bytes, hold
+                        )
+                    except TopicdError as exc:  # unreadable or corrupt: counted, logged
+                        # the subscription ends with the error; the connection and its
+                        # other subscriptions go on
+                        conn.unsubscribe(topic.name)
+                        fields: dict[str, JsonValue] = {
+                            "request_id": None,
+                            "code": exc.code,
+                            "message": exc.message,
+                            "topic": topic.name,
+                        }
+                        await emit([ws_message("error", fields)])
+                    continue
+                if moved:
+                    continue
+            # idle only when this receive will park: a receive that finds a message queued
+            # still yields once, and the drain must not overtake that message
+            conn.idle = (
+                conn.direct is not None
+                and not conn.pulling()
+                and recv.statistics().current_buffer_used == 0
+            )
+            try:
+                item = await recv.receive()
+            except trio.EndOfChannel:
+                return
+            finally:
+                conn.idle = False
+            out = []
+            size = 0
+            subs = conn.subs
+            while True:
+                sub, ref = item
+                conn.buffered_bytes -= ref.nbytes
+                if sub is None:
+                    if ref.body is not None:
+                        out.append(ref.body)  # a reply
+                        size += ref.nbytes
+                elif subs.get(ref.topic) is sub:  # (else: unsubscribed or replaced meanwhile)
+                    if ref.from_seq == sub.pos:
+                        sub.pos = ref.to_seq
+                        if ref.body is not None:
+                            out.append(ref.body)
+                            size += ref.nbytes
+                    elif ref.to_seq > sub.pos and sub.mode == LIVE:
+                        sub.mode = PULL  # not contiguous: re-read from the position
+                if size >= COALESCE_BYTES or len(out) >= COALESCE_FRAMES or conn.stop:
+                    break
+                try:
+                    item = recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
             if out:
                 await emit(out)
-            if moved:
-                continue
-        # idle only when this receive will park: a receive that finds a message queued
-        # still yields once, and the drain must not overtake that message
-        conn.idle = (
-            conn.direct is not None
-            and not conn.pulling()
-            and recv.statistics().current_buffer_used == 0
-        )
-        try:
-            item = await recv.receive()
-        except trio.EndOfChannel:
-            return
-        finally:
-            conn.idle = False
-        out = []
-        size = 0
-        subs = conn.subs
-        while True:
-            sub, ref = item
-            conn.buffered_bytes -= ref.nbytes
-            if sub is None:
-                if ref.body is not None:
-                    out.append(ref.body)  # a reply
-                    size += ref.nbytes
-            elif subs.get(ref.topic) is sub:  # (else: unsubscribed or replaced meanwhile)
-                if ref.from_seq == sub.pos:
-                    sub.pos = ref.to_seq
-                    if ref.body is not None:
-                        out.append(ref.body)
-                        size += ref.nbytes
-                elif ref.to_seq > sub.pos and sub.mode == LIVE:
-                    sub.mode = PULL  # not contiguous: re-read from the position
-            if size >= COALESCE_BYTES or len(out) >= COALESCE_FRAMES or conn.stop:
-                break
-            try:
-                item = recv.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel):
-                break
-        if out:
-            await emit(out)
+    finally:
+        if hold is not None:
+            hold.__exit__(None, None, None)  # what a cancelled pass loaded

@@ -516,6 +516,28 @@ class _Collector:
         yield GaugeMetricFamily(
             "topicd_segment_bytes", "Bytes in registered segments.", value=seg.get("bytes", 0)
         )
+        pc = self.ref.engine.payloads.stats()
+        yield GaugeMetricFamily(
+            "topicd_payload_cache_bytes",
+            "Payload bytes of absorbed records held in memory (bound: "
+            "storage.payload_cache_bytes).",
+            value=pc.bytes,
+        )
+        yield counter(
+            "topicd_payload_cache_misses_total",
+            "Reads that loaded evicted records from the segments.",
+            pc.misses,
+        )
+        yield counter(
+            "topicd_payload_cache_loaded_bytes_total",
+            "Payload bytes loaded from the segments on a miss.",
+            pc.loaded_bytes,
+        )
+        yield counter(
+            "topicd_payload_cache_evictions_total",
+            "Chunks of absorbed records whose payloads left memory.",
+            pc.evicted_chunks,
+        )
         rec = self.ref.engine.recovery
         yield GaugeMetricFamily(
             "topicd_recovery_duration_ms",

@@ -195,6 +195,7 @@ class WatchStreams:
                         max_scan=self.cfg.protocol.max_scan_per_read,
                         now_ms=engine.clock.now_ms,
                         enforce=engine.enforce,
+                        payloads=engine.payloads,
                     )
                     ended = True  # the stream ended by itself (terminal frame)
                     nursery.cancel_scope.cancel()

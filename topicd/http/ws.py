@@ -209,6 +209,7 @@ class WsEndpoint:
                     max_scan=self.cfg.protocol.max_scan_per_read,
                     now_ms=engine.clock.now_ms,
                     enforce=engine.enforce,
+                    payloads=engine.payloads,
                 )
                 nursery.cancel_scope.cancel()  # written: a terminal message or the close
             return conn.draining

@@ -341,7 +341,7 @@ class DeliveryScheduler:
                 s, e = start, end
             if e <= s:
                 continue
-            frames, _ = build_frames(topic, s, e, opts, self.max_scan)
+            frames, _, missing = build_frames(topic, s, e, opts, self.max_scan)
             if frames and frames[0].tomb:
                 # a tombstone reached the live watchers: announce the head again after it
                 last = frames[-1].to_seq
@@ -356,6 +356,11 @@ class DeliveryScheduler:
                     if budget.due():
                         await budget.pause()
                 self.stats.frames_offered += len(conns)
+            if missing is not None:
+                # bytes only in a segment (a drain far behind): each stream catches up
+                # from its own position, loading them off the loop
+                for conn in conns:
+                    conn.set_pull(topic.name)
             delivered = True
         if routers is not None and not topic.deleted:
             # router work, in this topic's band, under the same quantum
@@ -363,6 +368,7 @@ class DeliveryScheduler:
         self.stats.drain_yields += budget.yields
         if delivered:
             topic.last_read_ts = self.clock.now_ms()  # watch delivery is a read (recency)
+            topic.mark_changed()
         topic.drained_to = end
         topic.drained_strong = strong_end if any_strong else topic.durable_head
         if budget.yields:  # published while the fan-out yielded (mark_dirty saw it queued)

@@ -1,14 +1,16 @@
 """Checkpoints: snapshot the engine, then trim the WAL behind it (storage spec §9).
 
 A checkpoint runs when the WAL written since the last one reaches
-`max(storage.snapshot.wal_bytes_threshold, live bytes)` — so rewriting the whole state
-never costs much more than the log it replaces — or when `storage.snapshot.interval_ms`
-has passed and anything was written; checked every `check_interval_ms`. A final one runs
-at graceful shutdown, after the WAL drained and synced, with every seq reservation
-released to its head so a clean restart resumes with no gap.
+`storage.snapshot.wal_bytes_threshold`, or when `storage.snapshot.interval_ms` has passed
+and anything was written; checked every `check_interval_ms`. A final one runs at
+graceful shutdown, after the WAL drained and synced, with every seq reservation released
+to its head so a clean restart resumes with no gap.
 
-Steps: capture (one synchronous step on the loop: state and per-shard WAL positions) →
-encode (offloaded) → write, sync, rename, sync `meta/` (shielded) → remove WAL files that
+Steps: capture (one synchronous step on the loop: the topics that changed since the
+last checkpoint, slices of their records to absorb, per-shard WAL positions) → absorb
+into segments and encode (offloaded) → write, sync, rename, sync `meta/` (shielded) →
+install the new segment registry and release the absorbed records' payloads to the
+payload cache → remove WAL files that
 lie wholly before the positions of the *previous* snapshot (with `keep ≥ 2`), so the
 older kept snapshot can still be replayed if the newest one turns out unreadable. A
 failure is logged, counted and retried at the next check; the WAL keeps its files longer.
@@ -28,6 +30,8 @@ from topicd.storage.wal import WalCommitPath, parse_wal_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import msgspec
 
     from topicd.clock import WallClock
     from topicd.config import Config
@@ -104,15 +108,20 @@ class Checkpointer:
         self._written_at_last = self._written()
         self._last_at = trio.current_time()
         self._lock = trio.Lock()
+        self._wake = trio.Event()  # set by `poke`: the WAL bytes threshold was reached
         self.count = 0
         self.failures = 0
         self.last_duration_ms = 0.0
         self.last_bytes = 0
+        self.last_captured = 0  # topics the last checkpoint captured (the rest: reused)
         self.files_trimmed = 0
         self.segments = segments or SegmentStore(fs, cfg.storage.data_dir, cfg.storage.segments)
         # segment files the newest snapshot no longer references but the previous kept one
         # may: removed after the next snapshot (like WAL trimming, one snapshot behind)
         self._doomed: list[str] = []
+        # the newest snapshot's entry of each topic that has not changed since (reused as
+        # is: a checkpoint re-captures only what changed)
+        self._encoded: dict[int, msgspec.Raw] = {}
 
     def _written(self) -> int:
         return sum(shard.bytes_written for shard in self.wal.shards)
@@ -126,11 +135,21 @@ class Checkpointer:
             return True
         return trio.current_time() - self._last_at >= snap.interval_ms / 1000
 
+    def poke(self) -> None:
+        """The WAL wrote a batch: start a checkpoint now if the bytes threshold is reached
+        (not at the next periodic check: records stay pinned in memory until absorbed)."""
+        if not self._wake.is_set():
+            threshold = self.cfg.storage.snapshot.wal_bytes_threshold
+            if self._written() - self._written_at_last >= threshold:
+                self._wake.set()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         period = self.cfg.storage.snapshot.check_interval_ms / 1000
         while True:
-            await trio.sleep(period)
+            with trio.move_on_after(period):
+                await self._wake.wait()
+            self._wake = trio.Event()
             if self.due():
                 await self.checkpoint()
 
@@ -142,15 +161,20 @@ class Checkpointer:
             positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
             now_ms = self.clock.now_ms()
             cap = snapshot.capture(
-                self.engine, positions, now_ms, final=final, segments=self.segments, absorb=True
+                self.engine,
+                positions,
+                now_ms,
+                final=final,
+                segments=self.segments,
+                absorb=True,
+                reuse=self._encoded if self.count else None,  # (the first: everything)
             )
             keep = self.cfg.storage.snapshot.keep
             try:
-                live = {t.id for t in cap.body.topics}
                 outcome = await self.offload.run(
-                    self.segments.absorb, cap.works, live, now_ms, group="snapshot"
+                    self.segments.absorb, cap.works, cap.gone_ids, now_ms, group="snapshot"
                 )
-                for snap in cap.body.topics:
+                for snap in cap.fresh:
                     res = outcome.topics.get(snap.id)
                     if res is not None:
                         snap.segments = [seg.snap() for seg in res.state.segments]
@@ -171,11 +195,22 @@ class Checkpointer:
                     topic = self.engine.by_id.get(work.topic_id)
                     if topic is not None:
                         topic.seg_killed[:0] = work.flips
+                for topic in cap.captured:  # captured again next time
+                    topic.mark_changed()
                 self.failures += 1
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
                 return False
             self.number = number
             doomed = self.segments.install(outcome)
+            cap.entries.update(cap.encoded)
+            self._encoded = cap.entries
+            # what the snapshot now names is durable in segments: its payloads may leave
+            # memory (the payload cache evicts down to its bound)
+            by_id = self.engine.by_id
+            for tid, res in outcome.topics.items():
+                topic = by_id.get(tid)
+                if topic is not None:
+                    self.engine.payloads.release(topic, res.state.absorbed)
             if keep == 1:
                 reclaim, self._doomed = self._doomed + doomed, []
             else:
@@ -202,10 +237,13 @@ class Checkpointer:
             self._last_at = trio.current_time()
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)
+            self.last_captured = len(cap.captured)
             log.info(
-                "checkpoint %d: %d topics, %d records absorbed, %d bytes in %.1f ms%s",
+                "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
+                "%.1f ms%s",
                 number,
                 len(cap.body.topics),
+                len(cap.captured),
                 outcome.records,
                 self.last_bytes,
                 self.last_duration_ms,

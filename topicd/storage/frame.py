@@ -452,6 +452,19 @@ def decode_append(frame: Frame) -> AppendBody:
     return AppendBody([blob[a:b] for a, b in pairwise(offs)], sizes, extras)
 
 
+def single_enc(frame: Frame) -> bytes:
+    """The stored JSON of a one-record Append frame, without decoding its extras (a
+    segment read that only needs the bytes). Raises `FrameError` like `decode_append`."""
+    body = frame.body
+    if frame.ftype != APPEND or frame.count != 1 or len(body) < 16:
+        raise FrameError("not a one-record Append frame")
+    n, extras_len = _U32X2.unpack_from(body, 0)
+    length, _size = _U32X2.unpack_from(body, 8)
+    if n != 1 or 16 + extras_len + length != len(body):
+        raise FrameError("append lengths do not add up")
+    return bytes(body[16 + extras_len :])
+
+
 def read_frame(buf: bytes | memoryview, offset: int, limit: int, max_frame: int) -> Frame | None:
     """The valid frame at `offset` (within `buf[:limit]`), or None if there is none.
 

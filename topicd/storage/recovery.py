@@ -40,7 +40,7 @@ import orjson
 from topicd.clock import perf_ms
 from topicd.engine.engine import Engine
 from topicd.engine.queues import LeaseEvent, QueueSnap
-from topicd.engine.topic import Run, Topic
+from topicd.engine.topic import EVICTED, Enc, Run, Topic
 from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
@@ -467,11 +467,11 @@ class _Replayer:
 
     def load_records(
         self, topic: Topic, snap: snapshot.TopicSnap
-    ) -> tuple[list[tuple[int, bytes | None, int, int]], int, int]:
+    ) -> tuple[list[tuple[int, Enc, int, int]], int, int]:
         """The topic's slots in seq order — live records of its segments (checksums
         verified), then the snapshot's own runs above them — with the live count and
         bytes. Segment records' extras go straight into the topic's maps."""
-        items: list[tuple[int, bytes | None, int, int]] = []
+        items: list[tuple[int, Enc, int, int]] = []
         count = nbytes = 0
         state = self.segments.state(snap.id)
         state.absorbed = snap.absorbed
@@ -493,7 +493,9 @@ class _Replayer:
             for rec in loaded.records:
                 if rec.seq < snap.earliest:
                     continue
-                items.append((rec.seq, rec.enc, rec.ts, rec.size))
+                # the bytes stay in the segment: reads load them through the payload
+                # cache (router sources are filled before re-derivation, `finish`)
+                items.append((rec.seq, EVICTED, rec.ts, rec.size))
                 count += 1
                 nbytes += rec.size
                 seq = rec.seq
@@ -671,6 +673,7 @@ class _Replayer:
         engine = self.engine
         lost: list[LostRangeNote] = []
         # routers: resolve their endpoints, re-derive the copies made since the snapshot
+        self.fill_router_sources()
         dests = engine.routers.rederive(self.snap_heads, self.direct, self.now)
         for tid, lo, hi in self.gaps:
             if tid not in dests:
@@ -692,7 +695,32 @@ class _Replayer:
                     topic.skip_to(topic.reserved_head)
             topic.next_seq = topic.head_seq + 1
         engine.finish_replay(self.now)
+        for topic in engine.by_id.values():  # absorbed records: evictable from now on
+            engine.payloads.release(topic, self.segments.absorbed(topic.topic_id))
         return lost
+
+    def fill_router_sources(self) -> None:
+        """Read back from the segments the source records the routers re-derive copies
+        from (their bytes were left there by `load_records`)."""
+        engine = self.engine
+        froms: dict[int, int] = {}
+        for rr in [*engine.routers.retired, *engine.routers.replay.values()]:
+            lo = min([rr.cursor, *(cursor for cursor, _ in rr.anchors)])
+            froms[rr.src_id] = min(froms.get(rr.src_id, lo), lo)
+        for tid, lo in froms.items():
+            topic = engine.by_id.get(tid)
+            hi = self.segments.absorbed(tid)
+            if topic is None or hi <= lo:
+                continue
+            try:
+                got = self.segments.read_range(tid, lo + 1, min(hi, topic.head_seq), 1 << 62)
+            except segs.SegmentCorruption as exc:
+                raise RecoveryRefused(
+                    f"{exc.path} offset {exc.offset}: {exc.reason} (segment of topic "
+                    f"{topic.name!r}). Nothing was modified. Restore a backup."
+                ) from None
+            for seq, enc in got.items():
+                topic.fill(seq, enc)
 
 
 def recover(
@@ -790,7 +818,7 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     return result
 
 
-def _build_runs(items: list[tuple[int, bytes | None, int, int]], head: int) -> list[Run]:
+def _build_runs(items: list[tuple[int, Enc, int, int]], head: int) -> list[Run]:
     """Runs holding `items` (ascending `(seq, enc, ts, size)`), up to `head`. Short gaps
     (seqs absorbed dead, or deleted) become dead slots; long ones (a restart above the
     seq reservation) start a new run, as `Topic.skip_to` does."""

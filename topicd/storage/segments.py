@@ -32,6 +32,7 @@ snapshot says.
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
 import posixpath
 import re
@@ -94,7 +95,7 @@ class Segment:
     created_ms: int
     offsets: array[int] = field(default_factory=lambda: array("I"))  # ABSENT: no frame
     lens: array[int] = field(default_factory=lambda: array("I"))
-    ts: array[int] = field(default_factory=lambda: array("q"))
+    ts: array[int] = field(default_factory=lambda: array("q"))  # empty once sealed
     flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
 
     def copy(self) -> Segment:
@@ -223,14 +224,52 @@ class TopicSegments:
 
 
 @dataclass(slots=True)
+class AbsorbSlice:
+    """Consecutive slots `base ..` of a topic's log as captured (C-level copies)."""
+
+    base: int
+    encs: list[bytes | None]
+    ts: array[int]
+    sizes: array[int]
+
+
+@dataclass(slots=True)
 class AbsorbWork:
-    """What one checkpoint does to one topic's segments (captured on the loop)."""
+    """What one checkpoint does to one topic's segments. Captured on the loop as slices
+    of the log and copies of the sparse extras; `materialize` turns them into records in
+    the checkpoint's thread, so the loop does no per-record Python work."""
 
     topic_id: int
-    records: list[AbsorbRecord]  # ascending seqs above the registered `absorbed`
+    slices: list[AbsorbSlice]  # the slots above the registered `absorbed`, ascending
     flips: list[int]  # seqs killed since the last checkpoint (flip their tail if present)
     earliest: int  # the topic's earliest live seq: sealed segments wholly below go
     absorbed_to: int  # the new `absorbed` mark (the captured head)
+    tags: dict[int, str] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    prios: dict[int, int] = field(default_factory=dict)
+    shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    records: list[AbsorbRecord] = field(default_factory=list)  # ascending, live only
+
+    def materialize(self) -> None:
+        """Build `records` from the captured slices (blocking work: run offloaded)."""
+        records: list[AbsorbRecord] = []
+        for sl in self.slices:
+            for seq, enc, ts, size in zip(
+                range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
+            ):
+                if enc is not None:
+                    records.append(AbsorbRecord(seq, ts, enc, size))
+        tags, nodes, prios, shapes = self.tags, self.nodes, self.prios, self.shapes
+        if tags or nodes or prios or shapes:
+            for rec in records:
+                seq = rec.seq
+                rec.tag = tags.get(seq)
+                rec.node = nodes.get(seq)
+                rec.prio = prios.get(seq, 0)
+                shape = shapes.get(seq)
+                rec.shape = None if shape is None else (shape[0], shape[1])
+        self.records = records
+        self.slices = []
 
 
 @dataclass(slots=True)
@@ -263,6 +302,7 @@ class SegmentStore:
         self.dropped_total = 0
         self.flipped_total = 0
         self.absorbed_records = 0
+        self._active: list[tuple[int, int]] | None = None  # (created_ms, topic id), a heap
 
     def state(self, topic_id: int) -> TopicSegments:
         st = self.topics.get(topic_id)
@@ -273,6 +313,34 @@ class SegmentStore:
     def absorbed(self, topic_id: int) -> int:
         st = self.topics.get(topic_id)
         return 0 if st is None else st.absorbed
+
+    def aged(self, now_ms: int) -> set[int]:
+        """Topics whose active segment is due to seal by age (`max_age_ms`): a heap of
+        active segments by creation time, so the cost follows the segments due."""
+        max_age = self.cfg.max_age_ms
+        if max_age <= 0:
+            return set()
+        heap = self._active
+        if heap is None:
+            heap = self._active = [
+                (st.segments[-1].created_ms, tid)
+                for tid, st in self.topics.items()
+                if st.segments and not st.segments[-1].sealed
+            ]
+            heapq.heapify(heap)
+        out: set[int] = set()
+        limit = now_ms - max_age
+        while heap and heap[0][0] <= limit:
+            created, tid = heapq.heappop(heap)
+            st = self.topics.get(tid)
+            if st is None or not st.segments:
+                continue
+            last = st.segments[-1]
+            if not last.sealed and last.created_ms == created:
+                out.add(tid)
+        for tid in out:  # still due until a checkpoint sealed them
+            heapq.heappush(heap, (self.topics[tid].segments[-1].created_ms, tid))
+        return out
 
     def registry(self, topic_id: int) -> list[SegSnap]:
         st = self.topics.get(topic_id)
@@ -289,7 +357,7 @@ class SegmentStore:
 
     # ---- checkpoint: absorb (blocking, offloaded) -----------------------------------
 
-    def absorb(self, works: list[AbsorbWork], live_ids: set[int], now_ms: int) -> AbsorbOutcome:
+    def absorb(self, works: list[AbsorbWork], gone_ids: set[int], now_ms: int) -> AbsorbOutcome:
         """Copy the captured records into segments, flip delete flags, seal, and sync
         every touched file and new directory. Never changes `self` (see `install`)."""
         out = AbsorbOutcome()
@@ -298,9 +366,10 @@ class SegmentStore:
             self.fs.mkdir(topics_root)
             self.fs.fsync_dir(self.root)
         for work in works:
+            work.materialize()
             out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
-        for tid in self.topics:
-            if tid not in live_ids:
+        for tid in sorted(gone_ids):
+            if tid in self.topics:
                 out.gone_dirs.append(topic_dir(self.root, tid))
         return out
 
@@ -431,10 +500,11 @@ class SegmentStore:
 
     def _seal(self, seg: Segment, tid: int) -> None:
         seg.sealed = True
+        ts_column, seg.ts = seg.ts, array("q")  # only the `.idx` needs them: 8 bytes a seq
         if not self.write_idx:
             return
         entries = bytearray()
-        for off, length, ts, flag in zip(seg.offsets, seg.lens, seg.ts, seg.flags, strict=True):
+        for off, length, ts, flag in zip(seg.offsets, seg.lens, ts_column, seg.flags, strict=True):
             flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
             entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
         path = idx_path(self.root, tid, seg.first)
@@ -462,6 +532,15 @@ class SegmentStore:
         what the new registry no longer references (files and topic directories)."""
         doomed: list[str] = []
         for tid, res in outcome.topics.items():
+            old = self.topics.get(tid)
+            segs = res.state.segments
+            new_active = (
+                segs
+                and not segs[-1].sealed
+                and (old is None or not old.segments or old.segments[-1].first != segs[-1].first)
+            )
+            if self._active is not None and new_active:
+                heapq.heappush(self._active, (segs[-1].created_ms, tid))
             self.topics[tid] = res.state
             doomed += res.dropped
             self.sealed_total += res.sealed
@@ -513,6 +592,60 @@ class SegmentStore:
         if data[-1] == DELETED:
             return None
         return rec
+
+    def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> dict[int, bytes]:
+        """The stored JSON of the live records `lo ..= hi` (blocking: run offloaded), in
+        seq order, stopping after the record that reaches `max_bytes` of frames. One
+        `pread` per segment; every frame is verified. Raises `SegmentCorruption` (and
+        counts it) when one fails its checksum."""
+        st = self.topics.get(topic_id)
+        out: dict[int, bytes] = {}
+        if st is None:
+            return out
+        total = 0
+        for seg in list(st.segments):
+            if seg.last < lo or seg.first > hi or total >= max_bytes:
+                continue
+            want: list[int] = []  # slot indexes to read, ascending
+            for i in range(max(lo, seg.first) - seg.first, min(hi, seg.last) - seg.first + 1):
+                if seg.offsets[i] == ABSENT or seg.flags[i]:
+                    continue
+                want.append(i)
+                total += seg.lens[i]
+                if total >= max_bytes:
+                    break
+            if not want:
+                continue
+            start = seg.offsets[want[0]]
+            stop = seg.offsets[want[-1]] + seg.lens[want[-1]]
+            path = data_path(self.root, topic_id, seg.first)
+            fd = self.fs.open(path)
+            try:
+                data = self.fs.pread(fd, stop - start, start)
+            finally:
+                self.fs.close(fd)
+            for i in want:
+                at = seg.offsets[i] - start
+                seq = seg.first + i
+                try:
+                    frame = frames.read_frame(data, at, at + seg.lens[i], frames.LEGACY_MAX_FRAME)
+                    if frame is None or frame.seq != seq or frame.end != at + seg.lens[i]:
+                        raise frames.FrameError("checksum mismatch or bad frame")
+                    enc = frames.single_enc(frame)
+                except frames.FrameError as exc:
+                    self.corruptions += 1
+                    rel = posixpath.relpath(path, self.root)
+                    log.error(
+                        "segment corruption: %s offset %d: %s (record %d not served)",
+                        rel,
+                        seg.offsets[i],
+                        exc,
+                        seq,
+                    )
+                    raise SegmentCorruption(rel, seg.offsets[i], str(exc)) from None
+                if data[frame.end - 1] != DELETED:
+                    out[seq] = enc
+        return out
 
 
 # ---- recovery ---------------------------------------------------------------------------
@@ -573,6 +706,8 @@ def load_segment(
     while seg.last < reg.last:  # trailing absent slots
         seg.add(reg.last, 0, 0, seg.ts[-1] if len(seg.ts) else 0)
         seg.offsets[-1] = ABSENT
+    if reg.sealed:
+        seg.ts = array("q")  # (kept only while a segment may still be sealed)
     return LoadedSegment(seg, live, len(data) - reg.data_len)
 
 

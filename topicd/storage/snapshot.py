@@ -1,12 +1,13 @@
-"""Snapshots: the engine's whole state in one checksummed file, so the WAL can be trimmed.
+"""Snapshots: the engine's state in one checksummed file, so the WAL can be trimmed.
 
-topicd keeps every retained record in memory, so a snapshot is the complete state: every
-topic's metadata, its retained records (as stored JSON, with their `$ts` and sizes in
-compact arrays and the sparse extras), the unexpired idempotency entries, and per WAL
-shard the position up to which the log is reflected (replay starts there). There are no
-per-topic segment files in this version (docs/decisions.md): the checkpoint trigger
-scales with the retained bytes, so rewriting the state costs at most about as much as
-the log it replaces.
+A snapshot holds every topic's metadata and segment registry (records up to its
+`absorbed` mark live in the topic's segment files, `topicd.storage.segments`), the
+records segments do not hold (a router destination's, and everything in a file written
+before segments existed: as stored JSON, with their `$ts` and sizes in compact arrays and
+the sparse extras), the unexpired idempotency entries, router and durable lease state,
+and per WAL shard the position up to which the log is reflected (replay starts there).
+Checkpoints capture incrementally (`capture`): only topics that changed since the last
+one are captured again; the others' encoded entries are written as they were.
 
 File: `meta/snapshot-<n:020d>.bin`; a 32-byte header (magic `TOPICDSN`, version u32,
 checksum algorithm u8, 3 reserved bytes, msgpack body length u64, XXH3-64 of everything
@@ -38,7 +39,7 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import msgspec
 import trio
@@ -46,7 +47,7 @@ import xxhash
 
 from topicd.engine.queues import leases_durable
 from topicd.storage.fs import replace_file
-from topicd.storage.segments import AbsorbRecord, AbsorbWork, SegSnap
+from topicd.storage.segments import AbsorbSlice, AbsorbWork, SegSnap
 
 if TYPE_CHECKING:
     from topicd.engine.engine import Engine
@@ -169,13 +170,26 @@ class RunCopy:
 
 @dataclass(slots=True)
 class Capture:
-    """What `capture` copies on the loop; `encode` turns it into bytes in a thread."""
+    """What `capture` copies on the loop; `encode` turns it into bytes in a thread.
 
-    body: SnapshotBody  # its topics' `runs` are filled by `encode`
+    `body.topics` holds a `TopicSnap` for each topic captured now and, with an
+    incremental capture, the encoded entry of the previous snapshot (`msgspec.Raw`) for
+    each topic that did not change since; `runs` are the record copies of the fresh ones
+    (aligned with `fresh`)."""
+
+    body: SnapshotBody  # its fresh topics' `runs` are filled by `encode`
     runs: list[list[RunCopy]]
     # records to copy into segments, and the topics whose registry the checkpoint fills
     # in once it absorbed them (`TopicSnap.segments`)
     works: list[AbsorbWork] = field(default_factory=list)
+    fresh: list[TopicSnap] = field(default_factory=list)
+    # the reused entries of the topics not captured now (incremental capture)
+    entries: dict[int, msgspec.Raw] = field(default_factory=dict)
+    gone_ids: set[int] = field(default_factory=set)  # deleted topics that have segments
+    captured: list[Topic] = field(default_factory=list)  # their `changed` flags were cleared
+    # the encoded entries of fresh topics without records in the file (`encode` fills
+    # it): reusable while the topic does not change
+    encoded: dict[int, msgspec.Raw] = field(default_factory=dict)
 
 
 def capture_topic(
@@ -194,7 +208,9 @@ def capture_topic(
             continue  # nothing live left in it (or all in segments)
         start = max(run.base, floor)
         lo = start - run.base
-        copies.append(RunCopy(start, run.encs[lo:], run.ts[lo:], run.sizes[lo:]))
+        # above the absorbed mark every live slot holds its bytes (never `EVICTED`)
+        encs = cast("list[bytes | None]", run.encs[lo:])
+        copies.append(RunCopy(start, encs, run.ts[lo:], run.sizes[lo:]))
     snap = TopicSnap(
         id=topic.topic_id,
         name=topic.name,
@@ -241,34 +257,30 @@ def absorbable(engine: Engine, topic: Topic) -> bool:
 
 
 def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
-    """The live records of `topic` above `absorbed` (C-level slices, then one pass for
-    the sparse extras), and the absorbed seqs killed since the last checkpoint."""
+    """The slots of `topic` above `absorbed` (C-level slices; the records are built in
+    the checkpoint's thread), copies of the sparse extras there, and the absorbed seqs
+    killed since the last checkpoint."""
     lo = max(absorbed + 1, topic.earliest_seq)
     head = topic.head_seq
-    records: list[AbsorbRecord] = []
+    slices: list[AbsorbSlice] = []
     for run in topic.runs:
         a, b = max(lo, run.base), min(head, run.end)
         if a > b:
             continue
         i, j = a - run.base, b - run.base + 1
-        for seq, enc, ts, size in zip(
-            range(a, b + 1), run.encs[i:j], run.ts[i:j], run.sizes[i:j], strict=True
-        ):
-            if enc is not None:
-                records.append(AbsorbRecord(seq, ts, enc, size))
-    if records and (topic.tags or topic.nodes or topic.prios or topic.shapes):
-        tags, nodes, prios, shapes = topic.tags, topic.nodes, topic.prios, topic.shapes
-        for rec in records:
-            seq = rec.seq
-            rec.tag = tags.get(seq)
-            rec.node = nodes.get(seq)
-            rec.prio = prios.get(seq, 0)
-            shape = shapes.get(seq)
-            rec.shape = None if shape is None else (shape[0], shape[1])
-    killed = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
+        # above the absorbed mark nothing is ever evicted (topicd.engine.payloads)
+        encs = cast("list[bytes | None]", run.encs[i:j])
+        slices.append(AbsorbSlice(a, encs, run.ts[i:j], run.sizes[i:j]))
+    work = AbsorbWork(topic.topic_id, slices, [], topic.earliest_seq, head)
+    if slices:
+        work.tags = _above(topic.tags, lo - 1, head)
+        work.nodes = _above(topic.nodes, lo - 1, head)
+        work.prios = _above(topic.prios, lo - 1, head)
+        work.shapes = {s: (v[0], v[1]) for s, v in _above(topic.shapes, lo - 1, head).items()}
+    work.flips = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
     topic.seg_killed = []
     topic.seg_tail = max(topic.seg_tail, head)
-    return AbsorbWork(topic.topic_id, records, killed, topic.earliest_seq, head)
+    return work
 
 
 def capture(
@@ -279,6 +291,7 @@ def capture(
     final: bool = False,
     segments: SegmentStore | None = None,
     absorb: bool = False,
+    reuse: dict[int, msgspec.Raw] | None = None,
 ) -> Capture:
     """The engine's state and the WAL positions it reflects (one synchronous step).
 
@@ -287,16 +300,46 @@ def capture(
     `segments`, records they hold are left out; with `absorb` too, every absorbable
     topic's records up to its head are captured for copying into segments instead
     (`Capture.works`), and the checkpoint fills in the new registry.
+
+    With `reuse` (the previous snapshot's encoded entries: `Capture.entries` with
+    `Capture.encoded` added) the capture is incremental: only the topics marked changed
+    since (`Topic.mark_changed`), queues (their lease state), topics due to seal a
+    segment by age and topics without an entry are captured; every other topic keeps its
+    entry byte for byte. The work on the loop then follows what changed, plus C-level
+    set operations over the topic ids. `final` captures everything.
     """
-    topics: list[TopicSnap] = []
-    runs: list[list[RunCopy]] = []
-    works: list[AbsorbWork] = []
-    for t in engine.by_id.values():
-        if t.deleted:
-            continue
-        absorbed = segments.absorbed(t.topic_id) if segments is not None else 0
+    cap = Capture(SnapshotBody(VERSION, created_ms, 0, 0, [], [], []), [])
+    by_id = engine.by_id
+    todo: list[Topic]
+    if reuse is None or final:
+        todo = [t for t in by_id.values() if not t.deleted]
+        engine.changed_topics.clear()
+    else:
+        due = set(engine.changed_topics)
+        engine.changed_topics.clear()
+        due |= engine.queue_topics
+        ids = by_id.keys()
+        extra = ids - reuse.keys()  # new topics, and entries re-made every time
+        if segments is not None:
+            extra |= segments.aged(created_ms) & ids
+        due.update(by_id[tid] for tid in extra)
+        todo = [t for t in due if not t.deleted and t.topic_id in by_id]
+        entries = dict(reuse)
+        for tid in reuse.keys() - ids:  # deleted since
+            del entries[tid]
+        for t in todo:
+            entries.pop(t.topic_id, None)
+        if VERIFY_INCREMENTAL:
+            for tid, entry in entries.items():
+                _verify_unchanged(engine, by_id[tid], entry, created_ms, segments)
+        cap.entries = entries
+    for t in todo:
+        tid = t.topic_id
+        t.changed = False
+        cap.captured.append(t)
+        absorbed = segments.absorbed(tid) if segments is not None else 0
         if segments is not None and absorb and absorbable(engine, t):
-            works.append(capture_absorb(t, absorbed))
+            cap.works.append(capture_absorb(t, absorbed))
             absorbed = max(absorbed, t.head_seq)
         snap, copies = capture_topic(
             t,
@@ -305,25 +348,72 @@ def capture(
             absorbed=absorbed,
         )
         if segments is not None:
-            snap.segments = segments.registry(t.topic_id)
-        topics.append(snap)
-        runs.append(copies)
+            snap.segments = segments.registry(tid)
+        cap.fresh.append(snap)
+        cap.runs.append(copies)
+    if segments is not None:
+        cap.gone_ids = segments.topics.keys() - by_id.keys()
     # a retry window is as durable as the records it points to: none for ephemeral topics
-    durable_ids = {t.id for t in topics if t.config.get("durability") != "ephemeral"}
-    body = SnapshotBody(
+    idem = [
+        entry
+        for entry in engine.idem.committed()
+        if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
+    ]
+    topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
+    cap.body = SnapshotBody(
         VERSION,
         created_ms,
         engine.next_topic_id,
         len(positions),
         positions,
-        topics,
-        [entry for entry in engine.idem.committed() if entry[0] in durable_ids],
+        topics,  # type: ignore[arg-type]  # (encoded entries are written as they are)
+        idem,
         engine.routers.export(),
     )
-    return Capture(body, runs, works)
+    return cap
+
+
+# Tests set this: every reused entry is checked against a fresh capture of its topic (a
+# mutation that forgot to set `Topic.changed` would otherwise leave a stale entry).
+VERIFY_INCREMENTAL = False
+
+
+def _verify_unchanged(
+    engine: Engine, t: Topic, entry: msgspec.Raw, now_ms: int, segments: SegmentStore | None
+) -> None:
+    absorbed = segments.absorbed(t.topic_id) if segments is not None else 0
+    snap, copies = capture_topic(
+        t, reserved=max(t.reserved_head, t.head_seq), now_ms=now_ms, absorbed=absorbed
+    )
+    if segments is not None:
+        snap.segments = segments.registry(t.topic_id)
+    pieces: list[bytes] = []
+    assert not _fill_runs(snap, copies, pieces), t.name  # reused entries have no records
+    fresh = _ENC.encode(snap)
+    assert bytes(entry) == fresh, f"topic {t.name!r} changed without Topic.changed set"
 
 
 # ---- encoding and files (blocking: run offloaded) ------------------------------------
+
+
+def _fill_runs(snap: TopicSnap, copies: list[RunCopy], pieces: list[bytes]) -> int:
+    """Add the copies' columns to `snap.runs` and their records to `pieces`; returns the
+    record bytes added."""
+    added = 0
+    for run in copies:
+        encs = run.encs
+        lens = array("I", [DEAD if e is None else len(e) for e in encs])
+        total = 0
+        for i in range(0, len(encs), CHUNK_RECORDS):
+            piece = b"".join([e for e in encs[i : i + CHUNK_RECORDS] if e is not None])
+            if piece:
+                pieces.append(piece)
+                total += len(piece)
+        snap.runs.append(
+            RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), b"", total)
+        )
+        added += total
+    return added
 
 
 def encode(cap: Capture) -> list[bytes]:
@@ -331,19 +421,16 @@ def encode(cap: Capture) -> list[bytes]:
     it offloaded; no piece is larger than the body or `CHUNK_RECORDS` records)."""
     body = cap.body
     pieces: list[bytes] = []
-    for snap, copies in zip(body.topics, cap.runs, strict=True):
-        for run in copies:
-            encs = run.encs
-            lens = array("I", [DEAD if e is None else len(e) for e in encs])
-            total = 0
-            for i in range(0, len(encs), CHUNK_RECORDS):
-                piece = b"".join([e for e in encs[i : i + CHUNK_RECORDS] if e is not None])
-                if piece:
-                    pieces.append(piece)
-                    total += len(piece)
-            snap.runs.append(
-                RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), b"", total)
-            )
+    for snap, copies in zip(cap.fresh, cap.runs, strict=True):
+        if not _fill_runs(snap, copies, pieces):
+            # no record bytes after the body: the entry is whole, reusable as it is
+            cap.encoded[snap.id] = msgspec.Raw(_ENC.encode(snap))
+    if cap.encoded:
+        topics: list[TopicSnap | msgspec.Raw] = list(body.topics)
+        for i, entry in enumerate(topics):
+            if isinstance(entry, TopicSnap) and entry.id in cap.encoded:
+                topics[i] = cap.encoded[entry.id]
+        body.topics = topics  # type: ignore[assignment]
     payload = _ENC.encode(body)
     digest = xxhash.xxh3_64(payload)
     for piece in pieces:

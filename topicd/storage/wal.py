@@ -248,6 +248,7 @@ class Shard:
             success_threshold=b.success_threshold,
         )
         self.commit_window_ms = cfg.governor.commit_window_min_ms
+        self.on_written: Callable[[], None] | None = None  # after each batch written
         # queues
         self.queues: dict[Topic, deque[Submission]] = {}
         self.ready: deque[Topic] = deque()
@@ -528,6 +529,8 @@ class Shard:
             self.batches += 1
             self.frames_written += len(out)
             self.bytes_written += len(data)
+            if self.on_written is not None:
+                self.on_written()
             if sync:
                 self._synced(sync_ms, sum(s.batch.count for s in subs if s.batch is not None))
             else:
@@ -539,6 +542,7 @@ class Shard:
         for topic, reserved in reserving.items():
             if reserved > topic.reserved_head:
                 topic.reserved_head = reserved
+                topic.mark_changed()
         self._publish(subs, sync_ms, append_ms if data else None)
         if data and not sync:
             heads = self.unsynced_heads
@@ -770,6 +774,8 @@ class Checkpoints(Protocol):
 
     async def checkpoint(self, *, final: bool = False) -> bool: ...
 
+    def poke(self) -> None: ...
+
 
 class WalCommitPath:
     """The engine's commit path over `N` WAL shards (see module docstring)."""
@@ -807,6 +813,12 @@ class WalCommitPath:
             Shard(i, n, self.root, files, self.cfg, self.fs, self.offload, self.clock, hooks)
             for i, files in enumerate(self._shard_files)
         ]
+        for shard in self.shards:
+            shard.on_written = self._written
+
+    def _written(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.poke()
 
     def shard(self, topic: Topic) -> Shard:
         return self.shards[shard_of(topic.topic_id, len(self.shards))]
@@ -954,6 +966,21 @@ class WalCommitPath:
         except OSError as exc:
             raise Internal(f"stored record {seq} of topic {topic.name!r}: {exc}") from exc
         return None if rec is None else rec.enc
+
+    async def read_stored_range(
+        self, topic: Topic, lo: int, hi: int, max_bytes: int
+    ) -> dict[int, bytes]:
+        """Records read back from their segments in one offloaded call (read limiter)."""
+        assert self.checkpointer is not None
+        store = self.checkpointer.segments
+        try:
+            return await self.offload.run(
+                store.read_range, topic.topic_id, lo, hi, max_bytes, group="read"
+            )
+        except SegmentCorruption as exc:
+            raise Internal(f"stored records of topic {topic.name!r} are corrupt") from exc
+        except OSError as exc:
+            raise Internal(f"stored records {lo}..{hi} of topic {topic.name!r}: {exc}") from exc
 
     def storage_stats(self) -> dict[str, int]:
         return {} if self.checkpointer is None else self.checkpointer.segments.stats()

@@ -1,0 +1,298 @@
+#!/usr/bin/env python
+"""Long retention: memory, checkpoints, restart and reads as retained data grows.
+
+    python bench/retention.py [--gib 1 3 10] [--topics 100000] [--dir DIR] [--skip-fill]
+
+Against `topicd serve` (a child process on a fresh data directory under `--dir`, the
+data disk's file system; default the system temp dir), with the default config:
+
+**Fill** (per `--gib` size, a fresh directory each): 1 KiB records in 1000-record
+batches on one keep-alive HTTP/1.1 connection, `disk` class, half of the bytes into one
+topic (`big`) and half round-robin over 1,000 topics (`small-N`). Reported: the write
+rate of the first and of the last 64 MiB (records/s), the server's RSS at the end, the
+checkpoints' duration (`topicd_checkpoint_duration_ms`, largest seen while filling and
+the last one) and the longest `GET /v0/health` of a probe every 20 ms on its own
+connection (an upper bound on the event-loop stalls, checkpoints' included: a stall
+delays the probe's answer; the probe also waits behind the filler's requests).
+**Reads**: `big` from 100,000 records below its head (the cached tail, pages of 1000),
+then from its oldest record after the segment files were dropped from the page cache
+(`posix_fadvise(DONTNEED)`), records/s each and their ratio (the tail is read before and
+after; the faster run counts). Measurements start after the checkpoint that follows the
+fill, so everything written is in segments.
+**Restart**: `SIGKILL`, start again, seconds to the first `200` from `/v0/ready`, and the
+RSS once ready.
+
+**Many topics** (`--topics N`, 0 to skip): N topics of 3 records of about 100 bytes
+(one write each, which creates the topic), then the RSS, the checkpoint duration and
+loop lag, and the restart to ready.
+
+Results print as a table; nothing is asserted (the issue's targets are judged by
+reading them). Runs are long at 3 and 10 GiB: the default is `--gib 1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import durable
+import http_core as hc
+import loadgen
+
+HOST = hc.HOST
+RECORD = 1024
+BATCH = 1000
+SMALL_TOPICS = 1000
+MIB = 1 << 20
+
+
+class Server:
+    """One `topicd serve` child with a metrics sampler."""
+
+    def __init__(self, data_dir: Path, tmp: Path, args: argparse.Namespace) -> None:
+        self.data_dir = data_dir
+        self.port_file = tmp / "retention.port"
+        self.args = args
+        self.srv: durable.TimedServer | None = None
+        self.conn: loadgen.BlockingConn | None = None
+        self.max_lag_ms = 0.0
+        self.max_checkpoint_ms = 0.0
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    def start(self) -> dict[str, Any]:
+        self.srv = durable.topicd_server("topicd", self.data_dir, self.port_file, self.args)
+        timing = durable.timed_start(self.srv, self.port_file, None)
+        self.conn = loadgen.BlockingConn(HOST, self.srv.port)
+        self._stop.clear()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return timing
+
+    def kill9(self) -> None:
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join(5)
+        if self.conn is not None:
+            self.conn.close()
+        assert self.srv is not None
+        self.srv.kill9()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.srv is not None:
+            self.srv.stop()
+
+    def rss_mib(self) -> float:
+        assert self.srv is not None
+        return self.srv.rss_mib()
+
+    def metrics(self, conn: loadgen.BlockingConn | None = None) -> dict[str, float]:
+        assert self.srv is not None
+        conn = conn or self.conn
+        assert conn is not None
+        req = loadgen.build_request(HOST, self.srv.port, "/v0/metrics", b"", method="GET")
+        _, body = conn.request(req)
+        out: dict[str, float] = {}
+        for line in body.decode().splitlines():
+            m = re.match(r"^(topicd_[a-z_]+) ([0-9.e+-]+)$", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def _sample(self) -> None:
+        """Every 20 ms time a `GET /v0/health` (its latency includes any loop stall);
+        every 0.5 s read the checkpoint duration."""
+        assert self.srv is not None
+        conn = loadgen.BlockingConn(HOST, self.srv.port)
+        health = loadgen.build_request(HOST, self.srv.port, "/v0/health", b"", method="GET")
+        n = 0
+        while not self._stop.wait(0.02):
+            with contextlib.suppress(OSError, ConnectionError):
+                t0 = time.perf_counter()
+                conn.request(health)
+                self.max_lag_ms = max(self.max_lag_ms, (time.perf_counter() - t0) * 1000)
+                n += 1
+                if n % 25 == 0:
+                    m = self.metrics(conn)
+                    self.max_checkpoint_ms = max(
+                        self.max_checkpoint_ms, m.get("topicd_checkpoint_duration_ms", 0.0)
+                    )
+        conn.close()
+
+    def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, Any]:
+        assert self.srv is not None
+        assert self.conn is not None
+        req = loadgen.build_request(HOST, self.srv.port, path, body, method=method)
+        status, raw = self.conn.request(req)
+        return status, orjson.loads(raw) if raw else None
+
+
+def settle(s: Server) -> None:
+    """Wait (at most 75 s) for one more checkpoint: then everything written so far is in
+    segments and the payload cache holds what it will."""
+    before = s.metrics().get("topicd_checkpoints_total", 0.0)
+    deadline = time.monotonic() + 75
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        if s.metrics().get("topicd_checkpoints_total", 0.0) > before:
+            return
+
+
+def write_body(n: int, size: int) -> bytes:
+    data = b'"' + b"x" * (size - 2) + b'"'
+    return b'{"records":[' + b",".join([b'{"data":' + data + b"}"] * n) + b"]}"
+
+
+def diff_rate(s: Server, topic: str, from_seq: int, records: int) -> float:
+    cursor, got = from_seq, 0
+    t0 = time.perf_counter()
+    while got < records:
+        status, res = s.post(f"/v0/topics/{topic}/diff", b'{"from_seq":%d,"limit":1000}' % cursor)
+        assert status == 200, res
+        got += len(res["records"])
+        cursor = res["next_from_seq"]
+        if cursor >= res["head_seq"]:
+            break
+    return got / (time.perf_counter() - t0)
+
+
+def drop_page_cache(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    data_dir = tmp / f"data-{gib}"
+    s = Server(data_dir, tmp, args)
+    s.start()
+    out: dict[str, Any] = {"gib": gib}
+    try:
+        s.post("/v0/topics/big", b'{"durability":"disk"}', method="PUT")
+        for i in range(SMALL_TOPICS):
+            s.post(f"/v0/topics/small-{i}", b'{"durability":"disk"}', method="PUT")
+        body = write_body(BATCH, RECORD)
+        total = int(gib * 1024) * MIB
+        written = 0
+        i = 0
+        window: list[tuple[float, int]] = []
+        t_first = None
+        while written < total:
+            topic = "big" if i % 2 == 0 else f"small-{(i // 2) % SMALL_TOPICS}"
+            status, res = s.post(f"/v0/topics/{topic}", body)
+            assert status == 200, res
+            written += BATCH * RECORD
+            i += 1
+            window.append((time.perf_counter(), written))
+            if t_first is None and written >= 64 * MIB:
+                t_first = (window[-1][0] - window[0][0], written)
+        first_s, first_b = t_first or (window[-1][0] - window[0][0], written)
+        last = [w for w in window if w[1] >= written - 64 * MIB]
+        out["write_first_rps"] = first_b / RECORD / first_s
+        out["write_last_rps"] = (last[-1][1] - last[0][1]) / RECORD / (last[-1][0] - last[0][0])
+        settle(s)
+        m = s.metrics()
+        out["rss_mib"] = s.rss_mib()
+        out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
+        out["checkpoint_max_ms"] = s.max_checkpoint_ms
+        out["loop_lag_max_ms"] = s.max_lag_ms
+        out["cache_mib"] = m.get("topicd_payload_cache_bytes", 0.0) / MIB
+        _, st = s.post("/v0/topics/big", b"", method="GET")
+        head = st["head_seq"]
+        tail = diff_rate(s, "big", max(0, head - 100_000), 100_000)
+        drop_page_cache(data_dir / "topics")
+        out["diff_oldest_rps"] = diff_rate(s, "big", 0, 100_000)
+        tail = max(tail, diff_rate(s, "big", max(0, head - 100_000), 100_000))
+        out["diff_tail_rps"] = tail
+        s.kill9()
+        timing = s.start()
+        out["restart_ready_s"] = timing["to_ready_s"]
+        out["rss_after_restart_mib"] = s.rss_mib()
+    finally:
+        s.stop()
+    return out
+
+
+def topics_case(n: int, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+    s = Server(tmp / "data-topics", tmp, args)
+    s.start()
+    out: dict[str, Any] = {"topics": n}
+    try:
+        rss0 = s.rss_mib()
+        body = write_body(3, 100)
+        t0 = time.perf_counter()
+        for i in range(n):
+            status, res = s.post(f"/v0/topics/t{i}", body)
+            assert status in (200, 201), res
+        out["create_s"] = time.perf_counter() - t0
+        settle(s)
+        m = s.metrics()
+        out["rss_mib"] = s.rss_mib()
+        out["rss_idle_mib"] = rss0
+        out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
+        out["checkpoint_max_ms"] = s.max_checkpoint_ms
+        out["loop_lag_max_ms"] = s.max_lag_ms
+        s.kill9()
+        timing = s.start()
+        out["restart_ready_s"] = timing["to_ready_s"]
+        out["rss_after_restart_mib"] = s.rss_mib()
+    finally:
+        s.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, nargs="*", default=[1.0], help="sizes to fill")
+    ap.add_argument("--topics", type=int, default=100_000, help="many-topics case (0: skip)")
+    ap.add_argument("--dir", default=None, help="parent of the temporary data directories")
+    ap.add_argument("--topicd-src", type=Path, default=hc.REPO_DIR, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmpdir:
+        tmp = Path(tmpdir)
+        for gib in args.gib:
+            r = fill_case(gib, tmp, args)
+            print(
+                f"{r['gib']:5.2f} GiB: write {r['write_first_rps']:,.0f} -> "
+                f"{r['write_last_rps']:,.0f} rec/s; RSS {r['rss_mib']:.0f} MiB "
+                f"(cache {r['cache_mib']:.0f} MiB); checkpoint last {r['checkpoint_last_ms']:.0f}"
+                f" ms, max {r['checkpoint_max_ms']:.0f} ms; loop lag max "
+                f"{r['loop_lag_max_ms']:.1f} ms; diff tail {r['diff_tail_rps']:,.0f} rec/s, "
+                f"oldest (page cache dropped) {r['diff_oldest_rps']:,.0f} rec/s "
+                f"({r['diff_oldest_rps'] / r['diff_tail_rps']:.2f}x); restart to ready "
+                f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
+                flush=True,
+            )
+        if args.topics:
+            r = topics_case(args.topics, tmp, args)
+            print(
+                f"{r['topics']} topics x 3 records: created in {r['create_s']:.0f} s; RSS "
+                f"{r['rss_mib']:.0f} MiB (idle {r['rss_idle_mib']:.0f}); checkpoint last "
+                f"{r['checkpoint_last_ms']:.0f} ms, max {r['checkpoint_max_ms']:.0f} ms; loop "
+                f"lag max {r['loop_lag_max_ms']:.1f} ms; restart to ready "
+                f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
