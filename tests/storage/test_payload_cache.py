@@ -32,6 +32,7 @@ from topicd.storage import segments as segs
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable, open_durable_app
 from topicd.testing.sse import open_stream
+from topicd.testing.ws import open_ws_in_process
 from topicd.wire import DiffIn, RecordIn, RouterIn, TopicConfigIn, WriteIn
 
 
@@ -192,6 +193,24 @@ async def test_an_sse_catch_up_from_zero_streams_evicted_records(nursery):
         assert records == [orjson.loads(e) for e in expected.records]
         assert engine.payloads.stats().misses >= 7  # 50 records, 7 per frame
         stream.disconnect()
+
+
+async def test_a_websocket_catch_up_from_zero_streams_evicted_records(nursery):
+    async with open_durable_app(FakeDisk(), config(cache_bytes=0)) as h:
+        engine = h.engine
+        await fill(engine, "t", 50, tag="x")
+        _, expected = await engine.diff("t", DiffIn(from_seq=0, limit=1000, include_tags=True))
+        assert await cp(engine).checkpoint()
+        assert engine.get("t").enc(1) is EVICTED
+        misses = engine.payloads.stats().misses
+        ws = await open_ws_in_process(nursery, h.app)
+        await ws.send(
+            {"op": "subscribe", "topics": {"t": {"from_seq": 0}}, "limit": 7, "include_tags": True}
+        )
+        got = await ws.recv_until(lambda m: m["op"] == "caught_up")
+        records = [rec for m in got if m["op"] == "record" for rec in m["records"]]
+        assert records == [orjson.loads(e) for e in expected.records]
+        assert engine.payloads.stats().misses - misses >= 7  # 50 records, 7 per message
 
 
 async def test_queue_claims_return_evicted_jobs_intact():

@@ -82,6 +82,7 @@ async def test_a_reply_handed_over_before_a_partial_direct_write_follows_it(
                 max_scan=1000,
                 now_ms=engine.clock.now_ms,
                 enforce=engine.enforce,
+                payloads=engine.payloads,
             )
         )
         conn.subscribe(topic, OPTS, 0)

@@ -183,9 +183,9 @@ async def test_catch_up_passes_are_byte_bounded_and_take_turns(
         real = engine_ws.catch_up
 
         def spy(*args, **kwargs):
-            out, moved = real(*args, **kwargs)
+            out, moved, miss = real(*args, **kwargs)
             sizes.append(sum(len(b) for b in out))
-            return out, moved
+            return out, moved, miss
 
         monkeypatch.setattr(engine_ws, "catch_up", spy)
         await ws.send(
