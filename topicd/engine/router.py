@@ -1119,6 +1119,17 @@ class RouterService:
                 if self._rederive_feed(feeds[key], cyclic, snap_heads, direct, now_ms):
                     progress = True
         for rr in live:
+            src = by_id[rr.src_id]
+            if rr.cursor > src.head_seq:
+                # the source is itself a destination whose re-derivation placed fewer
+                # seqs than it held before the crash (a router turned cyclic later: its
+                # older holes are now passed over), yet this router had handled seqs up
+                # to its cursor. Seqs are never reused: the head moves up to the cursor,
+                # and the range is announced as possibly lost (`source_trim`)
+                lo = src.head_seq + 1
+                src.skip_to(rr.cursor)
+                src.add_trim(lo, rr.cursor)
+        for rr in live:
             src, dst = by_id[rr.src_id], by_id[rr.dst_id]
             r = Router(rr.d, src, dst, rr.src_base, rr.dest_base, rr.cursor, rr.forwarded_total)
             self._attach(r)
