@@ -120,8 +120,6 @@ async def test_api_doc_lists_every_served_route():
 
 NOT_SERVED = [  # as docs/api.md writes them
     ("GET", "/v0/ws"),
-    ("GET", "/_topicd/dashboard"),
-    ("GET", "/_topicd/dashboard/events"),
 ]
 
 
