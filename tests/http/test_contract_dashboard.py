@@ -533,3 +533,20 @@ async def test_dashboard_takes_no_client_permit(autojump_clock):
             s.disconnect()
         finally:
             held.release()
+
+
+async def test_a_viewer_that_never_reads_is_closed_after_the_slow_consumer_timeout(autojump_clock):
+    cfg = make_config(watch={"slow_consumer_timeout_ms": 5000})
+    async with open_app(cfg) as h, trio.open_nursery() as n:
+        s, _ = await open_ok(h, n)  # then stops reading: the next write blocks
+        t0 = trio.current_time()
+        await s.wait_done()
+        assert trio.current_time() - t0 == 5.0  # the blocked write gave up at the timeout
+        assert hub_of(h).viewers == {}
+        assert h.engine.watch.sse_connections() == 0
+
+
+async def test_head_of_the_feed_is_405(autojump_clock):
+    async with open_app() as h:
+        r = await h.app.test_client().head(FEED)
+        assert r.status_code == 405

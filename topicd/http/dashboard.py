@@ -191,7 +191,7 @@ class DashboardHub:
         self.history: deque[list[float]] = deque(maxlen=self.cfg.history_points)
         self._due = 0.0  # Trio time of the next snapshot
         self._prev: tuple[float, int] | None = None  # (time, records appended) of the last
-        self.closed = False
+        self._changed = trio.Event()  # set (and replaced) when a viewer comes or goes
 
     # ---- routing ------------------------------------------------------------------------
 
@@ -383,6 +383,8 @@ class DashboardHub:
         if self.latest is not None:
             slot.put(self.latest)  # the page fills at once; the next one follows on time
         self.viewers[slot] = None
+        self._changed.set()
+        self._changed = trio.Event()
         return slot, key
 
     def detach(self, slot: Slot, key: str | None) -> None:
@@ -391,6 +393,13 @@ class DashboardHub:
             self.ref.engine.watch.release_stream(key)
         if not self.viewers:
             self._prev = None  # the next rate is measured afresh, not across the gap
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_viewers(self, count: int) -> None:
+        """Return once exactly `count` viewers are attached."""
+        while len(self.viewers) != count:
+            await self._changed.wait()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Establish (a refusal raises its `TopicdError` before anything is sent: the
