@@ -414,8 +414,7 @@ class DashboardHub:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
                 nursery.start_soon(self.run_publisher)
-                await self._pump(slot, send, nursery.cancel_scope)
-                ended = True
+                ended = await self._pump(slot, send)
                 nursery.cancel_scope.cancel()
             if ended:
                 with trio.move_on_after(1.0):
@@ -423,9 +422,11 @@ class DashboardHub:
         finally:
             self.detach(slot, key)
 
-    async def _pump(self, slot: Slot, send: Send, scope: trio.CancelScope) -> None:
+    async def _pump(self, slot: Slot, send: Send) -> bool:
         """Write the hello, then each snapshot the slot holds, until the server drains
-        (returns) or one write blocks past `watch.slow_consumer_timeout_ms` (returns)."""
+        (returns True: end the body cleanly) or one write blocks past
+        `watch.slow_consumer_timeout_ms` (returns False: the write was cut short, so the
+        connection just closes)."""
 
         async def write(chunk: bytes) -> bool:
             with trio.move_on_after(self.slow_s):
@@ -434,18 +435,21 @@ class DashboardHub:
             return False
 
         if not await write(self.hello_event()):
-            return
+            return False
+        clean = True
         async with trio.open_nursery() as inner:
 
             async def until_draining() -> None:
                 await self.lifecycle.phase.wait_value(lambda p: p is not Phase.SERVING)
-                inner.cancel_scope.cancel()
+                inner.cancel_scope.cancel()  # (ends the loop below: a clean end)
 
             inner.start_soon(until_draining)
             while True:
                 if not await write(await slot.take()):
+                    clean = False
                     break
             inner.cancel_scope.cancel()
+        return clean
 
 
 def register(app: QuartTrio, hub: DashboardHub) -> None:

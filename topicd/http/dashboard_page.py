@@ -18,6 +18,7 @@ PAGE: Final = """<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>topicd dashboard</title>
+<link rel="icon" href="data:,">
 <style>
 :root { --green:#2e7d32; --amber:#e69500; --red:#c62828; --grey:#8a8f98;
   --bg:#f4f5f7; --card:#fff; --ink:#1d2330; --muted:#667085; --line:#e3e6ea; }
