@@ -75,11 +75,12 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
 class Server:
     """`topicd serve` on port 0 in a fresh data directory."""
 
-    def __init__(self, work: Path, env: dict[str, str]) -> None:
+    def __init__(self, work: Path, env: dict[str, str], port: int = 0) -> None:
         self.port_file = work / "port"
-        self.log = (work / "server.log").open("wb")
+        self.port_file.unlink(missing_ok=True)
+        self.log = (work / "server.log").open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "topicd", "serve", "--port", "0", "--data-dir", "data"],
+            [sys.executable, "-m", "topicd", "serve", "--port", str(port), "--data-dir", "data"],
             cwd=work,
             env=_child_env({"TOPICD_PORT_FILE": str(self.port_file), **env}),
             stdin=subprocess.DEVNULL,
@@ -91,7 +92,8 @@ class Server:
             assert self.proc.poll() is None, "topicd exited at start"
             assert time.monotonic() < deadline, "topicd did not bind within 30 s"
             time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{int(self.port_file.read_text())}"
+        self.port = int(self.port_file.read_text())
+        self.url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.url, timeout=30)
         while True:  # bound; then wait for recovery to finish
             if self.http.get("/v0/ready").status_code == 200:

@@ -141,5 +141,40 @@ def test_dashboard_live_zones_worker_off_charts_and_stale(chromium, tmp_path):
                 "zones grey out",
                 lambda: zone_of('tr[data-topic="orders"]')[1] not in (RED, AMBER, GREEN),
             )
+
+            # a server on the same port again: the page reconnects by itself and is live
+            server = Server(tmp_path, ENV, port=server.port)
+            until("live again after the restart", lambda: text("#feed-state").lower() == "live")
+            # (the queue's jobs were recovered; its leases, not durable, were not)
+            until("jobs are back", lambda: text('tr[data-queue="jobs"] .ready') == "4")
+    finally:
+        server.kill()
+
+
+def test_dashboard_with_keys_needs_the_header(chromium, tmp_path):
+    """With keys on, the page and its feed need a `read` key as the header (here sent by
+    the browser itself, as an authenticating proxy would add it)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = Server(tmp_path, {**ENV, "TOPICD_API_KEYS": "reader:read,writer:write"})
+    try:
+        with open_browser() as page:
+            page.get(server.url + "/_topicd/dashboard")
+            assert '"unauthorized"' in page.find_element(By.TAG_NAME, "body").text
+            page.execute_cdp_cmd("Network.enable", {})
+            page.execute_cdp_cmd(
+                "Network.setExtraHTTPHeaders", {"headers": {"Authorization": "Bearer writer"}}
+            )
+            page.get(server.url + "/_topicd/dashboard")
+            assert '"forbidden"' in page.find_element(By.TAG_NAME, "body").text
+            page.execute_cdp_cmd(
+                "Network.setExtraHTTPHeaders", {"headers": {"Authorization": "Bearer reader"}}
+            )
+            page.get(server.url + "/_topicd/dashboard")
+            WebDriverWait(page, WAIT_S, poll_frequency=0.05).until(
+                lambda p: p.find_element(By.ID, "feed-state").text.lower() == "live",
+                message="the feed is live with the reader key",
+            )
     finally:
         server.kill()
