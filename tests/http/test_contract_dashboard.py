@@ -278,17 +278,34 @@ async def test_top_n_ranks_topics_by_lag(autojump_clock):
 
 
 async def test_router_lag_counts_and_is_listed(autojump_clock):
-    async with open_app() as h, trio.open_nursery() as n:
+    async with open_app(dash(lag_warn=2, lag_pause=5)) as h, trio.open_nursery() as n:
         c = h.app.test_client()
-        await produce(c, "src", 1, 2)
+        await produce(c, "src", 0)
+        r = await c.put("/v0/topics/dst", json={"cap_records": 1, "discard": "reject"})
+        assert r.status_code == 201
         r = await c.put("/v0/routers/src->dst", json={"source": "src", "dest": "dst"})
-        assert r.status_code in (200, 201), await r.get_data()
+        assert r.status_code == 201, await r.get_data()
         s, _ = await open_ok(h, n)
+        await snapshot(s)
+        appended = h.engine.records_appended
+        await produce(c, "src", 1, 2, 3)  # dst takes one copy, then is full: the router waits
+        await snapshot(s)
         snap = await snapshot(s)
         (router,) = snap["routers"]["top"]
-        assert router["router"] == "src->dst"
-        assert router["lag"] == router["cursor"] * 0 + max(0, 2 - router["cursor"])
-        assert {"source", "dest", "cursor", "blocked", "zone"} <= set(router)
+        assert {k: router[k] for k in ("router", "source", "dest", "lag", "blocked", "zone")} == {
+            "router": "src->dst",
+            "source": "src",
+            "dest": "dst",
+            "lag": 2,
+            "blocked": True,
+            "zone": "amber",
+        }
+        assert router["cursor"] == 2
+        # the router reads `src` by cursor: its lag is the topic's
+        (topic,) = snap["topics"]["top"]
+        assert (topic["topic"], topic["lag"], topic["readers"]) == ("src", 2, 1)
+        # writes and router copies both count: 3 written, 1 copied
+        assert snap["throughput"]["records_appended"] - appended == 4
         s.disconnect()
 
 
