@@ -32,7 +32,11 @@ def find_chromium() -> tuple[str, str] | None:
     driver = os.environ.get("CHROMEDRIVER") or next(
         (p for p in map(shutil.which, DRIVER_CANDIDATES) if p), None
     )
-    if browser is None or driver is None:
+    if (
+        browser is None
+        or driver is None
+        or not (os.path.exists(browser) and os.path.exists(driver))
+    ):
         return None
     return browser, driver
 
