@@ -569,3 +569,22 @@ async def test_head_of_the_feed_is_405(autojump_clock):
     async with open_app() as h:
         r = await h.app.test_client().head(FEED)
         assert r.status_code == 405
+
+
+async def test_a_deleted_queue_leaves_and_a_recreated_one_is_new(autojump_clock):
+    async with open_app() as h, trio.open_nursery() as n:
+        c = h.app.test_client()
+        await make_queue(c, "q")
+        await produce(c, "q", 1, 2)
+        s, _ = await open_ok(h, n)
+        (q,) = (await snapshot(s))["queues"]["top"]
+        assert q["ready"] == 2
+        assert (await c.delete("/v0/topics/q")).status_code == 200
+        assert (await snapshot(s))["queues"] == {"count": 0, "top": []}
+        await produce(c, "q", 1)  # lazily created again: a log topic now
+        assert (await snapshot(s))["queues"] == {"count": 0, "top": []}
+        assert (await c.delete("/v0/topics/q")).status_code == 200
+        await make_queue(c, "q")
+        (q,) = (await snapshot(s))["queues"]["top"]
+        assert (q["topic"], q["ready"]) == ("q", 0)
+        s.disconnect()

@@ -426,6 +426,7 @@ class Engine:
         self.routers.topic_deleted(topic)  # cascade
         if topic.queue is not None:
             topic.queue.close()  # its leases go with it
+            self.queues.forget(topic)
             self.queues.levels_changed(topic)
         topic.wake()
         self.sched.forget(topic)

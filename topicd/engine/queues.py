@@ -873,6 +873,7 @@ class QueueService:
         self._timer_n = 0
         self._timer_wake = trio.Event()
         self.work: dict[WorkConn, None] = {}  # every open `/work` stream
+        self.topics: dict[str, Topic] = {}  # live queue topics by name (metrics, dashboard)
         self.shutting_down = False
 
     # ---- lifecycle of queue topics --------------------------------------------------
@@ -882,7 +883,13 @@ class QueueService:
         if topic.config.type == "queue" and topic.queue is None:
             topic.queue = JobQueue(topic, self._lease_seed())
             topic.queue.attached_ms = self.engine.clock.now_ms()
+            self.topics[topic.name] = topic
         self.levels_changed(topic)
+
+    def forget(self, topic: Topic) -> None:
+        """A queue topic was deleted (a newer instance of the name stays)."""
+        if self.topics.get(topic.name) is topic:
+            del self.topics[topic.name]
 
     @staticmethod
     def level_name(topic: Topic) -> str:
