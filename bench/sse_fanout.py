@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """SSE fan-out benchmark: topicd's watch stream against a framework floor, in one run.
 
-    python bench/sse_fanout.py [--quick] [--repeat N] [--only topicd|floor]
+    python bench/sse_fanout.py [--quick] [--repeat N] [--only topicd|floor] [--ws]
                                [--scenario a|flood|b|all|a,flood] [--ns 1,100,1000]
 
 Servers (subprocesses, started like bench/http_core.py does, with its `Server` class):
@@ -28,6 +28,13 @@ Clients are separate processes (spawned once, driven over Pipes):
   jitter from the previous ack). Each record carries its send time, `"t":
   time.monotonic_ns()` taken just before the request is written;
 * for the flood, bench/loadgen.py throughput workers (closed loop, max rate).
+
+With `--ws`, scenario A also measures topicd's WebSocket plane (`ws` in the report),
+against the same topicd server in the same rounds: each watcher connection is a
+`GET /v0/ws` upgrade that sends `{"op": "subscribe", "topic": t, "tail": true}`; the
+client (wsproto) decodes the frames and accounts `record` / `caught_up` / `tombstone`
+messages exactly as the SSE ones. Reported: the ws/sse p50 and p99 ratios (median of
+per-round ratios), with the target ws p50 ≤ 1.2 × sse p50 at 100 and 1000 watchers.
 
 Clock: CLOCK_MONOTONIC is one system-wide clock on Linux, so write→deliver latency is
 `receive time - t` for every (watcher, record) pair, with the sender and receiver in
@@ -114,6 +121,7 @@ HEARTBEAT_MS = 15000
 BASE_DATA = b'"room":"lab-2","celsius":21.4'  # the record's payload next to its send time "t"
 
 TARGET_RATIO = 1.25  # topicd p50 ≤ 1.25 × floor p50 at 100 and 1000 watchers
+TARGET_WS_RATIO = 1.2  # WebSocket p50 ≤ 1.2 × SSE p50 at 100 and 1000 watchers
 TARGET_P50_MS_100 = 10.0  # topicd p50 < 10 ms at 100 watchers
 RSS_FLAT_MIB = 8.0  # heuristic: "flat" = grew less than this over the stalled run
 
@@ -155,6 +163,33 @@ def open_stream(port: int, wid: str, rcvbuf: int = 0) -> tuple[socket.socket, by
         sock.close()
         raise RuntimeError(f"GET /v0/watch/{wid}: expected a chunked body: {head!r}")
     return sock, buf[end + 4 :]
+
+
+def open_ws(port: int, topic: str) -> tuple[socket.socket, Any, bytes]:
+    """Connect, upgrade `/v0/ws` and subscribe at the tail; (socket, wsproto connection,
+    bytes after the handshake answer)."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, RejectConnection, Request, TextMessage
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect((HOST, port))
+    ws = WSConnection(ConnectionType.CLIENT)
+    sock.sendall(ws.send(Request(host=f"{HOST}:{port}", target="/v0/ws")))
+    accepted = False
+    while not accepted:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("/v0/ws: closed during the handshake")
+        ws.receive_data(chunk)
+        for event in ws.events():
+            if isinstance(event, AcceptConnection):
+                accepted = True
+            elif isinstance(event, RejectConnection):
+                raise RuntimeError(f"/v0/ws: refused with HTTP {event.status_code}")
+    sub = orjson.dumps({"op": "subscribe", "topic": topic, "tail": True}).decode()
+    sock.sendall(ws.send(TextMessage(data=sub)))
+    return sock, ws, b""
 
 
 class Tally:
@@ -229,6 +264,31 @@ class SseConn:
         if start:
             del sse[:start]
 
+    def record(self, obj: dict[str, Any], nbytes: int, now: int, tally: Tally) -> None:
+        """Account one `record` frame/message: the cursor chain, counts, latencies."""
+        fs = obj["from_seq"]
+        last = self.last_seq
+        if last is not None and fs != last:
+            if fs > last:
+                tally.gaps += 1
+                tally.gap_records += fs - last
+            else:
+                tally.dupes += 1
+        self.last_seq = obj["to_seq"]
+        recs = obj["records"]
+        tally.frames += 1
+        tally.records += len(recs)
+        tally.bytes += nbytes
+        t0, t1 = tally.t0, tally.t1
+        if t0 <= now < t1:
+            tally.window_records += len(recs)
+        for r in recs:
+            d = r.get("data")
+            t = d.get("t", 0) if isinstance(d, dict) else 0
+            if t0 <= t < t1:
+                tally.lat.append(now - t)
+                tally.seqs.append(r["$seq"])
+
     def block(self, blk: bytes, now: int, tally: Tally) -> None:
         if blk[:1] == b":":
             tally.heartbeats += 1
@@ -245,29 +305,7 @@ class SseConn:
         if data is None:
             return  # `retry:` alone
         if event == b"record":
-            obj = orjson.loads(data)
-            fs = obj["from_seq"]
-            last = self.last_seq
-            if last is not None and fs != last:
-                if fs > last:
-                    tally.gaps += 1
-                    tally.gap_records += fs - last
-                else:
-                    tally.dupes += 1
-            self.last_seq = obj["to_seq"]
-            recs = obj["records"]
-            tally.frames += 1
-            tally.records += len(recs)
-            tally.bytes += len(blk)
-            t0, t1 = tally.t0, tally.t1
-            if t0 <= now < t1:
-                tally.window_records += len(recs)
-            for r in recs:
-                d = r.get("data")
-                t = d.get("t", 0) if isinstance(d, dict) else 0
-                if t0 <= t < t1:
-                    tally.lat.append(now - t)
-                    tally.seqs.append(r["$seq"])
+            self.record(orjson.loads(data), len(blk), now, tally)
         elif event == b"caught-up":
             self.caught_up = True
             tally.caught_up += 1
@@ -281,6 +319,47 @@ class SseConn:
             tally.error(f"{event.decode()} frame: {data[:300]!r}")
 
 
+class WsConn(SseConn):
+    """One `/v0/ws` connection: wsproto decodes the frames; messages are accounted as
+    the SSE frames are."""
+
+    __slots__ = ("text", "ws")
+
+    def __init__(self, sock: socket.socket, ws: Any) -> None:
+        super().__init__(sock)
+        self.ws = ws
+        self.text: list[str] = []
+
+    def feed(self, data: bytes, now: int, tally: Tally) -> None:
+        from wsproto.events import CloseConnection, TextMessage
+
+        self.ws.receive_data(data)
+        for event in self.ws.events():
+            if isinstance(event, TextMessage):
+                self.text.append(event.data)
+                if event.message_finished:
+                    text, self.text = "".join(self.text), []
+                    self.message(orjson.loads(text), len(text), now, tally)
+            elif isinstance(event, CloseConnection):
+                self.ended = True
+
+    def message(self, obj: dict[str, Any], nbytes: int, now: int, tally: Tally) -> None:
+        op = obj.get("op")
+        if op == "record":
+            self.record(obj, nbytes, now, tally)
+        elif op == "caught_up":
+            self.caught_up = True
+            tally.caught_up += 1
+            if self.last_seq is None:
+                self.last_seq = obj["head_seq"]
+        elif op == "tombstone":
+            tally.tombstones += 1
+            self.last_seq = obj["gap_to"]
+        elif op != "subscribed":
+            tally.error_frames += 1
+            tally.error(f"{op} message: {str(obj)[:300]}")
+
+
 def _watch(job: dict[str, Any], ctl: Any) -> dict[str, Any]:
     """Open `conns` streams, report "ready" once all are caught up, then read until t_stop."""
     port, topic = job["port"], job["topic"]
@@ -289,11 +368,18 @@ def _watch(job: dict[str, Any], ctl: Any) -> dict[str, Any]:
     ep = select.epoll()
     t_setup = time.perf_counter()
     setup = loadgen.BlockingConn(HOST, port)
+    websocket = job.get("proto") == "ws"
     try:
         for _ in range(job["conns"]):
-            sock, rest = open_stream(port, create_watch(setup, port, topic))
-            sock.setblocking(False)
-            conn = SseConn(sock)
+            conn: SseConn
+            if websocket:
+                sock, ws, rest = open_ws(port, topic)
+                sock.setblocking(False)
+                conn = WsConn(sock, ws)
+            else:
+                sock, rest = open_stream(port, create_watch(setup, port, topic))
+                sock.setblocking(False)
+                conn = SseConn(sock)
             conns[sock.fileno()] = conn
             ep.register(sock.fileno(), select.EPOLLIN)
             if rest:
@@ -685,11 +771,13 @@ class Window:
 
 
 def start_watchers(
-    clients: hc.Workers, server: hc.Server, topic: str, n: int, procs: int
+    clients: hc.Workers, server: hc.Server, topic: str, n: int, procs: int, proto: str = "sse"
 ) -> tuple[list[Any], dict[str, float]]:
     pipes = clients.pipes[: len(split(n, procs))]
     for pipe, k in zip(pipes, split(n, procs), strict=True):
-        pipe.send({"mode": "watch", "port": server.port, "topic": topic, "conns": k})
+        pipe.send(
+            {"mode": "watch", "port": server.port, "topic": topic, "conns": k, "proto": proto}
+        )
     setups = [clients.recv(pipe, 180) for pipe in pipes]
     return pipes, {"setup_s": max(s["setup_s"] for s in setups)}
 
@@ -756,10 +844,11 @@ def paced_run(
     grace: float,
     procs: int,
     sampler_ports: set[int] | None = None,
+    proto: str = "sse",
 ) -> dict[str, Any]:
     """N watchers + the paced writer (the last client process): one measured window."""
     writer = clients.pipes[-1]
-    pipes, setup = start_watchers(clients, server, topic, n, procs)
+    pipes, setup = start_watchers(clients, server, topic, n, procs, proto)
     writer.send(
         {"mode": "paced", "port": server.port, "topic": topic, "rate": rate,
          "record_bytes": record_bytes}
@@ -962,6 +1051,11 @@ def summarize(rounds: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, A
                 if (x := ratio(f.get("deliveries_per_s"), t.get("deliveries_per_s"))) is not None
             ]
             summary[metric]["slowdown_deliveries"] = statistics.median(rr) if rr else None
+        if "topicd" in per and "ws" in per:
+            pairs = list(zip(per["ws"], per["topicd"], strict=False))
+            for key in ("p50_ms", "p99_ms"):
+                rr = [x for w, t in pairs if (x := ratio(w.get(key), t.get(key))) is not None]
+                summary[metric][f"ws_ratio_{key}"] = statistics.median(rr) if rr else None
     return summary
 
 
@@ -978,6 +1072,19 @@ def evaluate_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "value": r,
                 "shown": f"{r:.2f}×" if r is not None else "needs both servers",
                 "met": None if r is None else r <= TARGET_RATIO,
+            }
+        )
+    for n in (100, 1000):
+        s = summary.get(f"a_n{n}")
+        if s is None or s.get("ws_ratio_p50_ms") is None:
+            continue
+        r = s["ws_ratio_p50_ms"]
+        out.append(
+            {
+                "target": f"WebSocket p50 ≤ {TARGET_WS_RATIO}× SSE p50 at {n} watchers",
+                "value": r,
+                "shown": f"{r:.2f}× (p99 {s['ws_ratio_p99_ms']:.2f}×)",
+                "met": r <= TARGET_WS_RATIO,
             }
         )
     p50 = summary.get("a_n100", {}).get("topicd", {}).get("p50_ms")
@@ -1073,6 +1180,12 @@ def print_report(doc: dict[str, Any]) -> None:
                 p(
                     f"{'':>10} {'ratio':<7}{s[m]['ratio_p50_ms']:>7.2f}×{'':>8}"
                     f"{s[m]['ratio_p99_ms']:>7.2f}×   (topicd/floor, median of per-round ratios)"
+                )
+            if s[m].get("ws_ratio_p50_ms") is not None:
+                p(
+                    f"{'':>10} {'ws/sse':<7}{s[m]['ws_ratio_p50_ms']:>7.2f}×{'':>8}"
+                    f"{s[m]['ws_ratio_p99_ms']:>7.2f}×   (WebSocket/SSE on topicd, median of "
+                    "per-round ratios)"
                 )
     if "flood" in s:
         p()
@@ -1199,6 +1312,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short windows (a smoke run)")
     p.add_argument("--repeat", type=int, default=1, help="rounds; medians are reported")
     p.add_argument("--only", choices=("topicd", "floor"), help="measure one server")
+    p.add_argument(
+        "--ws", action="store_true", help="scenario A also over topicd's WebSocket (`ws`)"
+    )
     p.add_argument(
         "--scenario", default="all", help="a, flood, b or all, or a comma list (a,flood)"
     )
@@ -1369,17 +1485,20 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.repeat):
                 tag = f"round {r + 1}/{args.repeat}"
                 if "a" in scen:
+                    variants = [(name, server, "sse") for name, server in servers.items()]
+                    if args.ws and "topicd" in servers:
+                        variants.insert(1, ("ws", servers["topicd"], "ws"))
                     for i, n in enumerate(args.ns):
-                        order = list(servers.values())
+                        order = list(variants)
                         if (r + i) % 2:
                             order.reverse()
-                        for server in order:
+                        for name, server, proto in order:
                             res = paced_run(
                                 clients, server, TOPIC_A, n, rate_for(args, n), 0, args.warmup,
-                                args.duration, 1.5, args.watch_procs,
+                                args.duration, 1.5, args.watch_procs, proto=proto,
                             )  # fmt: skip
-                            record(f"a_n{n}", server.name, r, res)
-                            log_line(f"{tag} A N={n}", server.name, res)
+                            record(f"a_n{n}", name, r, res)
+                            log_line(f"{tag} A N={n}", name, res)
                             time.sleep(0.5)
                 if "flood" in scen:
                     assert flooders is not None
@@ -1427,7 +1546,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     }  # fmt: skip
     settings["rates"] = {str(k or "default"): v for k, v in args.rates.items()}
-    settings["servers"] = names
+    settings["servers"] = (
+        [names[0], "ws", *names[1:]] if args.ws and "topicd" in names and "a" in scen else names
+    )
     settings["scenarios"] = sorted(scen)
     doc = {
         "benchmark": "sse_fanout",

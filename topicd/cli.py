@@ -5,10 +5,13 @@
     topicd print-default-config
     topicd hash-key
     topicd version | --version
+    topicd write TOPIC | tail [-f] TOPIC... | topics     (client subcommands, --url/--token)
 
 Exit codes: 0 clean, 1 runtime failure (bind error, second signal), 2 usage or
 configuration error, 3 refused by the no-auth startup guard, 4 recovery refused, 5 data
-directory locked, 70 unexpected internal error.
+directory locked, 70 unexpected internal error. The client subcommands use 0, 1 (a request
+failed after the client's retries, or no connection) and 2 (usage); see
+`topicd.client.cli`.
 """
 
 from __future__ import annotations
@@ -193,10 +196,88 @@ def _parser() -> argparse.ArgumentParser:
         help="print the effective configuration as TOML, secrets redacted (default: off)",
     )
 
+    _client_parsers(sub)
     sub.add_parser("print-default-config", help="print the default TOML with comments")
     sub.add_parser("hash-key", help="read a secret on stdin, print its SHA-256 for [[auth.key]]")
     sub.add_parser("version", help="print the version")
     return p
+
+
+CLIENT_EPILOG = """\
+environment: TOPICD_URL (the server, default http://127.0.0.1:4000) and TOPICD_TOKEN (the
+bearer key) are used when --url / --token are not given.
+
+exit codes: 0 success, 1 a request failed after the client's retries or no connection,
+2 usage (bad arguments or input). Errors are printed as `topicd: <code>: <message>`.
+"""
+
+
+def _client_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", metavar="URL", help="server URL (default: $TOPICD_URL, else http://127.0.0.1:4000)"
+    )
+    common.add_argument(
+        "--token",
+        metavar="KEY",
+        help="bearer key (default: $TOPICD_TOKEN, else none; prefer the variable: "
+        "arguments are visible to other users)",
+    )
+    common.add_argument(
+        "--retries",
+        metavar="N",
+        type=int,
+        default=8,
+        help="retries of a request that failed safely (429, 503, no connection) (default: 8)",
+    )
+    kw: dict[str, object] = {
+        "parents": [common],
+        "epilog": CLIENT_EPILOG,
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
+    write = sub.add_parser(
+        "write",
+        help="write records read from stdin",
+        description="Write records to TOPIC: one JSON object per stdin line, "
+        '{"data": ..., "tag": ..., "meta": ..., "node": ..., "priority": ...} (only data is '
+        "required; data and meta are sent exactly as written), batched. Prints a summary "
+        "line. A line that is not such an object stops the command (exit 2) after every "
+        "record before it was written.",
+        **kw,  # type: ignore[arg-type]
+    )
+    write.add_argument("topic", metavar="TOPIC")
+    write.add_argument(
+        "--batch", metavar="N", type=int, default=1000, help="records per write (default: 1000)"
+    )
+    write.add_argument(
+        "--linger-ms",
+        metavar="MS",
+        type=int,
+        default=100,
+        help="send a partial batch once no line arrived for this long (default: 100)",
+    )
+    tail = sub.add_parser(
+        "tail",
+        help="print records of topics",
+        description="Print the records of each TOPIC after --from-seq, one JSON object per "
+        "line on stdout (the record with its topic); tombstones (records lost before they "
+        "were read) and deleted topics go to stderr. With -f, keep printing new records "
+        "(reconnecting and resuming exactly) until interrupted (exit 0).",
+        **kw,  # type: ignore[arg-type]
+    )
+    tail.add_argument("topics", metavar="TOPIC", nargs="+")
+    tail.add_argument("-f", "--follow", action="store_true", help="follow new records")
+    tail.add_argument(
+        "--from-seq", metavar="SEQ", type=int, default=0, help="start after this seq (default: 0)"
+    )
+    topics = sub.add_parser(
+        "topics",
+        help="list topics with their counts",
+        description="List topics: name, live record count, bytes, head and earliest seq.",
+        **kw,  # type: ignore[arg-type]
+    )
+    topics.add_argument("--prefix", metavar="P", help="only names starting with P")
+    topics.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
 def config_source(explicit: str | None, path: Path | None) -> str:
@@ -422,6 +503,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _verify(args)
     if args.command == "hash-key":
         return _hash_key()
+    if args.command in ("write", "tail", "topics"):
+        from topicd.client import cli as client_cli
+
+        mains = {
+            "write": client_cli.write_main,
+            "tail": client_cli.tail_main,
+            "topics": client_cli.topics_main,
+        }
+        return client_cli.run(args, mains[args.command])
     if args.command == "version":
         print(f"topicd {__version__}")
         return EXIT_OK

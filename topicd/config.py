@@ -447,7 +447,8 @@ class WatchConfig:
     )
     ws_outbound_queue: int = key(
         4,
-        "WebSocket outbound queue, messages (reserved).",
+        "Messages queued per WebSocket connection (replies and live frames); a full "
+        "queue marks the connection lagged: it catches up from the log.",
         env=("TOPICD_WS_OUTBOUND_QUEUE",),
         min=1,
         contract=True,
@@ -1009,7 +1010,6 @@ def load_config(
 NOT_IMPLEMENTED: Final = {
     "storage.cold_dir": "the cold tier",
     "storage.tiering": "the cold tier",
-    "watch.ws_outbound_queue": "the WebSocket data plane",
 }
 
 

@@ -201,6 +201,65 @@ class WatchIn(msgspec.Struct):
             check_u64(t.from_seq, f"topics.{name}.from_seq")
 
 
+class WsEnvelopeIn(msgspec.Struct):
+    """What every `/v0/ws` command carries (api-routers-watch §3.1): `op`, and
+    `request_id` (any JSON value, echoed verbatim on the reply)."""
+
+    op: str | None = None
+    request_id: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class WsRequestIdIn(msgspec.Struct):
+    """Only the `request_id` of a message whose `op` is unusable (to echo it)."""
+
+    request_id: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class WsSubscribeIn(msgspec.Struct):
+    """A `/v0/ws` `subscribe` command: `topic` (+ `from_seq` / `tail`) and/or `topics`."""
+
+    topic: str | None = None
+    topics: dict[str, WatchTopicIn] | None = None
+    from_seq: U64 = 0
+    tail: bool = False
+    node: str | list[str] | None = None
+    limit: U32 = 0
+    max_batch_bytes: U64 = 0
+    include_data: bool = True
+    include_tags: bool = False
+    include_meta: bool = True
+    lenient: bool = False
+
+    def check(self) -> None:
+        check_u64(self.from_seq, "from_seq")
+        check_u64(self.max_batch_bytes, "max_batch_bytes")
+        for name, t in (self.topics or {}).items():
+            check_u64(t.from_seq, f"topics.{name}.from_seq")
+
+
+class WsUnsubscribeIn(msgspec.Struct):
+    """A `/v0/ws` `unsubscribe` command: `topic` and/or `topics`."""
+
+    topic: str | None = None
+    topics: list[str] | None = None
+
+
+class WsPublishIn(msgspec.Struct):
+    """The `/v0/ws` `publish` fields the HTTP write body does not have (the rest of the
+    message is decoded as a write body, `WriteIn`)."""
+
+    topic: str
+    return_seqs: bool = True
+    config: msgspec.Raw = msgspec.Raw(b"null")
+
+
+WS_ENVELOPE_DECODER: Final = msgspec.json.Decoder(WsEnvelopeIn)
+WS_REQUEST_ID_DECODER: Final = msgspec.json.Decoder(WsRequestIdIn)
+WS_SUBSCRIBE_DECODER: Final = msgspec.json.Decoder(WsSubscribeIn)
+WS_UNSUBSCRIBE_DECODER: Final = msgspec.json.Decoder(WsUnsubscribeIn)
+WS_PUBLISH_DECODER: Final = msgspec.json.Decoder(WsPublishIn)
+
+
 def check_worker_node(node: str, max_bytes: int) -> None:
     """A queue worker's `node`: non-empty, at most `max_bytes` UTF-8 bytes."""
     if not node:

@@ -382,3 +382,36 @@ async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):
             "t", WriteIn(records=write_req(2).records, disable_backpressure=True)
         )
         assert res.count == 1
+
+
+async def test_a_long_checkpoint_does_not_read_as_pool_pressure(autojump_clock):
+    """The checkpoint's thread (the `snapshot` group) is maintenance: a checkpoint that
+    holds it for seconds leaves the pool signal and pressure at rest, while a busy WAL
+    thread still counts."""
+    slow = {"snapshot": 0.0, "wal": 0.0}
+    offload = InlineOffload(lambda group: slow.get(group, 0.0))
+    async with open_durable(FakeDisk(), durable_config(), offload=offload) as engine:
+        await engine.append("t", write_req(*range(100)))
+        gov = engine.governor
+        slow["snapshot"] = 3.0  # every checkpoint step on that thread: 3 virtual seconds
+        peak = {"pool": 0.0, "pressure": 0.0}
+
+        async def watch() -> None:
+            while True:
+                peak["pool"] = max(peak["pool"], gov.signals["pool"])
+                peak["pressure"] = max(peak["pressure"], gov.pressure)
+                await trio.sleep(0.1)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(watch)
+            t0 = trio.current_time()
+            assert await engine.commit.checkpoint()
+            assert trio.current_time() - t0 >= 3.0  # the governor sampled throughout
+            n.cancel_scope.cancel()
+        assert peak == {"pool": 0.0, "pressure": 0.0}
+        # the WAL's threads still count: a slow sync reads as pool pressure
+        slow["wal"] = 2.0
+        async with trio.open_nursery() as n:
+            n.start_soon(engine.append, "t", write_req(1))
+            await trio.sleep(1.0)  # the sync is under way
+            assert gov.signals["pool"] >= 0.5

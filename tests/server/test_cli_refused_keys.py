@@ -18,7 +18,6 @@ pytestmark = pytest.mark.slow
 CASES = [
     ('[storage]\ncold_dir = "/mnt/cold"\n', {}, "storage.cold_dir"),
     ("[storage.tiering]\nhot_retain_bytes = 1\n", {}, "storage.tiering.hot_retain_bytes"),
-    ("", {"TOPICD_WS_OUTBOUND_QUEUE": "8"}, "watch.ws_outbound_queue"),
 ]
 
 

@@ -102,7 +102,11 @@ ERRORS = [
         b"POST /v0/nowhere HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         404,
     ),
-    ("WebSocket upgrade", b"GET /v0/ws HTTP/1.1\r\n" + H + UPGRADE + b"\r\n", 404),
+    (
+        "WebSocket handshake without a key",
+        b"GET /v0/ws HTTP/1.1\r\n" + H + UPGRADE.replace(b"Sec-WebSocket-Key", b"X-Key") + b"\r\n",
+        400,
+    ),
     ("WebSocket upgrade to a topic", b"GET /v0/topics/t HTTP/1.1\r\n" + H + UPGRADE + b"\r\n", 404),
 ]
 CODES = {
@@ -178,7 +182,7 @@ async def test_an_encoded_slash_in_a_topic_name_is_400_naming_it(server, method,
     assert not engine.topics
 
 
-async def test_a_websocket_upgrade_is_404_without_a_traceback(server, caplog):
+async def test_a_websocket_upgrade_elsewhere_is_404_without_a_traceback(server, caplog):
     mode, _engine, app, host, port = server
     stream = await trio.open_tcp_stream(host, port)
     r = Reader(stream)
@@ -188,7 +192,7 @@ async def test_a_websocket_upgrade_is_404_without_a_traceback(server, caplog):
     check_answer(head, 200)
     await r.raw()
     with caplog.at_level(logging.INFO):
-        await stream.send_all(b"GET /v0/ws HTTP/1.1\r\n" + H + UPGRADE + b"\r\n")
+        await stream.send_all(b"GET /v0/topics HTTP/1.1\r\n" + H + UPGRADE + b"\r\n")
         head = await r.head()
         _, lowered, body = await r.raw()
     canonical(head, body, 404, "not_found")

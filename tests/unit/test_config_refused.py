@@ -68,7 +68,6 @@ def test_the_refused_keys_are_the_expected_ones():
         "storage.cold_dir",
         "storage.tiering.hot_retain_segments",
         "storage.tiering.hot_retain_bytes",
-        "watch.ws_outbound_queue",
     }
 
 

@@ -128,6 +128,41 @@ async def test_a_partial_direct_write_is_finished_by_the_pump_before_anything_el
         nursery.cancel_scope.cancel()
 
 
+async def test_an_advisory_handed_to_the_parked_pump_waits_for_a_partial_direct_write(
+    autojump_clock,
+):
+    """The advisory reaches the pump's pending receive; before the pump runs, the drain
+    writes a frame directly and the socket takes only part of it: the rest goes out
+    before the advisory, so the stream stays well-formed.
+
+    Whether the pump or the drain runs first is Trio's (randomized) choice, so the
+    scenario is repeated until the drain went first; every round must be well-formed."""
+    advisory = b'event: error\ndata: {"code":429}\n\n'
+    orders = set()
+    for _ in range(30):
+        async with open_app() as h, trio.open_nursery() as nursery:
+            engine = h.engine
+            await engine.put_topic("t", None)
+            wire = Wire()
+            _session, conn = await start(engine, nursery, wire)
+            assert conn.idle
+            assert conn.advise(advisory)  # handed to the parked receive
+            wire.accept = 7
+            await engine.append("t", write_req("a"))  # the drain writes it directly: 7 bytes
+            await trio.testing.wait_all_tasks_blocked()
+            frames = SseParser().feed(wire.data)
+            last = [f.event for f in frames][-2:]
+            assert sorted(last) == ["error", "record"]  # both whole: nothing interleaved
+            assert record_seqs(wire.data) == [1]
+            assert wire.data.count(advisory) == 1
+            assert not conn.remainder
+            orders.add((tuple(last), wire.partials))
+            nursery.cancel_scope.cancel()
+        if (("record", "error"), 1) in orders:
+            break  # the partial direct write went first and the advisory waited for it
+    assert (("record", "error"), 1) in orders, orders
+
+
 async def test_the_heartbeat_counts_from_a_direct_write(autojump_clock):
     async with open_app() as h, trio.open_nursery() as nursery:
         engine = h.engine

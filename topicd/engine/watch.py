@@ -37,10 +37,11 @@ import contextlib
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import orjson
 import trio
+from wsproto.frame_protocol import FrameProtocol
 
 from topicd.errors import JsonValue, NotFound, Throttled, Unauthorized
 
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 
     from topicd.config import Config
     from topicd.engine.topic import Topic
+    from topicd.engine.ws import WsConn
+
+    Watcher: TypeAlias = "Conn | WsConn"  # what a topic's drain offers frames to
 
 log = logging.getLogger("topicd.watch")
 
@@ -72,6 +76,7 @@ class WatchOptions:
     include_tags: bool
     include_data: bool
     strong: bool
+    ws: bool = False  # frames are WebSocket text frames (`/v0/ws`), not SSE events
 
 
 @dataclass(eq=False, slots=True)
@@ -87,6 +92,7 @@ class FrameRef:
     to_seq: int
     body: bytes | None
     nbytes: int
+    tomb: bool = False  # a tombstone frame (the drain announces the head after one)
 
 
 _POKE: Final = FrameRef("", 0, 0, None, 0)
@@ -103,7 +109,31 @@ def error_frame(code: int | str, message: str, **extra: JsonValue) -> bytes:
     return event(b"error", body)
 
 
-def caught_up_frame(topic: Topic) -> bytes:
+_WS_FRAMES: Final = FrameProtocol(client=False, extensions=[])
+
+
+def ws_frame(payload: bytes) -> bytes:
+    """One complete, unmasked WebSocket text frame (server to client) carrying the JSON
+    `payload`, encoded by wsproto. Server frames depend on nothing but the payload (no
+    mask, no per-message compression), so one encoding is shared by every connection."""
+    return bytes(_WS_FRAMES.send_data(payload.decode("utf-8")))
+
+
+def ws_payload(frame: bytes) -> bytes:
+    """The payload of a frame `ws_frame` made (for a transport that frames messages
+    itself): its header is 2, 4 or 10 bytes, by the 7-bit length field."""
+    size = frame[1] & 0x7F
+    return frame[2 if size < 126 else 4 if size == 126 else 10 :]
+
+
+def ws_message(op: str, fields: dict[str, JsonValue]) -> bytes:
+    """`{"op": op, ...fields}` as a WebSocket text frame."""
+    return ws_frame(orjson.dumps({"op": op, **fields}))
+
+
+def caught_up_frame(topic: Topic, *, ws: bool = False) -> bytes:
+    if ws:
+        return ws_message("caught_up", {"topic": topic.name, "head_seq": topic.head_seq})
     return event(b"caught-up", {"topic": topic.name, "head_seq": topic.head_seq})
 
 
@@ -176,7 +206,8 @@ def build_frames(
     cursor = start
     name = topic.name
     node_filter = opts.node_filter if topic.config.dedupe_node else None
-    first = first_read
+    ws = opts.ws
+    first = first_read and not ws  # the WebSocket keeps the tombstone's own reason
     while cursor < end or cursor > topic.head_seq:
         res = topic.read(
             cursor,
@@ -193,31 +224,29 @@ def build_frames(
         tomb = res.tombstone
         if tomb is not None:
             after = topic.earliest_seq - 1 if cursor > res.head_seq else tomb.gap_to
-            body = event(
-                b"tombstone",
-                {
-                    "topic": name,
-                    "reason": "from_seq_too_old" if first else tomb.reason,
-                    "gap_from": tomb.gap_from,
-                    "gap_to": tomb.gap_to,
-                    "earliest_seq": tomb.earliest_seq,
-                    "head_seq": tomb.head_seq,
-                },
-            )
-            out.append(FrameRef(name, cursor, after, body, len(body)))
+            fields: dict[str, JsonValue] = {
+                "topic": name,
+                "reason": "from_seq_too_old" if first else tomb.reason,
+                "gap_from": tomb.gap_from,
+                "gap_to": tomb.gap_to,
+                "earliest_seq": tomb.earliest_seq,
+                "head_seq": tomb.head_seq,
+            }
+            body = ws_message("tombstone", fields) if ws else event(b"tombstone", fields)
+            out.append(FrameRef(name, cursor, after, body, len(body), tomb=True))
         first = False
         nxt = res.next_from_seq
         if res.records:
             data = b"".join(
                 (
-                    b'{"topic":',
+                    b'{"op":"record","topic":' if ws else b'{"topic":',
                     topic.name_json,
                     b',"records":[',
                     b",".join(res.records),
                     b'],"from_seq":%d,"to_seq":%d,"head_seq":%d}' % (after, nxt, res.head_seq),
                 )
             )
-            body = b"event: record\ndata: " + data + b"\n\n"
+            body = ws_frame(data) if ws else b"event: record\ndata: " + data + b"\n\n"
             out.append(FrameRef(name, after, nxt, body, len(body)))
         elif nxt > after:
             out.append(FrameRef(name, after, nxt, None, 0))  # skipped only: no frame
@@ -258,6 +287,21 @@ class Conn:
         self.raw_write: Callable[[bytes], Awaitable[None]] | None = None
         self.idle = False  # the pump waits on an empty channel: the drain may write itself
         self.remainder = b""  # bytes a direct write left unsent: the pump writes them first
+
+    def take_remainder(self) -> bytes:
+        """What a direct write left unsent (cleared): the pump sends it next, as is."""
+        rest, self.remainder = self.remainder, b""
+        return rest
+
+    def opts_for(self, name: str) -> WatchOptions:
+        """The frame options of this stream's topic `name` (one set per session)."""
+        return self.session.opts
+
+    def on_deleted(self, name: str) -> None:
+        """The topic was deleted: the pump reports it (`topic-deleted`)."""
+        if self.mode.get(name) == LIVE:
+            self.mode[name] = PULL
+        self.poke()
 
     def set_pull(self, name: str) -> None:
         """Switch one topic to pull; the pump catches it up from its position."""
@@ -392,7 +436,7 @@ class Group:
     """The live connections of one topic that share frame options."""
 
     opts: WatchOptions
-    conns: list[Conn] = field(default_factory=list)
+    conns: list[Watcher] = field(default_factory=list)
 
 
 class WatchRegistry:
@@ -401,7 +445,9 @@ class WatchRegistry:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.sessions: dict[str, Session] = {}
-        self.watchers: dict[Topic, dict[Conn, None]] = {}  # insertion-ordered sets
+        # insertion-ordered sets of the connections (SSE and WebSocket) watching a topic
+        self.watchers: dict[Topic, dict[Watcher, None]] = {}
+        self.ws_conns: dict[WsConn, None] = {}  # open WebSocket connections
         self.conns: dict[Conn, None] = {}
         self.strong: dict[Topic, int] = {}  # streams with `consistency:"strong"` per topic
         self._groups: dict[Topic, list[Group]] = {}  # groups() cache
@@ -540,10 +586,14 @@ class WatchRegistry:
             else:
                 self.per_key.pop(key, None)
 
-    def close(self, conn: Conn) -> None:
+    def close(self, conn: Watcher) -> None:
         """Unregister a stream (synchronous, idempotent). The session keeps its cursors."""
+        if conn in self.ws_conns:
+            conn.detach()
+            return
         if conn not in self.conns:
             return
+        assert isinstance(conn, Conn)
         del self.conns[conn]
         session = conn.session
         if session.conn is conn:
@@ -582,7 +632,7 @@ class WatchRegistry:
             return []
         groups: dict[WatchOptions, Group] = {}
         for conn in conns:
-            opts = conn.session.opts
+            opts = conn.opts_for(topic.name)
             group = groups.get(opts)
             if group is None:
                 group = groups[opts] = Group(opts)
@@ -598,9 +648,7 @@ class WatchRegistry:
         self.strong.pop(topic, None)
         self._groups.pop(topic, None)
         for conn in self.watchers.pop(topic, {}):
-            if conn.mode.get(topic.name) == LIVE:
-                conn.mode[topic.name] = PULL
-            conn.poke()
+            conn.on_deleted(topic.name)
 
     def advise_paused(self, paused: Callable[[Topic], bool], retry_after_ms: int) -> None:
         """One advisory `error` frame (`code` 429) to every stream watching a topic whose
@@ -636,13 +684,15 @@ class WatchRegistry:
             conn.stop = error_frame("server_shutting_down", "the server is shutting down")
             conn.stop_with_id = True
             conn.poke()
+        for ws in list(self.ws_conns):
+            ws.shutdown()
 
-    def slow(self, now: float, timeout_s: float) -> list[Conn]:
-        """Connections whose current socket write has been blocked longer than timeout."""
+    def slow(self, now: float, timeout_s: float) -> list[Watcher]:
+        """Connections (SSE and WebSocket) whose current socket write has been blocked
+        longer than timeout."""
+        every: list[Watcher] = [*self.conns, *self.ws_conns]
         return [
-            c
-            for c in self.conns
-            if c.write_started is not None and now - c.write_started > timeout_s
+            c for c in every if c.write_started is not None and now - c.write_started > timeout_s
         ]
 
 
@@ -802,6 +852,12 @@ async def pump(
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
             if out:
+                rest = conn.take_remainder()
+                if rest:
+                    # an item handed to the parked receive (an advisory) came before the
+                    # drain's direct write stopped mid-frame: that frame's rest goes first
+                    conn.frames_written -= 1  # counted when the drain wrote its start
+                    await emit(rest, raw=True)
                 await emit(b"".join(out))
     finally:
         registry.close(conn)

@@ -73,6 +73,8 @@ Message = MutableMapping[str, object]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 AsgiApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# a WebSocket upgrade on the direct path: (socket stream, head, bytes after it) -> served?
+Upgrade = Callable[[trio.abc.Stream, bytes, bytes], Awaitable[bool]]
 ReadBody = Callable[[], Awaitable[bytes]]
 # a hot endpoint served by the gate without the framework: (scope, its body) ->
 # (status, JSON body); raises `TopicdError` for the canonical error answer
@@ -81,6 +83,7 @@ FastRoutes = Callable[[Scope], FastHandler | None]
 
 PROBE_PATHS: Final = frozenset({"/v0/health", "/healthz", "/v0/ready", "/readyz"})
 METRICS_PATH: Final = "/v0/metrics"
+WS_PATH: Final = "/v0/ws"
 CONTROL_PATHS: Final = PROBE_PATHS | {METRICS_PATH}  # control work: no client permit (R1)
 JSON: Final = "application/json"
 
@@ -339,6 +342,10 @@ class Gate:
         self.access = config.logging.access_log
         self.pressure = pressure
         self._inflight: dict[str, int] = {}
+        # `GET /v0/ws` upgrades on the direct socket path (`topicd.http.ws`); set by
+        # `create_app`
+        self.ws_upgrade: Upgrade | None = None
+        self.ws_asgi: AsgiApp | None = None  # the same, when the handshake reaches Hypercorn
 
     async def _answer_probe(self, path: str, t0: float, send: Send) -> None:
         """A probe answered here, without the framework (control work, scheduler spec R1)."""
@@ -406,7 +413,9 @@ class Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind != "http":
-            if kind == "websocket":
+            if kind == "websocket" and self.ws_asgi is not None and scope.get("path") == WS_PATH:
+                await self.ws_asgi(scope, receive, send)
+            elif kind == "websocket":
                 await self._refuse_websocket(scope, receive, send)
             else:
                 await self.app(scope, receive, send)  # the lifespan
@@ -597,7 +606,7 @@ class Gate:
         return PayloadTooLarge(f"request body exceeds max_body_bytes {self.max_body}")
 
     async def _refuse_websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """`404 not_found` for every WebSocket handshake: no path serves one yet. Sent as
+        """`404 not_found` for a WebSocket handshake to any path but `/v0/ws`. Sent as
         the HTTP answer to the handshake (ASGI's websocket denial response), with the
         canonical body and the pressure header, without the framework."""
         t0 = perf_ms()
@@ -617,6 +626,11 @@ class Gate:
         await send({"type": "websocket.http.response.body", "body": body})
         if self.access:
             access_log.info("GET %s %d %.2fms", path_template(path), status, perf_ms() - t0)
+
+    def admit(self, scope: Scope, path: str) -> TopicdError | None:
+        """The gate's admission of a request it does not run itself (a WebSocket
+        handshake on the direct path): lifecycle phase, then authentication."""
+        return self._admit(scope, path)
 
     def _admit(self, scope: Scope, path: str, *, authenticate: bool = True) -> TopicdError | None:
         probe = path in PROBE_PATHS
@@ -763,7 +777,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import dashboard, metrics, ops, queues, routers, topics, watch, work
+    from topicd.http import dashboard, metrics, ops, queues, routers, topics, watch, work, ws
 
     app = QuartTrio("topicd")
     # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
@@ -779,6 +793,7 @@ def create_app(
     app.extensions["topicd"] = {"engine": ref, "config": config, "lifecycle": lifecycle}
 
     topics.register(app, ref, config)
+    ws.register(app)
     queues.register(app, ref, config)
     routers.register(app, ref, config)
     ops.register(app, ref, config, lifecycle)
@@ -858,6 +873,18 @@ def create_app(
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
         dashboard=hub,
     )
+    gate = gate_of(app)
+    endpoint = ws.WsEndpoint(
+        ref,
+        config,
+        keys,
+        lifecycle,
+        admit=gate.admit,
+        pressure=gate.pressure_header,
+        on_error=lambda err: _count(ref, err),
+    )
+    gate.ws_upgrade = endpoint.upgrade
+    gate.ws_asgi = endpoint.asgi
     return app
 
 

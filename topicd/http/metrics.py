@@ -368,7 +368,7 @@ class _Collector:
         yield opened
         yield counter(
             "topicd_sse_lagged_total",
-            "SSE connections marked lagged (channel full: they re-read from the log).",
+            "SSE and WebSocket connections marked lagged (queue full: they re-read from the log).",
             watch.stats.lagged,
         )
         yield counter(
@@ -378,8 +378,8 @@ class _Collector:
         )
         yield gauge_of(
             "topicd_sse_lagged",
-            "SSE connections lagged now.",
-            sum(1 for c in watch.conns if c.lagged),
+            "SSE and WebSocket connections lagged now.",
+            sum(1 for c in watch.conns if c.lagged) + sum(1 for c in watch.ws_conns if c.lagged),
         )
         ready = GaugeMetricFamily(
             "topicd_sched_ready", "Dirty topics queued per band.", labels=["shard", "band"]

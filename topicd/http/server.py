@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from topicd.errors import TopicdError
-    from topicd.http.app import AsgiApp, Message, Scope
+    from topicd.http.app import AsgiApp, Message, Scope, Upgrade
 
 log = logging.getLogger("topicd.http")
 
@@ -234,7 +234,8 @@ async def linger(stream: trio.SocketStream) -> None:
 
 
 PROBE_HEADS: Final = (b"GET /v0/health ", b"GET /healthz ", b"GET /v0/ready ", b"GET /readyz ")
-DIRECT_HEADS: Final = (STREAM_HEAD, *PROBE_HEADS)
+WS_HEAD: Final = b"GET /v0/ws"  # a WebSocket upgrade: `upgrade` (topicd.http.ws) serves it
+DIRECT_HEADS: Final = (STREAM_HEAD, WS_HEAD, *PROBE_HEADS)
 
 
 WORK_HEAD: Final = b"GET /v0/topics/"
@@ -499,9 +500,11 @@ class Listener:
         quick_refusal: Callable[[str], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
         | None = None,
         pressure: Callable[[], bytes] | None = None,
+        upgrade: Upgrade | None = None,
     ) -> None:
         self.app = app
         self.asgi = asgi
+        self.upgrade = upgrade  # `GET /v0/ws` upgrades (None: Hypercorn's, like any upgrade)
         self.is_stream = is_stream
         self.full = full  # client permits and waiters exhausted: refuse here, cheaply
         self.quick_refusal = quick_refusal
@@ -577,6 +580,12 @@ class Listener:
             if verdict == "other":
                 break
             end = head.index(b"\r\n\r\n") + 4
+            if (
+                self.upgrade is not None
+                and head.startswith(WS_HEAD)
+                and await self.upgrade(stream, head[:end], head[end:])
+            ):
+                return
             scope = stream_scope(head[:end], stream, self.max_head, addrs=addrs)
             if scope is None:
                 break
@@ -793,6 +802,7 @@ async def serve(
                 full=(lambda: permits.full()) if permits is not None else None,
                 quick_refusal=gate.quick_refusal,
                 pressure=gate.pressure_header,
+                upgrade=gate.ws_upgrade,
             )
             task_status.started(binds)
             try:

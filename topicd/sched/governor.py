@@ -13,8 +13,9 @@ signals into `pressure ∈ [0, 1]`:
   `latency_ceiling_ms`. When nothing is queued the scheduling EWMA decays by its own
   weight each sample (topicd decision: otherwise the last burst's latency would hold
   pressure up forever on an idle server);
-* **s3 pool** — the busiest offload group (WAL normalized by its shard count, misc, read,
-  snapshot): busy token-seconds over the interval ÷ (interval × tokens);
+* **s3 pool** — the busiest offload group client work waits on (WAL normalized by its
+  shard count, misc, read; not the checkpoints' `snapshot` group, see
+  `WalCommitPath.pool_loads`): busy token-seconds over the interval ÷ (interval × tokens);
 * **s4 admission** (topicd) — the mean number of client requests that waited for a
   permit over the interval ÷ (client permits × `admission_waiters_per_permit`), or 1.0 if
   any request was refused because the waiters were full. The permits keep each loop

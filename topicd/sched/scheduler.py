@@ -342,14 +342,10 @@ class DeliveryScheduler:
             if e <= s:
                 continue
             frames, _ = build_frames(topic, s, e, opts, self.max_scan)
-            if (
-                frames
-                and frames[0].body is not None
-                and frames[0].body.startswith(b"event: tombstone")
-            ):
+            if frames and frames[0].tomb:
                 # a tombstone reached the live watchers: announce the head again after it
                 last = frames[-1].to_seq
-                body = caught_up_frame(topic)
+                body = caught_up_frame(topic, ws=opts.ws)
                 frames.append(FrameRef(topic.name, last, last, body, len(body)))
             self.stats.frames_built += len(frames)
             conns = group.conns  # a group is rebuilt, never changed, when streams come and go

@@ -842,8 +842,12 @@ class WalCommitPath:
             shard.check_stall(now)
 
     def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
+        """Busy integrals of the offload groups client work waits on (the governor's s3).
+        Not the `snapshot` group: its one token is a checkpoint's, which runs for seconds
+        on a large data set while clients wait for nothing (topicd decision: counting it
+        pinned pressure at 1.0 through every long checkpoint of an idle server)."""
         out: list[tuple[str, float, int]] = []
-        for group in ("wal", "misc", "read", "snapshot"):
+        for group in ("wal", "misc", "read"):
             tokens = len(self.shards) if group == "wal" else self.offload.tokens(group)
             out.append((group, self.offload.stats(group).busy_integral(now), max(tokens, 1)))
         return out

@@ -1,0 +1,202 @@
+"""The producer delay law at its boundaries, under `MockClock`.
+
+Method: the law itself is a pure function, checked at and around each threshold. The
+waiting side (`Backpressure.wait`) runs with Trio's `MockClock` (autojump), fed signals
+through a `Signals` object directly (no sockets), and every assertion is on exact virtual
+time: the proportional delay, a pause that ends when the signal drops or goes stale, the
+`max_pause_ms` give-up, cancellation at once, and the zone reports.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from topicd.client.backpressure import (
+    PAUSE,
+    Backpressure,
+    BackpressurePolicy,
+    LoopClock,
+    Signals,
+    delay_ms,
+)
+from topicd.client.errors import BackpressureTimeout
+
+P = BackpressurePolicy()
+
+
+def test_defaults_are_the_documented_ones():
+    assert (P.pressure_soft, P.pressure_hard) == (0.6, 0.9)
+    assert (P.inflight_soft, P.inflight_hard) == (50, 200)
+    assert (P.soft_delay_max_ms, P.hard_poll_ms, P.signal_ttl_ms) == (500, 100, 10000)
+    assert (P.inflight_poll_ms, P.max_pause_ms, P.max_retries, P.retry_jitter) == (
+        1000,
+        60000,
+        8,
+        0.2,
+    )
+
+
+def test_delay_law_is_zero_up_to_and_at_soft():
+    assert delay_ms(None, 0.6, 0.9, 500) == 0
+    assert delay_ms(0.0, 0.6, 0.9, 500) == 0
+    assert delay_ms(0.6, 0.6, 0.9, 500) == 0
+
+
+def test_delay_law_is_continuous_just_above_soft():
+    d = delay_ms(0.6 + 1e-9, 0.6, 0.9, 500)
+    assert isinstance(d, float)
+    assert 0 < d < 1e-5
+
+
+def test_delay_law_is_proportional_between_soft_and_hard():
+    assert delay_ms(0.75, 0.6, 0.9, 500) == pytest.approx(250)
+    assert delay_ms(125, 50, 200, 500) == pytest.approx(250)
+    assert delay_ms(199, 50, 200, 500) == pytest.approx(500 * 149 / 150)
+
+
+def test_delay_law_pauses_at_and_above_hard():
+    assert delay_ms(0.9, 0.6, 0.9, 500) is PAUSE
+    assert delay_ms(1.0, 0.6, 0.9, 500) is PAUSE
+    assert delay_ms(200, 50, 200, 500) is PAUSE
+
+
+def test_policy_refuses_inverted_thresholds():
+    with pytest.raises(ValueError, match="pressure_soft"):
+        BackpressurePolicy(pressure_soft=0.9, pressure_hard=0.9)
+    with pytest.raises(ValueError, match="inflight_soft"):
+        BackpressurePolicy(inflight_soft=300)
+
+
+def _gate(policy=P, refresh=None, reports=None):
+    signals = Signals(LoopClock(), policy.signal_ttl_ms)
+
+    async def no_refresh(topic):
+        await trio.lowlevel.checkpoint()
+
+    bp = Backpressure(
+        policy, signals, refresh or no_refresh, reports.append if reports is not None else None
+    )
+    return signals, bp
+
+
+async def test_no_signal_means_no_delay(autojump_clock):
+    reports = []
+    _, bp = _gate(reports=reports)
+    t0 = trio.current_time()
+    assert await bp.wait("t") == 0
+    assert trio.current_time() == t0
+    assert reports[-1].zone == "green"
+    assert (reports[-1].pressure, reports[-1].in_flight) == (None, None)
+
+
+async def test_proportional_delay_is_slept_exactly(autojump_clock):
+    reports = []
+    signals, bp = _gate(reports=reports)
+    signals.observe_pressure("0.750")
+    t0 = trio.current_time()
+    await bp.wait("t")
+    assert trio.current_time() - t0 == pytest.approx(0.25)
+    assert reports[-1].zone == "amber"
+    assert reports[-1].delay_ms == pytest.approx(250)
+
+
+async def test_the_larger_of_the_two_signals_applies(autojump_clock):
+    signals, bp = _gate()
+    signals.observe_pressure("0.66")  # 100 ms
+    signals.observe_in_flight("q", 140)  # 300 ms
+    t0 = trio.current_time()
+    await bp.wait("q")
+    assert trio.current_time() - t0 == pytest.approx(0.3)
+    t0 = trio.current_time()
+    await bp.wait("other")  # in-flight is per queue: only the pressure counts here
+    assert trio.current_time() - t0 == pytest.approx(0.1)
+
+
+async def test_stale_signal_counts_as_absent(autojump_clock):
+    signals, bp = _gate()
+    signals.observe_pressure("0.85")
+    await trio.sleep(10.0)  # exactly the TTL old: still a signal
+    t0 = trio.current_time()
+    await bp.wait("t")
+    assert trio.current_time() - t0 == pytest.approx(500 * 0.25 / 0.3 / 1000)
+    await trio.sleep(10.0 - (trio.current_time() - t0) + 0.001)  # just older than the TTL
+    t1 = trio.current_time()
+    assert await bp.wait("t") == 0
+    assert trio.current_time() == t1
+
+
+async def test_pause_rereads_every_hard_poll_until_the_signal_drops(autojump_clock):
+    reports = []
+    polls = []
+    signals = None
+
+    async def refresh(topic):
+        polls.append(trio.current_time())
+        # the server answers 0.95 for three polls, then 0.5
+        signals.observe_pressure("0.95" if len(polls) < 3 else "0.5")
+        await trio.lowlevel.checkpoint()
+
+    signals, bp = _gate(refresh=refresh, reports=reports)
+    signals.observe_pressure("0.9")  # exactly hard: a pause
+    t0 = trio.current_time()
+    waited = await bp.wait("t")
+    assert [round(p - t0, 6) for p in polls] == [0.1, 0.2, 0.3]
+    assert trio.current_time() - t0 == pytest.approx(0.3)
+    assert waited == pytest.approx(300)
+    assert [r.zone for r in reports] == ["red", "red", "red", "green"]
+
+
+async def test_pause_ends_when_the_signal_goes_stale(autojump_clock):
+    """A dead server stops answering: its last pressure must not freeze the producer."""
+    signals, bp = _gate()
+    signals.observe_pressure("1.0")
+    t0 = trio.current_time()
+    await bp.wait("t")
+    # stale once strictly older than 10 s: the first poll after that is at 10.1 s
+    assert trio.current_time() - t0 == pytest.approx(10.1)
+
+
+async def test_pause_gives_up_after_max_pause_ms(autojump_clock):
+    policy = BackpressurePolicy(max_pause_ms=1000, signal_ttl_ms=60000)
+    signals = None
+
+    async def refresh(topic):
+        signals.observe_in_flight(topic, 500)
+        await trio.lowlevel.checkpoint()
+
+    signals, bp = _gate(policy, refresh=refresh)
+    signals.observe_in_flight("q", 200)  # exactly hard
+    t0 = trio.current_time()
+    with pytest.raises(BackpressureTimeout):
+        await bp.wait("q")
+    assert trio.current_time() - t0 == pytest.approx(1.0)
+
+
+async def test_cancelling_a_paused_producer_stops_it_at_once(autojump_clock):
+    signals, bp = _gate()
+    signals.observe_pressure("0.99")
+    t0 = trio.current_time()
+    with trio.move_on_after(0.25):
+        await bp.wait("t")
+    assert trio.current_time() - t0 == pytest.approx(0.25)
+
+
+async def test_disabled_policy_never_waits(autojump_clock):
+    signals, bp = _gate(BackpressurePolicy(enabled=False))
+    signals.observe_pressure("1.0")
+    t0 = trio.current_time()
+    assert await bp.wait("t") == 0
+    assert trio.current_time() == t0
+
+
+async def test_warning_is_logged_at_most_once_per_ten_seconds(autojump_clock, caplog):
+    signals, bp = _gate()
+    for _ in range(30):  # 30 batches at 250 ms each: 7.5 s
+        signals.observe_pressure("0.75")
+        await bp.wait("t")
+    await trio.sleep(2.5)
+    signals.observe_pressure("0.75")
+    await bp.wait("t")
+    warnings = [r for r in caplog.records if r.name == "topicd.client"]
+    assert len(warnings) == 2

@@ -1,0 +1,272 @@
+"""Graduated producer backpressure: the delay law, signals that go stale, the zone report.
+
+The client moderates a producer instead of switching it on and off. Two signals feed it:
+
+- server pressure, the `X-Topicd-Pressure` header (0.000–1.000) every `/v0` answer
+  carries, stamped with the time the client received it;
+- for a producer into a queue topic, the queue's in-flight count (leases taken and not
+  finished, not the backlog), refreshed from `GET /v0/topics/:q?touch=false` every
+  `inflight_poll_ms` and from ack/nack answers.
+
+An observation older than `signal_ttl_ms` counts as no signal, and no signal means no
+delay: a dead worker must not also freeze its producers. Per signal `x` with thresholds
+`soft < hard`, `delay_ms(x)` is 0 up to `soft`, rises linearly to `soft_delay_max_ms` just
+below `hard`, and is `PAUSE` from `hard` on. The larger of the two delays applies once per
+batch, before it is sent. A pause re-reads the signals every `hard_poll_ms` until they drop
+below `hard` or go stale, and gives up with `BackpressureTimeout` after `max_pause_ms`.
+
+Time comes from a `Clock` (the event loop's clock by default, so Trio's `MockClock`
+drives every wait in tests); every wait is a checkpoint, so cancelling the producer stops
+it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal, Protocol
+
+import anyio
+
+from topicd.client.errors import BackpressureTimeout
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("topicd.client")
+
+Zone = Literal["green", "amber", "red"]
+
+
+class _Pause:
+    """The `PAUSE` result of the delay law (a signal at or above its hard threshold)."""
+
+    def __repr__(self) -> str:
+        return "PAUSE"
+
+
+PAUSE: Final = _Pause()
+Delay = float | _Pause
+
+
+class Clock(Protocol):
+    """Monotonic time in seconds and a way to wait; both must follow the event loop."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class LoopClock:
+    """The event loop's own clock (Trio's, or asyncio's): `MockClock` moves it in tests."""
+
+    def now(self) -> float:
+        return anyio.current_time()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class BackpressurePolicy:
+    """The client's backpressure and retry settings (durations in ms).
+
+    Attributes:
+        pressure_soft / pressure_hard: thresholds of the server-pressure signal.
+        inflight_soft / inflight_hard: thresholds of a queue's in-flight count.
+        soft_delay_max_ms: the delay just below a hard threshold.
+        hard_poll_ms: how often a pause re-reads the signals.
+        signal_ttl_ms: age after which an observation counts as no signal.
+        inflight_poll_ms: how often a queue producer refreshes the in-flight count.
+        max_pause_ms: longest pause before `BackpressureTimeout`.
+        max_retries: retries of a safe request after `429`/`503` or a transport failure.
+        retry_jitter: the server's wait hint is stretched by a random 0..this fraction.
+        backoff_min_ms / backoff_max_ms: doubling backoff after a transport failure (no
+            server hint to follow).
+        enabled: False turns the delay law off (hints and retries still apply).
+    """
+
+    pressure_soft: float = 0.6
+    pressure_hard: float = 0.9
+    inflight_soft: float = 50
+    inflight_hard: float = 200
+    soft_delay_max_ms: float = 500
+    hard_poll_ms: float = 100
+    signal_ttl_ms: float = 10000
+    inflight_poll_ms: float = 1000
+    max_pause_ms: float = 60000
+    max_retries: int = 8
+    retry_jitter: float = 0.2
+    backoff_min_ms: float = 50
+    backoff_max_ms: float = 2000
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not (self.pressure_soft < self.pressure_hard):
+            raise ValueError("pressure_soft must be below pressure_hard")
+        if not (self.inflight_soft < self.inflight_hard):
+            raise ValueError("inflight_soft must be below inflight_hard")
+        if self.max_retries < 0 or self.retry_jitter < 0:
+            raise ValueError("max_retries and retry_jitter must not be negative")
+
+
+def delay_ms(x: float | None, soft: float, hard: float, soft_delay_max_ms: float) -> Delay:
+    """The delay law for one signal: 0 when absent or `x ≤ soft`, proportional between
+    `soft` and `hard`, `PAUSE` at `x ≥ hard`."""
+    if x is None or x <= soft:
+        return 0.0
+    if x >= hard:
+        return PAUSE
+    return soft_delay_max_ms * (x - soft) / (hard - soft)
+
+
+def larger(a: Delay, b: Delay) -> Delay:
+    if isinstance(a, _Pause) or isinstance(b, _Pause):
+        return PAUSE
+    return max(a, b)
+
+
+@dataclass
+class Observation:
+    """One signal value and the client time (seconds) it was received."""
+
+    value: float
+    at: float
+
+
+@dataclass(frozen=True)
+class ZoneReport:
+    """What the producer's backpressure decided for one batch.
+
+    `zone` is green (no delay), amber (a proportional delay) or red (paused);
+    `delay_ms` the wait applied (for red: the pause's length so far); `pressure` and
+    `in_flight` the fresh signal values it used (None = absent or stale)."""
+
+    topic: str
+    zone: Zone
+    delay_ms: float
+    pressure: float | None
+    in_flight: float | None
+
+
+class Signals:
+    """The latest observations, shared by every request of one client."""
+
+    def __init__(self, clock: Clock, ttl_ms: float) -> None:
+        self.clock = clock
+        self.ttl_s = ttl_ms / 1000
+        self.pressure: Observation | None = None
+        self.in_flight: dict[str, Observation] = {}
+
+    def observe_pressure(self, header: str | None) -> None:
+        if header is None:
+            return
+        try:
+            value = float(header)
+        except ValueError:
+            return
+        if math.isfinite(value):
+            self.pressure = Observation(value, self.clock.now())
+
+    def observe_in_flight(self, topic: str, value: float) -> None:
+        self.in_flight[topic] = Observation(float(value), self.clock.now())
+
+    def fresh(self, obs: Observation | None) -> float | None:
+        """The value, or None when absent or older than the TTL."""
+        if obs is None or self.clock.now() - obs.at > self.ttl_s:
+            return None
+        return obs.value
+
+    def fresh_pressure(self) -> float | None:
+        return self.fresh(self.pressure)
+
+    def fresh_in_flight(self, topic: str) -> float | None:
+        return self.fresh(self.in_flight.get(topic))
+
+
+class Backpressure:
+    """Applies the delay law before each batch of one client.
+
+    Args:
+        policy: thresholds and timings.
+        signals: the shared observations.
+        refresh: `await refresh(topic)` re-reads the signals during a pause (the client
+            asks the server: a health probe for pressure, the topic's state for in-flight).
+        on_zone: called with every `ZoneReport` (each batch, and at each pause poll).
+    """
+
+    WARN_INTERVAL_S: Final = 10.0
+
+    def __init__(
+        self,
+        policy: BackpressurePolicy,
+        signals: Signals,
+        refresh: Callable[[str], Awaitable[None]],
+        on_zone: Callable[[ZoneReport], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.signals = signals
+        self.clock = signals.clock
+        self.refresh = refresh
+        self.on_zone = on_zone
+        self._last_warn: float | None = None
+
+    def decide(self, topic: str) -> tuple[Delay, float | None, float | None]:
+        """(delay, pressure, in_flight) from the fresh signals."""
+        p = self.policy
+        pressure = self.signals.fresh_pressure()
+        in_flight = self.signals.fresh_in_flight(topic)
+        d = larger(
+            delay_ms(pressure, p.pressure_soft, p.pressure_hard, p.soft_delay_max_ms),
+            delay_ms(in_flight, p.inflight_soft, p.inflight_hard, p.soft_delay_max_ms),
+        )
+        return d, pressure, in_flight
+
+    def _report(self, report: ZoneReport) -> None:
+        if self.on_zone is not None:
+            self.on_zone(report)
+        if report.zone == "green":
+            return
+        now = self.clock.now()
+        if self._last_warn is None or now - self._last_warn >= self.WARN_INTERVAL_S:
+            self._last_warn = now
+            log.warning(
+                "topicd client backpressure on %s: zone %s, delay %.0f ms (pressure %s, "
+                "in-flight %s)",
+                report.topic,
+                report.zone,
+                report.delay_ms,
+                report.pressure,
+                report.in_flight,
+            )
+
+    async def wait(self, topic: str) -> float:
+        """Wait as the law says before sending one batch to `topic`; returns the ms
+        waited. Raises `BackpressureTimeout` after `max_pause_ms` in a pause."""
+        if not self.policy.enabled:
+            return 0.0
+        d, pressure, in_flight = self.decide(topic)
+        if not isinstance(d, _Pause):
+            self._report(ZoneReport(topic, "green" if d == 0 else "amber", d, pressure, in_flight))
+            if d > 0:
+                await self.clock.sleep(d / 1000)
+            return d
+        start = self.clock.now()
+        poll_s = self.policy.hard_poll_ms / 1000
+        while True:
+            waited_ms = (self.clock.now() - start) * 1000
+            self._report(ZoneReport(topic, "red", waited_ms, pressure, in_flight))
+            if waited_ms >= self.policy.max_pause_ms:
+                raise BackpressureTimeout(
+                    f"paused {waited_ms:.0f} ms before writing to {topic!r} (pressure "
+                    f"{pressure}, in-flight {in_flight})"
+                )
+            await self.clock.sleep(min(poll_s, (self.policy.max_pause_ms - waited_ms) / 1000))
+            await self.refresh(topic)
+            d, pressure, in_flight = self.decide(topic)
+            if not isinstance(d, _Pause):
+                waited_ms = (self.clock.now() - start) * 1000
+                zone: Zone = "green" if d == 0 else "amber"
+                self._report(ZoneReport(topic, zone, waited_ms, pressure, in_flight))
+                return waited_ms
