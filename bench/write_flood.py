@@ -51,7 +51,10 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("register.<locals>.write", "write handler (principal, query, payload)"),
     ("query_bool", "write handler (principal, query, payload)"),
     ("Gate.", "gate (admission, permits, pressure, access log)"),
-    ("stream_scope", "head parse (h11 + ASGI scope)"),
+    ("stream_scope", "head parse (h11 + ASGI scope)"),  # (before the head parser)
+    ("parse_head", "head parse (topicd's parser + ASGI scope)"),
+    ("early_refusal", "head parse (topicd's parser + ASGI scope)"),
+    ("head_scope", "head parse (topicd's parser + ASGI scope)"),
     ("_read_head", "head read/sniff"),
     ("DirectExchange.", "direct exchange (ASGI send/receive, head render)"),
     ("_serve_plain", "direct exchange (ASGI send/receive, head render)"),

@@ -1,7 +1,7 @@
 """The gate's fast path and the framework route answer identically.
 
-Method: the hot endpoints (`POST /v0/topics/:topic`, and a queue's `claim`, `ack`,
-`nack`, `extend`) are served by the gate without Quart when the request has no query
+Method: the hot endpoints (`POST /v0/topics/:topic` and `/diff`, and a queue's `claim`,
+`ack`, `nack`, `extend`) are served by the gate without Quart when the request has no query
 string, and by the Quart route otherwise; both call one shared implementation. Each call
 is made both ways (a query string the route ignores sends it through Quart) on twin
 topics, and the answers must match in status and JSON shape, value for value except the
@@ -25,6 +25,10 @@ def _strip(body: bytes) -> object:
         if "claimed" in obj:
             obj["claimed"] = [
                 (list(job), job["$seq"], job["deliveries"], job["data"]) for job in obj["claimed"]
+            ]
+        if "records" in obj:
+            obj["records"] = [
+                {k: v for k, v in rec.items() if k != "$ts"} for rec in obj["records"]
             ]
         if "deadlines" in obj:
             obj["deadlines"] = list(obj["deadlines"])
@@ -57,6 +61,10 @@ async def test_fast_path_and_framework_route_answer_alike():
                 (f"/v0/topics/{t}/ack{q}", {"node": "w", "seqs": [1, 3, 9]}),
                 (f"/v0/topics/{t}/ack{q}", {"node": "w"}),  # 400: seqs missing
                 (f"/v0/topics/{t}/claim{q}", {"node": 5}),  # 400: a wrong type
+                (f"/v0/topics/{t}/diff{q}", {"from_seq": 0, "limit": 2}),
+                (f"/v0/topics/{t}/diff{q}", {"from_seq": 3}),
+                (f"/v0/topics/{t}/diff{q}", {"from_seq": "x"}),  # 400: a wrong type
+                (f"/v0/topics/nope-{way}/diff{q}", {}),  # 404
             ]
             before = len(framework_calls)
             for path, body in calls:
@@ -66,4 +74,4 @@ async def test_fast_path_and_framework_route_answer_alike():
             assert served_by_framework == (0 if way == "fast" else len(calls)), way
         fast, framework = answers["fast"], answers["framework"]
         assert fast == framework
-        assert [s for s, _ in fast] == [200, 200, 200, 200, 200, 400, 400]
+        assert [s for s, _ in fast] == [200, 200, 200, 200, 200, 400, 400, 200, 200, 400, 404]

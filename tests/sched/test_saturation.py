@@ -6,8 +6,13 @@ registry inside engines (in-memory and on a `FakeDisk` WAL) through `/v0/metrics
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+import trio
+import trio.testing
+
+from tests.sched.helpers import live_conn, received, write_req
 from topicd.sched.saturation import SaturationRegistry
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, make_config, open_app, open_durable
@@ -75,3 +80,32 @@ async def test_wal_ingest_queues_are_registered(autojump_clock):
         q = engine.saturation.queues["wal_ingest.0"]
         assert q.capacity() == cfg.storage.wal.max_pending_per_shard
         assert q.depth() == 0
+
+
+async def test_the_sse_channel_gauge_is_the_fullest_stream_and_skips_idle_ones(autojump_clock):
+    async with open_app() as h:
+        engine = h.engine
+        await engine.put_topic("t", None)
+        busy = await live_conn(engine, "t")  # no pump: what is offered stays queued
+        quiet = await live_conn(engine, "t")
+        for i in range(3):
+            await engine.append("t", write_req(i))
+            await trio.testing.wait_all_tasks_blocked()
+        received(quiet)  # drained by its reader
+        c = h.app.test_client()
+
+        async def depth() -> float:
+            engine.saturation.sample(trio.current_time())
+            text = (await (await c.get("/v0/metrics")).get_data()).decode()
+            m = re.search(r'^topicd_queue_depth\{queue="sse_channel"\} (\S+)$', text, re.M)
+            assert m is not None
+            return float(m.group(1))
+
+        queued = busy.recv_ch.statistics().current_buffer_used
+        assert queued >= 1
+        assert await depth() == queued
+        # a parked pump's channel is empty by construction, so an idle stream is not
+        # asked (forced here on a stream that has frames, to see that it is skipped)
+        busy.idle = True
+        assert await depth() == 0
+        busy.idle = False

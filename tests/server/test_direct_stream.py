@@ -20,6 +20,7 @@ from hypercorn.config import Config as HyperConfig
 
 from tests.server.helpers import served, served_with_topic
 from topicd.http.app import gate_of
+from topicd.http.head import Refusal
 from topicd.http.server import Listener, sniff
 from topicd.testing.harness import make_config
 from topicd.testing.sse import RawSseClient, SseParser
@@ -119,14 +120,24 @@ async def test_a_head_split_across_reads_is_assembled_then_classified():
         for part in (request[:6], request[6:20], request[20:]):
             await send.send_all(part)
             await trio.testing.wait_all_tasks_blocked()  # the reader took this piece
-    assert out == [(request, "direct")]
-    # a head that is not ours is handed over as soon as the bytes say so
+    assert out == [(request, "head")]
+    # every head is read to its end (to be parsed before anything serves it), but bytes
+    # that can never make one are refused as soon as they arrive
+    for garbage in (b"\x16\x03\x01\x02\x00\x01", b"GET / HTTP/1.1\nHo", b"GET /a\x00"):
+        send, recv = trio.testing.memory_stream_one_way_pair()
+        out.clear()
+        async with trio.open_nursery() as n:
+            n.start_soon(read)
+            await send.send_all(garbage)
+        assert len(out) == 1 and out[0][0] == garbage
+        assert isinstance(out[0][1], Refusal), out
+    # the h2c prior-knowledge preface is Hypercorn's
     send, recv = trio.testing.memory_stream_one_way_pair()
     out.clear()
     async with trio.open_nursery() as n:
         n.start_soon(read)
-        await send.send_all(b"POST /v0/to")
-    assert out == [(b"POST /v0/to", "other")]
+        await send.send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    assert out == [(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "other")]
 
 
 async def test_a_stream_open_sent_in_pieces_is_direct(server):

@@ -240,3 +240,35 @@ async def test_two_routers_of_one_source_come_back_in_lockstep_with_direct_write
     disk.restore(image)
     async with open_durable(disk) as engine:
         assert await dump(engine, "d") == more
+
+
+async def test_the_sweep_survives_a_storage_failure_and_logs_the_cursor_later(autojump_clock):
+    """A cursor anchor that cannot be logged (the shard's breaker is open) is retried at
+    a later sweep; the sweep task itself must not die (it would take the engine down)."""
+    import errno
+
+    import trio
+
+    from topicd.testing.fake_fs import FaultFs
+    from topicd.testing.harness import durable_config
+
+    fs = FaultFs(FakeDisk())
+    cfg = durable_config(shards=1)
+    async with open_durable(fs, cfg) as engine:
+        await setup(engine, "disk", "disk")
+        await write(engine, "s", "c1", "c2")
+        await dump(engine, "d")  # forwarded: the cursor moved, not logged yet
+        r = engine.routers.routers["s->d"]
+        assert r.logged != r.cursor
+        fs.fail("fdatasync", always=True, errno=errno.EIO)
+        await write(engine, "s", "c3")  # acknowledged before its sync, which fails
+        await trio.sleep(1)
+        assert engine.commit.status()["breakers"] == {"0": "open"}
+        await trio.sleep(10 * cfg.routers.cursor_log_ms / 1000)  # several sweeps fail
+        assert r.logged != r.cursor
+        fs.clear()
+        await trio.sleep(cfg.breaker.open_ms / 1000 * 4 + 10 * cfg.routers.cursor_log_ms / 1000)
+        await write(engine, "s", "c4")  # storage works again
+        await dump(engine, "d")
+        await trio.sleep(2 * cfg.routers.cursor_log_ms / 1000)
+        assert r.logged == r.cursor

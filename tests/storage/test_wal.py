@@ -695,3 +695,31 @@ async def test_a_single_frame_larger_than_the_limit_from_an_older_version_still_
     assert max(f.end - f.offset for f in found) > 1 << 16
     async with open_durable(disk, _split_config()) as engine:  # a 64 KiB frame limit
         assert await dump(engine, "f") == before
+
+
+async def test_a_failed_probe_does_not_keep_the_breaker_open_once_storage_heals(autojump_clock):
+    """A probe that fails after creating its fresh file (its sync fails) leaves that file
+    behind; the next probe must still be able to start a file, so the breaker closes
+    once storage works again instead of refusing writes until a restart."""
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    cfg = durable_config(
+        shards=1, breaker={"open_ms": 1000, "probe_interval_ms": 100, "success_threshold": 2}
+    )
+    async with open_durable(fs, cfg) as engine:
+        await put(engine, "f", durability="fsync")
+        fs.fail("fdatasync", always=True, errno=errno.EIO)
+        with pytest.raises(StorageUnavailable):
+            await write(engine, "f", b"1")
+        shard = wal(engine).shard(engine.get("f"))
+        await trio.sleep(5)  # several probes fail, each after creating its file
+        assert shard.breaker.state is not BreakerState.CLOSED
+        fs.clear()
+        with trio.fail_after(60):
+            while shard.breaker.state is not BreakerState.CLOSED:
+                await shard.breaker.changed.wait()
+        res = await write(engine, "f", b"2")
+        assert res.first_seq == 1
+        expected = await dump(engine, "f")
+    async with open_durable(disk, cfg) as engine:
+        assert await dump(engine, "f") == expected  # and recovery reads the files back

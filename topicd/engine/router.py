@@ -61,6 +61,7 @@ from topicd.errors import (
     JsonValue,
     RouterCycle,
     RouterNotFound,
+    StorageUnavailable,
     Throttled,
     TopicExistsIncompatible,
     TopicNotFound,
@@ -932,7 +933,12 @@ class RouterService:
 
     async def log_cursors(self, *, sync: bool = False) -> None:
         """Write a `RouterCursor` anchor for every router whose cursor moved (`sync`:
-        every router, synced — after recovery)."""
+        every router, synced — after recovery).
+
+        Raises `StorageUnavailable` only with `sync`; the sweep's call stops at a shard
+        that cannot log and leaves the rest for a later sweep (an anchor only shortens
+        re-derivation at recovery, so a late one loses nothing, and the sweep task must
+        outlive a storage failure)."""
         engine = self.engine
         for name in sorted(self.routers):
             r = self.routers.get(name)
@@ -948,6 +954,10 @@ class RouterService:
                 await engine.commit.control(r.src, frame, lambda: None, sync=sync)
             except TopicNotFound:
                 continue
+            except StorageUnavailable:
+                if sync:
+                    raise
+                return  # (the breaker logged why; the next sweep retries)
             r.logged = cursor
 
     # ---- replay (recovery) ----------------------------------------------------------------

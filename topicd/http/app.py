@@ -52,6 +52,7 @@ from topicd.errors import (
     UnsupportedMediaType,
 )
 from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
+from topicd.http.compress import Compressor
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.sched.classes import ClientPermits, Permit
 from topicd.wire import check_topic_name
@@ -317,9 +318,11 @@ class Gate:
         requests_by_path: dict[str, int] | None = None,
         work: WorkStreams | None = None,
         fast_routes: FastRoutes | None = None,
+        compressor: Compressor | None = None,
         dashboard: DashboardHub | None = None,
     ) -> None:
         self.app = app
+        self.compressor = compressor
         self.work = work
         self.dashboard = dashboard
         # control work (scheduler spec R1): no client permit
@@ -445,6 +448,19 @@ class Gate:
         queue = None if self.work is None else self.work.topic_of(scope)
         feed = self.dashboard is not None and self.dashboard.is_feed(scope)
         try:
+            if served_by == "hypercorn" and _framing_conflict(scope):
+                # RFC 9112 §6.1: answer, then close. (The direct path refuses these before
+                # a hand-off; this is a request Hypercorn parsed after one, or with the
+                # direct path off. h11 frames the body by `transfer-encoding` and would
+                # read on; `connection: close` in the answer makes Hypercorn close.)
+                # (the body is read first: Hypercorn closes a `connection: close` answer
+                # from its reader too when more bytes come while the answer is going out)
+                await self._drop_body(receive)
+                conflict = InvalidRequest("both Content-Length and Transfer-Encoding")
+                if self.on_error is not None:
+                    self.on_error(conflict)
+                await send_error(send_stamped, conflict, close=True)
+                return
             if feed:
                 # the dashboard feed: authenticates itself (`?token=`), no in-flight slot
                 assert self.dashboard is not None
@@ -572,10 +588,16 @@ class Gate:
             status, headers, body = error_parts(err)
             headers.insert(1, (b"content-length", b"%d" % len(body)))
         else:
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", b"%d" % len(body)),
-            ]
+            headers = [(b"content-type", b"application/json")]
+            compressor = self.compressor
+            if compressor is not None and len(body) >= compressor.min_bytes:
+                # a large answer (a claim of many jobs, the seqs of a big write)
+                headers.append((b"vary", b"Accept-Encoding"))
+                encoded = await compressor.encode(body, _header(scope, b"accept-encoding"))
+                if encoded is not None:
+                    body = encoded
+                    headers.append((b"content-encoding", b"gzip"))
+            headers.insert(1, (b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -601,6 +623,17 @@ class Gate:
                 if not message.get("more_body", False):
                     return parts[0] if len(parts) == 1 else b"".join(parts)
         raise InvalidRequest("the request body did not arrive in time")
+
+    async def _drop_body(self, receive: Receive) -> None:
+        """Read and drop the request body, bounded by `limits.max_body_bytes` and the body
+        timeout (beyond either, the caller answers anyway)."""
+        size = 0
+        with trio.move_on_after(self.body_timeout):
+            while size <= self.max_body:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                size += len(cast("bytes", message.get("body", b"")))
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"request body exceeds max_body_bytes {self.max_body}")
@@ -670,9 +703,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def send_error(send: Send, err: TopicdError) -> None:
+def _framing_conflict(scope: Scope) -> bool:
+    """Whether a request carries both `content-length` and `transfer-encoding`."""
+    names = {key for key, _ in cast("list[tuple[bytes, bytes]]", scope.get("headers", []))}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
+async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
     status, headers, body = error_parts(err)
     headers.append((b"content-length", str(len(body)).encode()))
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -805,6 +846,12 @@ def create_app(
         dashboard.register(app, hub)
     ref.dashboard = hub
 
+    compressor = Compressor()
+
+    @app.after_request
+    async def _compress(response: Response) -> Response:
+        return await compressor.finish(response, request.headers.get("Accept-Encoding"))
+
     @app.errorhandler(TopicdError)
     async def _topicd_error(err: TopicdError) -> Response:
         _count(ref, err)
@@ -871,6 +918,7 @@ def create_app(
         requests_by_path=ref.requests_by_path,
         work=work.WorkStreams(ref, config, keys),
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
+        compressor=compressor,
         dashboard=hub,
     )
     gate = gate_of(app)

@@ -25,13 +25,19 @@ the connection's trio socket stream.
   client_waiters` from a glance at its head (`_refuse_unparsed`: no h11, no scope, no
   gate task, no framework; with authentication on, the gate decides, still without
   Quart); the connection stays for the next request.
-* Anything else — h2c prior knowledge, an `Upgrade`, `Transfer-Encoding`, `Expect`, a
-  `HEAD`, a body over the limit, a malformed or oversized head — goes to Hypercorn
-  unchanged: the bytes already read are replayed to it first (`HypercornStream`), so it
-  parses the connection from that request on (and keeps it). The same stream mends what
-  Hypercorn writes: reason phrases on its status lines, and the canonical error answer
-  in place of the bodiless ones it makes itself (a malformed head, `431` for a head over
-  the limit).
+* Every head is parsed by `topicd.http.head` (strict HTTP/1.1, no h11) before anything
+  serves it. A head it refuses (malformed, an ambiguous body framing such as
+  `Content-Length` with `Transfer-Encoding`) is answered `400` here and the connection
+  closed, so nothing behind it runs; bytes that can never make a head (a TLS
+  ClientHello, a bare LF) are refused as they arrive. A head over the bound is `431`.
+* Anything else — h2c prior knowledge, an `Upgrade` (but `GET /v0/ws`, served by
+  `upgrade`), `Transfer-Encoding: chunked`, `Expect`, a `HEAD`, another form of target
+  or `HTTP/1.x` version, a body over the limit — goes to Hypercorn unchanged: the bytes
+  already read are replayed to it first (`HypercornStream`), so it parses the connection
+  from that request on (and keeps it).
+  The same stream mends what Hypercorn writes: reason phrases on its status lines, and
+  the canonical error answer in place of the bodiless ones it makes itself (a head h11
+  refuses later on that connection).
 
 `sse.direct_write = false` turns the direct path off (every request then goes through
 Hypercorn); `server.direct_http1 = false` keeps it to streams and probes. Both paths run
@@ -47,7 +53,6 @@ from typing import TYPE_CHECKING, Final, cast
 from urllib.parse import unquote
 from wsgiref.handlers import format_date_time
 
-import h11
 import trio
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
@@ -58,6 +63,7 @@ from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wra
 from topicd.clock import SystemWallClock
 from topicd.errors import Internal, InvalidRequest, RequestHeadTooLarge
 from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, error_parts, gate_of
+from topicd.http.head import Head, Refusal, early_refusal, parse_head
 
 if TYPE_CHECKING:
     import socket
@@ -115,7 +121,10 @@ def response_head(
 
 _H11_STATUS: Final = b"HTTP/1.1 "
 # the head of an answer Hypercorn makes itself, without the app (its `_send_error_response`)
-_H11_OWN_ERROR: Final = b"content-length: 0\r\nconnection: close\r\n"
+# (the fields it starts with; h11 moves `connection` last for an HTTP/1.0 client, and
+# every answer that went through the gate carries the pressure header)
+_H11_OWN_ERROR: Final = b"\r\ncontent-length: 0\r\n"
+_STAMPED: Final = b"\r\nx-topicd-pressure: "
 LINGER_S: Final = 1.0  # after refusing a head: how long the client's rest is read
 LINGER_BYTES: Final = 1 << 20  # ... and how much of it
 
@@ -181,6 +190,11 @@ class HypercornStream(trio.abc.HalfCloseableStream):
         self._pressure = pressure
         self._max_head = max_head
         self._linger = False
+        # Hypercorn sends `send_eof` outside its send lock (its reader may close while an
+        # answer is going out): one lock here keeps the two from colliding
+        self._sending = trio.Lock()
+        self._eof = False
+        self.on_close: Callable[[], Awaitable[None]] | None = None
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._prefix:
@@ -192,12 +206,15 @@ class HypercornStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if data[:9] == _H11_STATUS and data[12:14] == b" \r":
             data = self._mend(bytes(data))
-        await self.stream.send_all(data)
+        async with self._sending:
+            if self._eof:
+                raise trio.BrokenResourceError("the connection was closed for writing")
+            await self.stream.send_all(data)
 
     def _mend(self, head: bytes) -> bytes:
         """`head` (h11's, empty reason phrase) as topicd writes it."""
         status = int(head[9:12])
-        if status >= 400 and head[15 : 15 + len(_H11_OWN_ERROR)] == _H11_OWN_ERROR:
+        if status >= 400 and _H11_OWN_ERROR in head and _STAMPED not in head:
             self._linger = True
             pressure = b"0.000" if self._pressure is None else self._pressure()
             return refusal_bytes(hypercorn_refusal(status, self._max_head), pressure)
@@ -207,7 +224,9 @@ class HypercornStream(trio.abc.HalfCloseableStream):
         await self.stream.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:
-        await self.stream.send_eof()
+        async with self._sending:
+            self._eof = True
+            await self.stream.send_eof()
 
     async def aclose(self) -> None:
         try:
@@ -216,6 +235,9 @@ class HypercornStream(trio.abc.HalfCloseableStream):
                 await linger(self.stream)
         finally:
             await self.stream.aclose()
+            if self.on_close is not None:
+                on_close, self.on_close = self.on_close, None
+                await on_close()
 
 
 async def linger(stream: trio.SocketStream) -> None:
@@ -295,48 +317,22 @@ def socket_addrs(stream: trio.SocketStream) -> Addrs | None:
     return (client[0], client[1]), (server[0], server[1])
 
 
-_LEFT_TO_HYPERCORN: Final = (b"upgrade", b"transfer-encoding", b"expect")
-
-
-def stream_scope(
-    head: bytes,
-    stream: trio.SocketStream,
-    max_head: int,
-    *,
-    addrs: Addrs | None = None,
-) -> Scope | None:
-    """The ASGI scope of a head that may be served directly, or None (Hypercorn's: a
-    malformed head, `Upgrade`, `Transfer-Encoding`, `Expect`). A `content-length` body
-    is the caller's to read."""
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
-    try:
-        conn.receive_data(head)
-        event = conn.next_event()
-    except h11.RemoteProtocolError:
-        return None
-    if not isinstance(event, h11.Request):
-        return None
-    headers = [(k.lower(), v) for k, v in event.headers]
-    for name, _ in headers:
-        if name in _LEFT_TO_HYPERCORN:
-            return None
-    target = event.target
-    raw_path, _, query = target.partition(b"?")
-    if addrs is None:
-        addrs = socket_addrs(stream)  # (one connection's pair is asked once by the caller)
-        if addrs is None:
-            return None
+def head_scope(head: Head, addrs: Addrs) -> Scope:
+    """The ASGI scope of a head parsed by `parse_head` (served directly). A
+    `content-length` body is the caller's to read."""
+    raw_path, _, query = head.target.partition(b"?")
+    path = raw_path.decode("ascii")  # (the parser admits printable ASCII only)
     return {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": event.http_version.decode("ascii"),
-        "method": event.method.decode("ascii"),
+        "http_version": "1.1" if head.version == b"1.1" else "1.0",
+        "method": head.method.decode("ascii"),
         "scheme": "http",
-        "path": unquote(raw_path.decode("ascii", "replace")),
+        "path": unquote(path) if "%" in path else path,
         "raw_path": raw_path,
         "query_string": query,
         "root_path": "",
-        "headers": headers,
+        "headers": head.headers,
         "client": addrs[0],
         "server": addrs[1],
         "extensions": {},
@@ -526,30 +522,35 @@ class Listener:
             scope.cancel()
 
     async def _read_head(
-        self, stream: trio.SocketStream, head: bytes, *, whole: bool = False
-    ) -> tuple[bytes, str]:
-        """Read until the head can be classified: ("direct" with a complete head,
-        "other": Hypercorn's, "too_big": over `max_head` bytes, "closed": EOF, idle past
-        the keep-alive timeout, or shutting down). With `whole`, a head that is not ours is
-        still read to its end (at most `max_head` bytes) before it is called "other"."""
+        self, stream: trio.SocketStream, head: bytes
+    ) -> tuple[bytes, str | Refusal]:
+        """Read until the head is complete: ("head", the head first), "other" (the h2c
+        prior-knowledge preface: Hypercorn's), "too_big" (over `max_head` bytes), a
+        `Refusal` (bytes that can never make a valid head: refused at once, not at the
+        timeout), or "closed" (EOF, idle past the keep-alive timeout, shutting down).
+        Empty lines before a request line are dropped (RFC 9112 §2.2)."""
+        checked = 0  # bytes of `head` that `early_refusal` has seen
         with trio.CancelScope() as scope:
             scope.deadline = trio.current_time() + self.config.keep_alive_timeout
             self.sniffing.add(scope)
             try:
                 while True:
-                    verdict = sniff_any(head) if self.all_http1 else sniff(head)
+                    while head[:2] == b"\r\n":
+                        head = head[2:]
                     end = head.find(b"\r\n\r\n")
-                    complete = end >= 0
                     # (only the head counts against the limit: a body may follow it)
-                    if (end if complete else len(head)) > self.max_head:
+                    if (end if end >= 0 else len(head)) > self.max_head:
                         return head, "too_big"
-                    if verdict is False and (complete or not whole):
-                        return head, "other"
-                    if verdict and complete:
-                        return head, "direct"
+                    if end >= 0:
+                        return head, "head" if sniff_any(head) else "other"
+                    if len(head) > checked:
+                        refusal = early_refusal(head, checked)
+                        if refusal is not None:
+                            return head, refusal
+                        checked = len(head)
                     data = await stream.receive_some(RECV_BYTES)
                     if not data:
-                        return head, "other" if head else "closed"
+                        return head, "closed"  # (with half a head: nothing to answer)
                     head += data
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return head, "closed"
@@ -560,38 +561,44 @@ class Listener:
     async def __call__(self, stream: trio.SocketStream) -> None:
         head = b""
         addrs = socket_addrs(stream) if self.direct else None
-        while self.direct and not self.closing:
-            full = self.full is not None and self.full()
-            head, verdict = await self._read_head(stream, head, whole=full)
+        while self.direct and not self.closing and addrs is not None:
+            head, verdict = await self._read_head(stream, head)
             if verdict == "closed":
                 await close_quietly(stream)
                 return
             if verdict == "too_big":
-                await self._refuse_head(stream)
+                await self._refuse_head(stream, head_too_large(self.max_head))
                 return
+            if isinstance(verdict, Refusal):
+                await self._refuse_head(stream, InvalidRequest(verdict.reason))
+                return
+            if verdict == "other":
+                break
+            end = head.index(b"\r\n\r\n")
+            parsed = parse_head(head[:end])
+            if isinstance(parsed, Refusal):
+                await self._refuse_head(stream, InvalidRequest(parsed.reason))
+                return
+            end += 4
             if self.full is not None and self.full():
-                # (`full` asked again: it may have turned while the head was on its way)
                 refused, head = await self._refuse_unparsed(stream, head)
                 if refused is None:  # the client left (or asked to close)
                     await close_quietly(stream)
                     return
                 if refused:
                     continue
-            if verdict == "other":
-                break
-            end = head.index(b"\r\n\r\n") + 4
             if (
                 self.upgrade is not None
                 and head.startswith(WS_HEAD)
                 and await self.upgrade(stream, head[:end], head[end:])
             ):
                 return
-            scope = stream_scope(head[:end], stream, self.max_head, addrs=addrs)
-            if scope is None:
-                break
-            bodiless_get = scope["method"] == "GET" and _content_length(scope, None) is None
+            if parsed.handoff or not (self.all_http1 or sniff(head)):
+                break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
+            scope = head_scope(parsed, addrs)
+            bodiless_get = parsed.method == b"GET" and parsed.length is None
+            keep = parsed.version == b"1.1" and not parsed.close
             if bodiless_get and cast("str", scope["path"]) in PROBE_PATHS:
-                keep = scope["http_version"] == "1.1" and not _closes(scope)
                 exchange = DirectExchange(stream, scope, keep_alive=keep)
                 if not await exchange.run(self.asgi):
                     return
@@ -602,7 +609,7 @@ class Listener:
                 return
             if not self.all_http1:
                 break
-            served, head = await self._serve_plain(stream, scope, head, end)
+            served, head = await self._serve_plain(stream, scope, parsed, head, end)
             if not served:
                 break
         conn_stream = HypercornStream(stream, head, pressure=self.pressure, max_head=self.max_head)
@@ -613,13 +620,18 @@ class Listener:
             self.state,
             cast("trio.SSLStream[trio.SocketStream]", conn_stream),
         )
+        # once the connection is closed, nothing is left to time out: Hypercorn would
+        # otherwise keep its idle timer (and this task) to `keep_alive_timeout` after it
+        # closes a connection over a malformed request
+        conn_stream.on_close = server.idle_task.stop
         await server.run()
 
-    async def _refuse_head(self, stream: trio.SocketStream) -> None:
-        """`431` for a head over `max_head` bytes, then close. Answered here, not left to
-        h11: h11 bounds only a head still incomplete in its buffer, so a larger head that
-        arrived whole would pass, and the bound would depend on how the bytes were split."""
-        err = head_too_large(self.max_head)
+    async def _refuse_head(self, stream: trio.SocketStream, err: TopicdError) -> None:
+        """Answer `err` to a head refused before parsing is done, then close: `431` for a
+        head over `max_head` bytes (answered here, not left to h11: h11 bounds only a head
+        still incomplete in its buffer, so a larger head that arrived whole would pass),
+        `400` for one `parse_head` or `early_refusal` refuses. Nothing after the head is
+        read as a request: what the client still sends is read and dropped (bounded)."""
         pressure = b"0.000" if self.pressure is None else self.pressure()
         try:
             await stream.send_all(refusal_bytes(err, pressure))
@@ -650,22 +662,22 @@ class Listener:
         return b"".join(pieces)
 
     async def _serve_plain(
-        self, stream: trio.SocketStream, scope: Scope, head: bytes, end: int
+        self, stream: trio.SocketStream, scope: Scope, parsed: Head, head: bytes, end: int
     ) -> tuple[bool, bytes]:
         """Serve one plain request (no body, or a `content-length` one) directly: read its
         body, run the app, keep the connection when HTTP/1.1 allows. Returns (served,
         bytes read beyond it); when not served, the bytes are everything read of this
-        request, for Hypercorn (a `HEAD`, a body over the limit, a refused header)."""
-        if scope["method"] == "HEAD":
+        request, for Hypercorn (a `HEAD`, a body over the limit)."""
+        if parsed.method == b"HEAD":
             return False, head
-        length = _content_length(scope)
-        if length is None or (self.max_body and length > self.max_body):
-            return False, head  # Hypercorn and Quart answer it (400 / 413)
+        length = parsed.length or 0
+        if self.max_body and length > self.max_body:
+            return False, head  # Quart answers it (413)
         data = await self._read_to(stream, head, end + length)
         if len(data) < end + length:  # gone or too slow: nothing to answer
             await close_quietly(stream)
             return True, b""
-        keep = scope["http_version"] == "1.1" and not _closes(scope)
+        keep = parsed.version == b"1.1" and not parsed.close
         exchange = DirectExchange(stream, scope, keep_alive=keep, body=data[end : end + length])
         if not await exchange.run(self.asgi):
             return True, b""  # closed: the next read sees it
@@ -736,24 +748,6 @@ def _glance(head: bytes, end: int) -> tuple[bytes, str, int, bool] | None:
         length = int(value)
     keep = version == b"HTTP/1.1" and b"\r\nconnection: close" not in fields
     return method, target.partition(b"?")[0].decode("latin-1"), length, keep
-
-
-def _content_length(scope: Scope, absent: int | None = 0) -> int | None:
-    """The `content-length` (h11 validated it); `absent` when there is none."""
-    for key, value in cast("list[tuple[bytes, bytes]]", scope["headers"]):
-        if key == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return absent
-
-
-def _closes(scope: Scope) -> bool:
-    for key, value in cast("list[tuple[bytes, bytes]]", scope["headers"]):
-        if key == b"connection" and b"close" in value.lower():
-            return True
-    return False
 
 
 async def serve(

@@ -129,6 +129,44 @@ async def write_records(
     return (201 if res.created else 200), orjson.dumps(payload)
 
 
+async def read_diff(
+    ref: EngineRef,
+    topic: str,
+    scope: Scope,
+    read: ReadBody,
+    header: Callable[[str], str | None],
+    max_body: int,
+) -> tuple[int, bytes]:
+    """`POST /v0/topics/:topic/diff` (api-topics §7), long-polls included: (status, JSON
+    body). The one implementation, called by the Quart route and the gate's fast path."""
+    principal(scope).require("read", topic)
+    body = check_body(await read(), header, empty_ok=True, max_bytes=max_body)
+    req = DiffIn() if body is None else decode(DIFF_DECODER, body)
+    t, res = await ref.engine.diff(topic, req)
+    tomb = b"null" if res.tombstone is None else orjson.dumps(res.tombstone.to_wire())
+    perf = orjson.dumps(performance({"records_scanned": res.scanned}, scope))
+    return 200, b"".join(
+        (
+            b'{"topic":',
+            t.name_json,
+            b',"records":[',
+            b",".join(res.records),
+            b'],"next_from_seq":%d,"head_seq":%d,"earliest_seq":%d,"caught_up":%s,'
+            % (
+                res.next_from_seq,
+                res.head_seq,
+                res.earliest_seq,
+                b"true" if res.caught_up else b"false",
+            ),
+            b'"tombstone":',
+            tomb,
+            b',"lag":%d,"performance":' % res.lag,
+            perf,
+            b"}",
+        )
+    )
+
+
 _TOPICS: Final = "/v0/topics/"
 
 
@@ -138,8 +176,8 @@ def _no_query(name: str, default: bool) -> bool:
 
 def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
     """The `/v0/topics` endpoints the gate serves without the framework: `POST
-    /v0/topics/:topic` without a query string (one with a query goes through Quart,
-    whose query parsing is the contract)."""
+    /v0/topics/:topic` and `POST /v0/topics/:topic/diff` without a query string (one
+    with a query goes through Quart, whose query parsing is the contract)."""
     max_body = config.limits.max_body_bytes
 
     def route(scope: Scope) -> FastHandler | None:
@@ -148,9 +186,15 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
         path = cast("str", scope["path"])
         if not path.startswith(_TOPICS):
             return None
-        topic = path[len(_TOPICS) :]
-        if not topic or "/" in topic:
+        topic, slash, verb = path[len(_TOPICS) :].partition("/")
+        if not topic or (slash and verb != "diff"):
             return None  # (an encoded slash in the name: Quart's 400)
+        if slash:
+
+            async def diff(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
+                return await read_diff(ref, topic, scope, read, scope_header(scope), max_body)
+
+            return diff
 
         async def write(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
             header = scope_header(scope)
@@ -224,33 +268,9 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
 
     @app.route("/v0/topics/<topic>/diff", methods=["POST"])
     async def diff(topic: str) -> Response:
-        principal().require("read", topic)
-        body = await read_body(empty_ok=True, max_bytes=max_body)
-        req = DiffIn() if body is None else decode(DIFF_DECODER, body)
-        t, res = await ref.engine.diff(topic, req)
-        tomb = b"null" if res.tombstone is None else orjson.dumps(res.tombstone.to_wire())
-        perf = orjson.dumps(performance({"records_scanned": res.scanned}))
-        out = b"".join(
-            (
-                b'{"topic":',
-                t.name_json,
-                b',"records":[',
-                b",".join(res.records),
-                b'],"next_from_seq":%d,"head_seq":%d,"earliest_seq":%d,"caught_up":%s,'
-                % (
-                    res.next_from_seq,
-                    res.head_seq,
-                    res.earliest_seq,
-                    b"true" if res.caught_up else b"false",
-                ),
-                b'"tombstone":',
-                tomb,
-                b',"lag":%d,"performance":' % res.lag,
-                perf,
-                b"}",
-            )
-        )
-        return raw_json_response(out)
+        scope = cast("Scope", request.scope)
+        status, out = await read_diff(ref, topic, scope, quart_body, request.headers.get, max_body)
+        return raw_json_response(out, status)
 
     @app.route("/v0/topics/<topic>/delete", methods=["POST"])
     async def delete_records(topic: str) -> Response:

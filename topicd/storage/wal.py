@@ -37,6 +37,7 @@ Unsynced `memory`/`disk` bytes are synced in the background every
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import math
 import posixpath
@@ -134,8 +135,18 @@ def _sync_and_drop(fs: Fs, fd: int, drop_from: int, end: int) -> None:
 
 
 def _create_file(fs: Fs, path: str, dir_path: str, header: bytes, size: int) -> int:
-    """Create, preallocate, write the header, sync the file and its directory."""
-    fd = fs.open(path, create=True, exclusive=True)
+    """Create, preallocate, write the header, sync the file and its directory.
+
+    A file already at `path` is the leftover of an earlier attempt that failed part way
+    (the caller names a file past the current one, which nothing has been written to or
+    refers to): it is replaced, so a failed breaker probe does not make every later
+    probe fail with `EEXIST` once storage works again. A failed attempt also removes its
+    own file, best effort."""
+    try:
+        fd = fs.open(path, create=True, exclusive=True)
+    except FileExistsError:
+        fs.unlink(path)
+        fd = fs.open(path, create=True, exclusive=True)
     try:
         fs.fallocate(fd, size)
         write_all(fs, fd, header, 0)
@@ -143,6 +154,8 @@ def _create_file(fs: Fs, path: str, dir_path: str, header: bytes, size: int) -> 
         fs.fsync_dir(dir_path)
     except BaseException:
         fs.close(fd)
+        with contextlib.suppress(OSError):
+            fs.unlink(path)
         raise
     return fd
 
