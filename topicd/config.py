@@ -709,6 +709,40 @@ class ClassesConfig:
 
 
 @dataclass(frozen=True)
+class DashboardConfig:
+    enabled: bool = key(True, "Serve the operator dashboard page and its live feed.")
+    path: str = key(
+        "/_topicd/dashboard",
+        "Path of the page; its SSE feed is this path plus `/events`. Outside `/v0`.",
+    )
+    interval_ms: int = key(
+        1000, "Period of the feed's snapshots while a viewer is attached.", min=100, max=60000
+    )
+    top_n: int = key(50, "Topics shown, by lag (highest first).", min=1, max=1000)
+    max_viewers: int = key(
+        16, "Open feed streams at once (beyond: 429; they also count as SSE connections).", min=1
+    )
+    history_points: int = key(
+        300, "Snapshots the charts keep (300 × 1 s: the last five minutes).", min=10, max=3600
+    )
+    pressure_warn: float = key(0.4, "Pressure from which the zone is amber.", min=0, max=1)
+    pressure_pause: float = key(0.8, "Pressure from which the zone is red.", min=0, max=1)
+    lag_warn: int = key(1000, "Topic or router lag (records) from which it is amber.", min=0)
+    lag_pause: int = key(10000, "Topic or router lag (records) from which it is red.", min=0)
+    inflight_warn: int = key(50, "Queue jobs in flight from which it is amber.", min=0)
+    inflight_pause: int = key(200, "Queue jobs in flight from which it is red.", min=0)
+    worker_stale_ms: int = key(
+        10000,
+        "A queue with no claim, extend, ack or nack for this long and no /work stream "
+        'shows "worker off".',
+        min=100,
+    )
+    stale_after_intervals: int = key(
+        3, "The page greys out as stale after this many intervals without a snapshot.", min=2
+    )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     housekeeping_interval_ms: int = key(
         1000,
@@ -766,6 +800,7 @@ class Config:
     governor: GovernorConfig = section(GovernorConfig, "Pressure governor")
     classes: ClassesConfig = section(ClassesConfig, "Work classes (scheduler spec R1)")
     levels: LevelsConfig = section(LevelsConfig, "Queue-depth levels (scheduler spec R5)")
+    dashboard: DashboardConfig = section(DashboardConfig, "Operator dashboard (docs/dashboard.md)")
     logging: LoggingConfig = section(LoggingConfig, "Logging")
 
 
@@ -1078,8 +1113,28 @@ def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
         raise ConfigError("protocol.default_max_batch_bytes: above protocol.max_batch_bytes")
     if p.default_page_size > p.max_page_size:
         raise ConfigError("protocol.default_page_size: above protocol.max_page_size")
+    _check_dashboard(cfg.dashboard)
     _check_recoverable(cfg)
     return dataclasses.replace(cfg, server=server)
+
+
+_DASHBOARD_PATH: Final = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+
+
+def _check_dashboard(d: DashboardConfig) -> None:
+    if not _DASHBOARD_PATH.fullmatch(d.path):
+        raise ConfigError(
+            f"dashboard.path: {d.path!r} is not an absolute path of plain segments "
+            "(letters, digits, . _ ~ -; no trailing slash, no query)"
+        )
+    if d.path == "/v0" or d.path.startswith("/v0/") or d.path in ("/healthz", "/readyz"):
+        raise ConfigError(f"dashboard.path: {d.path!r} would shadow an API route")
+    if d.pressure_warn > d.pressure_pause:
+        raise ConfigError("dashboard.pressure_warn: above dashboard.pressure_pause")
+    if d.lag_warn > d.lag_pause:
+        raise ConfigError("dashboard.lag_warn: above dashboard.lag_pause")
+    if d.inflight_warn > d.inflight_pause:
+        raise ConfigError("dashboard.inflight_warn: above dashboard.inflight_pause")
 
 
 def record_frame_bound(p: ProtocolConfig) -> int:

@@ -128,6 +128,7 @@ class Engine:
         self.checkpointer: object = None  # storage's, when durable (metrics, tests)
         self.recovery: dict[str, float] = {}  # what recovery found (metrics)
         self.throttled: dict[str, int] = {}  # 429s answered, by cause (metrics)
+        self.records_appended = 0  # records published since start, replay excluded (metrics)
         self.draining = False
         self.replaying = False  # recovery: names are registered by finish_replay()
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
@@ -449,6 +450,7 @@ class Engine:
         self.routers.topic_deleted(topic)  # cascade
         if topic.queue is not None:
             topic.queue.close()  # its leases go with it
+            self.queues.forget(topic)
             self.queues.levels_changed(topic)
         topic.wake()
         self.sched.forget(topic)
@@ -532,6 +534,7 @@ class Engine:
         topic.last_write_ts = ts
         self._enforce(topic, now_ms)
         if not self.replaying:
+            self.records_appended += len(encs)
             self.sched.mark_dirty(topic)
         if idem_key is not None and ts + topic.config.idempotency_window_ms > now_ms:
             try:

@@ -187,6 +187,7 @@ class JobQueue:
         self.workers: dict[WorkConn, None] = {}  # attached `/work` streams
         self._changed: trio.Event | None = None  # set (and dropped) by `changed()`
         self.last_ms: dict[str, int] = dict.fromkeys(OPS, 0)  # wall time of the last op
+        self.attached_ms = 0  # wall time this instance got its lease table (start or create)
         self._ack_rate = 0.0  # acks per second, decayed to `_ack_rate_at` (EWMA)
         self._ack_rate_at = 0.0
         # durable leases, during recovery: the projection of the replayed lease events
@@ -883,6 +884,7 @@ class QueueService:
         self._timer_n = 0
         self._timer_wake = trio.Event()
         self.work: dict[WorkConn, None] = {}  # every open `/work` stream
+        self.topics: dict[str, Topic] = {}  # live queue topics by name (metrics, dashboard)
         self.shutting_down = False
 
     # ---- lifecycle of queue topics --------------------------------------------------
@@ -891,7 +893,14 @@ class QueueService:
         """Give a new queue topic instance its lease table."""
         if topic.config.type == "queue" and topic.queue is None:
             topic.queue = JobQueue(topic, self._lease_seed())
+            topic.queue.attached_ms = self.engine.clock.now_ms()
+            self.topics[topic.name] = topic
         self.levels_changed(topic)
+
+    def forget(self, topic: Topic) -> None:
+        """A queue topic was deleted (a newer instance of the name stays)."""
+        if self.topics.get(topic.name) is topic:
+            del self.topics[topic.name]
 
     @staticmethod
     def level_name(topic: Topic) -> str:

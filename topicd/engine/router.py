@@ -724,6 +724,8 @@ class RouterService:
             return 0
         if slots:
             engine.total_bytes += dst.publish_derived(ts, slots)
+            if not engine.replaying:
+                engine.records_appended += len(slots)
         if trims:
             for lo_t, hi_t in _ranges(trims):
                 dst.add_trim(lo_t, hi_t)

@@ -60,6 +60,7 @@ from topicd.wire import check_topic_name
 if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.engine import Engine
+    from topicd.http.dashboard import DashboardHub
     from topicd.http.watch import WatchStreams
     from topicd.http.work import WorkStreams
 
@@ -318,10 +319,16 @@ class Gate:
         work: WorkStreams | None = None,
         fast_routes: FastRoutes | None = None,
         compressor: Compressor | None = None,
+        dashboard: DashboardHub | None = None,
     ) -> None:
         self.app = app
         self.compressor = compressor
         self.work = work
+        self.dashboard = dashboard
+        # control work (scheduler spec R1): no client permit
+        self.control_paths = CONTROL_PATHS | (
+            dashboard.control_paths() if dashboard is not None else frozenset()
+        )
         self.fast_routes = fast_routes
         self.max_body = config.limits.max_body_bytes
         self.body_timeout = max(1, config.server.header_read_timeout_ms // 1000)  # as Quart's
@@ -371,14 +378,18 @@ class Gate:
         """The `X-Topicd-Pressure` value (README §6), clamped to [0, 1]."""
         return b"%.3f" % min(max(self.pressure(), 0.0), 1.0)
 
-    def quick_refusal(self) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    def quick_refusal(
+        self, path: str | None = None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
         """(status, headers, body) of a `429 client_waiters` for a client request that
         arrives while every permit and waiter slot is taken, decided before the request is
         parsed (the cheap refusal of scheduler spec B.5); None when only the full gate may
-        answer (authentication on: a `401` comes first; not serving: `503` does)."""
+        answer (authentication on: a `401` comes first; not serving: `503` does; control
+        work such as the dashboard at `path` takes no permit)."""
         permits = self.permits
         if (
             permits is None
+            or (path is not None and path in self.control_paths)
             or self.keys.enabled
             or self.lifecycle.phase.value is not Phase.SERVING
             or not permits.full()
@@ -397,6 +408,8 @@ class Gate:
     def is_stream(self, scope: Scope) -> bool:
         """Whether this request opens an SSE stream (the direct socket path may serve it)."""
         if self.work is not None and self.work.topic_of(scope) is not None:
+            return True
+        if self.dashboard is not None and self.dashboard.is_feed(scope):
             return True
         return self.streams is not None and self.streams.wid_of(scope) is not None
 
@@ -433,6 +446,7 @@ class Gate:
         permit: Permit | None = None
         wid = None if self.streams is None else self.streams.wid_of(scope)
         queue = None if self.work is None else self.work.topic_of(scope)
+        feed = self.dashboard is not None and self.dashboard.is_feed(scope)
         try:
             if served_by == "hypercorn" and _framing_conflict(scope):
                 # RFC 9112 §6.1: answer, then close. (The direct path refuses these before
@@ -446,6 +460,22 @@ class Gate:
                 if self.on_error is not None:
                     self.on_error(conflict)
                 await send_error(send_stamped, conflict, close=True)
+                return
+            if feed:
+                # the dashboard feed: authenticates itself (`?token=`), no in-flight slot
+                assert self.dashboard is not None
+                err = self._admit(scope, path, authenticate=False)
+                if err is None:
+                    try:
+                        await self.dashboard(scope, receive, send_stamped)
+                        return
+                    except TopicdError as refused:
+                        if status_box[0]:
+                            raise  # (never: refusals come before the answer starts)
+                        err = refused
+                if self.on_error is not None:
+                    self.on_error(err)
+                await send_error(send_stamped, err)
                 return
             if queue is not None:
                 # a `/work` stream: authenticates itself (`?token=`), no in-flight slot
@@ -493,7 +523,7 @@ class Gate:
                 else:
                     key_id = p.key_id
                     self._inflight[key_id] = count + 1
-            if err is None and self.permits is not None and path not in CONTROL_PATHS:
+            if err is None and self.permits is not None and path not in self.control_paths:
                 # client work (scheduler spec R1)
                 if self.permits.full():
                     err = self.permits.refusal()
@@ -739,6 +769,7 @@ class EngineRef:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self.permits: ClientPermits | None = None  # create_app's (metrics read them)
+        self.dashboard: DashboardHub | None = None  # create_app's (metrics read its drops)
         # requests the gate saw, by server path: "direct" (topicd's socket loop) or
         # "hypercorn"; the gate counts into this dict, metrics read it
         self.requests_by_path: dict[str, int] = {"direct": 0, "hypercorn": 0}
@@ -772,6 +803,14 @@ class EngineRef:
             full=lambda: st.rejected,
             peak=lambda: st.peak_waiting,
         )
+        hub = self.dashboard
+        if hub is not None:
+            reg.register(
+                "dashboard_viewers",
+                lambda: len(hub.viewers),
+                lambda: hub.cfg.max_viewers,
+                full=lambda: hub.dropped,
+            )
 
 
 def create_app(
@@ -779,7 +818,7 @@ def create_app(
 ) -> QuartTrio:
     """The full `/v0` application, gate included."""
     ref = engine if isinstance(engine, EngineRef) else EngineRef(engine)
-    from topicd.http import metrics, ops, queues, routers, topics, watch, work, ws
+    from topicd.http import dashboard, metrics, ops, queues, routers, topics, watch, work, ws
 
     app = QuartTrio("topicd")
     # no framework answer to OPTIONS: on a known path it is `405` with `Allow`, like any
@@ -801,6 +840,11 @@ def create_app(
     ops.register(app, ref, config, lifecycle)
     metrics.register(app, ref, config, lifecycle)
     watch.register(app, ref, config, keys)
+    hub: DashboardHub | None = None
+    if config.dashboard.enabled:
+        hub = dashboard.DashboardHub(ref, config, lifecycle, keys)
+        dashboard.register(app, hub)
+    ref.dashboard = hub
 
     compressor = Compressor()
 
@@ -875,6 +919,7 @@ def create_app(
         work=work.WorkStreams(ref, config, keys),
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
         compressor=compressor,
+        dashboard=hub,
     )
     gate = gate_of(app)
     endpoint = ws.WsEndpoint(

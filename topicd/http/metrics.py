@@ -193,6 +193,11 @@ class _Collector:
         yield throttled
         yield from self._delivery(engine)
         yield from self._jobs(engine, names[:PER_TOPIC_MAX])
+        yield CounterMetricFamily(
+            "topicd_records_appended",
+            "Records appended to topics since start (writes, router copies, dead-letter moves).",
+            value=engine.records_appended,
+        )
 
     def _jobs(self, engine: Engine, names: list[str]) -> Iterator[Metric]:
         """Queue topics (of the first 1000 topics by name): nack-delayed or backing-off
@@ -332,6 +337,8 @@ class _Collector:
             labels=["kind"],
         )
         dropped.add_metric(["sse_advisory"], engine.watch.stats.advisories_dropped)
+        hub = self.ref.dashboard
+        dropped.add_metric(["dashboard"], 0 if hub is None else hub.dropped)
         yield dropped
 
     def _delivery(self, engine: Engine) -> Iterator[Metric]:
@@ -581,16 +588,12 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
         "replay_progress": lifecycle.replay_progress,
         "uptime_ms": lifecycle.uptime_ms(),
         "pressure": engine.pressure,
-        "governor": {
-            "signals": dict(engine.governor.signals),
-            "coalesce_window_ms": engine.governor.coalesce_ms,
-            "commit_window_ms": engine.governor.commit_window_ms,
-            "defer_active": engine.governor.defer_active,
-            "loop_lag_ms": engine.governor.loop_lag_ms,
-            "sched_latency_ms": engine.sched.stats.ewma_sched_ms,
-        },
+        "governor": governor_snapshot(engine),
+        "records_appended": engine.records_appended,
     }
     out["queues"] = queues_snapshot(engine)
+    out["internal_queues"] = saturation_snapshot(engine)
+    out["breakers"] = breakers_snapshot(engine)
     wal = engine.commit
     if isinstance(wal, WalCommitPath):
         shards = wal.shards
@@ -612,17 +615,84 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
     return tidy_floats(out)
 
 
+def governor_snapshot(engine: Engine) -> dict[str, JsonValue]:
+    """The governor's signals and the ladder's controls (scheduler spec B.5)."""
+    gov = engine.governor
+    return {
+        "signals": dict(gov.signals),
+        "coalesce_window_ms": gov.coalesce_ms,
+        "commit_window_ms": gov.commit_window_ms,
+        "defer_active": gov.defer_active,
+        "loop_lag_ms": gov.loop_lag_ms,
+        "sched_latency_ms": engine.sched.stats.ewma_sched_ms,
+    }
+
+
+def saturation_snapshot(engine: Engine) -> list[JsonValue]:
+    """Every registered bounded queue (the `topicd_queue_*{queue}` series), by name."""
+    out: list[JsonValue] = []
+    for name in sorted(engine.saturation.queues):
+        q = engine.saturation.queues[name]
+        depth = q.depth()
+        out.append(
+            {
+                "name": name,
+                "depth": depth,
+                "capacity": q.capacity(),
+                "saturation": q.saturation(),
+                "peak": max(q.peak, depth),
+                "level": LEVELS[q.level],
+                "full_total": q.full() if q.full is not None else 0,
+            }
+        )
+    return out
+
+
+def breakers_snapshot(engine: Engine) -> list[JsonValue]:
+    """The storage breaker of every WAL shard (empty without a WAL)."""
+    wal = engine.commit
+    if not isinstance(wal, WalCommitPath):
+        return []
+    return [
+        {
+            "shard": s.index,
+            "state": s.breaker.poll().name.lower(),
+            "trips": s.breaker.trips,
+            "pending": s.pending,
+        }
+        for s in wal.shards
+    ]
+
+
+def routers_snapshot(engine: Engine, top: int) -> list[JsonValue]:
+    """The `top` routers with the largest cursor lag (then by name)."""
+    routers = engine.routers.routers
+    ranked = sorted(routers.values(), key=lambda r: (-r.lag, r.d.name))[:top]
+    return [
+        {
+            "router": r.d.name,
+            "source": r.d.source,
+            "dest": r.d.dest,
+            "cursor": r.cursor,
+            "lag": r.lag,
+            "blocked": r.blocked,
+            "forwarded_total": r.forwarded_total,
+        }
+        for r in ranked
+    ]
+
+
 def queues_snapshot(engine: Engine) -> JsonValue:
     """Per queue topic (the first 1000 by name): counts, the depth level, attached
     `/work` streams and the wall time of the last claim, extend, ack and nack."""
     out: dict[str, JsonValue] = {}
     queues = engine.queues
     saturation = engine.saturation.queues
-    for name in sorted(engine.topics):
-        t = engine.topics[name]
+    # (the queue topics only, not every topic: the dashboard calls this every second)
+    for name in sorted(queues.topics):
+        t = queues.topics[name]
         q = t.queue
-        if q is None:
-            continue
+        assert q is not None
         if len(out) >= PER_TOPIC_MAX:
             break
         counts = queues.counts(t)

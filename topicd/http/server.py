@@ -493,7 +493,7 @@ class Listener:
         all_http1: bool = False,
         max_body: int = 0,
         full: Callable[[], bool] | None = None,
-        quick_refusal: Callable[[], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
+        quick_refusal: Callable[[str], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
         | None = None,
         pressure: Callable[[], bytes] | None = None,
         upgrade: Upgrade | None = None,
@@ -709,7 +709,7 @@ class Listener:
         if len(data) < end + length:
             return None, b""
         assert self.quick_refusal is not None
-        answer = self.quick_refusal()
+        answer = self.quick_refusal(path)  # (None for control work, e.g. the dashboard)
         if answer is None:
             return False, data  # room again, or the full gate decides
         status, headers, body = answer
