@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from topicd.config import AuthConfig, ConfigError, read_api_keys_file
-from topicd.errors import Forbidden
+from topicd.errors import Forbidden, Unauthorized
 
 ALL_SCOPES: Final = frozenset({"read", "write", "delete", "admin"})
 _SCOPE_TOKENS: Final = {
@@ -160,3 +160,23 @@ class KeyStore:
             if hmac.compare_digest(digest, presented):
                 found = principal
         return found
+
+
+def stream_principal(
+    keys: KeyStore, headers: dict[bytes, str], query: dict[str, list[str]]
+) -> Principal:
+    """The principal of a stream request served before the gate (`/work`, the dashboard
+    feed): the `Authorization` header, or `?token=` (browsers' EventSource cannot set
+    headers); the header wins when both are present."""
+    if not keys.enabled:
+        return DEV_PRINCIPAL
+    auth = headers.get(b"authorization")
+    if auth is not None:
+        p = keys.authenticate(auth)
+    elif "token" in query:
+        p = keys.authenticate_token(query["token"][0])
+    else:
+        raise Unauthorized("missing bearer key (header, or ?token= on this stream)")
+    if p is None:
+        raise Unauthorized("unknown or malformed bearer key")
+    return p

@@ -32,9 +32,9 @@ import orjson
 import trio
 from quart import Response
 
-from topicd.errors import InvalidRequest, MethodNotAllowed, NotAcceptable, Throttled, Unauthorized
+from topicd.errors import InvalidRequest, MethodNotAllowed, NotAcceptable, Throttled
 from topicd.http.app import principal
-from topicd.http.auth import DEV_PRINCIPAL
+from topicd.http.auth import stream_principal
 from topicd.http.dashboard_page import PAGE
 from topicd.http.metrics import (
     breakers_snapshot,
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from topicd.engine.engine import Engine
     from topicd.errors import JsonValue
     from topicd.http.app import EngineRef, Receive, Scope, Send
-    from topicd.http.auth import KeyStore, Principal
+    from topicd.http.auth import KeyStore
     from topicd.lifecycle import Lifecycle
 
 log = logging.getLogger("topicd.dashboard")
@@ -348,20 +348,6 @@ class DashboardHub:
 
     # ---- viewers ------------------------------------------------------------------------
 
-    def _principal(self, headers: dict[bytes, str], query: dict[str, list[str]]) -> Principal:
-        if not self.keys.enabled:
-            return DEV_PRINCIPAL
-        auth = headers.get(b"authorization")
-        if auth is not None:  # the header wins when both are present
-            p = self.keys.authenticate(auth)
-        elif "token" in query:
-            p = self.keys.authenticate_token(query["token"][0])
-        else:
-            raise Unauthorized("missing bearer key (header, or ?token= on this stream)")
-        if p is None:
-            raise Unauthorized("unknown or malformed bearer key")
-        return p
-
     def attach(self, scope: Scope) -> tuple[Slot, str | None]:
         """The establishment checks in order — `406` (Accept), `401`, `403` (read), `429`
         (`dashboard.max_viewers`, then the SSE caps) — then the viewer's slot and key."""
@@ -373,7 +359,7 @@ class DashboardHub:
             query = parse_qs(raw, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
         except ValueError:
             raise InvalidRequest(f"more than {_MAX_FIELDS} query parameters") from None
-        who = self._principal(headers, query)
+        who = stream_principal(self.keys, headers, query)
         who.require("read")
         if len(self.viewers) >= self.cfg.max_viewers:
             raise Throttled.limit(MAX_VIEWERS_LIMIT, self.cfg.max_viewers)

@@ -20,15 +20,15 @@ from urllib.parse import parse_qs
 import trio
 
 from topicd.engine.work import WorkConn, work_pump
-from topicd.errors import InvalidRequest, NotAcceptable, NotAQueue, Unauthorized
-from topicd.http.auth import DEV_PRINCIPAL
+from topicd.errors import InvalidRequest, NotAcceptable, NotAQueue
+from topicd.http.auth import stream_principal
 from topicd.http.watch import _acceptable, _headers, _until_disconnect
 from topicd.wire import check_worker_node
 
 if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.http.app import EngineRef, Receive, Scope, Send
-    from topicd.http.auth import KeyStore, Principal
+    from topicd.http.auth import KeyStore
 
 _PATH: Final = re.compile(r"^/v0/topics/([^/]+)/work$")
 _INT: Final = re.compile(r"[+-]?\d{1,18}")
@@ -62,20 +62,6 @@ class WorkStreams:
         m = _PATH.match(cast("str", scope["path"]))
         return None if m is None else m.group(1)
 
-    def _principal(self, headers: dict[bytes, str], query: dict[str, list[str]]) -> Principal:
-        if not self.keys.enabled:
-            return DEV_PRINCIPAL
-        auth = headers.get(b"authorization")
-        if auth is not None:  # the header wins when both are present
-            p = self.keys.authenticate(auth)
-        elif "token" in query:
-            p = self.keys.authenticate_token(query["token"][0])
-        else:
-            raise Unauthorized("missing bearer key (header, or ?token= on this stream)")
-        if p is None:
-            raise Unauthorized("unknown or malformed bearer key")
-        return p
-
     def establish(self, scope: Scope, name: str) -> WorkConn:
         """The establishment checks in order (module docstring); registers the stream."""
         headers = _headers(scope)
@@ -86,7 +72,7 @@ class WorkStreams:
             query = parse_qs(raw, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
         except ValueError:
             raise InvalidRequest(f"more than {_MAX_FIELDS} query parameters") from None
-        who = self._principal(headers, query)
+        who = stream_principal(self.keys, headers, query)
         nodes = query.get("node")
         if not nodes:
             raise InvalidRequest("the node query parameter is required", {"field": "node"})
