@@ -245,13 +245,6 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1000, help="records per write (default 1000)")
     ap.add_argument("--overload", type=float, default=4.0, help="offered load ÷ saturation")
     ap.add_argument("--pin", action="store_true", help="topicd on CPU 0, producers on CPU 1")
-    ap.add_argument(
-        "--bounds",
-        type=int,
-        default=8,
-        help="the server's classes.client_permits and client_waiters (default 8; 0 keeps "
-        "the server's defaults, 32 and 4096, which queue 32 producers rather than refuse)",
-    )
     ap.add_argument("--chart", default=str(REPO / "docs" / "producer_backpressure.png"))
     ap.add_argument("--no-chart", action="store_true")
     args = ap.parse_args()
@@ -261,12 +254,6 @@ def main() -> int:
     win = args.window or (5.0 if args.quick else 15.0)
     with tempfile.TemporaryDirectory() as tmp:
         server = hc.topicd_server(Path(tmp), REPO)
-        if args.bounds:
-            # admission bounds below the producer count, as bench/overload.py scales
-            # them: an overloaded server then refuses (429 client_waiters) rather than
-            # queueing every producer
-            server.env["TOPICD_CLASSES_CLIENT_PERMITS"] = str(args.bounds)
-            server.env["TOPICD_CLASSES_CLIENT_WAITERS"] = str(args.bounds)
         server.start(cpu=SERVER_CPU if args.pin else None)
         if args.pin:
             os.sched_setaffinity(0, {CLIENT_CPU})
