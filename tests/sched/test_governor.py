@@ -21,6 +21,7 @@ from topicd.errors import Throttled
 from topicd.http.app import gate_of
 from topicd.offload import InlineOffload
 from topicd.sched.governor import Governor, Sources, coalesce_ms, commit_window_ms
+from topicd.testing.fake_clock import advance
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, make_config, open_app, open_durable
 from topicd.wire import DiffIn, TopicConfigIn, WriteIn
@@ -163,6 +164,13 @@ def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
     assert off.signals["admission"] == 0.0
 
 
+async def ten_samples(clock: trio.testing.MockClock) -> None:
+    """One second of virtual time in governor-sample steps (100 ms), settling after each,
+    so every sample sees the state as it stands (no sleeping)."""
+    for _ in range(10):
+        await advance(clock, 0.1)
+
+
 async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autojump_clock):
     cfg = make_config(classes={"client_permits": 2, "client_waiters": 64})
     async with open_app(cfg) as h:
@@ -171,16 +179,16 @@ async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autoj
         async with trio.open_nursery() as nursery:
             for _ in range(4):  # 4 waiting for 2 permits: s4 = 4 / (2 x 1.0) -> 1.0
                 nursery.start_soon(permits.admit)
-            await trio.sleep(1.0)  # ten governor samples
+            await ten_samples(autojump_clock)
             assert h.engine.governor.signals["admission"] == 1.0
             assert h.engine.pressure > 0.9
             for p in held:
                 p.release()  # two of the four waiters are admitted (and keep their permits)
-            await trio.sleep(1.0)
+            await ten_samples(autojump_clock)
             assert h.engine.governor.signals["admission"] == pytest.approx(2 / 2)
             nursery.cancel_scope.cancel()
         assert permits.stats.waiting == 0
-        await trio.sleep(1.0)
+        await ten_samples(autojump_clock)
         assert h.engine.governor.signals["admission"] == 0.0
 
 
@@ -413,5 +421,5 @@ async def test_a_long_checkpoint_does_not_read_as_pool_pressure(autojump_clock):
         slow["wal"] = 2.0
         async with trio.open_nursery() as n:
             n.start_soon(engine.append, "t", write_req(1))
-            await trio.sleep(1.0)  # the sync is under way
+            await ten_samples(autojump_clock)  # the sync is under way
             assert gov.signals["pool"] >= 0.5

@@ -83,8 +83,7 @@ async def test_subscribe_publish_and_live_fan_out(server):
             await c.recv()
         await c.aclose()
     with trio.fail_after(10):
-        while engine.watch.sse_connections():
-            await trio.sleep(0.01)
+        await engine.watch.wait_streams_below(1)
     counts = gate_of(app).requests_by_path
     if mode == "hypercorn":
         assert counts["direct"] == 0
@@ -164,8 +163,7 @@ async def test_drain_ends_every_connection_with_shutting_down_then_close(server)
                 await c.recv()
             assert c.close_code == 1001
             await c.close()
-        while engine.watch.sse_connections():
-            await trio.sleep(0.01)
+        await engine.watch.wait_streams_below(1)
     for c in clients:
         await c.aclose()
 

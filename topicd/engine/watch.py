@@ -458,6 +458,7 @@ class WatchRegistry:
         self._groups: dict[Topic, list[Group]] = {}  # groups() cache
         self.per_key: dict[str, int] = {}  # SSE connections per key (watch and `/work`)
         self.other_streams = 0  # open SSE connections that are not watch streams (`/work`)
+        self._released = trio.lowlevel.ParkingLot()  # woken whenever a stream closes
         self.stats = WatchStats()
         self.catchup = trio.CapacityLimiter(cfg.sse.catchup_concurrency)
         self.shutting_down = False
@@ -560,6 +561,11 @@ class WatchRegistry:
         """Open SSE connections of every kind (the `max_sse_connections` count)."""
         return len(self.conns) + self.other_streams
 
+    async def wait_streams_below(self, n: int) -> None:
+        """Return once fewer than `n` SSE connections (of every kind) are open."""
+        while self.sse_connections() >= n:
+            await self._released.park()
+
     def check_sse_caps(self, key: str | None, *, replacing: bool = False) -> None:
         """`429 {limit}` when one more SSE connection (for `key`; None in dev mode)
         would pass a cap; `replacing`: it takes over an open one."""
@@ -584,6 +590,7 @@ class WatchRegistry:
     def release_stream(self, key: str | None) -> None:
         """Give back a `reserve_stream` slot (exactly once per reservation)."""
         self.other_streams -= 1
+        self._released.unpark_all()
         if key is not None:
             left = self.per_key.get(key, 1) - 1
             if left:
@@ -600,6 +607,7 @@ class WatchRegistry:
             return
         assert isinstance(conn, Conn)
         del self.conns[conn]
+        self._released.unpark_all()
         session = conn.session
         if session.conn is conn:
             session.conn = None
