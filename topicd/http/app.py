@@ -461,29 +461,19 @@ class Gate:
                     self.on_error(conflict)
                 await send_error(send_stamped, conflict, close=True)
                 return
-            if feed:
-                # the dashboard feed: authenticates itself (`?token=`), no in-flight slot
-                assert self.dashboard is not None
+            if feed or queue is not None:
+                # the dashboard feed or a `/work` stream: each authenticates itself
+                # (`?token=`) and takes no in-flight slot
                 err = self._admit(scope, path, authenticate=False)
                 if err is None:
                     try:
-                        await self.dashboard(scope, receive, send_stamped)
-                        return
-                    except TopicdError as refused:
-                        if status_box[0]:
-                            raise  # (never: refusals come before the answer starts)
-                        err = refused
-                if self.on_error is not None:
-                    self.on_error(err)
-                await send_error(send_stamped, err)
-                return
-            if queue is not None:
-                # a `/work` stream: authenticates itself (`?token=`), no in-flight slot
-                assert self.work is not None
-                err = self._admit(scope, path, authenticate=False)
-                if err is None:
-                    try:
-                        await self.work(scope, receive, send_stamped, queue)
+                        if feed:
+                            assert self.dashboard is not None
+                            await self.dashboard(scope, receive, send_stamped)
+                        else:
+                            assert self.work is not None
+                            assert queue is not None
+                            await self.work(scope, receive, send_stamped, queue)
                         return
                     except TopicdError as refused:
                         if status_box[0]:

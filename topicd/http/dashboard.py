@@ -26,15 +26,13 @@ from __future__ import annotations
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Final, cast
-from urllib.parse import parse_qs
 
 import orjson
 import trio
 from quart import Response
 
-from topicd.errors import InvalidRequest, MethodNotAllowed, NotAcceptable, Throttled
+from topicd.errors import MethodNotAllowed, Throttled
 from topicd.http.app import principal
-from topicd.http.auth import stream_principal
 from topicd.http.dashboard_page import PAGE
 from topicd.http.metrics import (
     breakers_snapshot,
@@ -44,7 +42,7 @@ from topicd.http.metrics import (
     saturation_snapshot,
     tidy_floats,
 )
-from topicd.http.watch import _acceptable, _headers, _until_disconnect
+from topicd.http.watch import _until_disconnect, stream_request
 from topicd.lifecycle import Phase
 
 if TYPE_CHECKING:
@@ -63,7 +61,6 @@ log = logging.getLogger("topicd.dashboard")
 
 EVENTS_SUFFIX: Final = "/events"
 MAX_VIEWERS_LIMIT: Final = "dashboard.max_viewers"  # the `detail.limit` of the cap's 429
-_MAX_FIELDS: Final = 64
 _HEAD: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -351,15 +348,7 @@ class DashboardHub:
     def attach(self, scope: Scope) -> tuple[Slot, str | None]:
         """The establishment checks in order — `406` (Accept), `401`, `403` (read), `429`
         (`dashboard.max_viewers`, then the SSE caps) — then the viewer's slot and key."""
-        headers = _headers(scope)
-        if not _acceptable(headers.get(b"accept")):
-            raise NotAcceptable("the dashboard feed is text/event-stream; send Accept accordingly")
-        raw = cast("bytes", scope.get("query_string", b"")).decode("latin-1")
-        try:
-            query = parse_qs(raw, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
-        except ValueError:
-            raise InvalidRequest(f"more than {_MAX_FIELDS} query parameters") from None
-        who = stream_principal(self.keys, headers, query)
+        _, who = stream_request(scope, self.keys, "dashboard feed")
         who.require("read")
         if len(self.viewers) >= self.cfg.max_viewers:
             raise Throttled.limit(MAX_VIEWERS_LIMIT, self.cfg.max_viewers)

@@ -31,6 +31,7 @@ from topicd.http.app import (
     read_body,
     send_error,
 )
+from topicd.http.auth import stream_principal
 from topicd.wire import WATCH_DECODER, check_topic_name
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.watch import Conn
     from topicd.http.app import EngineRef, Message, Receive, Scope, Send
-    from topicd.http.auth import KeyStore
+    from topicd.http.auth import KeyStore, Principal
 
 log = logging.getLogger("topicd.watch")
 
@@ -110,6 +111,27 @@ def _headers(scope: Scope) -> dict[bytes, str]:
     for key, value in cast("list[tuple[bytes, bytes]]", scope.get("headers", [])):
         out.setdefault(key, value.decode("latin-1"))
     return out
+
+
+_MAX_FIELDS: Final = 64  # query fields read before the query counts as malformed
+
+
+def stream_request(
+    scope: Scope, keys: KeyStore, what: str
+) -> tuple[dict[str, list[str]], Principal]:
+    """The first checks of a stream that authenticates itself (`/work`, the dashboard
+    feed), in order: `406` without an `Accept` that takes an event stream, `400` for a
+    query of more than `_MAX_FIELDS` fields, `401`. Returns (query, principal);
+    `what` names the stream in the `406`."""
+    headers = _headers(scope)
+    if not _acceptable(headers.get(b"accept")):
+        raise NotAcceptable(f"the {what} is text/event-stream; send Accept accordingly")
+    raw = cast("bytes", scope.get("query_string", b"")).decode("latin-1")
+    try:
+        query = parse_qs(raw, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
+    except ValueError:
+        raise InvalidRequest(f"more than {_MAX_FIELDS} query parameters") from None
+    return query, stream_principal(keys, headers, query)
 
 
 def _acceptable(accept: str | None) -> bool:

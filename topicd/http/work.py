@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Final, cast
-from urllib.parse import parse_qs
 
 import trio
 
 from topicd.engine.work import WorkConn, work_pump
-from topicd.errors import InvalidRequest, NotAcceptable, NotAQueue
-from topicd.http.auth import stream_principal
-from topicd.http.watch import _acceptable, _headers, _until_disconnect
+from topicd.errors import InvalidRequest, NotAQueue
+from topicd.http.watch import _until_disconnect, stream_request
 from topicd.wire import check_worker_node
 
 if TYPE_CHECKING:
@@ -32,7 +30,6 @@ if TYPE_CHECKING:
 
 _PATH: Final = re.compile(r"^/v0/topics/([^/]+)/work$")
 _INT: Final = re.compile(r"[+-]?\d{1,18}")
-_MAX_FIELDS: Final = 64  # query fields read before the query counts as malformed
 _HEAD: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -64,15 +61,7 @@ class WorkStreams:
 
     def establish(self, scope: Scope, name: str) -> WorkConn:
         """The establishment checks in order (module docstring); registers the stream."""
-        headers = _headers(scope)
-        if not _acceptable(headers.get(b"accept")):
-            raise NotAcceptable("the work stream is text/event-stream; send Accept accordingly")
-        raw = cast("bytes", scope.get("query_string", b"")).decode("latin-1")
-        try:
-            query = parse_qs(raw, keep_blank_values=True, max_num_fields=_MAX_FIELDS)
-        except ValueError:
-            raise InvalidRequest(f"more than {_MAX_FIELDS} query parameters") from None
-        who = stream_principal(self.keys, headers, query)
+        query, who = stream_request(scope, self.keys, "work stream")
         nodes = query.get("node")
         if not nodes:
             raise InvalidRequest("the node query parameter is required", {"field": "node"})
