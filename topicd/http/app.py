@@ -150,6 +150,21 @@ async def quart_body() -> bytes:
     return data
 
 
+def topic_post(scope: Scope) -> tuple[str, str] | None:
+    """(topic, verb) of a `POST /v0/topics/:topic[/verb]` without a query string (`verb`
+    "" for the topic itself), the shape every fast route has; None for anything else
+    (one with a query goes through Quart, whose query parsing is the contract)."""
+    if scope.get("method") != "POST" or scope.get("query_string"):
+        return None
+    path = cast("str", scope["path"])
+    if not path.startswith("/v0/topics/"):
+        return None
+    topic, _, verb = path[len("/v0/topics/") :].partition("/")
+    if not topic or "/" in verb:
+        return None  # (an encoded slash in the name: Quart's 400)
+    return topic, verb
+
+
 def any_route(*tables: FastRoutes) -> FastRoutes:
     """The first table's handler for a scope, trying each in order."""
 

@@ -5,7 +5,7 @@ makes other methods on the path answer `405` with `Allow: GET`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, TypeAlias, cast
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import orjson
 from quart import request
@@ -19,6 +19,7 @@ from topicd.http.app import (
     quart_body,
     raw_json_response,
     scope_header,
+    topic_post,
 )
 from topicd.wire import CLAIM_DECODER, LEASE_OP_DECODER, LeaseOpIn
 
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 
     # one queue endpoint: (topic, ASGI scope, body reader) -> (status, JSON body)
     QueueOp: TypeAlias = Callable[[str, Scope, ReadBody], Awaitable[tuple[int, bytes]]]
-
-
-_TOPICS: Final = "/v0/topics/"
 
 
 class QueueOps:
@@ -136,14 +134,12 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
     ops = QueueOps(ref, config).by_name()
 
     def route(scope: Scope) -> FastHandler | None:
-        if scope.get("method") != "POST" or scope.get("query_string"):
+        target = topic_post(scope)
+        if target is None:
             return None
-        path = cast("str", scope["path"])
-        if not path.startswith(_TOPICS):
-            return None
-        topic, slash, verb = path[len(_TOPICS) :].partition("/")
-        op = ops.get(verb) if slash and topic else None
-        if op is None or "/" in verb:
+        topic, verb = target
+        op = ops.get(verb)
+        if op is None:
             return None
 
         async def serve(scope: Scope, read: ReadBody) -> tuple[int, bytes]:

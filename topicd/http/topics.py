@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 import orjson
@@ -23,6 +23,7 @@ from topicd.http.app import (
     raw_json_response,
     read_body,
     scope_header,
+    topic_post,
 )
 from topicd.wire import (
     CONFIG_DECODER,
@@ -167,9 +168,6 @@ async def read_diff(
     )
 
 
-_TOPICS: Final = "/v0/topics/"
-
-
 def _no_query(name: str, default: bool) -> bool:
     return default
 
@@ -181,15 +179,11 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
     max_body = config.limits.max_body_bytes
 
     def route(scope: Scope) -> FastHandler | None:
-        if scope.get("method") != "POST" or scope.get("query_string"):
+        target = topic_post(scope)
+        if target is None or target[1] not in ("", "diff"):
             return None
-        path = cast("str", scope["path"])
-        if not path.startswith(_TOPICS):
-            return None
-        topic, slash, verb = path[len(_TOPICS) :].partition("/")
-        if not topic or (slash and verb != "diff"):
-            return None  # (an encoded slash in the name: Quart's 400)
-        if slash:
+        topic, verb = target
+        if verb:
 
             async def diff(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
                 return await read_diff(ref, topic, scope, read, scope_header(scope), max_body)
