@@ -115,7 +115,13 @@ class Checkpointer:
         self.last_bytes = 0
         self.last_captured = 0  # topics the last checkpoint captured (the rest: reused)
         self.files_trimmed = 0
-        self.segments = segments or SegmentStore(fs, cfg.storage.data_dir, cfg.storage.segments)
+        self.segments = segments or SegmentStore(
+            fs,
+            cfg.storage.data_dir,
+            cfg.storage.segments,
+            cold_root=cfg.storage.cold_dir,
+            tiering=cfg.storage.tiering,
+        )
         # segment files the newest snapshot no longer references but the previous kept one
         # may: removed after the next snapshot (like WAL trimming, one snapshot behind)
         self._doomed: list[str] = []
@@ -128,10 +134,13 @@ class Checkpointer:
 
     def due(self) -> bool:
         written = self._written() - self._written_at_last
-        if written <= 0:
-            return False
         snap = self.cfg.storage.snapshot
-        if written >= snap.wal_bytes_threshold:
+        if written <= 0:
+            # nothing written: only sealed segments waiting for the cold tier (after a
+            # restart with a new bound, say) make a checkpoint worth taking
+            if not self.segments.tier_due:
+                return False
+        elif written >= snap.wal_bytes_threshold:
             return True
         return trio.current_time() - self._last_at >= snap.interval_ms / 1000
 

@@ -32,6 +32,7 @@ snapshot says.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import logging
 import posixpath
@@ -44,10 +45,13 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from topicd.storage import frame as frames
+from topicd.storage import tiering
 from topicd.storage.fs import write_all
 
 if TYPE_CHECKING:
-    from topicd.config import SegmentsConfig
+    from collections.abc import Iterable
+
+    from topicd.config import SegmentsConfig, TieringConfig
     from topicd.storage.fs import Fs
 
 log = logging.getLogger("topicd.segments")
@@ -74,7 +78,7 @@ class SegmentCorruption(Exception):
         self.reason = reason
 
 
-class SegSnap(msgspec.Struct, array_like=True, gc=False):
+class SegSnap(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     """A registry entry as the snapshot stores it."""
 
     first: int
@@ -82,6 +86,7 @@ class SegSnap(msgspec.Struct, array_like=True, gc=False):
     data_len: int
     sealed: bool
     created_ms: int
+    cold: bool = False  # relocated to the cold tier (`topicd.storage.tiering`)
 
 
 @dataclass(slots=True)
@@ -97,6 +102,7 @@ class Segment:
     lens: array[int] = field(default_factory=lambda: array("I"))
     ts: array[int] = field(default_factory=lambda: array("q"))  # empty once sealed
     flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
+    cold: bool = False  # its files are under the cold root
 
     def copy(self) -> Segment:
         return Segment(
@@ -109,10 +115,13 @@ class Segment:
             array("I", self.lens),
             array("q", self.ts),
             bytearray(self.flags),
+            self.cold,
         )
 
     def snap(self) -> SegSnap:
-        return SegSnap(self.first, self.last, self.data_len, self.sealed, self.created_ms)
+        return SegSnap(
+            self.first, self.last, self.data_len, self.sealed, self.created_ms, self.cold
+        )
 
     @property
     def slots(self) -> int:
@@ -278,6 +287,21 @@ class TopicOutcome:
     dropped: list[str]  # files of segments left out of the new registry
     flipped: int = 0
     sealed: int = 0
+    # hot files of segments copied to the cold tier: removed once the snapshot naming the
+    # cold copies is durable
+    moved: list[str] = field(default_factory=list)
+    relocated: int = 0
+
+
+class StoredRange(dict[int, bytes]):
+    """Records read back from segments (seq → stored JSON), and how many of the segments
+    read were in the cold tier (`performance.cold_segments_read`)."""
+
+    __slots__ = ("cold",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cold = 0
 
 
 @dataclass(slots=True)
@@ -291,11 +315,25 @@ class AbsorbOutcome:
 class SegmentStore:
     """Every persistent topic's segments (registry + index); see the module docstring."""
 
-    def __init__(self, fs: Fs, root: str, cfg: SegmentsConfig, *, write_idx: bool = True) -> None:
+    def __init__(
+        self,
+        fs: Fs,
+        root: str,
+        cfg: SegmentsConfig,
+        *,
+        write_idx: bool = True,
+        cold_root: str = "",
+        tiering: TieringConfig | None = None,
+    ) -> None:
         self.fs = fs
         self.root = root
         self.cfg = cfg
         self.write_idx = write_idx
+        self.cold_root = cold_root  # "" = no cold tier
+        self.tiering = tiering
+        self.tier_due: set[int] = set()  # topics with a sealed segment to relocate
+        self.cold_reads = 0  # segment reads served from the cold tier (metric)
+        self.relocated_total = 0
         self.topics: dict[int, TopicSegments] = {}
         self.corruptions = 0  # segment reads that failed their checksum (metric)
         self.sealed_total = 0
@@ -353,7 +391,15 @@ class SegmentStore:
             "sealed": sum(s.sealed for s in segs),
             "bytes": sum(s.data_len for s in segs),
             "corruptions": self.corruptions,
+            "cold_segments": sum(s.cold for s in segs),
+            "cold_bytes": sum(s.data_len for s in segs if s.cold),
+            "cold_reads": self.cold_reads,
+            "relocated": self.relocated_total,
         }
+
+    def base(self, seg: Segment) -> str:
+        """The root `seg`'s files are under (the data directory, or the cold root)."""
+        return self.cold_root if seg.cold else self.root
 
     # ---- checkpoint: absorb (blocking, offloaded) -----------------------------------
 
@@ -367,10 +413,22 @@ class SegmentStore:
             self.fs.fsync_dir(self.root)
         for work in works:
             work.materialize()
-            out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
+            res = out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
+            if self.cold_root and self.tiering is not None:
+                self._relocate(res)
+        if self.cold_root and self.tiering is not None:
+            # topics with nothing to absorb (a router feeds them now, say) still relocate
+            for tid in sorted(self.tier_due - out.topics.keys() - gone_ids):
+                old = self.topics.get(tid)
+                if old is not None:
+                    res = TopicOutcome(TopicSegments(tid, list(old.segments), old.absorbed), [])
+                    self._relocate(res)
+                    out.topics[tid] = res
         for tid in sorted(gone_ids):
             if tid in self.topics:
                 out.gone_dirs.append(topic_dir(self.root, tid))
+                if self.cold_root:
+                    out.gone_dirs.append(topic_dir(self.cold_root, tid))
         return out
 
     def _absorb_topic(self, work: AbsorbWork, now_ms: int, out: AbsorbOutcome) -> TopicOutcome:
@@ -411,7 +469,7 @@ class SegmentStore:
         def handle(seg: Segment, *, create: bool = False) -> int:
             fd = touched.get(seg.first)
             if fd is None:
-                fd = fs.open(data_path(self.root, tid, seg.first), create=create)
+                fd = fs.open(data_path(self.base(seg), tid, seg.first), create=create)
                 touched[seg.first] = fd
             return fd
 
@@ -487,8 +545,8 @@ class SegmentStore:
         for seg in segs:
             # (only segments this checkpoint touched can have become wholly dead)
             if seg.sealed and (seg.last < work.earliest or (seg.first in owned and seg.all_dead())):
-                result.dropped.append(data_path(self.root, tid, seg.first))
-                result.dropped.append(idx_path(self.root, tid, seg.first))
+                result.dropped.append(data_path(self.base(seg), tid, seg.first))
+                result.dropped.append(idx_path(self.base(seg), tid, seg.first))
             else:
                 keep.append(seg)
         state.segments = keep
@@ -525,6 +583,45 @@ class SegmentStore:
         finally:
             self.fs.close(fd)
 
+    # ---- cold tier (`topicd.storage.tiering`) -----------------------------------------
+
+    def _relocate(self, res: TopicOutcome) -> None:
+        """Copy the topic's sealed segments past the hot-retention bound to the cold root
+        and make the copies durable (blocking; part of the checkpoint's absorb). The new
+        state names them cold; the hot copies go once the snapshot saying so is durable."""
+        assert self.tiering is not None
+        fs = self.fs
+        segs = res.state.segments
+        picks = tiering.to_relocate(segs, self.tiering)
+        if not picks:
+            return
+        tid = res.state.topic_id
+        cdir = topic_dir(self.cold_root, tid)
+        tiering.ensure_dir(fs, cdir)
+        for i in picks:
+            seg = segs[i]
+            hot_data = data_path(self.root, tid, seg.first)
+            hot_idx = idx_path(self.root, tid, seg.first)
+            tiering.copy_file(fs, hot_data, data_path(self.cold_root, tid, seg.first), seg.data_len)
+            if fs.exists(hot_idx):
+                tiering.copy_file(fs, hot_idx, idx_path(self.cold_root, tid, seg.first))
+            # (a new object: the loop's index keeps the old one until `install`)
+            segs[i] = dataclasses.replace(seg, cold=True)
+            res.moved += [hot_data, hot_idx]
+            res.relocated += 1
+        fs.fsync_dir(cdir)
+
+    def refresh_tiering(self, topic_ids: Iterable[int]) -> None:
+        """Recompute whether these topics have a sealed segment to relocate."""
+        if not self.cold_root or self.tiering is None:
+            return
+        for tid in topic_ids:
+            st = self.topics.get(tid)
+            if st is not None and tiering.to_relocate(st.segments, self.tiering):
+                self.tier_due.add(tid)
+            else:
+                self.tier_due.discard(tid)
+
     # ---- checkpoint: commit (on the loop) and reclaim (offloaded) ---------------------
 
     def install(self, outcome: AbsorbOutcome) -> list[str]:
@@ -543,12 +640,16 @@ class SegmentStore:
                 heapq.heappush(self._active, (segs[-1].created_ms, tid))
             self.topics[tid] = res.state
             doomed += res.dropped
+            doomed += res.moved
             self.sealed_total += res.sealed
             self.flipped_total += res.flipped
             self.dropped_total += len(res.dropped) // 2
+            self.relocated_total += res.relocated
+        self.refresh_tiering(outcome.topics)
         for path in outcome.gone_dirs:
             tid = int(posixpath.basename(path), 16)
             self.topics.pop(tid, None)
+            self.tier_due.discard(tid)
             doomed.append(path)
         self.absorbed_records += outcome.records
         return doomed
@@ -571,12 +672,14 @@ class SegmentStore:
         off = seg.offsets[i]
         if off == ABSENT or seg.flags[i]:
             return None
-        path = data_path(self.root, topic_id, seg.first)
+        path = data_path(self.base(seg), topic_id, seg.first)
         fd = self.fs.open(path)
         try:
             data = self.fs.pread(fd, seg.lens[i], off)
         finally:
             self.fs.close(fd)
+        if seg.cold:
+            self.cold_reads += 1
         try:
             frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
             if frame is None or frame.seq != seq or frame.end != len(data):
@@ -584,7 +687,7 @@ class SegmentStore:
             rec = decode_record(frame)
         except frames.FrameError as exc:
             self.corruptions += 1
-            rel = posixpath.relpath(path, self.root)
+            rel = posixpath.relpath(path, self.base(seg))
             log.error(
                 "segment corruption: %s offset %d: %s (record %d not served)", rel, off, exc, seq
             )
@@ -593,13 +696,14 @@ class SegmentStore:
             return None
         return rec
 
-    def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> dict[int, bytes]:
+    def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> StoredRange:
         """The stored JSON of the live records `lo ..= hi` (blocking: run offloaded), in
         seq order, stopping after the record that reaches `max_bytes` of frames. One
         `pread` per segment; every frame is verified. Raises `SegmentCorruption` (and
-        counts it) when one fails its checksum."""
+        counts it) when one fails its checksum. `cold` of the result: how many of the
+        segments read are in the cold tier."""
         st = self.topics.get(topic_id)
-        out: dict[int, bytes] = {}
+        out = StoredRange()
         if st is None:
             return out
         total = 0
@@ -618,12 +722,15 @@ class SegmentStore:
                 continue
             start = seg.offsets[want[0]]
             stop = seg.offsets[want[-1]] + seg.lens[want[-1]]
-            path = data_path(self.root, topic_id, seg.first)
+            path = data_path(self.base(seg), topic_id, seg.first)
             fd = self.fs.open(path)
             try:
                 data = self.fs.pread(fd, stop - start, start)
             finally:
                 self.fs.close(fd)
+            if seg.cold:
+                out.cold += 1
+                self.cold_reads += 1
             for i in want:
                 at = seg.offsets[i] - start
                 seq = seg.first + i
@@ -634,7 +741,7 @@ class SegmentStore:
                     enc = frames.single_enc(frame)
                 except frames.FrameError as exc:
                     self.corruptions += 1
-                    rel = posixpath.relpath(path, self.root)
+                    rel = posixpath.relpath(path, self.base(seg))
                     log.error(
                         "segment corruption: %s offset %d: %s (record %d not served)",
                         rel,
