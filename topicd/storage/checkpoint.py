@@ -247,15 +247,17 @@ class Checkpointer:
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)
             self.last_captured = len(cap.captured)
+            moved = sum(res.relocated for res in outcome.topics.values())
             log.info(
                 "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
-                "%.1f ms%s",
+                "%.1f ms%s%s",
                 number,
                 len(cap.body.topics),
                 len(cap.captured),
                 outcome.records,
                 self.last_bytes,
                 self.last_duration_ms,
+                f", {moved} segments moved to the cold tier" if moved else "",
                 " (final)" if final else "",
             )
             return True
