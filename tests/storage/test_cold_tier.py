@@ -500,3 +500,24 @@ async def test_a_corrupt_cold_segment_is_a_500_counted_and_refuses_recovery(capl
             pass
     assert posixpath.relpath(segs.data_path(COLD, tid, 1), COLD) in str(exc.value)
     assert disk.tree() == before
+
+
+async def test_a_read_that_raced_a_relocation_finds_the_cold_copy():
+    disk = FakeDisk()
+    async with open_durable(disk, config(retain=1)) as engine:
+        await fill(engine, "t", 9)
+        assert await cp(engine).checkpoint()
+        assert await cp(engine).checkpoint()  # the hot copy of segment 1 is gone
+        store = cp(engine).segments
+        tid = engine.get("t").topic_id
+        st = store.topics[tid]
+        # the index as a read that began before the relocation was installed saw it
+        stale = dataclasses.replace(st.segments[0], cold=False)
+        st.segments[0] = stale
+        assert not disk.exists(segs.data_path("/data", tid, 1))
+        got = store.read_range(tid, 1, 4, 1 << 20)
+        assert [orjson.loads(v)["data"] for v in got.values()] == ["0-", "1-c", "2-cc", "3-ccc"]
+        assert got.cold == 1
+        rec = store.read_record(tid, 2)
+        assert rec is not None and orjson.loads(rec.enc)["data"] == "1-c"
+        st.segments[0] = dataclasses.replace(stale, cold=True)

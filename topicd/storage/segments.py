@@ -585,6 +585,19 @@ class SegmentStore:
 
     # ---- cold tier (`topicd.storage.tiering`) -----------------------------------------
 
+    def _open(self, topic_id: int, seg: Segment) -> tuple[int, str, bool]:
+        """Open `seg`'s `.data` for a read: (handle, path, whether it is the cold copy).
+        A read that began before a checkpoint installed its relocation may find the hot
+        copy already removed: it reads the cold one."""
+        path = data_path(self.base(seg), topic_id, seg.first)
+        try:
+            return self.fs.open(path), path, seg.cold
+        except FileNotFoundError:
+            if seg.cold or not self.cold_root:
+                raise
+        path = data_path(self.cold_root, topic_id, seg.first)
+        return self.fs.open(path), path, True
+
     def _relocate(self, res: TopicOutcome) -> None:
         """Copy the topic's sealed segments past the hot-retention bound to the cold root
         and make the copies durable (blocking; part of the checkpoint's absorb). The new
@@ -672,13 +685,12 @@ class SegmentStore:
         off = seg.offsets[i]
         if off == ABSENT or seg.flags[i]:
             return None
-        path = data_path(self.base(seg), topic_id, seg.first)
-        fd = self.fs.open(path)
+        fd, path, cold = self._open(topic_id, seg)
         try:
             data = self.fs.pread(fd, seg.lens[i], off)
         finally:
             self.fs.close(fd)
-        if seg.cold:
+        if cold:
             self.cold_reads += 1
         try:
             frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
@@ -687,7 +699,7 @@ class SegmentStore:
             rec = decode_record(frame)
         except frames.FrameError as exc:
             self.corruptions += 1
-            rel = posixpath.relpath(path, self.base(seg))
+            rel = posixpath.relpath(path, self.cold_root if cold else self.root)
             log.error(
                 "segment corruption: %s offset %d: %s (record %d not served)", rel, off, exc, seq
             )
@@ -722,13 +734,12 @@ class SegmentStore:
                 continue
             start = seg.offsets[want[0]]
             stop = seg.offsets[want[-1]] + seg.lens[want[-1]]
-            path = data_path(self.base(seg), topic_id, seg.first)
-            fd = self.fs.open(path)
+            fd, path, cold = self._open(topic_id, seg)
             try:
                 data = self.fs.pread(fd, stop - start, start)
             finally:
                 self.fs.close(fd)
-            if seg.cold:
+            if cold:
                 out.cold += 1
                 self.cold_reads += 1
             for i in want:
@@ -741,7 +752,7 @@ class SegmentStore:
                     enc = frames.single_enc(frame)
                 except frames.FrameError as exc:
                     self.corruptions += 1
-                    rel = posixpath.relpath(path, self.base(seg))
+                    rel = posixpath.relpath(path, self.cold_root if cold else self.root)
                     log.error(
                         "segment corruption: %s offset %d: %s (record %d not served)",
                         rel,

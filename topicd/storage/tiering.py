@@ -33,7 +33,7 @@ from __future__ import annotations
 import posixpath
 from typing import TYPE_CHECKING, Final, Protocol
 
-from topicd.storage.fs import write_all
+from topicd.storage.fs import drop_synced, write_all
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from topicd.config import TieringConfig
     from topicd.storage.fs import Fs
 
-# a relocation copies in pieces of this size (a segment may be 64 MiB or more)
-COPY_CHUNK: Final = 4 << 20
+# a relocation copies (and syncs) in pieces of this size (a segment may be 64 MiB)
+COPY_CHUNK: Final = 8 << 20
 
 
 class Placed(Protocol):
@@ -87,7 +87,11 @@ def to_relocate(segments: Sequence[Placed], tiering: TieringConfig) -> list[int]
 
 def copy_file(fs: Fs, src: str, dst: str, length: int | None = None) -> None:
     """Write the first `length` bytes of `src` (all of it for None) to `dst`, replacing
-    whatever `dst` held, and `fdatasync` it. The caller fsyncs `dst`'s directory."""
+    whatever `dst` held, and `fdatasync` it. The caller fsyncs `dst`'s directory.
+
+    Synced every `COPY_CHUNK` bytes, and the synced bytes of both files are dropped from
+    the page cache: a WAL sync meanwhile never waits behind a whole segment's dirty pages
+    (as with snapshots), and moving old data does not push recent data out of memory."""
     size = fs.size(src) if length is None else length
     sfd = fs.open(src)
     try:
@@ -100,8 +104,12 @@ def copy_file(fs: Fs, src: str, dst: str, length: int | None = None) -> None:
                 if not piece:
                     raise OSError(5, f"{src}: shorter than {size} bytes")
                 write_all(fs, dfd, piece, at)
+                fs.fdatasync(dfd)
+                drop_synced(fs, dfd, at, at + len(piece))
+                drop_synced(fs, sfd, at, at + len(piece))
                 at += len(piece)
-            fs.fdatasync(dfd)
+            if not size:
+                fs.fdatasync(dfd)
         finally:
             fs.close(dfd)
     finally:
