@@ -521,3 +521,33 @@ async def test_a_read_that_raced_a_relocation_finds_the_cold_copy():
         rec = store.read_record(tid, 2)
         assert rec is not None and orjson.loads(rec.enc)["data"] == "1-c"
         st.segments[0] = dataclasses.replace(stale, cold=True)
+
+
+async def test_a_cold_dir_of_another_data_dir_is_never_touched(caplog):
+    disk = FakeDisk()
+    await _relocated(disk)
+    own = disk.pending_bytes("/cold/COLD_ID")
+    assert own is not None and own == disk.pending_bytes("/data/COLD_ID")
+    # a second data directory pointed at the same cold directory: refused, nothing removed
+    other = dataclasses.replace(
+        config(retain=1), storage=dataclasses.replace(config(retain=1).storage, data_dir="/data2")
+    )
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused, match="belongs to another data directory"):
+        async with open_durable(disk, other):
+            pass
+    assert disk.tree() == before
+    # relocation refuses too: the foreign id appears while a server runs
+    disk2 = FakeDisk()
+    async with open_durable(disk2, config(retain=1)) as engine:
+        disk2.mkdir(COLD)
+        fd = disk2.open(COLD + "/COLD_ID", create=True)
+        disk2.pwrite(fd, b"someone-else\n", 0)
+        disk2.close(fd)
+        await fill(engine, "t", 9)
+        assert not await cp(engine).checkpoint()
+        assert "belongs to another data directory" in caplog.text
+        assert not disk2.exists(segs.topic_dir(COLD, engine.get("t").topic_id))
+        disk2.unlink(COLD + "/COLD_ID")
+        assert await cp(engine).checkpoint()
+        assert registry(disk2, "t")[0] == (1, True, True)

@@ -45,7 +45,7 @@ from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
 from topicd.storage import segments as segs
-from topicd.storage import snapshot
+from topicd.storage import snapshot, tiering
 from topicd.storage.fs import replace_file
 from topicd.storage.wal import ShardFiles
 
@@ -800,6 +800,10 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
         fs.read(boot_path).decode("ascii", "replace").strip() if fs.exists(boot_path) else None
     )
     rebooted = previous_boot is None or boot_id is None or previous_boot != boot_id
+    if r.cold_root:
+        problem = tiering.owner_problem(fs, root, r.cold_root)
+        if problem is not None:
+            raise RecoveryRefused(f"{problem}. Nothing was modified.")
     snap, snap_number = _load_snapshot(fs, root, r)
     shards = r.shard_dirs()
     if [s for s, _ in shards] != list(range(len(shards))):

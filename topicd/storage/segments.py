@@ -334,6 +334,7 @@ class SegmentStore:
         self.tier_due: set[int] = set()  # topics with a sealed segment to relocate
         self.cold_reads = 0  # segment reads served from the cold tier (metric)
         self.relocated_total = 0
+        self._claimed = False  # the cold root is known to be this data directory's
         self.topics: dict[int, TopicSegments] = {}
         self.corruptions = 0  # segment reads that failed their checksum (metric)
         self.sealed_total = 0
@@ -609,6 +610,9 @@ class SegmentStore:
         if not picks:
             return
         tid = res.state.topic_id
+        if not self._claimed:
+            tiering.claim(fs, self.root, self.cold_root)
+            self._claimed = True
         cdir = topic_dir(self.cold_root, tid)
         tiering.ensure_dir(fs, cdir)
         for i in picks:

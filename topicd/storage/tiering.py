@@ -25,15 +25,24 @@ places (an older snapshot may name as hot a segment whose hot copy is already go
 for a cold-registered one only in the cold tier: a hot copy may predate delete flags
 flipped in the cold one, so serving it could resurrect deleted records.
 
+**Ownership.** Recovery removes files under the cold root that its registry does not
+name, so a cold directory shared by two data directories (one config copied to two
+hosts over a shared mount, say) would lose segments. The first relocation gives the pair
+an identity: a random id written to `<data_dir>/COLD_ID`, then to `<cold_dir>/COLD_ID`
+(each atomically and durably, in that order). A cold directory whose `COLD_ID` is not the
+data directory's (or exists while the data directory has none) belongs to another data
+directory: recovery refuses and relocation fails, and nothing in it is touched.
+
 Everything here is blocking and runs offloaded or in the recovery thread.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from typing import TYPE_CHECKING, Final, Protocol
 
-from topicd.storage.fs import drop_synced, write_all
+from topicd.storage.fs import drop_synced, replace_file, write_all
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -43,6 +52,48 @@ if TYPE_CHECKING:
 
 # a relocation copies (and syncs) in pieces of this size (a segment may be 64 MiB)
 COPY_CHUNK: Final = 8 << 20
+OWNER_FILE: Final = "COLD_ID"
+
+
+def _read_id(fs: Fs, root: str) -> str | None:
+    path = posixpath.join(root, OWNER_FILE)
+    if not fs.exists(path):
+        return None
+    return fs.read(path).decode("ascii", "replace").strip()
+
+
+def owner_problem(fs: Fs, data_root: str, cold_root: str) -> str | None:
+    """Why the cold directory is not this data directory's (None when it is, or when
+    it has no owner yet)."""
+    if not fs.exists(cold_root):
+        return None
+    cold_id = _read_id(fs, cold_root)
+    if cold_id is None:
+        return None
+    data_id = _read_id(fs, data_root)
+    if data_id == cold_id:
+        return None
+    return (
+        f"{posixpath.join(cold_root, OWNER_FILE)}: the cold directory belongs to another data "
+        f"directory (its id {cold_id!r}, this data directory's "
+        f"{'none' if data_id is None else repr(data_id)}); point storage.cold_dir at this "
+        "data directory's cold tier, or at an empty directory"
+    )
+
+
+def claim(fs: Fs, data_root: str, cold_root: str) -> None:
+    """Make the cold directory this data directory's (see the module docstring). Raises
+    `OSError` if it belongs to another one."""
+    problem = owner_problem(fs, data_root, cold_root)
+    if problem is not None:
+        raise OSError(17, problem)
+    data_id = _read_id(fs, data_root)
+    if data_id is None:
+        data_id = os.urandom(8).hex()
+        replace_file(fs, posixpath.join(data_root, OWNER_FILE), (data_id + "\n").encode())
+    if _read_id(fs, cold_root) is None:
+        ensure_dir(fs, cold_root)
+        replace_file(fs, posixpath.join(cold_root, OWNER_FILE), (data_id + "\n").encode())
 
 
 class Placed(Protocol):
