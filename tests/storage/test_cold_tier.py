@@ -38,7 +38,7 @@ from topicd.engine.engine import Engine
 from topicd.engine.topic import EVICTED
 from topicd.errors import Internal
 from topicd.storage import segments as segs
-from topicd.storage import snapshot
+from topicd.storage import snapshot, tiering
 from topicd.storage.recovery import RecoveryRefused
 from topicd.storage.segments import Segment
 from topicd.storage.tiering import to_relocate
@@ -551,3 +551,26 @@ async def test_a_cold_dir_of_another_data_dir_is_never_touched(caplog):
         disk2.unlink(COLD + "/COLD_ID")
         assert await cp(engine).checkpoint()
         assert registry(disk2, "t")[0] == (1, True, True)
+
+
+async def test_a_relocation_backlog_moves_within_a_budget_per_checkpoint(monkeypatch):
+    disk = FakeDisk()
+    async with open_durable(disk, config(retain=10)) as engine:
+        await fill(engine, "t", 20)  # 5 sealed segments, none past the bound
+        await fill(engine, "u", 8)  # 2
+        assert await cp(engine).checkpoint()
+        expected = await state(engine)
+    # a checkpoint relocates until it copied this much (checked before each segment, so
+    # always at least one): 1 byte moves one segment per checkpoint
+    monkeypatch.setattr(tiering, "RELOCATE_BYTES", 1)
+    async with open_durable(disk, config(retain=0)) as engine:
+        checkpointer = cp(engine)
+        moved = []
+        while checkpointer.due() or not moved:
+            assert await checkpointer.checkpoint()
+            moved.append(checkpointer.segments.stats()["cold_segments"])
+        assert moved == [1, 2, 3, 4, 5, 6, 7]  # each due at once, oldest first
+        assert not checkpointer.segments.tier_backlog and not checkpointer.segments.tier_due
+        assert await state(engine) == expected
+    async with open_durable(disk, config(retain=0)) as engine:
+        assert await state(engine) == expected

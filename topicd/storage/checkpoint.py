@@ -133,6 +133,8 @@ class Checkpointer:
         return sum(shard.bytes_written for shard in self.wal.shards)
 
     def due(self) -> bool:
+        if self.segments.tier_backlog:
+            return True  # the last checkpoint left segments to relocate for want of budget
         written = self._written() - self._written_at_last
         snap = self.cfg.storage.snapshot
         if written <= 0:

@@ -310,6 +310,8 @@ class AbsorbOutcome:
     gone_dirs: list[str] = field(default_factory=list)  # topics deleted since: their dirs
     records: int = 0
     bytes: int = 0
+    relocated_bytes: int = 0  # segment bytes copied to the cold tier
+    tier_backlog: bool = False  # segments left to relocate for want of budget
 
 
 class SegmentStore:
@@ -335,6 +337,7 @@ class SegmentStore:
         self.cold_reads = 0  # segment reads served from the cold tier (metric)
         self.relocated_total = 0
         self._claimed = False  # the cold root is known to be this data directory's
+        self.tier_backlog = False  # the last checkpoint ran out of relocation budget
         self.topics: dict[int, TopicSegments] = {}
         self.corruptions = 0  # segment reads that failed their checksum (metric)
         self.sealed_total = 0
@@ -416,14 +419,14 @@ class SegmentStore:
             work.materialize()
             res = out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
             if self.cold_root and self.tiering is not None:
-                self._relocate(res)
+                self._relocate(res, out)
         if self.cold_root and self.tiering is not None:
             # topics with nothing to absorb (a router feeds them now, say) still relocate
             for tid in sorted(self.tier_due - out.topics.keys() - gone_ids):
                 old = self.topics.get(tid)
                 if old is not None:
                     res = TopicOutcome(TopicSegments(tid, list(old.segments), old.absorbed), [])
-                    self._relocate(res)
+                    self._relocate(res, out)
                     out.topics[tid] = res
         for tid in sorted(gone_ids):
             if tid in self.topics:
@@ -599,33 +602,47 @@ class SegmentStore:
         path = data_path(self.cold_root, topic_id, seg.first)
         return self.fs.open(path), path, True
 
-    def _relocate(self, res: TopicOutcome) -> None:
+    def _relocate(self, res: TopicOutcome, out: AbsorbOutcome) -> None:
         """Copy the topic's sealed segments past the hot-retention bound to the cold root
-        and make the copies durable (blocking; part of the checkpoint's absorb). The new
-        state names them cold; the hot copies go once the snapshot saying so is durable."""
+        and make the copies durable (blocking; part of the checkpoint's absorb), oldest
+        first, within the checkpoint's budget (`tiering.RELOCATE_BYTES`). The new state
+        names them cold; the hot copies go once the snapshot saying so is durable."""
         assert self.tiering is not None
         fs = self.fs
         segs = res.state.segments
         picks = tiering.to_relocate(segs, self.tiering)
         if not picks:
             return
+        if out.relocated_bytes >= tiering.RELOCATE_BYTES:
+            out.tier_backlog = True
+            return
         tid = res.state.topic_id
         if not self._claimed:
             tiering.claim(fs, self.root, self.cold_root)
             self._claimed = True
+        hdir = topic_dir(self.root, tid)
         cdir = topic_dir(self.cold_root, tid)
         tiering.ensure_dir(fs, cdir)
+        names = fs.listdir(hdir)
         for i in picks:
+            if out.relocated_bytes >= tiering.RELOCATE_BYTES:
+                out.tier_backlog = True
+                break
             seg = segs[i]
-            hot_data = data_path(self.root, tid, seg.first)
-            hot_idx = idx_path(self.root, tid, seg.first)
-            tiering.copy_file(fs, hot_data, data_path(self.cold_root, tid, seg.first), seg.data_len)
-            if fs.exists(hot_idx):
-                tiering.copy_file(fs, hot_idx, idx_path(self.cold_root, tid, seg.first))
+            data_name = posixpath.basename(data_path(self.root, tid, seg.first))
+            if data_name not in names:  # never registered cold without its copy
+                raise FileNotFoundError(2, "segment file missing", posixpath.join(hdir, data_name))
+            # the `.data` and every side file of the segment (`.idx`, ...)
+            prefix = data_name.rsplit(".", 1)[0] + "."
+            for name in sorted(n for n in names if n.startswith(prefix)):
+                src = posixpath.join(hdir, name)
+                length = seg.data_len if name == data_name else None
+                tiering.copy_file(fs, src, posixpath.join(cdir, name), length)
+                res.moved.append(src)
             # (a new object: the loop's index keeps the old one until `install`)
             segs[i] = dataclasses.replace(seg, cold=True)
-            res.moved += [hot_data, hot_idx]
             res.relocated += 1
+            out.relocated_bytes += seg.data_len
         fs.fsync_dir(cdir)
 
     def refresh_tiering(self, topic_ids: Iterable[int]) -> None:
@@ -663,6 +680,7 @@ class SegmentStore:
             self.dropped_total += len(res.dropped) // 2
             self.relocated_total += res.relocated
         self.refresh_tiering(outcome.topics)
+        self.tier_backlog = outcome.tier_backlog
         for path in outcome.gone_dirs:
             tid = int(posixpath.basename(path), 16)
             self.topics.pop(tid, None)

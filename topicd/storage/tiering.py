@@ -53,6 +53,11 @@ if TYPE_CHECKING:
 # a relocation copies (and syncs) in pieces of this size (a segment may be 64 MiB)
 COPY_CHUNK: Final = 8 << 20
 OWNER_FILE: Final = "COLD_ID"
+# segment bytes one checkpoint relocates at most: a backlog (a newly set cold_dir over a
+# large data directory, a lowered bound) moves over several checkpoints, taken one after
+# the other (`Checkpointer.due`), instead of one checkpoint holding the WAL untrimmed for
+# as long as the whole copy takes (and the final one at shutdown running past its bound)
+RELOCATE_BYTES: Final = 256 << 20
 
 
 def _read_id(fs: Fs, root: str) -> str | None:
