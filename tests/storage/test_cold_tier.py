@@ -12,7 +12,9 @@ cold tier and that restarts see the same state (`test_checkpoint.state`). Crash 
 the durable image before a relocating checkpoint is restored, `FakeDisk.crash_after(k)`
 is armed for every mutating call k of that checkpoint and of the next one (which removes
 the hot copies), power is cut, and recovery must yield the same state, also after one
-more checkpoint and a second recovery. The states in between are also built by hand: a
+more checkpoint and a second recovery; the same for two checkpoints that flip delete
+flags in a cold file, drop cold segments below a cap and remove a deleted topic's cold
+directory. The states in between are also built by hand: a
 segment registered hot with only its cold copy (recovery finds it there), registered cold
 with a stale hot copy (the cold one is used, the hot one removed). Corruption of a cold
 segment: a serve-time read answers `500 internal` and counts
@@ -359,6 +361,58 @@ async def test_crash_at_every_step_of_relocation_keeps_the_state(autojump_clock,
         # each file in exactly one place, nothing else in either tree
         assert datas(disk, COLD, tid) == [1, 5], k
         assert datas(disk, "/data", tid) == [9, 13], k
+        disk.crash(power_off=True)
+        disk.reboot()
+
+
+async def test_crash_at_every_step_of_flips_drops_and_deletion_in_the_cold_tier(autojump_clock):
+    disk = FakeDisk()
+    cfg = config(retain=0)
+    async with open_durable(disk, cfg) as engine:
+        await fill(engine, "t", 2, tag="keep")
+        await fill(engine, "t", 2, start=2, tag="a")
+        await fill(engine, "t", 8, start=4, tag="keep")
+        await fill(engine, "capped", 12)
+        await fill(engine, "gone", 12)
+        assert await cp(engine).checkpoint()
+        assert await cp(engine).checkpoint()
+        ids = {n: engine.get(n).topic_id for n in ("t", "capped", "gone")}
+        assert all(datas(disk, COLD, tid) == [1, 5, 9] for tid in ids.values())
+        await engine.delete_records("t", DeleteIn(match="a"))  # flags in a cold file
+        await engine.put_topic("capped", TopicConfigIn(cap_records=4))
+        await fill(engine, "capped", 1, start=12)  # 1..8 evicted: two cold drops
+        await engine.delete_topic("gone", False)  # its cold directory goes
+        expected = await state(engine)
+        disk.sync_all()
+        image = disk.snapshot()
+        before = disk.mutations
+        assert await cp(engine).checkpoint()
+        assert await cp(engine).checkpoint()
+        steps = disk.mutations - before
+        disk.crash(power_off=True)
+    disk.reboot()
+    assert steps > 10
+    for k in range(steps + 1):
+        disk.restore(image)
+        async with open_durable(disk, cfg, boot_id="boot-1") as engine:
+            disk.crash_after(k)
+            with contextlib.suppress(PowerLoss):
+                await cp(engine).checkpoint()
+                await cp(engine).checkpoint()
+            disk.crash(power_off=True)
+        disk.reboot()
+        async with open_durable(disk, cfg, boot_id="boot-1") as engine:
+            assert await state(engine) == expected, f"crash after mutating call {k} of {steps}"
+            assert await cp(engine).checkpoint()
+            assert await cp(engine).checkpoint()
+        disk.crash(power_off=True)
+        disk.reboot()
+        async with open_durable(disk, cfg, boot_id="boot-1") as engine:
+            assert await state(engine) == expected, f"(second recovery) crash after {k}"
+        assert datas(disk, COLD, ids["capped"]) == [9], k
+        assert not disk.exists(segs.topic_dir(COLD, ids["gone"])), k
+        data = disk.pending_bytes(segs.data_path(COLD, ids["t"], 1)) or b""
+        assert data.count(bytes([segs.DELETED])) == 2, k
         disk.crash(power_off=True)
         disk.reboot()
 
