@@ -13,7 +13,9 @@ until `caught_up` (payloads as raw JSON text): every acknowledged record is ther
 seq with its exact bytes, every record read back was sent (acknowledged at that seq, or
 in flight), seqs ascend, and no server log line is an error. A second `SIGKILL` and
 restart without writes must give an identical dump. At the end the cold directory holds
-segment files, and a diff from seq 0 reports `performance.cold_segments_read` > 0.
+segment files, a diff from seq 0 reports `performance.cold_segments_read` > 0, and, the
+server stopped, `topicd verify` exits 0 with the cold directory configured and 4 (naming
+`storage.cold_dir`) without it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import trio
 
 from tests.crash.harness import (
     JSON,
+    TOPICD,
     Server,
     client,
     diff_dumps,
@@ -153,3 +156,20 @@ async def test_kill9_while_segments_move_to_the_cold_tier(tmp_path, seed):
                 r = await c.post("/v0/topics/c0/diff", json={"from_seq": 0, "limit": 20})
                 assert r.status_code == 200, r.text
                 assert r.json()["performance"].get("cold_segments_read", 0) > 0, r.text
+            await server.kill()
+            # the offline check finds the cold segments too, and refuses without them
+            base = {k: v for k, v in server.env().items() if k != "TOPICD_COLD_DIR"}
+            verify = [*TOPICD, "verify", "--data-dir", str(server.data_dir)]
+            ok = await trio.run_process(
+                verify,
+                env={**base, "TOPICD_COLD_DIR": str(cold)},
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            assert ok.returncode == 0, ok.stderr.decode()
+            refused = await trio.run_process(
+                verify, env=base, capture_stdout=True, capture_stderr=True, check=False
+            )
+            assert refused.returncode == 4, refused.stderr.decode()
+            assert b"storage.cold_dir is not set" in refused.stderr
