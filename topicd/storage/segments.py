@@ -312,6 +312,7 @@ class AbsorbOutcome:
     bytes: int = 0
     relocated_bytes: int = 0  # segment bytes copied to the cold tier
     tier_backlog: bool = False  # segments left to relocate for want of budget
+    tier_due: set[int] = field(default_factory=set)  # of `topics`: still one to relocate
 
 
 class SegmentStore:
@@ -390,13 +391,14 @@ class SegmentStore:
 
     def stats(self) -> dict[str, int]:
         segs = [s for st in self.topics.values() for s in st.segments]
+        cold = [s for s in segs if s.cold] if self.cold_root else []
         return {
             "segments": len(segs),
             "sealed": sum(s.sealed for s in segs),
             "bytes": sum(s.data_len for s in segs),
             "corruptions": self.corruptions,
-            "cold_segments": sum(s.cold for s in segs),
-            "cold_bytes": sum(s.data_len for s in segs if s.cold),
+            "cold_segments": len(cold),
+            "cold_bytes": sum(s.data_len for s in cold),
             "cold_reads": self.cold_reads,
             "relocated": self.relocated_total,
         }
@@ -428,6 +430,9 @@ class SegmentStore:
                     res = TopicOutcome(TopicSegments(tid, list(old.segments), old.absorbed), [])
                     self._relocate(res, out)
                     out.topics[tid] = res
+            out.tier_due = {
+                tid for tid, res in out.topics.items() if self._tier_due(res.state.segments)
+            }
         for tid in sorted(gone_ids):
             if tid in self.topics:
                 out.gone_dirs.append(topic_dir(self.root, tid))
@@ -610,7 +615,7 @@ class SegmentStore:
         assert self.tiering is not None
         fs = self.fs
         segs = res.state.segments
-        picks = tiering.to_relocate(segs, self.tiering)
+        picks = tiering.to_relocate(segs, self.tiering) if self._tier_due(segs) else []
         if not picks:
             return
         if out.relocated_bytes >= tiering.RELOCATE_BYTES:
@@ -645,13 +650,22 @@ class SegmentStore:
             out.relocated_bytes += seg.data_len
         fs.fsync_dir(cdir)
 
+    def _tier_due(self, segments: list[Segment]) -> bool:
+        """Whether a topic with these segments has one to relocate (blocking side: run
+        in a thread, it is Python work per topic)."""
+        t = self.tiering
+        assert t is not None
+        if not t.hot_retain_bytes and len(segments) <= t.hot_retain_segments:
+            return False  # (the common case, without a call)
+        return bool(tiering.to_relocate(segments, t))
+
     def refresh_tiering(self, topic_ids: Iterable[int]) -> None:
-        """Recompute whether these topics have a sealed segment to relocate."""
+        """Recompute whether these topics have a sealed segment to relocate (recovery)."""
         if not self.cold_root or self.tiering is None:
             return
         for tid in topic_ids:
             st = self.topics.get(tid)
-            if st is not None and tiering.to_relocate(st.segments, self.tiering):
+            if st is not None and self._tier_due(st.segments):
                 self.tier_due.add(tid)
             else:
                 self.tier_due.discard(tid)
@@ -679,7 +693,9 @@ class SegmentStore:
             self.flipped_total += res.flipped
             self.dropped_total += len(res.dropped) // 2
             self.relocated_total += res.relocated
-        self.refresh_tiering(outcome.topics)
+        if self.cold_root and self.tiering is not None:  # (set operations: C speed)
+            self.tier_due.difference_update(outcome.topics.keys())
+            self.tier_due |= outcome.tier_due
         self.tier_backlog = outcome.tier_backlog
         for path in outcome.gone_dirs:
             tid = int(posixpath.basename(path), 16)
