@@ -18,6 +18,10 @@ is appended to; it is sealed on `storage.segments.max_events` slots, `max_bytes`
 bytes or `max_age_ms` of age, and then gets its `.idx`: per seq `offset u32, len u32,
 ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent).
 
+With `storage.cold_dir` set, sealed segments past the topic's hot-retention bound live
+under the same layout in the cold root instead (`cold` in the registry; relocation is a
+step of the checkpoint's absorb: `topicd.storage.tiering`).
+
 The *registry* — per segment `first`, `last`, `data_len`, sealed, created — is carried by
 the snapshot and is authoritative: bytes past `data_len` are truncated at recovery (a
 checkpoint that wrote them never committed) and files it does not name are orphans,
