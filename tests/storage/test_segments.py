@@ -27,7 +27,7 @@ from topicd.storage.recovery import RecoveryRefused
 from topicd.storage.wal import WalCommitPath
 from topicd.testing.fake_fs import FakeDisk, PowerLoss
 from topicd.testing.harness import durable_config, open_durable
-from topicd.wire import DeleteIn, TopicConfigIn
+from topicd.wire import DeleteIn, DiffIn, TopicConfigIn
 
 
 def seg_config(max_events: int = 4, max_bytes: int = 1 << 20, **wal: int) -> Config:
@@ -224,14 +224,24 @@ def _flip(disk: FakeDisk, path: str, offset: int) -> None:
     disk.close(fd)
 
 
-async def test_a_corrupt_segment_refuses_recovery_naming_file_and_offset():
+async def test_a_corrupt_sealed_segment_is_found_by_its_read_or_by_a_frame_decoding_recovery():
     disk = FakeDisk()
     cfg = seg_config()
-    path, _ = await _sealed_segment(disk, cfg)
+    path, tid = await _sealed_segment(disk, cfg)
     data = disk.pending_bytes(path) or b""
-    loaded = segs.load_segment(disk, "/data", 1, _reg(disk, path), max_frame=1 << 24)
+    loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
     second = loaded.segment.offsets[1]
+    assert len(data) > second
     _flip(disk, path, second + 45)  # inside the second record's body
+    # recovery loads a sealed segment from its `.meta` (its data is not read): the bad
+    # bytes are found by the first read of the record, never served
+    async with open_durable(disk, cfg) as engine:
+        with pytest.raises(Internal) as err:
+            await engine.diff("t", DiffIn(from_seq=0, limit=10))
+        assert err.value.http_status == 500
+        assert cp(engine).segments.corruptions == 1
+    # without its `.meta`, recovery decodes the frames: it refuses, naming file and offset
+    disk.unlink(segs.meta_path("/data", tid, 1))
     before = disk.tree()
     with pytest.raises(RecoveryRefused) as exc:
         async with open_durable(disk, cfg):
@@ -239,7 +249,38 @@ async def test_a_corrupt_segment_refuses_recovery_naming_file_and_offset():
     msg = str(exc.value)
     assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
     assert disk.tree() == before  # nothing modified
-    assert len(data) > second
+
+
+async def test_a_corrupt_active_segment_refuses_recovery_naming_file_and_offset():
+    disk = FakeDisk()
+    cfg = seg_config(max_events=100)
+    async with open_durable(disk, cfg) as engine:
+        for i in range(8):
+            await write(engine, "t", b'"%d"' % i, tag=f"k{i}")
+        assert await cp(engine).checkpoint()
+        await engine.delete_records("t", DeleteIn(match="k3"))
+        assert await cp(engine).checkpoint()  # deletes flipped (tail bytes set)
+        await engine.delete_records("t", DeleteIn(match="k5"))
+        assert await cp(engine).checkpoint()
+        tid = engine.get("t").topic_id
+        expected = await state(engine)
+    path = segs.data_path("/data", tid, 1)
+    reg = _reg(disk, path)
+    assert not reg.sealed and reg.meta_len > 0
+    # the flipped tails are not corruption: the data digests are taken as absorbed
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected
+    loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
+    assert loaded.rewrite is None  # (from the `.meta`, verified)
+    second = loaded.segment.offsets[1]
+    _flip(disk, path, second + 45)
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused) as exc:
+        async with open_durable(disk, cfg):
+            pass
+    msg = str(exc.value)
+    assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
+    assert disk.tree() == before
 
 
 def _reg(disk: FakeDisk, path: str) -> segs.SegSnap:

@@ -37,11 +37,13 @@ import logging
 import posixpath
 import re
 import struct
+import sys
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import msgspec
+import xxhash
 
 from topicd.storage import frame as frames
 from topicd.storage.fs import write_all
@@ -58,10 +60,21 @@ ABSENT: Final = 0xFFFFFFFF
 IDX: Final = struct.Struct("<IIqB3x")  # 20 bytes per seq
 IDX_DELETED: Final = 1
 IDX_ABSENT: Final = 2
-_SEG: Final = re.compile(r"seg-([0-9]{20})\.(data|idx)")
+_SEG: Final = re.compile(r"seg-([0-9]{20})\.(data|idx|meta)")
 _TOPIC_DIR: Final = re.compile(r"[0-9a-f]{16}")
 # a run of absent seqs longer than this starts a new segment instead of padding the index
 _MAX_PAD: Final = 4096
+# `.meta` chunk header: magic, slots, base seq, flips, extras bytes, data start and end,
+# XXH3-64 of those data bytes as absorbed (every tail 0x00), XXH3-64 of the chunk's other
+# bytes (this header's first 40 bytes, then the columns, flips and extras)
+META_MAGIC: Final = b"TSM1"
+_CHUNK: Final = struct.Struct("<4sIQIIIIQQ")  # 48 bytes
+_LITTLE: Final = sys.byteorder == "little"
+Extras: TypeAlias = tuple[
+    dict[int, str], dict[int, str], dict[int, int], dict[int, tuple[int, int]]
+]
+_EXTRAS_ENC: Final = msgspec.msgpack.Encoder()
+_EXTRAS_DEC: Final = msgspec.msgpack.Decoder(Extras)
 
 
 class SegmentCorruption(Exception):
@@ -82,6 +95,8 @@ class SegSnap(msgspec.Struct, array_like=True, gc=False):
     data_len: int
     sealed: bool
     created_ms: int
+    # the valid length of the `.meta` side file; -1: none (recovery decodes the frames)
+    meta_len: int = -1
 
 
 @dataclass(slots=True)
@@ -97,6 +112,7 @@ class Segment:
     lens: array[int] = field(default_factory=lambda: array("I"))
     ts: array[int] = field(default_factory=lambda: array("q"))  # empty once sealed
     flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
+    meta_len: int = -1  # the `.meta` bytes the registry names (-1: no side file)
 
     def copy(self) -> Segment:
         return Segment(
@@ -109,10 +125,13 @@ class Segment:
             array("I", self.lens),
             array("q", self.ts),
             bytearray(self.flags),
+            self.meta_len,
         )
 
     def snap(self) -> SegSnap:
-        return SegSnap(self.first, self.last, self.data_len, self.sealed, self.created_ms)
+        return SegSnap(
+            self.first, self.last, self.data_len, self.sealed, self.created_ms, self.meta_len
+        )
 
     @property
     def slots(self) -> int:
@@ -148,6 +167,60 @@ def data_path(root: str, topic_id: int, first: int) -> str:
 
 def idx_path(root: str, topic_id: int, first: int) -> str:
     return posixpath.join(topic_dir(root, topic_id), f"seg-{first:020d}.idx")
+
+
+def meta_path(root: str, topic_id: int, first: int) -> str:
+    return posixpath.join(topic_dir(root, topic_id), f"seg-{first:020d}.meta")
+
+
+def _le(arr: array[int]) -> bytes:
+    if not _LITTLE:  # pragma: no cover
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _column(typecode: str, raw: bytes | memoryview) -> array[int]:
+    arr = array(typecode)
+    arr.frombytes(raw)
+    if not _LITTLE:  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
+def encode_chunk(
+    base: int,
+    offsets: array[int],
+    lens: array[int],
+    ts: array[int],
+    sizes: array[int],
+    flags: bytes | bytearray,
+    flips: list[int],
+    extras: Extras,
+    data: tuple[int, int, int],
+) -> bytes:
+    """One `.meta` chunk: the index columns of the slots `base ..` (offset, frame length,
+    `$ts`, record size, delete flag), seqs flipped to deleted, the slots' sparse extras,
+    and `data` = (start, end, XXH3-64) of the data bytes those slots' frames were written
+    to (every tail still 0x00)."""
+    n = len(offsets)
+    assert len(lens) == len(ts) == len(sizes) == len(flags) == n
+    ex = _EXTRAS_ENC.encode(extras) if any(extras) else b""
+    payload = b"".join(
+        [
+            _le(offsets),
+            _le(lens),
+            _le(ts),
+            _le(sizes),
+            bytes(flags),
+            _le(array("Q", flips)),
+            ex,
+        ]
+    )
+    head = _CHUNK.pack(META_MAGIC, n, base, len(flips), len(ex), data[0], data[1], data[2], 0)
+    digest = xxhash.xxh3_64(head[:40])
+    digest.update(payload)
+    return head[:40] + struct.pack("<Q", digest.intdigest()) + payload
 
 
 # ---- records ------------------------------------------------------------------------
@@ -202,6 +275,54 @@ def decode_record(frame: frames.Frame) -> AbsorbRecord:
         ex.nodes.get(0),
         ex.prios.get(0, 0),
         None if shape is None else (shape[0], shape[1]),
+    )
+
+
+def _chunk_of(
+    seg: Segment,
+    appended: tuple[int, int, list[AbsorbRecord], xxhash.xxh3_64] | None,
+    flips: list[int],
+) -> bytes:
+    """The `.meta` chunk of one absorb into `seg` (b"" if it changed nothing there)."""
+    if appended is not None and appended[0] == seg.last:
+        appended = None  # (sealed before anything was appended to it)
+    if appended is None and not flips:
+        return b""
+    if appended is None:
+        empty_i, empty_q = array("I"), array("q")
+        return encode_chunk(
+            0, empty_i, empty_i, empty_q, empty_i, b"", flips, ({}, {}, {}, {}), (0, 0, 0)
+        )
+    before, start, recs, digest = appended
+    i = before - seg.first + 1
+    n = seg.last - before
+    base = before + 1
+    sizes = array("I", bytes(4 * n))
+    tags: dict[int, str] = {}
+    nodes: dict[int, str] = {}
+    prios: dict[int, int] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+    for rec in recs:
+        seq = rec.seq
+        sizes[seq - base] = rec.size
+        if rec.tag is not None:
+            tags[seq] = rec.tag
+        if rec.node is not None:
+            nodes[seq] = rec.node
+        if rec.prio:
+            prios[seq] = rec.prio
+        if rec.shape is not None:
+            shapes[seq] = rec.shape
+    return encode_chunk(
+        base,
+        seg.offsets[i:],
+        seg.lens[i:],
+        seg.ts[i:],
+        sizes,
+        seg.flags[i:],
+        flips,
+        (tags, nodes, prios, shapes),
+        (start, seg.data_len, digest.intdigest()),
     )
 
 
@@ -415,6 +536,11 @@ class SegmentStore:
                 touched[seg.first] = fd
             return fd
 
+        # what each touched segment's `.meta` chunk records: the slots appended (the
+        # segment's `last` before, the records, the data range and its digest) and flips
+        appended: dict[int, tuple[int, int, list[AbsorbRecord], xxhash.xxh3_64]] = {}
+        flipped: dict[int, list[int]] = {}
+        metas: dict[int, int] = {}  # segment first → open `.meta` handle
         try:
             # 1. delete flags of records killed since the last checkpoint
             firsts = [sg.first for sg in segs]
@@ -428,6 +554,7 @@ class SegmentStore:
                 seg = own(i)
                 fs.pwrite(handle(seg), bytes([DELETED]), seg.offsets[j] + seg.lens[j] - 1)
                 seg.flags[j] = 1
+                flipped.setdefault(seg.first, []).append(seq)
                 result.flipped += 1
             # 2. append to the active segment, sealing on the triggers
             active: Segment | None = None
@@ -439,6 +566,7 @@ class SegmentStore:
                     active = None
                 elif work.records:
                     fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
+                    appended[active.first] = (active.last, active.data_len, [], xxhash.xxh3_64())
             pending: list[bytes] = []
             pending_at = active.data_len if active is not None else 0
             for rec in work.records:
@@ -453,16 +581,20 @@ class SegmentStore:
                     result.sealed += 1
                     active = None
                 if active is None:
-                    active = Segment(rec.seq, rec.seq - 1, 0, False, now_ms)
+                    active = Segment(rec.seq, rec.seq - 1, 0, False, now_ms, meta_len=0)
                     segs.append(active)
                     owned.add(active.first)
                     fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
+                    appended[active.first] = (active.last, 0, [], xxhash.xxh3_64())
                     new_files = True
                     pending_at = 0
                 data = rec.frame(tid)
                 active.add(rec.seq, active.data_len, len(data), rec.ts)
                 active.data_len += len(data)
                 pending.append(data)
+                _, _, recs, digest = appended[active.first]
+                recs.append(rec)
+                digest.update(data)
                 out.records += 1
                 out.bytes += len(data)
             if active is not None:
@@ -470,8 +602,22 @@ class SegmentStore:
                 if active.slots >= cfg.max_events or active.data_len >= cfg.max_bytes:
                     self._seal(active, tid)
                     result.sealed += 1
-            # 3. make everything touched durable
+            # 3. the `.meta` chunks: what recovery loads instead of decoding the frames
+            for seg in segs:
+                if seg.first in owned and seg.meta_len >= 0:
+                    chunk = _chunk_of(seg, appended.get(seg.first), flipped.get(seg.first, []))
+                    if chunk:
+                        fd = fs.open(meta_path(self.root, tid, seg.first), create=True)
+                        metas[seg.first] = fd
+                        fs.ftruncate(fd, seg.meta_len)  # an uncommitted attempt's bytes
+                        write_all(fs, fd, chunk, seg.meta_len)
+                        seg.meta_len += len(chunk)
+                if seg.first in owned and seg.sealed:
+                    seg.ts = array("q")  # (kept only while a segment may still be sealed)
+            # 4. make everything touched durable
             for fd in touched.values():
+                fs.fdatasync(fd)
+            for fd in metas.values():
                 fs.fdatasync(fd)
             if result.sealed and self.write_idx:
                 for seg in segs:
@@ -482,13 +628,16 @@ class SegmentStore:
         finally:
             for fd in touched.values():
                 fs.close(fd)
-        # 4. whole-segment drop: sealed, and wholly below the floors or wholly dead
+            for fd in metas.values():
+                fs.close(fd)
+        # 5. whole-segment drop: sealed, and wholly below the floors or wholly dead
         keep: list[Segment] = []
         for seg in segs:
             # (only segments this checkpoint touched can have become wholly dead)
             if seg.sealed and (seg.last < work.earliest or (seg.first in owned and seg.all_dead())):
                 result.dropped.append(data_path(self.root, tid, seg.first))
                 result.dropped.append(idx_path(self.root, tid, seg.first))
+                result.dropped.append(meta_path(self.root, tid, seg.first))
             else:
                 keep.append(seg)
         state.segments = keep
@@ -499,12 +648,11 @@ class SegmentStore:
             write_all(self.fs, fd, b"".join(pending), at)
 
     def _seal(self, seg: Segment, tid: int) -> None:
-        seg.sealed = True
-        ts_column, seg.ts = seg.ts, array("q")  # only the `.idx` needs them: 8 bytes a seq
+        seg.sealed = True  # (its `ts` column goes once the `.meta` chunk is written)
         if not self.write_idx:
             return
         entries = bytearray()
-        for off, length, ts, flag in zip(seg.offsets, seg.lens, ts_column, seg.flags, strict=True):
+        for off, length, ts, flag in zip(seg.offsets, seg.lens, seg.ts, seg.flags, strict=True):
             flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
             entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
         path = idx_path(self.root, tid, seg.first)
@@ -545,7 +693,7 @@ class SegmentStore:
             doomed += res.dropped
             self.sealed_total += res.sealed
             self.flipped_total += res.flipped
-            self.dropped_total += len(res.dropped) // 2
+            self.dropped_total += sum(p.endswith(".data") for p in res.dropped)
         for path in outcome.gone_dirs:
             tid = int(posixpath.basename(path), 16)
             self.topics.pop(tid, None)
@@ -653,27 +801,148 @@ class SegmentStore:
 
 @dataclass(slots=True)
 class LoadedSegment:
+    """A registered segment as recovery found it: its index, the `$ts` and record size of
+    every slot, the sparse extras of its frames, and what the repair step does."""
+
     segment: Segment
-    records: list[AbsorbRecord]  # live frames (tail not 0xD5), ascending
+    ts: array[int]  # per slot
+    sizes: array[int]  # per slot (0 where absent)
+    extras: Extras  # tags, nodes, prios, shapes by seq (of every frame, deleted ones too)
     excess: int  # bytes past data_len (truncated once recovery succeeded)
+    # a `.meta` to write once recovery succeeded (it was missing or unusable, so the
+    # frames were decoded): the next recovery loads from it
+    rewrite: bytes | None = None
 
 
 def load_segment(
     fs: Fs, root: str, topic_id: int, reg: SegSnap, *, max_frame: int
 ) -> LoadedSegment:
-    """Read and verify one registered segment (blocking). Raises `SegmentCorruption`
-    for a missing or short file or a frame failing its checksum."""
+    """Load one registered segment (blocking): from its `.meta` side file when it has a
+    usable one (a sealed segment's data is not read at all; an unsealed one's bytes are
+    checked against the chunks' data digests), else by decoding and verifying every
+    frame (the `.meta` is then re-made: `rewrite`). Raises `SegmentCorruption` for a
+    missing or short `.data` or a frame failing its checksum."""
     path = data_path(root, topic_id, reg.first)
     rel = posixpath.relpath(path, root)
     if not fs.exists(path):
         raise SegmentCorruption(rel, 0, "registered segment is missing")
-    data = fs.read(path)
-    if len(data) < reg.data_len:
+    size = fs.size(path)
+    if size < reg.data_len:
         raise SegmentCorruption(
-            rel, len(data), f"shorter ({len(data)} bytes) than registered ({reg.data_len})"
+            rel, size, f"shorter ({size} bytes) than registered ({reg.data_len})"
         )
+    if reg.meta_len >= 0:
+        try:
+            return _load_meta(fs, root, topic_id, reg, size)
+        except _MetaUnusable as exc:
+            log.warning("%s: %s; decoding the segment's frames", rel[:-5] + ".meta", exc)
+    return _load_frames(fs, root, topic_id, reg, max_frame, rel)
+
+
+class _MetaUnusable(Exception):
+    pass
+
+
+def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> LoadedSegment:
+    path = meta_path(root, topic_id, reg.first)
+    if not fs.exists(path):
+        raise _MetaUnusable("missing")
+    raw = fs.read(path)
+    if len(raw) < reg.meta_len:
+        raise _MetaUnusable(f"shorter ({len(raw)} bytes) than registered ({reg.meta_len})")
+    view = memoryview(raw)[: reg.meta_len]
     seg = Segment(reg.first, reg.first - 1, reg.data_len, reg.sealed, reg.created_ms)
-    live: list[AbsorbRecord] = []
+    seg.meta_len = reg.meta_len
+    ts = array("q")
+    sizes = array("I")
+    flips: list[int] = []
+    tags: dict[int, str] = {}
+    nodes: dict[int, str] = {}
+    prios: dict[int, int] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+    checks: list[tuple[int, int, int]] = []
+    pos = 0
+    while pos < len(view):
+        if pos + _CHUNK.size > len(view):
+            raise _MetaUnusable(f"chunk at {pos} cut short")
+        magic, n, base, m, e, d_start, d_end, d_digest, digest = _CHUNK.unpack_from(view, pos)
+        end = pos + _CHUNK.size + 21 * n + 8 * m + e
+        if magic != META_MAGIC or end > len(view):
+            raise _MetaUnusable(f"bad chunk at {pos}")
+        h = xxhash.xxh3_64(view[pos : pos + 40])
+        h.update(view[pos + _CHUNK.size : end])
+        if h.intdigest() != digest:
+            raise _MetaUnusable(f"chunk at {pos} fails its checksum")
+        at = pos + _CHUNK.size
+        if n:
+            if base != seg.last + 1:
+                raise _MetaUnusable(f"chunk at {pos} starts at seq {base}, not {seg.last + 1}")
+            seg.offsets += _column("I", view[at : at + 4 * n])
+            seg.lens += _column("I", view[at + 4 * n : at + 8 * n])
+            ts += _column("q", view[at + 8 * n : at + 16 * n])
+            sizes += _column("I", view[at + 16 * n : at + 20 * n])
+            seg.flags += view[at + 20 * n : at + 21 * n]
+            seg.last += n
+            if d_end > d_start:
+                checks.append((d_start, d_end, d_digest))
+        at += 21 * n
+        flips += _column("Q", view[at : at + 8 * m])
+        at += 8 * m
+        if e:
+            try:
+                t, nd, p, sh = _EXTRAS_DEC.decode(view[at : at + e])
+            except msgspec.DecodeError as exc:
+                raise _MetaUnusable(f"chunk at {pos}: {exc}") from None
+            tags.update(t)
+            nodes.update(nd)
+            prios.update(p)
+            shapes.update(sh)
+        pos = end
+    if seg.last > reg.last or sum(seg.lens) != reg.data_len:
+        raise _MetaUnusable("does not match the registry")
+    while seg.last < reg.last:  # trailing absent slots
+        seg.last += 1
+        seg.offsets.append(ABSENT)
+        seg.lens.append(0)
+        ts.append(ts[-1] if ts else 0)
+        sizes.append(0)
+        seg.flags.append(0)
+    first, last = seg.first, seg.last
+    for seq in flips:
+        if first <= seq <= last and seg.offsets[seq - first] != ABSENT:
+            seg.flags[seq - first] = 1
+    if not reg.sealed:
+        seg.ts = array("q", ts)
+        if checks:  # the active segment's bytes are verified (a sealed one's on read)
+            _verify_data(fs, root, topic_id, seg, checks)
+    return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
+
+
+def _verify_data(
+    fs: Fs, root: str, topic_id: int, seg: Segment, checks: list[tuple[int, int, int]]
+) -> None:
+    """Check the data bytes against the digests the chunks recorded: the tails of the
+    records flagged deleted are set back to 0x00 first (as absorbed)."""
+    data = fs.read(data_path(root, topic_id, seg.first))
+    buf: bytes | bytearray = data
+    if any(seg.flags):
+        buf = bytearray(data)
+        for i, flag in enumerate(seg.flags):
+            if flag:
+                buf[seg.offsets[i] + seg.lens[i] - 1] = 0
+    view = memoryview(buf)
+    for start, end, digest in checks:
+        if end > len(view) or xxhash.xxh3_64_intdigest(view[start:end]) != digest:
+            raise _MetaUnusable(f"data bytes {start}..{end} do not match")
+
+
+def _load_frames(
+    fs: Fs, root: str, topic_id: int, reg: SegSnap, max_frame: int, rel: str
+) -> LoadedSegment:
+    """Decode and verify every frame of a registered segment; also build its `.meta`."""
+    data = fs.read(data_path(root, topic_id, reg.first))
+    seg = Segment(reg.first, reg.first - 1, reg.data_len, reg.sealed, reg.created_ms)
+    records: list[AbsorbRecord] = []
     offsets = _idx_offsets(fs, root, topic_id, reg, data) if reg.sealed else None
     pos = 0
     entries = offsets if offsets is not None else None
@@ -698,17 +967,50 @@ def load_segment(
         seg.add(rec.seq, pos, frame.end - pos, rec.ts)
         if data[frame.end - 1] == DELETED:
             seg.flags[-1] = 1
-        else:
-            live.append(rec)
+        records.append(rec)
         pos = frame.end
     if entries is None and pos != reg.data_len:
         raise SegmentCorruption(rel, pos, "frames do not end at the registered length")
     while seg.last < reg.last:  # trailing absent slots
         seg.add(reg.last, 0, 0, seg.ts[-1] if len(seg.ts) else 0)
         seg.offsets[-1] = ABSENT
+    sizes = array("I", bytes(4 * seg.slots))
+    tags: dict[int, str] = {}
+    nodes: dict[int, str] = {}
+    prios: dict[int, int] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+    for rec in records:
+        seq = rec.seq
+        sizes[seq - seg.first] = rec.size
+        if rec.tag is not None:
+            tags[seq] = rec.tag
+        if rec.node is not None:
+            nodes[seq] = rec.node
+        if rec.prio:
+            prios[seq] = rec.prio
+        if rec.shape is not None:
+            shapes[seq] = rec.shape
+    ts = seg.ts
+    extras: Extras = (tags, nodes, prios, shapes)
+    buf = bytearray(data[: reg.data_len])
+    for i, flag in enumerate(seg.flags):
+        if flag:
+            buf[seg.offsets[i] + seg.lens[i] - 1] = 0
+    rewrite = encode_chunk(
+        seg.first,
+        seg.offsets,
+        seg.lens,
+        ts,
+        sizes,
+        seg.flags,
+        [],
+        extras,
+        (0, reg.data_len, xxhash.xxh3_64_intdigest(bytes(buf))),
+    )
+    seg.meta_len = len(rewrite)
     if reg.sealed:
         seg.ts = array("q")  # (kept only while a segment may still be sealed)
-    return LoadedSegment(seg, live, len(data) - reg.data_len)
+    return LoadedSegment(seg, ts, sizes, extras, len(data) - reg.data_len, rewrite)
 
 
 def _idx_offsets(fs: Fs, root: str, topic_id: int, reg: SegSnap, data: bytes) -> list[int] | None:
@@ -760,15 +1062,23 @@ def list_orphans(fs: Fs, root: str, registered: dict[int, list[SegSnap]]) -> lis
         sealed = {s.first for s in registered[tid] if s.sealed}
         for fname in sorted(fs.listdir(path)):
             m = _SEG.fullmatch(fname)
-            ok = m is not None and int(m.group(1)) in (firsts if m.group(2) == "data" else sealed)
+            ok = m is not None and int(m.group(1)) in (sealed if m.group(2) == "idx" else firsts)
             if not ok:
                 out.append(posixpath.join(path, fname))
     return out
 
 
-def repair(fs: Fs, root: str, truncate: list[tuple[str, int]], orphans: list[str]) -> None:
+def repair(
+    fs: Fs,
+    root: str,
+    truncate: list[tuple[str, int]],
+    orphans: list[str],
+    metas: list[tuple[str, bytes]] = [],  # noqa: B006  (read only)
+) -> None:
     """Recovery's segment repairs, once it succeeded: cut bytes past the registered
-    lengths (a checkpoint that wrote them never committed), remove orphans."""
+    lengths (a checkpoint that wrote them never committed), remove orphans, and write
+    the `.meta` files recovery had to re-make from the frames (the next checkpoint's
+    registry names them; until then the frames are decoded again)."""
     for path, length in truncate:
         fd = fs.open(path)
         try:
@@ -779,6 +1089,20 @@ def repair(fs: Fs, root: str, truncate: list[tuple[str, int]], orphans: list[str
     if orphans:
         remove_paths(fs, orphans)
         log.warning("removed %d orphaned segment files or directories", len(orphans))
+    dirs: set[str] = set()
+    for path, data in metas:
+        fd = fs.open(path, create=True)
+        try:
+            fs.ftruncate(fd, 0)
+            write_all(fs, fd, data, 0)
+            fs.fdatasync(fd)
+        finally:
+            fs.close(fd)
+        dirs.add(posixpath.dirname(path))
+    for d in sorted(dirs):
+        fs.fsync_dir(d)
+    if metas:
+        log.info("wrote %d segment side files (.meta) re-made from their frames", len(metas))
 
 
 def remove_paths(fs: Fs, paths: list[str]) -> int:

@@ -79,7 +79,7 @@ async def _reshard(
 def _repair(fs: Fs, root: str, result: RecoveryResult) -> None:
     """Recovery succeeded: cut segment bytes past their registered lengths and remove
     segment files no registry names (recovery itself never writes)."""
-    segs.repair(fs, root, result.segment_truncate, result.segment_orphans)
+    segs.repair(fs, root, result.segment_truncate, result.segment_orphans, result.segment_metas)
 
 
 @asynccontextmanager
