@@ -279,11 +279,11 @@ def decode_record(frame: frames.Frame) -> AbsorbRecord:
 
 
 def _chunk_of(
-    seg: Segment,
-    appended: tuple[int, int, list[AbsorbRecord], xxhash.xxh3_64] | None,
-    flips: list[int],
+    seg: Segment, work: AbsorbWork, appended: list[int] | None, flips: list[int]
 ) -> bytes:
-    """The `.meta` chunk of one absorb into `seg` (b"" if it changed nothing there)."""
+    """The `.meta` chunk of one absorb into `seg` (b"" if it changed nothing there).
+    `appended`: the segment's `last` and `data_len` before, the index range of its new
+    records in `work.records`, their bytes' digest."""
     if appended is not None and appended[0] == seg.last:
         appended = None  # (sealed before anything was appended to it)
     if appended is None and not flips:
@@ -293,26 +293,17 @@ def _chunk_of(
         return encode_chunk(
             0, empty_i, empty_i, empty_q, empty_i, b"", flips, ({}, {}, {}, {}), (0, 0, 0)
         )
-    before, start, recs, digest = appended
+    before, start, a, b, digest = appended
     i = before - seg.first + 1
     n = seg.last - before
     base = before + 1
-    sizes = array("I", bytes(4 * n))
-    tags: dict[int, str] = {}
-    nodes: dict[int, str] = {}
-    prios: dict[int, int] = {}
-    shapes: dict[int, tuple[int, int]] = {}
-    for rec in recs:
-        seq = rec.seq
-        sizes[seq - base] = rec.size
-        if rec.tag is not None:
-            tags[seq] = rec.tag
-        if rec.node is not None:
-            nodes[seq] = rec.node
-        if rec.prio:
-            prios[seq] = rec.prio
-        if rec.shape is not None:
-            shapes[seq] = rec.shape
+    recs = work.records[a:b]
+    if len(recs) == n:  # (no absent slot among them)
+        sizes = array("I", [size for _, _, _, size in recs])
+    else:
+        sizes = array("I", bytes(4 * n))
+        for seq, _, _, size in recs:
+            sizes[seq - base] = size
     return encode_chunk(
         base,
         seg.offsets[i:],
@@ -321,8 +312,8 @@ def _chunk_of(
         sizes,
         seg.flags[i:],
         flips,
-        (tags, nodes, prios, shapes),
-        (start, seg.data_len, digest.intdigest()),
+        work.extras_between(base, seg.last),
+        (start, seg.data_len, digest),
     )
 
 
@@ -369,28 +360,47 @@ class AbsorbWork:
     nodes: dict[int, str] = field(default_factory=dict)
     prios: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
-    records: list[AbsorbRecord] = field(default_factory=list)  # ascending, live only
+    # (seq, stored JSON, $ts, size) of the live records, ascending (`materialize`)
+    records: list[tuple[int, bytes, int, int]] = field(default_factory=list)
 
     def materialize(self) -> None:
         """Build `records` from the captured slices (blocking work: run offloaded)."""
-        records: list[AbsorbRecord] = []
+        records: list[tuple[int, bytes, int, int]] = []
         for sl in self.slices:
-            for seq, enc, ts, size in zip(
-                range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
-            ):
-                if enc is not None:
-                    records.append(AbsorbRecord(seq, ts, enc, size))
-        tags, nodes, prios, shapes = self.tags, self.nodes, self.prios, self.shapes
-        if tags or nodes or prios or shapes:
-            for rec in records:
-                seq = rec.seq
-                rec.tag = tags.get(seq)
-                rec.node = nodes.get(seq)
-                rec.prio = prios.get(seq, 0)
-                shape = shapes.get(seq)
-                rec.shape = None if shape is None else (shape[0], shape[1])
+            records += [
+                (seq, enc, ts, size)
+                for seq, enc, ts, size in zip(
+                    range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
+                )
+                if enc is not None
+            ]
         self.records = records
         self.slices = []
+
+    def has_extras(self, seq: int) -> bool:
+        return seq in self.tags or seq in self.nodes or seq in self.prios or seq in self.shapes
+
+    def record(self, seq: int, enc: bytes, ts: int, size: int) -> AbsorbRecord:
+        """A record with its extras (for one that has some)."""
+        shape = self.shapes.get(seq)
+        return AbsorbRecord(
+            seq,
+            ts,
+            enc,
+            size,
+            self.tags.get(seq),
+            self.nodes.get(seq),
+            self.prios.get(seq, 0),
+            None if shape is None else (shape[0], shape[1]),
+        )
+
+    def extras_between(self, lo: int, hi: int) -> Extras:
+        """The sparse extras of the seqs `lo ..= hi`."""
+        out: Extras = ({}, {}, {}, {})
+        for src, dst in zip((self.tags, self.nodes, self.prios, self.shapes), out, strict=True):
+            if src:
+                dst.update({seq: v for seq, v in src.items() if lo <= seq <= hi})  # type: ignore[attr-defined]
+        return out
 
 
 @dataclass(slots=True)
@@ -537,10 +547,12 @@ class SegmentStore:
             return fd
 
         # what each touched segment's `.meta` chunk records: the slots appended (the
-        # segment's `last` before, the records, the data range and its digest) and flips
-        appended: dict[int, tuple[int, int, list[AbsorbRecord], xxhash.xxh3_64]] = {}
+        # segment's `last` and `data_len` before, the records' index range in
+        # `work.records`, the digest of the bytes written) and the seqs flipped
+        appended: dict[int, list[int]] = {}
         flipped: dict[int, list[int]] = {}
         metas: dict[int, int] = {}  # segment first → open `.meta` handle
+        records = work.records
         try:
             # 1. delete flags of records killed since the last checkpoint
             firsts = [sg.first for sg in segs]
@@ -564,48 +576,63 @@ class SegmentStore:
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
-                elif work.records:
+                elif records:
                     fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
-                    appended[active.first] = (active.last, active.data_len, [], xxhash.xxh3_64())
+                    appended[active.first] = [active.last, active.data_len, 0, 0, 0]
             pending: list[bytes] = []
             pending_at = active.data_len if active is not None else 0
-            for rec in work.records:
+            extras = bool(work.tags or work.nodes or work.prios or work.shapes)
+            single = frames.single_frame
+            max_events, max_bytes = cfg.max_events, cfg.max_bytes
+            for k, (seq, enc, ts, size) in enumerate(records):
                 if active is not None and (
-                    rec.seq - active.last - 1 > _MAX_PAD
-                    or rec.seq - active.first + 1 > cfg.max_events
-                    or active.data_len >= cfg.max_bytes
+                    seq - active.last - 1 > _MAX_PAD
+                    or seq - active.first + 1 > max_events
+                    or active.data_len >= max_bytes
                 ):
-                    self._flush(handle(active), pending, pending_at)
+                    self._flush(handle(active), pending, pending_at, appended[active.first], k)
                     pending = []
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
                 if active is None:
-                    active = Segment(rec.seq, rec.seq - 1, 0, False, now_ms, meta_len=0)
+                    active = Segment(seq, seq - 1, 0, False, now_ms, meta_len=0)
                     segs.append(active)
                     owned.add(active.first)
                     fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
-                    appended[active.first] = (active.last, 0, [], xxhash.xxh3_64())
+                    appended[active.first] = [active.last, 0, k, k, 0]
                     new_files = True
                     pending_at = 0
-                data = rec.frame(tid)
-                active.add(rec.seq, active.data_len, len(data), rec.ts)
+                data = (
+                    work.record(seq, enc, ts, size).frame(tid)
+                    if extras and work.has_extras(seq)
+                    else single(tid, seq, ts, enc, size)
+                )
+                if seq == active.last + 1:
+                    active.last = seq
+                    active.offsets.append(active.data_len)
+                    active.lens.append(len(data))
+                    active.ts.append(ts)
+                    active.flags.append(0)
+                else:
+                    active.add(seq, active.data_len, len(data), ts)
                 active.data_len += len(data)
                 pending.append(data)
-                _, _, recs, digest = appended[active.first]
-                recs.append(rec)
-                digest.update(data)
-                out.records += 1
                 out.bytes += len(data)
+            out.records += len(records)
             if active is not None:
-                self._flush(handle(active), pending, pending_at)
+                self._flush(
+                    handle(active), pending, pending_at, appended.get(active.first), len(records)
+                )
                 if active.slots >= cfg.max_events or active.data_len >= cfg.max_bytes:
                     self._seal(active, tid)
                     result.sealed += 1
             # 3. the `.meta` chunks: what recovery loads instead of decoding the frames
             for seg in segs:
                 if seg.first in owned and seg.meta_len >= 0:
-                    chunk = _chunk_of(seg, appended.get(seg.first), flipped.get(seg.first, []))
+                    chunk = _chunk_of(
+                        seg, work, appended.get(seg.first), flipped.get(seg.first, [])
+                    )
                     if chunk:
                         fd = fs.open(meta_path(self.root, tid, seg.first), create=True)
                         metas[seg.first] = fd
@@ -643,9 +670,17 @@ class SegmentStore:
         state.segments = keep
         return result
 
-    def _flush(self, fd: int, pending: list[bytes], at: int) -> None:
-        if pending:
-            write_all(self.fs, fd, b"".join(pending), at)
+    def _flush(
+        self, fd: int, pending: list[bytes], at: int, mark: list[int] | None, k: int
+    ) -> None:
+        """Write the frames appended to a segment; note in `mark` (its `.meta` chunk's
+        notes) the index in `work.records` they end at, and their bytes' digest."""
+        blob = b"".join(pending)
+        if blob:
+            write_all(self.fs, fd, blob, at)
+        if mark is not None:
+            mark[3] = k
+            mark[4] = xxhash.xxh3_64_intdigest(blob)
 
     def _seal(self, seg: Segment, tid: int) -> None:
         seg.sealed = True  # (its `ts` column goes once the `.meta` chunk is written)
