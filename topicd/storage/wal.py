@@ -771,10 +771,15 @@ class Checkpoints(Protocol):
     """What the WAL backend needs of the checkpointer (`topicd.storage.checkpoint`)."""
 
     segments: SegmentStore
+    backlog_full: bool  # the WAL bytes awaiting a checkpoint reached their bound
 
     async def checkpoint(self, *, final: bool = False) -> bool: ...
 
     def poke(self) -> None: ...
+
+    def backlog(self) -> int: ...
+
+    def backlog_bound(self) -> int: ...
 
 
 class WalCommitPath:
@@ -801,6 +806,7 @@ class WalCommitPath:
         self.rng = random.Random()  # retry_after_ms jitter (tests may seed it)
         # the storage seam's other half (`StorageBackend`), set by the storage service
         self.checkpointer: Checkpoints | None = None
+        self.backlog_refused = 0  # writes refused while the checkpoint backlog was full
 
     @property
     def shard_count(self) -> int:
@@ -838,6 +844,18 @@ class WalCommitPath:
             shard.pressure_refused += 1
             raise Throttled.pressure(shard.retry_after_ms(self.pressure, self.rng))
         scope = shard.room_for(topic, nbytes)
+        cp = self.checkpointer
+        if (
+            scope is None
+            and not bypass
+            and cp is not None
+            and cp.backlog_full
+            and topic.config.durability != "ephemeral"
+        ):
+            # the records written since the last checkpoint are pinned in memory until
+            # one absorbs them: writes wait for it (topicd.storage.checkpoint)
+            scope = "shard"
+            self.backlog_refused += 1
         if scope is not None:
             shard.submit_full += 1
             raise Throttled.pressure(
@@ -845,8 +863,17 @@ class WalCommitPath:
             )
 
     def register_queues(self, registry: SaturationRegistry) -> None:
-        """Each shard's ingest queue in the saturation registry (scheduler spec R4)."""
+        """Each shard's ingest queue in the saturation registry (scheduler spec R4), and
+        the WAL bytes awaiting a checkpoint (`checkpoint_backlog`, in bytes)."""
         w = self.cfg.storage.wal
+        cp = self.checkpointer
+        if cp is not None:
+            registry.register(
+                "checkpoint_backlog",
+                cp.backlog,
+                cp.backlog_bound,
+                full=partial(getattr, self, "backlog_refused"),
+            )
         for shard in self.shards:
             registry.register(
                 f"wal_ingest.{shard.index}",
