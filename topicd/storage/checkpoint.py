@@ -43,7 +43,7 @@ log = logging.getLogger("topicd.checkpoint")
 
 # durable writes get `429 wal_ingest` once the WAL bytes written since the newest
 # snapshot's capture reach this many `storage.snapshot.wal_bytes_threshold`s
-BACKLOG_THRESHOLDS = 4
+BACKLOG_THRESHOLDS = 2
 
 
 def _remove_wal_files(fs: Fs, root: str, doomed: Callable[[int, int], bool]) -> int:
