@@ -234,6 +234,7 @@ class _Replayer:
         self.segments = segs.SegmentStore(fs, root, cfg.storage.segments)
         self.seg_truncate: list[tuple[str, int]] = []
         self.seg_metas: list[tuple[str, bytes]] = []
+        self.filled_from: dict[int, int] = {}  # topic → lowest router source seq filled
 
     # ---- files ------------------------------------------------------------------------
 
@@ -717,8 +718,17 @@ class _Replayer:
                     topic.skip_to(topic.reserved_head)
             topic.next_seq = topic.head_seq + 1
         engine.finish_replay(self.now)
+        shift = engine.payloads.shift
         for topic in engine.by_id.values():  # absorbed records: evictable from now on
-            engine.payloads.release(topic, self.segments.absorbed(topic.topic_id))
+            absorbed = self.segments.absorbed(topic.topic_id)
+            # the chunks wholly at or below the absorbed mark hold no bytes (their records
+            # are only in segments) but where router sources were filled: not walked
+            skip = (absorbed + 1) >> shift
+            filled = self.filled_from.get(topic.topic_id)
+            if filled is not None:
+                skip = min(skip, filled >> shift)
+            topic.released = max(topic.released, skip)
+            engine.payloads.release(topic, absorbed)
         return lost
 
     def fill_router_sources(self) -> None:
@@ -743,6 +753,8 @@ class _Replayer:
                 ) from None
             for seq, enc in got.items():
                 topic.fill(seq, enc)
+            if got:
+                self.filled_from[tid] = min(got)
 
 
 def recover(

@@ -948,27 +948,34 @@ def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> Loa
             seg.flags[seq - first] = 1
     if not reg.sealed:
         seg.ts = array("q", ts)
-        if checks:  # the active segment's bytes are verified (a sealed one's on read)
-            _verify_data(fs, root, topic_id, seg, checks)
+        if checks:
+            # the bytes the newest absorb appended to the active segment are verified
+            # here; the rest (and sealed segments) when read: reading every active
+            # segment whole would cost recovery a read of most of what is retained
+            _verify_data(fs, root, topic_id, seg, checks[-1])
     return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
 
 
 def _verify_data(
-    fs: Fs, root: str, topic_id: int, seg: Segment, checks: list[tuple[int, int, int]]
+    fs: Fs, root: str, topic_id: int, seg: Segment, check: tuple[int, int, int]
 ) -> None:
-    """Check the data bytes against the digests the chunks recorded: the tails of the
-    records flagged deleted are set back to 0x00 first (as absorbed)."""
-    data = fs.read(data_path(root, topic_id, seg.first))
+    """Check data bytes `start .. end` against the digest their chunk recorded: the tails
+    of the records flagged deleted are set back to 0x00 first (as absorbed)."""
+    start, end, digest = check
+    fd = fs.open(data_path(root, topic_id, seg.first))
+    try:
+        data = fs.pread(fd, end - start, start)
+    finally:
+        fs.close(fd)
     buf: bytes | bytearray = data
     if any(seg.flags):
         buf = bytearray(data)
         for i, flag in enumerate(seg.flags):
-            if flag:
-                buf[seg.offsets[i] + seg.lens[i] - 1] = 0
-    view = memoryview(buf)
-    for start, end, digest in checks:
-        if end > len(view) or xxhash.xxh3_64_intdigest(view[start:end]) != digest:
-            raise _MetaUnusable(f"data bytes {start}..{end} do not match")
+            tail = seg.offsets[i] + seg.lens[i] - 1
+            if flag and start <= tail < end:
+                buf[tail - start] = 0
+    if len(buf) != end - start or xxhash.xxh3_64_intdigest(buf) != digest:
+        raise _MetaUnusable(f"data bytes {start}..{end} do not match")
 
 
 def _load_frames(
