@@ -779,6 +779,8 @@ class Checkpoints(Protocol):
 
     def backlog(self) -> int: ...
 
+    async def wait_backlog(self) -> None: ...
+
     def backlog_bound(self) -> int: ...
 
 
@@ -844,16 +846,10 @@ class WalCommitPath:
             shard.pressure_refused += 1
             raise Throttled.pressure(shard.retry_after_ms(self.pressure, self.rng))
         scope = shard.room_for(topic, nbytes)
-        cp = self.checkpointer
-        if (
-            scope is None
-            and not bypass
-            and cp is not None
-            and cp.backlog_full
-            and topic.config.durability != "ephemeral"
-        ):
+        if scope is None and not bypass and self.backlog_full(topic):
             # the records written since the last checkpoint are pinned in memory until
-            # one absorbs them: writes wait for it (topicd.storage.checkpoint)
+            # one absorbs them (topicd.storage.checkpoint): a write that waited for one
+            # (`Engine.write`) as long as `backpressure.bypass_wait_ms` allows gets 429
             scope = "shard"
             self.backlog_refused += 1
         if scope is not None:
@@ -861,6 +857,14 @@ class WalCommitPath:
             raise Throttled.pressure(
                 shard.retry_after_ms(self.pressure, self.rng), cause="wal_ingest", scope=scope
             )
+
+    def backlog_full(self, topic: Topic) -> bool:
+        cp = self.checkpointer
+        return cp is not None and cp.backlog_full and topic.config.durability != "ephemeral"
+
+    async def wait_backlog(self) -> None:
+        if self.checkpointer is not None:
+            await self.checkpointer.wait_backlog()
 
     def register_queues(self, registry: SaturationRegistry) -> None:
         """Each shard's ingest queue in the saturation registry (scheduler spec R4), and
