@@ -251,35 +251,41 @@ async def test_a_corrupt_sealed_segment_is_found_by_its_read_or_by_a_frame_decod
     assert disk.tree() == before  # nothing modified
 
 
-async def test_a_corrupt_active_segment_refuses_recovery_naming_file_and_offset():
+async def test_a_damaged_end_of_the_active_segment_refuses_recovery_naming_file_and_offset():
     disk = FakeDisk()
     cfg = seg_config(max_events=100)
     async with open_durable(disk, cfg) as engine:
         for i in range(8):
-            await write(engine, "t", b'"%d"' % i, tag=f"k{i}")
+            await write(engine, "t", b'"%d"' % i, tag=f"k{i % 4}")
         assert await cp(engine).checkpoint()
         await engine.delete_records("t", DeleteIn(match="k3"))
-        assert await cp(engine).checkpoint()  # deletes flipped (tail bytes set)
-        await engine.delete_records("t", DeleteIn(match="k5"))
-        assert await cp(engine).checkpoint()
+        assert await cp(engine).checkpoint()  # deletes flipped: the last record's tail too
         tid = engine.get("t").topic_id
         expected = await state(engine)
     path = segs.data_path("/data", tid, 1)
     reg = _reg(disk, path)
     assert not reg.sealed and reg.meta_len > 0
-    # the flipped tails are not corruption: the data digests are taken as absorbed
+    # a flipped tail is not damage (the last frame is checked without its tail)
     async with open_durable(disk, cfg) as engine:
         assert await state(engine) == expected
     loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
-    assert loaded.rewrite is None  # (from the `.meta`, verified)
-    second = loaded.segment.offsets[1]
+    assert loaded.rewrite is None  # (from the `.meta`, its end verified)
+    assert loaded.segment.flags[7] == 1
+    second, last = loaded.segment.offsets[1], loaded.segment.offsets[7]
+    # damage inside an earlier record: found by its first read, never served
     _flip(disk, path, second + 45)
+    async with open_durable(disk, cfg) as engine:
+        with pytest.raises(Internal):
+            await engine.diff("t", DiffIn(from_seq=0, limit=10))
+    _flip(disk, path, second + 45)  # (undone)
+    # damage at the end of the active segment: recovery decodes the frames and refuses
+    _flip(disk, path, last + 45)
     before = disk.tree()
     with pytest.raises(RecoveryRefused) as exc:
         async with open_durable(disk, cfg):
             pass
     msg = str(exc.value)
-    assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
+    assert posixpath.relpath(path, "/data") in msg and f"offset {last}" in msg, msg
     assert disk.tree() == before
 
 
