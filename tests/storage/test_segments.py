@@ -6,8 +6,10 @@ state (`test_checkpoint.state`: every record a reader sees, watermarks, counts).
 points: the pre-checkpoint durable image is restored, `FakeDisk.crash_after(k)` is armed
 for every mutating call k of one checkpoint that absorbs, seals, flips delete flags,
 drops segments and trims the WAL, and recovery must yield the same state each time.
-Corruption: a byte of a sealed segment is changed; recovery must refuse naming the file
-and offset without modifying anything, and a serve-time read must fail and be counted.
+Corruption: a byte of a segment is changed; a serve-time read must fail and be counted;
+recovery (which reads a sealed segment's frames only without its `.meta`, and an active
+segment's last frame) must refuse naming the file and offset without modifying anything
+when it reads the damaged frame.
 """
 
 from __future__ import annotations
