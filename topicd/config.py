@@ -614,7 +614,10 @@ class BreakerConfig:
 class BackpressureConfig:
     allow_bypass: bool = key(True, "Honour disable_backpressure on writes.")
     bypass_wait_ms: int = key(
-        30000, "Longest wait of a disable_backpressure write at a full ingest queue.", min=0
+        30000,
+        "Longest wait of a disable_backpressure write at a full ingest queue, and of a "
+        "durable write at a full checkpoint backlog (then 429).",
+        min=0,
     )
     retry_after_min_ms: int = key(250, "Lower bound of retry_after_ms.", min=1)
     retry_after_pressure_span_ms: int = key(1750, "retry_after_ms added at pressure 1.0.", min=0)
