@@ -39,7 +39,8 @@ import re
 import struct
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from itertools import accumulate, chain, compress
+from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
 
@@ -47,6 +48,8 @@ from topicd.storage import frame as frames
 from topicd.storage.fs import write_all
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from topicd.config import SegmentsConfig
     from topicd.storage.fs import Fs
 
@@ -136,6 +139,21 @@ class Segment:
         self.lens.append(length)
         self.ts.append(ts)
         self.flags.append(0)
+
+
+def idx_entries(seg: Segment, ts_column: array[int]) -> bytes:
+    """A sealed segment's `.idx` bytes: one `IDX` entry per seq, packed by one call."""
+    n = len(seg.offsets)
+    offsets: Iterable[int] = seg.offsets
+    flags: Iterable[int] = seg.flags  # 1 (deleted) is IDX_DELETED already
+    if ABSENT in seg.offsets:
+        offsets = [0 if off == ABSENT else off for off in seg.offsets]
+        flags = [
+            IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
+            for off, flag in zip(seg.offsets, seg.flags, strict=True)
+        ]
+    columns = zip(offsets, seg.lens, ts_column, flags, strict=True)
+    return struct.pack("<" + IDX.format.lstrip("<") * n, *chain.from_iterable(columns))
 
 
 def topic_dir(root: str, topic_id: int) -> str:
@@ -236,8 +254,9 @@ class AbsorbSlice:
 @dataclass(slots=True)
 class AbsorbWork:
     """What one checkpoint does to one topic's segments. Captured on the loop as slices
-    of the log and copies of the sparse extras; `materialize` turns them into records in
-    the checkpoint's thread, so the loop does no per-record Python work."""
+    of the log and copies of the sparse extras; `materialize` turns them into the live
+    records' frames in the checkpoint's thread, so the loop does no per-record Python
+    work."""
 
     topic_id: int
     slices: list[AbsorbSlice]  # the slots above the registered `absorbed`, ascending
@@ -248,27 +267,57 @@ class AbsorbWork:
     nodes: dict[int, str] = field(default_factory=dict)
     prios: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
-    records: list[AbsorbRecord] = field(default_factory=list)  # ascending, live only
+    # the live records, ascending, as columns: seq, `$ts`, and its segment frame
+    seqs: list[int] = field(default_factory=list)
+    ts: list[int] = field(default_factory=list)
+    frames: list[bytes] = field(default_factory=list)
 
     def materialize(self) -> None:
-        """Build `records` from the captured slices (blocking work: run offloaded)."""
-        records: list[AbsorbRecord] = []
+        """Frame the captured slices' live records (blocking work: run offloaded).
+
+        Column-wise: the slices are copied with C-level `extend`s (a slice without a dead
+        slot, the common case, needs no filter), records without extras are framed by
+        `frames.plain_record_frames`, and only the few with a tag, node, priority or
+        projection shape go through `AbsorbRecord.frame`."""
+        seqs: list[int] = []
+        ts: list[int] = []
+        encs: list[bytes] = []
+        sizes: list[int] = []
         for sl in self.slices:
-            for seq, enc, ts, size in zip(
-                range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
-            ):
-                if enc is not None:
-                    records.append(AbsorbRecord(seq, ts, enc, size))
+            slots = range(sl.base, sl.base + len(sl.encs))
+            if None not in sl.encs:
+                seqs.extend(slots)
+                encs.extend(cast("list[bytes]", sl.encs))
+                ts.extend(sl.ts)
+                sizes.extend(sl.sizes)
+            else:
+                live = [enc is not None for enc in sl.encs]
+                seqs.extend(compress(slots, live))
+                encs.extend(cast("Iterator[bytes]", compress(sl.encs, live)))
+                ts.extend(compress(sl.ts, live))
+                sizes.extend(compress(sl.sizes, live))
+        tid = self.topic_id
+        out = frames.plain_record_frames(tid, seqs, ts, encs, sizes)
         tags, nodes, prios, shapes = self.tags, self.nodes, self.prios, self.shapes
-        if tags or nodes or prios or shapes:
-            for rec in records:
-                seq = rec.seq
-                rec.tag = tags.get(seq)
-                rec.node = nodes.get(seq)
-                rec.prio = prios.get(seq, 0)
-                shape = shapes.get(seq)
-                rec.shape = None if shape is None else (shape[0], shape[1])
-        self.records = records
+        special = tags.keys() | nodes.keys() | prios.keys() | shapes.keys()
+        if special:
+            for i, seq in enumerate(seqs):
+                if seq in special:
+                    shape = shapes.get(seq)
+                    rec = AbsorbRecord(
+                        seq,
+                        ts[i],
+                        encs[i],
+                        sizes[i],
+                        tags.get(seq),
+                        nodes.get(seq),
+                        prios.get(seq, 0),
+                        None if shape is None else (shape[0], shape[1]),
+                    )
+                    out[i] = rec.frame(tid)
+        self.seqs = seqs
+        self.ts = ts
+        self.frames = out
         self.slices = []
 
 
@@ -392,7 +441,7 @@ class SegmentStore:
             and now_ms - segs[-1].created_ms >= cfg.max_age_ms
         )
         below = bool(segs) and segs[0].sealed and segs[0].last < work.earliest
-        if not (work.records or work.flips or aged or below):
+        if not (work.seqs or work.flips or aged or below):
             return result  # nothing to do: most topics at most checkpoints
         tdir = topic_dir(self.root, tid)
         if not fs.exists(tdir):
@@ -437,14 +486,19 @@ class SegmentStore:
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
-                elif work.records:
+                elif work.seqs:
                     fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
             pending: list[bytes] = []
             pending_at = active.data_len if active is not None else 0
-            for rec in work.records:
+            seqs, stamps, datas = work.seqs, work.ts, work.frames
+            lens = list(map(len, datas))
+            n = len(seqs)
+            i = 0
+            while i < n:
+                seq = seqs[i]
                 if active is not None and (
-                    rec.seq - active.last - 1 > _MAX_PAD
-                    or rec.seq - active.first + 1 > cfg.max_events
+                    seq - active.last - 1 > _MAX_PAD
+                    or seq - active.first + 1 > cfg.max_events
                     or active.data_len >= cfg.max_bytes
                 ):
                     self._flush(handle(active), pending, pending_at)
@@ -453,18 +507,40 @@ class SegmentStore:
                     result.sealed += 1
                     active = None
                 if active is None:
-                    active = Segment(rec.seq, rec.seq - 1, 0, False, now_ms)
+                    active = Segment(seq, seq - 1, 0, False, now_ms)
                     segs.append(active)
                     owned.add(active.first)
                     fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
                     new_files = True
                     pending_at = 0
-                data = rec.frame(tid)
-                active.add(rec.seq, active.data_len, len(data), rec.ts)
-                active.data_len += len(data)
-                pending.append(data)
-                out.records += 1
-                out.bytes += len(data)
+                start = active.data_len
+                active.add(seq, start, lens[i], stamps[i])  # (pads a gap)
+                # the records after it that continue the segment with no gap and no
+                # trigger, indexed in bulk
+                end = start + lens[i]
+                j = i + 1
+                last_slot = active.first + cfg.max_events - 1
+                while (
+                    j < n
+                    and seqs[j] == seq + j - i
+                    and seqs[j] <= last_slot
+                    and end < cfg.max_bytes
+                ):
+                    end += lens[j]
+                    j += 1
+                if j > i + 1:
+                    run = lens[i + 1 : j]
+                    offsets = accumulate(run[:-1], initial=start + lens[i])
+                    active.offsets.extend(offsets)
+                    active.lens.extend(run)
+                    active.ts.extend(stamps[i + 1 : j])
+                    active.flags.extend(bytes(j - i - 1))
+                    active.last = seqs[j - 1]
+                active.data_len = end
+                pending.extend(datas[i:j])
+                out.records += j - i
+                out.bytes += end - start
+                i = j
             if active is not None:
                 self._flush(handle(active), pending, pending_at)
                 if active.slots >= cfg.max_events or active.data_len >= cfg.max_bytes:
@@ -503,15 +579,11 @@ class SegmentStore:
         ts_column, seg.ts = seg.ts, array("q")  # only the `.idx` needs them: 8 bytes a seq
         if not self.write_idx:
             return
-        entries = bytearray()
-        for off, length, ts, flag in zip(seg.offsets, seg.lens, ts_column, seg.flags, strict=True):
-            flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
-            entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
         path = idx_path(self.root, tid, seg.first)
         ifd = self.fs.open(path, create=True)
         try:
             self.fs.ftruncate(ifd, 0)
-            write_all(self.fs, ifd, bytes(entries), 0)
+            write_all(self.fs, ifd, idx_entries(seg, ts_column), 0)
         finally:
             self.fs.close(ifd)
 
