@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from topicd.config import Config
+from topicd.engine import payloads
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
 from topicd.lifecycle import Lifecycle
@@ -124,13 +125,44 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
         log.close()
 
 
-def jetstream_config(url: str, config: Config | None = None, prefix: str | None = None) -> Config:
+def jetstream_config(
+    url: str, config: Config | None = None, prefix: str | None = None, cache_bytes: int = 0
+) -> Config:
+    """`config` on the jetstream backend at `url`, with a fresh prefix (or `prefix`).
+
+    The payload cache is 0 bytes by default, so every read of a published record goes back
+    to the stream (the read path under test, not memory)."""
     cfg = config or Config()
     js = dataclasses.replace(
         cfg.storage.jetstream, servers=(url,), prefix=prefix or "t" + uuid.uuid4().hex[:12]
     )
-    storage = dataclasses.replace(cfg.storage, backend="jetstream", jetstream=js)
+    storage = dataclasses.replace(
+        cfg.storage, backend="jetstream", jetstream=js, payload_cache_bytes=cache_bytes
+    )
     return dataclasses.replace(cfg, storage=storage)
+
+
+# The documented deltas of the jetstream backend (docs/jetstream.md): these contract tests
+# fail on it by design, and must (strict): a delta that disappears is removed from here.
+JETSTREAM_DELTAS = {
+    "test_put_returns_full_resolved_config": "queue topics are refused",
+    "test_put_omitting_type_on_a_queue_is_a_type_change": "queue topics are refused",
+    "test_put_lease_ms_is_clamped_and_stored_clamped": "queue topics are refused",
+    "test_put_claim_jitter_is_clamped": "queue topics are refused",
+    "test_put_dead_letter_on_queue_must_differ_from_topic": "queue topics are refused",
+    "test_put_durable_alias": 'durability "ephemeral" is refused',
+    "test_limit_default_zero_and_clamp": "writes are capped at 1000 records (batch ceiling)",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("backend") != "jetstream":
+            continue
+        reason = JETSTREAM_DELTAS.get(item.originalname)  # type: ignore[attr-defined]
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"jetstream delta: {reason}"))
 
 
 @asynccontextmanager
@@ -149,6 +181,9 @@ async def open_jetstream_app(
             yield AppHarness(app, engine, lifecycle, clock)
 
 
+loaded: dict[str, int] = {}  # records each jetstream test read back from its stream
+
+
 @pytest.fixture(params=["memory", "jetstream"])
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param
@@ -161,10 +196,24 @@ async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
             yield h
         return
     server: NatsServer = request.getfixturevalue("nats_server")
+    # one-seq chunks and a 0-byte cache: every published record leaves memory at once,
+    # so every read of one goes back to its stream
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
     async with open_jetstream_app(jetstream_config(server.url)) as h:
         yield h
+        stats = h.engine.payloads.stats()
+        loaded[request.node.nodeid] = stats.loaded_records
 
 
 @pytest.fixture
 def client(harness: AppHarness):
     return harness.app.test_client()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if loaded:
+        terminalreporter.write_line(
+            f"jetstream: {sum(1 for n in loaded.values() if n)} of {len(loaded)} tests read "
+            f"{sum(loaded.values())} records back from their streams"
+        )
