@@ -5,7 +5,8 @@ One server per test session: the `nats-server` binary next to this Python (the
 batches); otherwise every test here is skipped with that reason. The server listens on a
 random loopback port, keeps its store in the session's temporary directory, and is
 stopped by its PID. Each test gets its own `storage.jetstream.prefix`, so tests sharing
-the server never see each other's streams.
+the server never see each other's streams. With `TOPICD_REQUIRE_NATS=1` (set by `.ci/run`)
+a missing server fails the tests instead.
 
 The `harness` and `client` fixtures are overridden here, parametrized by backend:
 `memory` (the in-memory engine the contract tests use elsewhere) and `jetstream`.
@@ -80,6 +81,8 @@ class NatsServer:
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     binary, why = nats_server_binary()
     if binary is None:
+        if os.environ.get("TOPICD_REQUIRE_NATS"):  # CI: the dev extra must have installed it
+            pytest.fail(why)
         pytest.skip(why)
     root = tmp_path_factory.mktemp("nats")
     conf = root / "nats.conf"

@@ -1,24 +1,370 @@
-"""The jetstream backend on a real nats-server: writes, reads, restarts, refusals."""
+"""The jetstream backend on a real nats-server: what survives a front restart, the
+sequence fence, the refusals, and `topicd serve` as a front (kill -9, empty data dir).
+
+Method: each test opens the app on a fresh prefix of the session's nats-server, acts
+through the HTTP API, closes the engine (or kills the daemon) and opens a new one on the
+same prefix: everything it then serves was rebuilt from JetStream. The payload cache is
+0 bytes with one-seq chunks, so diff reads load every record back from its stream.
+"""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import json
+from functools import partial
 
+import httpx
+import pytest
+import trio
+
+from tests.crash.harness import client as http_client
+from tests.crash.harness import serving
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from topicd.engine import payloads
+from topicd.storage.jetstream import (
+    BATCH_MAX,
+    JetStreamBackend,
+    JetStreamUnavailable,
+    open_jetstream_engine,
+)
+from topicd.testing.fake_clock import FakeWallClock
 
 pytestmark = pytest.mark.slow
 
 
-async def test_write_read_restart(nats_server):
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
+
+
+async def _json(r, status: int | None = None) -> dict:
+    raw = await r.get_data()
+    if status is not None:
+        assert r.status_code == status, raw
+    return json.loads(raw)
+
+
+async def _write(c, topic: str, *records, **fields) -> dict:
+    r = await c.post(f"/v0/topics/{topic}", json={"records": list(records), **fields})
+    assert r.status_code in (200, 201), await r.get_data()
+    return await _json(r)
+
+
+async def _diff(c, topic: str, from_seq: int = 0, **req) -> dict:
+    r = await c.post(
+        f"/v0/topics/{topic}/diff",
+        json={"from_seq": from_seq, "limit": 1000, "include_tags": True, **req},
+    )
+    return await _json(r, 200)
+
+
+def _backend(h) -> JetStreamBackend:
+    backend = h.engine.commit
+    assert isinstance(backend, JetStreamBackend)
+    return backend
+
+
+async def test_records_and_extras_survive_a_restart(nats_server):
     cfg = jetstream_config(nats_server.url)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
-        r = await c.post("/v0/topics/a", json={"records": [{"data": 1}, {"data": 2}]})
-        assert r.status_code == 201, await r.get_data()
-        r = await c.post("/v0/topics/a", json={"records": [{"data": 3}]})
-        assert (await r.get_json())["first_seq"] == 3
+        one = await _write(c, "a", {"data": {"x": [1, 2.50, "é"]}, "meta": {"m": 1}, "tag": "t1"})
+        assert one["first_seq"] == 1
+        two = await _write(
+            c,
+            "a",
+            {"data": 2, "node": "n1", "priority": 7},
+            {"data": None, "tag": "t2"},
+            {"data": "s"},
+        )
+        assert (two["first_seq"], two["last_seq"]) == (2, 4)
+        before = await _diff(c, "a", include_meta=True)
+        assert h.engine.payloads.stats().loaded_records >= 4  # read back from the stream
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
-        r = await c.post("/v0/topics/a/diff", json={"from_seq": 0})
-        body = await r.get_json()
-        assert [x["data"] for x in body["records"]] == [1, 2, 3], body
+        after = await _diff(c, "a", include_meta=True)
+        assert after["records"] == before["records"]
+        assert after["records"][0]["data"] == {"x": [1, 2.50, "é"]}
+        assert [r.get("$tag") for r in after["records"]] == ["t1", None, "t2", None]
+        state = await _json(await c.get("/v0/topics/a"), 200)
+        assert (state["head_seq"], state["count"], state["earliest_seq"]) == (4, 4, 1)
+        # the node filter still knows the records' nodes
+        echo = await _diff(c, "a", node="n1")
+        assert [r["$seq"] for r in echo["records"]] == [1, 3, 4]
+        # seqs continue at the stream's head
+        assert (await _write(c, "a", {"data": 5}))["first_seq"] == 5
+
+
+async def test_caps_tombstones_and_floor_purge_survive_a_restart(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/topics/capped", json={"cap_records": 5})
+        assert r.status_code == 201
+        for i in range(12):
+            await _write(c, "capped", {"data": i})
+        first = await _diff(c, "capped")
+        assert first["tombstone"]["reason"] == "cap"
+        backend = _backend(h)
+        await backend.write_floors()  # the floor task's pass, without waiting for it
+        lo, hi = await backend.bridge.call(partial(backend.store.bounds, 1))
+        assert (lo, hi) == (8, 12)  # purged below the floor
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        again = await _diff(c, "capped")
+        assert again["tombstone"] == first["tombstone"]
+        assert [r["data"] for r in again["records"]] == [7, 8, 9, 10, 11]
+        await _write(c, "capped", {"data": 12})
+        state = await _json(await c.get("/v0/topics/capped"), 200)
+        assert (state["head_seq"], state["earliest_seq"], state["count"]) == (13, 9, 5)
+
+
+async def test_a_floor_not_yet_stored_is_redone_by_the_rebuild(nats_server):
+    """Evictions reach the registry in the background: a restart before that re-applies
+    the caps to the stream's records and finds the same floor."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/capped", json={"cap_records": 3})
+        for i in range(6):
+            await _write(c, "capped", {"data": i})
+        first = await _diff(c, "capped")
+        _backend(h).write_floors = _nothing  # type: ignore[method-assign]
+    async with open_jetstream_app(cfg) as h:
+        again = await _diff(h.app.test_client(), "capped")
+        assert again["tombstone"] == first["tombstone"]
+        assert again["records"] == first["records"]
+
+
+async def _nothing() -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def test_record_deletes_survive_a_restart(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(
+            c,
+            "d",
+            *(
+                {"data": i, "tag": tag}
+                for i, tag in enumerate(["a", "b", "ab", "a", "c", "b", "a", "x"])
+            ),
+        )
+        r = await c.post("/v0/topics/d/delete", json={"before_seq": 2})
+        assert (await _json(r, 200))["deleted"] == 1
+        r = await c.post("/v0/topics/d/delete", json={"match": ["tag", "Eq", "b"]})
+        assert (await _json(r, 200))["deleted"] == 2
+        r = await c.post("/v0/topics/d/delete", json={"match": "a*", "before_seq": 5})
+        assert (await _json(r, 200))["deleted"] == 2  # seqs 3 (ab) and 4 (a)
+        before = await _diff(c, "d")
+        assert [x["$seq"] for x in before["records"]] == [5, 7, 8]
+        assert before["tombstone"] is None
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        after = await _diff(c, "d")
+        assert after["records"] == before["records"]
+        assert after["tombstone"] is None
+        state = await _json(await c.get("/v0/topics/d"), 200)
+        assert (state["head_seq"], state["count"]) == (8, 3)
+
+
+async def test_idempotency_survives_a_restart(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "i", {"data": 0})
+        first = await _write(c, "i", {"data": 1}, {"data": 2}, idempotency_key="k1")
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.post(
+            "/v0/topics/i", json={"records": [{"data": 1}, {"data": 2}], "idempotency_key": "k1"}
+        )
+        replay = await _json(r, 200)
+        assert replay["deduped"] is True
+        assert (replay["first_seq"], replay["last_seq"]) == (first["first_seq"], 3)
+        assert (await _json(await c.get("/v0/topics/i"), 200))["head_seq"] == 3
+
+
+async def test_topic_config_delete_and_recreate_survive_a_restart(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "keep", {"data": 1})
+        r = await c.put("/v0/topics/keep", json={"cap_records": 100, "priority": 3})
+        assert r.status_code == 200
+        await _write(c, "gone", {"data": 1})
+        r = await c.delete("/v0/topics/gone")
+        assert (await _json(r, 200))["deleted"] is True
+        await _write(c, "again", {"data": 1})
+        await c.delete("/v0/topics/again")
+        await _write(c, "again", {"data": 2})
+        ids = {t.name: t.topic_id for t in h.engine.topics.values()}
+        await _write(c, "last", {"data": 1})  # the highest id so far, then deleted
+        await c.delete("/v0/topics/last")
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        listed = await _json(await c.get("/v0/topics"), 200)
+        assert [t["topic"] for t in listed["topics"]] == ["again", "keep"]
+        state = await _json(await c.get("/v0/topics/keep"), 200)
+        assert (state["config"]["cap_records"], state["config"]["priority"]) == (100, 3)
+        again = await _diff(c, "again")
+        assert [x["data"] for x in again["records"]] == [2]
+        assert {t.name: t.topic_id for t in h.engine.topics.values()} == ids
+        # ids are never reused, and the deleted instances' streams are gone
+        new = await _write(c, "fresh", {"data": 1})
+        assert new["first_seq"] == 1
+        assert h.engine.topics["fresh"].topic_id == max(ids.values()) + 2
+        backend = _backend(h)
+        streams = await backend.bridge.call(backend.store.stream_ids)
+        assert sorted(streams) == sorted([*ids.values(), h.engine.topics["fresh"].topic_id])
+
+
+async def test_orphan_streams_are_removed_at_start(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        backend = _backend(h)
+        await backend.bridge.call(partial(backend.store.create_stream, 77))  # no entry
+        assert 77 in await backend.bridge.call(backend.store.stream_ids)
+    async with open_jetstream_app(cfg) as h:
+        backend = _backend(h)
+        assert 77 not in await backend.bridge.call(backend.store.stream_ids)
+
+
+async def test_a_foreign_publish_fences_the_front_off(nats_server):
+    """A message the front did not write moves the stream's head: the next write's
+    expected-last-sequence fails, the write is refused (503), memory never holds a seq
+    the stream gave to someone else, and the topic refuses writes until a restart
+    rebuilds it from the stream."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "f", {"data": 1})
+        backend = _backend(h)
+        store = backend.store
+        stranger = [(store.subject(1, None), b'{"$seq":2,"$ts":1,"data":"x"}', {})]
+        assert await backend.bridge.call(partial(store.publish, 1, 1, stranger)) == 2
+        r = await c.post("/v0/topics/f", json={"records": [{"data": 2}]})
+        err = (await _json(r, 503))["error"]
+        assert err["code"] == "storage_unavailable"
+        r = await c.post("/v0/topics/f", json={"records": [{"data": 3}]})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        assert (await _json(await c.get("/v0/topics/f"), 200))["head_seq"] == 1
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert (await _write(c, "f", {"data": 3}))["first_seq"] == 3
+        assert [x["data"] for x in (await _diff(c, "f"))["records"]] == [1, "x", 3]
+
+
+async def test_concurrent_writes_keep_seq_order(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        results: list[dict] = []
+
+        async def writer(k: int) -> None:
+            for i in range(10):
+                results.append(await _write(c, "cc", {"data": [k, i]}, {"data": [k, i, 1]}))
+
+        async with trio.open_nursery() as n:
+            for k in range(8):
+                n.start_soon(writer, k)
+        seqs = sorted(s for r in results for s in (r["first_seq"], r["last_seq"]))
+        assert seqs == list(range(1, 161))
+        published = _backend(h).published_batches
+        assert published <= 80  # writes waiting behind one another share a batch
+        before = await _diff(c, "cc")
+    async with open_jetstream_app(cfg) as h:
+        assert (await _diff(h.app.test_client(), "cc"))["records"] == before["records"]
+
+
+async def test_refusals_are_canonical_errors(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/topics/q", json={"type": "queue"})
+        err = (await _json(r, 400))["error"]
+        assert err["code"] == "invalid_request"
+        assert err["detail"] == {
+            "backend": "jetstream",
+            "unsupported": "queue topics",
+            "field": "config.type",
+        }
+        r = await c.post(
+            "/v0/topics/e", json={"records": [{"data": 1}], "config": {"durability": "ephemeral"}}
+        )
+        err = (await _json(r, 400))["error"]
+        assert err["detail"]["field"] == "config.durability"
+        await _write(c, "plain", {"data": 1})
+        r = await c.put("/v0/topics/plain", json={"durability": "ephemeral"})
+        assert (await _json(r, 400))["error"]["detail"]["unsupported"] == 'durability "ephemeral"'
+        r = await c.put("/v0/routers/r1", json={"source": "plain", "dest": "other"})
+        err = (await _json(r, 400))["error"]
+        assert (err["code"], err["detail"]["unsupported"]) == ("invalid_request", "routers")
+        # the batch ceiling: 1000 records pass, 1001 are refused with the ceiling
+        ok = await _write(c, "big", *({"data": i} for i in range(BATCH_MAX)))
+        assert (ok["first_seq"], ok["last_seq"]) == (1, BATCH_MAX)
+        r = await c.post("/v0/topics/big", json={"records": [{"data": 0}] * (BATCH_MAX + 1)})
+        err = (await _json(r, 400))["error"]
+        assert err["code"] == "batch_too_large"
+        assert err["detail"]["max"] == BATCH_MAX
+        assert {t.name for t in h.engine.topics.values()} == {"plain", "big"}
+
+
+async def test_an_unreachable_cluster_refuses_the_start():
+    cfg = jetstream_config("nats://127.0.0.1:1")
+    js = dataclasses.replace(cfg.storage.jetstream, request_timeout_ms=200)
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    with pytest.raises(JetStreamUnavailable, match=r"nats://127\.0\.0\.1:1"):
+        async with open_jetstream_engine(cfg, FakeWallClock()):
+            pass
+
+
+async def test_topicd_serve_as_a_front_kill9_and_an_empty_data_dir(nats_server, tmp_path):
+    """`topicd serve` on the jetstream backend, killed with SIGKILL while writes are in
+    flight, then started on a new, empty data directory: every acknowledged write is
+    there, and seqs continue (none reused)."""
+    env = {
+        "TOPICD_STORAGE_BACKEND": "jetstream",
+        "TOPICD_JETSTREAM_SERVERS": nats_server.url,
+        "TOPICD_JETSTREAM_PREFIX": "serve1",
+    }
+    acked: dict[int, int] = {}
+    async with serving(tmp_path, env=env) as server:
+        async with http_client(server) as hc:
+            for i in range(20):
+                r = await hc.post("/v0/topics/s", json={"records": [{"data": i}, {"data": -i}]})
+                assert r.status_code in (200, 201), r.text
+                acked[r.json()["first_seq"]] = i
+
+            enough = trio.Event()
+
+            async def flood() -> None:
+                async with http_client(server) as hc2:
+                    for i in range(20, 10_000):
+                        try:
+                            r = await hc2.post("/v0/topics/s", json={"records": [{"data": i}]})
+                        except httpx.HTTPError:
+                            return  # the front is gone
+                        acked[r.json()["first_seq"]] = i
+                        if len(acked) >= 60:
+                            enough.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(flood)
+                await enough.wait()
+                await server.kill()
+        server.data_dir = tmp_path / "empty-data-dir"
+        await server.start()
+        assert "rebuilt 1 topics" in server.run.text
+        async with http_client(server) as hc:
+            r = await hc.post("/v0/topics/s/diff", json={"from_seq": 0, "limit": 100000})
+            records = r.json()["records"]
+            by_seq = {x["$seq"]: x["data"] for x in records}
+            for seq, i in acked.items():
+                assert by_seq[seq] == i
+            assert sorted(by_seq) == list(range(1, len(records) + 1))
+            r = await hc.post("/v0/topics/s", json={"records": [{"data": "after"}]})
+            assert r.json()["first_seq"] == len(records) + 1
+        assert server.run.problems() == []

@@ -28,6 +28,7 @@ Every client call runs on the asyncio loop of an `AsyncioBridge` (its own thread
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -43,6 +44,7 @@ import orjson
 import trio
 
 from topicd.engine.engine import Engine
+from topicd.engine.router import RouterService
 from topicd.engine.topic import Topic
 from topicd.errors import InvalidRequest, StorageUnavailable, TopicdError, TopicNotFound
 from topicd.storage import frame as frames
@@ -59,7 +61,9 @@ if TYPE_CHECKING:
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.commit import AppendBatch, CommitHooks
+    from topicd.engine.router import Router
     from topicd.errors import JsonValue
+    from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.storage.jetstream")
 
@@ -70,8 +74,12 @@ BATCH_MAX: Final = 1000
 # the records one batched direct get asks for, and its byte budget
 READ_PAGE: Final = 1000
 READ_PAGE_BYTES: Final = 4 << 20
+# the first connection gets this many request timeouts before the start is refused
+CONNECT_ATTEMPTS: Final = 2
 # how often cap/TTL floors reach the registry and the streams (seconds)
 FLOOR_INTERVAL_S: Final = 1.0
+
+_WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
 
 H_SIZE: Final = "Topicd-Size"  # the record's data+meta size (what caps count)
 H_EXTRA: Final = "Topicd-Extra"  # ASCII JSON {"t": tag, "n": node, "p": prio, "s": shape}
@@ -109,6 +117,15 @@ def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "c
         raise NotSupported("queue topics", f"{field_prefix}.type")
     if topic_config_wire.get("durability") == "ephemeral":
         raise NotSupported('durability "ephemeral"', f"{field_prefix}.durability")
+
+
+class RefusingRouters(RouterService):
+    """Routers are not served on this backend yet: creating one is refused before
+    anything (a destination topic included) is created."""
+
+    async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
+        await trio.lowlevel.checkpoint()
+        raise NotSupported("routers")
 
 
 @dataclass
@@ -158,12 +175,16 @@ class JetStreamStore:
         import nats
         import nats.js.errors
 
-        self.nc = await nats.connect(
-            servers=self.servers,
-            connect_timeout=self.timeout,
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
-            name="topicd",
+        # reconnects never give up (-1); the first connection is bounded here instead
+        self.nc = await asyncio.wait_for(
+            nats.connect(
+                servers=self.servers,
+                connect_timeout=self.timeout,
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                name="topicd",
+            ),
+            CONNECT_ATTEMPTS * self.timeout,
         )
         self.js = self.nc.jetstream(timeout=self.timeout)
         try:
@@ -484,7 +505,7 @@ class JetStreamBackend:
                         )
                         lane.diverged = True
                 except Exception as exc:
-                    committed = await self._settle(lane, expected, total, exc)
+                    committed = await self._settle(lane, expected, msgs, exc)
                 ms = (trio.current_time() - t0) * 1000
                 self.published_batches += 1
                 if committed:
@@ -514,21 +535,51 @@ class JetStreamBackend:
             if not self._busy and self._idle is not None:
                 self._idle.set()
 
-    async def _settle(self, lane: _Lane, expected: int, total: int, exc: Exception) -> bool:
-        """A publish raised: find out from the stream whether it committed."""
+    async def _settle(
+        self,
+        lane: _Lane,
+        expected: int,
+        msgs: list[tuple[str, bytes, dict[str, str]]],
+        exc: Exception,
+    ) -> bool:
+        """A publish raised: decide whether it committed.
+
+        A server's answer (an API error: wrong last sequence, no such stream, a refused
+        batch) is final: not committed; a wrong last sequence means someone else moved
+        the stream, so memory cannot be trusted for this topic any more. Anything else
+        (a timeout, a lost connection) leaves the outcome open: the stream says whether
+        our last record sits at the seq it was meant for."""
+        import nats.js.errors
+
         topic = lane.topic
         if topic.deleted:
             return False
+        if isinstance(exc, nats.js.errors.APIError):
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                log.error("topic %r: the stream moved under this front: %s", topic.name, exc)
+                lane.diverged = True
+            else:
+                log.warning("topic %r: JetStream refused a write: %s", topic.name, exc)
+            return False
+        target = expected + len(msgs)
         try:
             _, last = await self._call(partial(self.store.bounds, topic.topic_id))
+            stored = (
+                await self._call(partial(self.store.read, topic.topic_id, target, target, 1))
+                if last >= target
+                else []
+            )
         except Exception as again:
             log.error(
-                "topic %r: JetStream write failed (%s); state unknown (%s)", topic.name, exc, again
+                "topic %r: JetStream write failed (%s); its outcome is unknown (%s)",
+                topic.name,
+                exc,
+                again,
             )
             lane.diverged = True
             return False
-        if last == expected + total:
-            return True
+        if stored and stored[0].seq == target and stored[0].data == msgs[-1][1]:
+            return True  # it landed: the answer was lost
         if last != expected:
             lane.diverged = True
         log.warning("topic %r: JetStream write failed: %s", topic.name, exc)
@@ -806,6 +857,7 @@ async def _load_topic(
         seq = msgs[-1].seq + 1
     if last > topic.head_seq:
         topic.skip_to(last)
+    topic.next_seq = topic.head_seq + 1
     return loaded
 
 
@@ -854,6 +906,7 @@ async def open_jetstream_engine(
             )
         backend = JetStreamBackend(cfg, bridge, store)
         engine = Engine(cfg, clock, backend)
+        engine.routers = RefusingRouters(engine)
         backend.engine = engine
         t0 = trio.current_time()
         topics, records = await _rebuild(engine, backend, clock.now_ms)
