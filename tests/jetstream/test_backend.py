@@ -235,8 +235,8 @@ async def test_orphan_streams_are_removed_at_start(nats_server):
 async def test_a_foreign_publish_fences_the_front_off(nats_server):
     """A message the front did not write moves the stream's head: the next write's
     expected-last-sequence fails, the write is refused (503), memory never holds a seq
-    the stream gave to someone else, and the topic refuses writes until a restart
-    rebuilds it from the stream."""
+    the stream gave to someone else, and writes resume once the front has read the
+    stream back (which a refused write starts)."""
     cfg = jetstream_config(nats_server.url)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
@@ -248,13 +248,45 @@ async def test_a_foreign_publish_fences_the_front_off(nats_server):
         r = await c.post("/v0/topics/f", json={"records": [{"data": 2}]})
         err = (await _json(r, 503))["error"]
         assert err["code"] == "storage_unavailable"
+        assert (await _json(await c.get("/v0/topics/f"), 200))["head_seq"] == 1
         r = await c.post("/v0/topics/f", json={"records": [{"data": 3}]})
         assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
-        assert (await _json(await c.get("/v0/topics/f"), 200))["head_seq"] == 1
-    async with open_jetstream_app(cfg) as h:
-        c = h.app.test_client()
+        assert await backend.resync(h.engine.topics["f"])
         assert (await _write(c, "f", {"data": 3}))["first_seq"] == 3
         assert [x["data"] for x in (await _diff(c, "f"))["records"]] == [1, "x", 3]
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert [x["data"] for x in (await _diff(c, "f"))["records"]] == [1, "x", 3]
+
+
+async def test_a_write_whose_answer_is_lost_is_settled_from_the_stream(nats_server):
+    """The publish lands but its answer never arrives (here: the call raises after
+    the publish): the front reads the target seq back, finds its own bytes and
+    acknowledges the write; no seq is skipped or reused."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "l", {"data": 1})
+        store = _backend(h).store
+        real = store.publish
+
+        async def lost_answer(*args):
+            await real(*args)
+            raise TimeoutError("the answer was lost")
+
+        store.publish = lost_answer  # type: ignore[method-assign]
+        landed = await _write(c, "l", {"data": 2}, {"data": 3})
+        assert (landed["first_seq"], landed["last_seq"]) == (2, 3)
+
+        async def never_lands(*args):
+            raise TimeoutError("the request was lost")
+
+        store.publish = never_lands  # type: ignore[method-assign]
+        r = await c.post("/v0/topics/l", json={"records": [{"data": 4}]})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        store.publish = real  # type: ignore[method-assign]
+        assert (await _write(c, "l", {"data": 4}))["first_seq"] == 4
+        assert [x["data"] for x in (await _diff(c, "l"))["records"]] == [1, 2, 3, 4]
 
 
 async def test_concurrent_writes_keep_seq_order(nats_server):

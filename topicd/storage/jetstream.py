@@ -136,6 +136,7 @@ class _Lane:
     pending: deque[AppendBatch] = field(default_factory=deque)
     busy: bool = False
     diverged: bool = False  # the stream's head is not known to match memory: refuse writes
+    resyncing: bool = False  # a task reads the stream back (`JetStreamBackend.resync`)
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
 
@@ -449,11 +450,55 @@ class JetStreamBackend:
     def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
         lane = self._lanes.get(topic.topic_id)
         if lane is not None and lane.diverged:
+            if not lane.resyncing and self._nursery is not None:
+                lane.resyncing = True
+                self._nursery.start_soon(self._resync_task, lane)
             raise StorageUnavailable(
-                f"topic {topic.name!r}: the outcome of a JetStream write is unknown; "
-                "writes resume after the front restarts",
+                f"topic {topic.name!r}: its stream is being read back after a failed "
+                "JetStream write; retry shortly",
                 {"topic": topic.name, "backend": "jetstream"},
             )
+
+    async def _resync_task(self, lane: _Lane) -> None:
+        try:
+            await self.resync(lane.topic)
+        finally:
+            lane.resyncing = False
+
+    async def resync(self, topic: Topic) -> bool:
+        """Make memory match the stream again after a write whose outcome was unknown or
+        whose fence failed: records the stream holds above the topic's head (the lost
+        write's, or another writer's) are read in, then writes resume. False (still
+        refusing writes) when the stream cannot be read or is behind memory."""
+        lane = self.lane(topic)
+        engine = self.engine
+        assert engine is not None
+        if lane.busy or lane.pending or topic.deleted:
+            await trio.lowlevel.checkpoint()
+            return False
+        try:
+            _, last = await self._call(partial(self.store.bounds, topic.topic_id))
+            if last < topic.head_seq:
+                log.error(
+                    "topic %r: its stream ends at %d, below the head %d in memory",
+                    topic.name,
+                    last,
+                    topic.head_seq,
+                )
+                return False
+            if last > topic.head_seq:
+                loaded = await _load_topic(
+                    engine, self, topic, engine.clock.now_ms, topic.head_seq + 1
+                )
+                engine.durable(topic, topic.head_seq)
+                self._release(topic)
+                log.warning("topic %r: %d records read back from its stream", topic.name, loaded)
+        except Exception as exc:
+            log.warning("topic %r: the stream cannot be read back yet: %s", topic.name, exc)
+            return False
+        topic.next_seq = topic.head_seq + 1
+        lane.diverged = False
+        return True
 
     def govern(self, pressure: float, commit_window_ms: float | None) -> None:
         return None
@@ -788,14 +833,19 @@ async def _rebuild(
 
 
 async def _load_topic(
-    engine: Engine, backend: JetStreamBackend, topic: Topic, now_ms: Callable[[], int]
+    engine: Engine,
+    backend: JetStreamBackend,
+    topic: Topic,
+    now_ms: Callable[[], int],
+    from_seq: int = 1,
 ) -> int:
-    """Publish the stored records of `topic` into memory, at their stream seqs."""
+    """Publish the stored records of `topic` from `from_seq` on into memory, at their
+    stream seqs (memory holds nothing at or above `from_seq`)."""
     store = backend.store
     tid = topic.topic_id
     first, last = await backend.bridge.call(partial(store.bounds, tid))
     loaded = 0
-    seq = max(first, 1)
+    seq = max(first, from_seq)
     # a write's records, grouped back: (first seq, ts, key, count)
     while last and seq <= last:
         msgs = await backend.bridge.call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))

@@ -1,0 +1,58 @@
+"""The jetstream backend's configuration keys: loading and validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from topicd.config import ConfigError, load_config
+
+
+def test_defaults_are_the_embedded_backend():
+    cfg = load_config(None, env={})
+    assert cfg.storage.backend == "embedded"
+    assert cfg.storage.jetstream.servers == ("nats://127.0.0.1:4222",)
+    assert cfg.storage.jetstream.prefix == "topicd"
+
+
+def test_backend_and_servers_from_the_environment():
+    cfg = load_config(
+        None,
+        env={
+            "TOPICD_STORAGE_BACKEND": "jetstream",
+            "TOPICD_JETSTREAM_SERVERS": "nats://a:4222, nats://b:4222",
+            "TOPICD_JETSTREAM_PREFIX": "prod-1",
+        },
+    )
+    assert cfg.storage.backend == "jetstream"
+    assert cfg.storage.jetstream.servers == ("nats://a:4222", "nats://b:4222")
+    assert cfg.storage.jetstream.prefix == "prod-1"
+
+
+def test_servers_from_a_file(tmp_path):
+    path = tmp_path / "topicd.toml"
+    path.write_text(
+        '[storage]\nbackend = "jetstream"\n[storage.jetstream]\nservers = ["nats://x:1"]\n'
+    )
+    assert load_config(path, env={}).storage.jetstream.servers == ("nats://x:1",)
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(ConfigError, match=r"storage\.backend"):
+        load_config(None, env={"TOPICD_STORAGE_BACKEND": "raft"})
+
+
+def test_jetstream_without_servers_is_refused(tmp_path):
+    path = tmp_path / "topicd.toml"
+    path.write_text('[storage]\nbackend = "jetstream"\n[storage.jetstream]\nservers = []\n')
+    with pytest.raises(ConfigError, match=r"storage\.jetstream\.servers"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize("prefix", ["", "a.b", "x*", "a" * 33, "é"])
+def test_a_bad_prefix_is_refused(prefix):
+    with pytest.raises(ConfigError, match=r"storage\.jetstream\.prefix"):
+        load_config(None, env={"TOPICD_JETSTREAM_PREFIX": prefix})
+
+
+def test_a_32_character_prefix_is_accepted():
+    assert load_config(None, env={"TOPICD_JETSTREAM_PREFIX": "a" * 32}).storage.jetstream.prefix
