@@ -16,10 +16,12 @@ from functools import partial
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from tests.crash.harness import client as http_client
 from tests.crash.harness import serving
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
 from topicd.storage.jetstream import (
     BATCH_MAX,
@@ -400,3 +402,52 @@ async def test_topicd_serve_as_a_front_kill9_and_an_empty_data_dir(nats_server, 
             r = await hc.post("/v0/topics/s", json={"records": [{"data": "after"}]})
             assert r.json()["first_seq"] == len(records) + 1
         assert server.run.problems() == []
+
+
+async def test_sse_watch_backlog_from_the_stream_then_live(nats_server, nursery):
+    """A watch stream's backlog is loaded back from the stream (nothing is in memory),
+    then live records follow, as on the embedded backend."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "w", *({"data": i} for i in range(5)))
+        loaded = h.engine.payloads.stats().loaded_records
+        wid = await watch_helpers.wid_of(c, {"topics": {"w": {"from_seq": 1}}})
+        s = await watch_helpers.open_ok(h, nursery, wid)
+        frames = await watch_helpers.read_until_event(s, "caught-up")
+        backlog = [r["data"] for f in frames if f[0] == "record" for r in f[2]["records"]]
+        assert backlog == [1, 2, 3, 4]
+        assert h.engine.payloads.stats().loaded_records >= loaded + 4
+        await _write(c, "w", {"data": "live"})
+        (event, cursors, data) = (await watch_helpers.read(s, 1))[0]
+        assert (event, cursors, [r["data"] for r in data["records"]]) == (
+            "record",
+            {"w": 6},
+            ["live"],
+        )
+        await watch_helpers.close(s)
+
+
+async def test_long_poll_wakes_on_a_write(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "p", {"data": 0})
+        got: list[dict] = []
+
+        async def poll() -> None:
+            got.append(await _diff(c, "p", from_seq=1, wait_ms=20_000))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            with trio.fail_after(10):
+                await _write(c, "p", {"data": 1})
+        assert [r["data"] for r in got[0]["records"]] == [1]
+
+
+async def test_ready_reports_no_wal(nats_server):
+    async with open_jetstream_app(jetstream_config(nats_server.url)) as h:
+        body = await _json(await h.app.test_client().get("/v0/ready"), 200)
+        assert body.get("storage") is None, body
