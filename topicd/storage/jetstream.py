@@ -160,6 +160,7 @@ class JetStreamStore:
         self.nc: nats.aio.client.Client | None = None
         self.js: nats.js.JetStreamContext | None = None
         self.kv: nats.js.kv.KeyValue | None = None
+        self.last_error: Exception | None = None  # the last connection error NATS reported
 
     # ---- names -------------------------------------------------------------------------
 
@@ -184,6 +185,9 @@ class JetStreamStore:
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
                 name="topicd",
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
             ),
             CONNECT_ATTEMPTS * self.timeout,
         )
@@ -193,6 +197,19 @@ class JetStreamStore:
         except nats.js.errors.BucketNotFoundError:
             self.kv = await self.js.create_key_value(bucket=self.bucket, history=1)
         return int(self.nc.max_payload)
+
+    async def _on_error(self, exc: Exception) -> None:
+        if str(exc) != str(self.last_error):  # one line per distinct error, no traceback
+            log.warning("NATS: %s", str(exc) or type(exc).__name__)
+        self.last_error = exc
+
+    async def _on_disconnected(self) -> None:
+        log.warning("NATS: disconnected; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        self.last_error = None
+        nc = self.nc
+        log.warning("NATS: reconnected to %s", nc.connected_url if nc is not None else "?")
 
     async def close(self) -> None:
         if self.nc is not None:
@@ -943,9 +960,10 @@ async def open_jetstream_engine(
         try:
             max_payload = await bridge.call(store.connect)
         except Exception as exc:
+            reason = store.last_error if isinstance(exc, TimeoutError) else exc
             raise JetStreamUnavailable(
                 f"cannot use JetStream at {', '.join(store.servers)}: "
-                f"{str(exc) or type(exc).__name__}"
+                f"{str(reason) or type(reason).__name__}"
             ) from exc
         need = record_frame_bound(cfg.protocol)
         if max_payload < need:
