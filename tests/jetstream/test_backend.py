@@ -189,6 +189,27 @@ async def test_idempotency_survives_a_restart(nats_server):
         assert (await _json(await c.get("/v0/topics/i"), 200))["head_seq"] == 3
 
 
+async def test_idempotency_of_writes_read_back_in_several_pages(nats_server):
+    """A rebuild reads a stream 1000 records at a time: a keyed write straddling two
+    pages is still remembered whole."""
+    cfg = jetstream_config(nats_server.url)
+    big = [{"data": i} for i in range(700)]
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        one = await _write(c, "pages", *big, idempotency_key="one")
+        two = await _write(c, "pages", *big, idempotency_key="two")
+        assert (two["first_seq"], two["last_seq"]) == (701, 1400)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        for key, first in (("one", one), ("two", two)):
+            r = await c.post("/v0/topics/pages", json={"records": big, "idempotency_key": key})
+            replay = await _json(r, 200)
+            assert replay["deduped"] is True
+            assert {k: replay[k] for k in ("first_seq", "last_seq", "head_seq")} == {
+                k: first[k] for k in ("first_seq", "last_seq", "head_seq")
+            }
+
+
 async def test_topic_config_delete_and_recreate_survive_a_restart(nats_server):
     cfg = jetstream_config(nats_server.url)
     async with open_jetstream_app(cfg) as h:

@@ -46,7 +46,13 @@ import trio
 from topicd.engine.engine import Engine
 from topicd.engine.router import RouterService
 from topicd.engine.topic import Topic
-from topicd.errors import InvalidRequest, StorageUnavailable, TopicdError, TopicNotFound
+from topicd.errors import (
+    InvalidRequest,
+    StorageUnavailable,
+    Throttled,
+    TopicdError,
+    TopicNotFound,
+)
 from topicd.storage import frame as frames
 from topicd.storage.jsbridge import AsyncioBridge
 from topicd.storage.recovery import config_from_wire
@@ -863,6 +869,7 @@ async def _load_topic(
     first, last = await backend.bridge.call(partial(store.bounds, tid))
     loaded = 0
     seq = max(first, from_seq)
+    keys: list[tuple[str, int, int, int]] = []  # (idempotency key, first seq, count, $ts)
     # a write's records, grouped back: (first seq, ts, key, count)
     while last and seq <= last:
         msgs = await backend.bridge.call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
@@ -903,8 +910,9 @@ async def _load_topic(
                     assert isinstance(s, list)
                     shapes[k] = (int(s[0]), int(s[1]))
             key_raw = run[0].headers.get(H_KEY)
-            key = json.loads(key_raw) if key_raw is not None else None
-            count = int(run[0].headers.get(H_COUNT, len(run)))
+            if key_raw is not None:
+                count = int(run[0].headers.get(H_COUNT, len(run)))
+                keys.append((str(json.loads(key_raw)), start, count, ts))
             engine.apply_records(
                 topic,
                 start,
@@ -917,7 +925,6 @@ async def _load_topic(
                 prios,
                 shapes,
                 now_ms(),
-                key if count == len(run) else None,
             )
             loaded += len(run)
             i = j
@@ -925,7 +932,33 @@ async def _load_topic(
     if last > topic.head_seq:
         topic.skip_to(last)
     topic.next_seq = topic.head_seq + 1
+    _restore_keys(engine, topic, keys, now_ms())
     return loaded
+
+
+def _restore_keys(
+    engine: Engine, topic: Topic, keys: list[tuple[str, int, int, int]], now: int
+) -> None:
+    """Remember the idempotency keys whose window is still open, with their writes'
+    results (a write's records may have been read in several pages)."""
+    window = topic.config.idempotency_window_ms
+    for key, first, count, ts in keys:
+        if ts + window <= now or engine.idem.lookup(topic.topic_id, key, now) is not None:
+            continue
+        try:
+            entry = engine.idem.begin(topic.topic_id, key, now)
+        except Throttled:
+            return  # the store is full of live entries: the rest are not remembered
+        engine.idem.resolve(
+            topic.topic_id,
+            key,
+            entry,
+            first_seq=first,
+            count=count,
+            head_seq=first + count - 1,
+            expires_ms=ts + window,
+            now_ms=now,
+        )
 
 
 def _ts(data: bytes) -> int:
