@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     import nats.aio.client
     import nats.js
     import nats.js.kv
+    from nats.aio.msg import Msg
 
     from topicd.clock import WallClock
     from topicd.config import Config
@@ -143,6 +144,7 @@ class _Lane:
     busy: bool = False
     diverged: bool = False  # the stream's head is not known to match memory: refuse writes
     resyncing: bool = False  # a task reads the stream back (`JetStreamBackend.resync`)
+    resync_lock: trio.Lock = field(default_factory=trio.Lock)
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
 
@@ -167,6 +169,7 @@ class JetStreamStore:
         self.js: nats.js.JetStreamContext | None = None
         self.kv: nats.js.kv.KeyValue | None = None
         self.last_error: Exception | None = None  # the last connection error NATS reported
+        self.closing = False
 
     # ---- names -------------------------------------------------------------------------
 
@@ -210,7 +213,8 @@ class JetStreamStore:
         self.last_error = exc
 
     async def _on_disconnected(self) -> None:
-        log.warning("NATS: disconnected; reconnecting")
+        if not self.closing:
+            log.warning("NATS: disconnected; reconnecting")
 
     async def _on_reconnected(self) -> None:
         self.last_error = None
@@ -218,6 +222,7 @@ class JetStreamStore:
         log.warning("NATS: reconnected to %s", nc.connected_url if nc is not None else "?")
 
     async def close(self) -> None:
+        self.closing = True
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
@@ -355,30 +360,32 @@ class JetStreamStore:
         `READ_PAGE` records and about `max_bytes`; at least one if any exists)."""
         assert self.nc is not None
         nc = self.nc
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
         out: list[StoredMsg] = []
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def collect(msg: Msg) -> None:
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status is not None:  # 204: end of the batch; 404: nothing at or after lo
+                if not done.done():
+                    done.set_result(status)
+                return
+            seq = int(headers["Nats-Sequence"])
+            if seq <= hi:
+                out.append(StoredMsg(seq, msg.data, headers))
+
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=collect)
         try:
             req = {"seq": lo, "batch": min(hi - lo + 1, READ_PAGE), "max_bytes": max_bytes}
             await nc.publish(
-                f"$JS.API.DIRECT.GET.{self.stream(topic_id)}",
-                orjson.dumps(req),
-                reply=inbox,
+                f"$JS.API.DIRECT.GET.{self.stream(topic_id)}", orjson.dumps(req), reply=inbox
             )
-            while True:
-                msg = await sub.next_msg(timeout=self.timeout)
-                headers = msg.headers or {}
-                status = headers.get("Status")
-                if status is not None:
-                    if status in ("204", "404"):  # end of batch, nothing (more) stored
-                        break
-                    raise RuntimeError(f"direct get: status {status} {headers}")
-                seq = int(headers["Nats-Sequence"])
-                if seq > hi:
-                    continue
-                out.append(StoredMsg(seq, msg.data, headers))
+            status = await asyncio.wait_for(done, self.timeout)
         finally:
             await sub.unsubscribe()
+        if status not in ("204", "404"):
+            raise RuntimeError(f"direct get from {self.stream(topic_id)}: status {status}")
         return out
 
 
@@ -494,6 +501,10 @@ class JetStreamBackend:
         write's, or another writer's) are read in, then writes resume. False (still
         refusing writes) when the stream cannot be read or is behind memory."""
         lane = self.lane(topic)
+        async with lane.resync_lock:  # one read-back at a time (admit starts them too)
+            return await self._resync(lane, topic)
+
+    async def _resync(self, lane: _Lane, topic: Topic) -> bool:
         engine = self.engine
         assert engine is not None
         if lane.busy or lane.pending or topic.deleted:
