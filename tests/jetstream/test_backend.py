@@ -9,6 +9,7 @@ same prefix: everything it then serves was rebuilt from JetStream. The payload c
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from functools import partial
@@ -472,3 +473,60 @@ async def test_ready_reports_no_wal(nats_server):
     async with open_jetstream_app(jetstream_config(nats_server.url)) as h:
         body = await _json(await h.app.test_client().get("/v0/ready"), 200)
         assert body.get("storage") is None, body
+
+
+async def test_the_topic_ingest_bound_at_its_edge(nats_server):
+    """`storage.wal.max_pending_per_topic` bounds a topic's accepted, unpublished writes
+    on this backend too: at the bound a write is `429 wal_ingest` (scope `topic`), a
+    `disable_backpressure` write waits for room instead, and nothing is lost."""
+    base = jetstream_config(nats_server.url)
+    wal = dataclasses.replace(base.storage.wal, max_pending_per_topic=2)
+    cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, wal=wal))
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _write(c, "g", {"data": 0})
+        backend = _backend(h)
+        store = backend.store
+        real = store.publish
+
+        async def make_gate() -> asyncio.Event:
+            return asyncio.Event()
+
+        gate = await backend.bridge.call(make_gate)
+
+        async def held(*args):
+            await gate.wait()
+            return await real(*args)
+
+        store.publish = held  # type: ignore[method-assign]
+        answers: dict[str, dict] = {}
+
+        async def post(name: str, **extra) -> None:
+            r = await c.post("/v0/topics/g", json={"records": [{"data": name}], **extra})
+            answers[name] = await _json(r)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(post, "one")  # in flight
+            await trio.testing.wait_all_tasks_blocked()
+            n.start_soon(post, "two")  # queued behind it: the bound (2) is reached
+            await trio.testing.wait_all_tasks_blocked()
+            r = await c.post("/v0/topics/g", json={"records": [{"data": "three"}]})
+            err = (await _json(r, 429))["error"]
+            assert err["code"] == "throttled"
+            assert (err["detail"]["cause"], err["detail"]["scope"]) == ("wal_ingest", "topic")
+            n.start_soon(partial(post, "bypass", disable_backpressure=True))
+            await trio.testing.wait_all_tasks_blocked()
+            assert "bypass" not in answers  # waiting for room, not refused
+
+            async def open_gate() -> None:
+                gate.set()
+
+            await backend.bridge.call(open_gate)
+        assert [answers[k]["first_seq"] for k in ("one", "two", "bypass")] == [2, 3, 4]
+        store.publish = real  # type: ignore[method-assign]
+        assert [x["data"] for x in (await _diff(c, "g"))["records"]] == [
+            0,
+            "one",
+            "two",
+            "bypass",
+        ]

@@ -145,6 +145,23 @@ class _Lane:
     diverged: bool = False  # the stream's head is not known to match memory: refuse writes
     resyncing: bool = False  # a task reads the stream back (`JetStreamBackend.resync`)
     resync_lock: trio.Lock = field(default_factory=trio.Lock)
+    # accepted, not yet committed or failed (queued and in flight): the ingest bound
+    accepted: int = 0
+    accepted_bytes: int = 0
+    room: trio.Event | None = None  # set when a write leaves (`wait_for_room`)
+
+    def full(self, nbytes: int, max_count: int, max_bytes: int) -> bool:
+        return self.accepted >= max_count or (
+            self.accepted_bytes > 0 and self.accepted_bytes + nbytes > max_bytes
+        )
+
+    def settled(self, batch: AppendBatch) -> None:
+        self.accepted -= 1
+        self.accepted_bytes -= batch.nbytes
+        if self.room is not None:
+            self.room.set()
+            self.room = None
+
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
 
@@ -488,6 +505,14 @@ class JetStreamBackend:
                 "JetStream write; retry shortly",
                 {"topic": topic.name, "backend": "jetstream"},
             )
+        w = self.cfg.storage.wal
+        if (
+            not bypass
+            and lane is not None
+            and lane.full(nbytes, w.max_pending_per_topic, w.max_pending_bytes_per_topic)
+        ):
+            retry = self.engine.retry_hint_ms() if self.engine is not None else 100
+            raise Throttled.pressure(retry, cause="wal_ingest", scope="topic")
 
     async def _resync_task(self, lane: _Lane) -> None:
         try:
@@ -544,11 +569,19 @@ class JetStreamBackend:
         return None
 
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
+        lane = self.lane(topic)
+        w = self.cfg.storage.wal
+        while lane.full(nbytes, w.max_pending_per_topic, w.max_pending_bytes_per_topic):
+            if lane.room is None:
+                lane.room = trio.Event()
+            await lane.room.wait()
         await trio.lowlevel.checkpoint()
 
     def submit(self, batch: AppendBatch) -> None:
         lane = self.lane(batch.topic)
         lane.pending.append(batch)
+        lane.accepted += 1
+        lane.accepted_bytes += batch.nbytes
         if not lane.busy:
             lane.busy = True
             self._busy += 1
@@ -590,6 +623,7 @@ class JetStreamBackend:
                 if committed:
                     for batch in group:
                         batch.wal_append_ms = ms
+                        lane.settled(batch)
                         hooks.publish_append(batch)
                     self._release(topic)
                 else:
@@ -606,6 +640,7 @@ class JetStreamBackend:
                     group.extend(lane.pending)
                     lane.pending.clear()
                     for batch in group:
+                        lane.settled(batch)
                         hooks.fail_append(batch, error)
                     hooks.rewind(topic)
         finally:
