@@ -469,10 +469,19 @@ async def test_long_poll_wakes_on_a_write(nats_server):
         assert [r["data"] for r in got[0]["records"]] == [1]
 
 
-async def test_ready_reports_no_wal(nats_server):
+async def test_ready_metrics_and_dashboard_feed_on_the_backend(nats_server):
     async with open_jetstream_app(jetstream_config(nats_server.url)) as h:
-        body = await _json(await h.app.test_client().get("/v0/ready"), 200)
+        c = h.app.test_client()
+        await _write(c, "m", {"data": 1})
+        await _diff(c, "m")
+        body = await _json(await c.get("/v0/ready"), 200)
         assert body.get("storage") is None, body
+        r = await c.get("/v0/metrics")
+        text = (await r.get_data()).decode()
+        assert r.status_code == 200, text
+        assert "topicd_records_appended_total 1.0" in text
+        r = await c.get("/v0/metrics", headers={"Accept": "application/json"})
+        assert r.status_code == 200
 
 
 async def test_the_topic_ingest_bound_at_its_edge(nats_server):
@@ -530,3 +539,26 @@ async def test_the_topic_ingest_bound_at_its_edge(nats_server):
             "two",
             "bypass",
         ]
+
+
+async def test_a_failing_cluster_is_503_and_changes_nothing(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        store = _backend(h).store
+
+        async def broken(*args):
+            raise ConnectionError("no route to the cluster")
+
+        real = store.create_stream
+        store.create_stream = broken  # type: ignore[method-assign]
+        r = await c.put("/v0/topics/x", json={})
+        err = (await _json(r, 503))["error"]
+        assert (err["code"], err["detail"]) == ("storage_unavailable", {"backend": "jetstream"})
+        assert "x" not in h.engine.topics
+        store.create_stream = real  # type: ignore[method-assign]
+        await _write(c, "x", *({"data": i, "tag": "t"} for i in range(3)))
+        store.purge = broken  # type: ignore[method-assign]
+        r = await c.post("/v0/topics/x/delete", json={"match": "t"})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        assert (await _json(await c.get("/v0/topics/x"), 200))["count"] == 3

@@ -464,7 +464,15 @@ class JetStreamBackend:
         self.failures = 0
 
     async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
-        return await self.bridge.call(factory)
+        """Run a client call; a failure is `503 storage_unavailable` (retryable)."""
+        try:
+            return await self.bridge.call(factory)
+        except TopicdError:
+            raise
+        except Exception as exc:
+            raise StorageUnavailable(
+                f"JetStream: {str(exc) or type(exc).__name__}", {"backend": "jetstream"}
+            ) from exc
 
     def lane(self, topic: Topic) -> _Lane:
         lane = self._lanes.get(topic.topic_id)
@@ -604,7 +612,7 @@ class JetStreamBackend:
                 msgs = _encode_msgs(self.store, group)
                 t0 = trio.current_time()
                 try:
-                    last = await self._call(
+                    last = await self.bridge.call(  # raw errors: `_settle` tells them apart
                         partial(self.store.publish, topic.topic_id, expected, msgs)
                     )
                     committed = last == expected + total
@@ -1056,7 +1064,13 @@ async def open_jetstream_engine(
         engine.routers = RefusingRouters(engine)
         backend.engine = engine
         t0 = trio.current_time()
-        topics, records = await _rebuild(engine, backend, clock.now_ms)
+        try:
+            topics, records = await _rebuild(engine, backend, clock.now_ms)
+        except Exception as exc:
+            raise JetStreamUnavailable(
+                f"cannot rebuild from JetStream at {', '.join(store.servers)}: "
+                f"{str(exc) or type(exc).__name__}"
+            ) from exc
         engine.recovery = {"duration_ms": (trio.current_time() - t0) * 1000}
         log.info(
             "rebuilt %d topics (%d records) from JetStream %s in %.3f s",
