@@ -423,6 +423,9 @@ async def test_topicd_serve_as_a_front_kill9_and_an_empty_data_dir(nats_server, 
             assert sorted(by_seq) == list(range(1, len(records) + 1))
             r = await hc.post("/v0/topics/s", json={"records": [{"data": "after"}]})
             assert r.json()["first_seq"] == len(records) + 1
+            r = await hc.post("/v0/topics/s", json={"records": [{"data": 0}] * (BATCH_MAX + 1)})
+            assert r.status_code == 400
+            assert r.json()["error"]["detail"] == {"count": BATCH_MAX + 1, "max": BATCH_MAX}
         assert server.run.problems() == []
 
 
