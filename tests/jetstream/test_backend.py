@@ -565,3 +565,25 @@ async def test_a_failing_cluster_is_503_and_changes_nothing(nats_server):
         r = await c.post("/v0/topics/x/delete", json={"match": "t"})
         assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
         assert (await _json(await c.get("/v0/topics/x"), 200))["count"] == 3
+
+
+async def test_ttl_evictions_and_their_reason_survive_a_restart(nats_server):
+    """Records past their TTL are evicted (a `ttl` tombstone); once the floor reached the
+    registry, a restart at an earlier wall-clock time still serves the same tombstone and
+    none of the expired records."""
+    cfg = jetstream_config(nats_server.url)
+    clock = FakeWallClock()
+    async with open_jetstream_app(cfg, clock) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/ttl", json={"ttl_ms": 60_000})
+        await _write(c, "ttl", {"data": "old1"}, {"data": "old2"})
+        clock.jump(61_000)
+        await _write(c, "ttl", {"data": "new"})
+        first = await _diff(c, "ttl")
+        assert first["tombstone"]["reason"] == "ttl"
+        assert [x["data"] for x in first["records"]] == ["new"]
+        await _backend(h).write_floors()
+    async with open_jetstream_app(cfg, FakeWallClock()) as h:  # the clock starts over
+        again = await _diff(h.app.test_client(), "ttl")
+        assert again["tombstone"] == first["tombstone"]
+        assert [x["data"] for x in again["records"]] == ["new"]
