@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -80,6 +81,66 @@ async def run(args: argparse.Namespace, url: str) -> None:
     print(f"rebuild: {count} records in {dt:.2f} s, {count / dt:.0f} records/s")
 
 
+async def latency(args: argparse.Namespace, url: str) -> None:
+    """Single-record writes at c=1: the embedded backend (WAL in a temporary directory,
+    `disk` class) against the jetstream backend, alternated round by round."""
+    from topicd.clock import SystemWallClock
+    from topicd.offload import ThreadOffload
+    from topicd.storage.fs import RealFs
+    from topicd.storage.service import open_durable_engine
+
+    data = Path(tempfile.mkdtemp(prefix="jslat-"))
+    js_cfg = config(url)
+    wal_cfg = dataclasses.replace(
+        Config(), storage=dataclasses.replace(Config().storage, data_dir=str(data / "d"))
+    )
+    results: dict[str, list[float]] = {"embedded": [], "jetstream": []}
+    body = {"records": [{"data": {"i": 1, "pad": "x" * args.size}}]}
+
+    async def timed(app_engine_cm, cfg: Config, topic: str) -> float:
+        async with app_engine_cm as engine:
+            lifecycle = Lifecycle()
+            app = create_app(engine, engine.cfg, lifecycle, KeyStore.from_config(cfg.auth))
+            lifecycle.set_serving()
+            async with app.test_app():
+                client = app.test_client()
+                for _ in range(50):  # warm-up
+                    await client.post(f"/v0/topics/{topic}", json=body)
+                t0 = time.perf_counter()
+                for _ in range(args.latency):
+                    r = await client.post(f"/v0/topics/{topic}", json=body)
+                    assert r.status_code in (200, 201)
+                return (time.perf_counter() - t0) / args.latency
+
+    for k in range(args.rounds):
+        offload = ThreadOffload({"wal": 8, "misc": 2, "read": 2, "snapshot": 1}, dedicated=("wal",))
+        try:
+            results["embedded"].append(
+                await timed(
+                    open_durable_engine(
+                        wal_cfg, RealFs(), offload, SystemWallClock(), boot_id=None
+                    ),
+                    wal_cfg,
+                    f"e{k}",
+                )
+            )
+        finally:
+            offload.close()
+        results["jetstream"].append(
+            await timed(open_jetstream_engine(js_cfg, SystemWallClock()), js_cfg, f"j{k}")
+        )
+    for name, per in results.items():
+        us = sorted(x * 1e6 for x in per)
+        print(
+            f"{name:10s} single-record write, c=1: median {statistics.median(us):7.0f} µs "
+            f"(rounds: {', '.join(f'{x:.0f}' for x in us)})"
+        )
+    e = statistics.median(results["embedded"])
+    j = statistics.median(results["jetstream"])
+    print(f"jetstream / embedded: {j / e:.2f}x")
+    shutil.rmtree(data, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=100_000)
@@ -87,12 +148,16 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--size", type=int, default=64)
+    ap.add_argument(
+        "--latency", type=int, default=0, help="instead: N single-record writes per round"
+    )
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="jsrebuild-"))
     proc, url = start_server(root)
     try:
         print(f"# load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        trio.run(run, args, url)
+        trio.run(latency if args.latency else run, args, url)
         print(f"# load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         proc.terminate()
