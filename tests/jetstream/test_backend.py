@@ -139,6 +139,37 @@ async def test_a_floor_not_yet_stored_is_redone_by_the_rebuild(nats_server):
         assert again["records"] == first["records"]
 
 
+async def test_a_stored_floor_holds_even_if_its_purge_never_ran(nats_server):
+    """The floor reached the registry but the purge did not happen, then the cap was
+    loosened: a restart must not bring the evicted records back (the stream still holds
+    them), and finishes the purge."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/capped", json={"cap_records": 5})
+        for i in range(12):
+            await _write(c, "capped", {"data": i})
+        first = await _diff(c, "capped")
+        backend = _backend(h)
+        backend.store.purge = _no_purge  # type: ignore[method-assign]
+        await backend.write_floors()
+        r = await c.put("/v0/topics/capped", json={"cap_records": 100})
+        assert r.status_code == 200
+        lo, _ = await backend.bridge.call(partial(backend.store.bounds, 1))
+        assert lo == 1  # nothing was purged
+    async with open_jetstream_app(cfg) as h:
+        again = await _diff(h.app.test_client(), "capped")
+        assert again["tombstone"] == first["tombstone"]
+        assert [x["data"] for x in again["records"]] == [7, 8, 9, 10, 11]
+        backend = _backend(h)
+        lo, _ = await backend.bridge.call(partial(backend.store.bounds, 1))
+        assert lo == 8  # the start finished the purge
+
+
+async def _no_purge(*args) -> None:
+    await asyncio.sleep(0)
+
+
 async def _nothing() -> None:
     await trio.lowlevel.checkpoint()
 

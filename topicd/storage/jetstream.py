@@ -892,10 +892,15 @@ async def _rebuild(
         runs = entry.get("runs", [])
         assert isinstance(floor, int)
         assert isinstance(runs, list)
-        records += await _load_topic(engine, backend, topic, now_ms)
-        if floor > topic.evict_floor:
+        if floor > 1:
+            # below the stored floor everything is evicted, whatever the stream still
+            # holds (a purge the last front did not get to): start above it
             topic.evictions.load([(int(a), int(b), str(c)) for a, b, c in runs])
             topic.evict_floor = floor
+            topic.skip_to(floor - 1)
+        records += await _load_topic(engine, backend, topic, now_ms, floor)
+        if floor > 1:
+            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
         lane = backend.lane(topic)
         lane.floor_written = floor
         last_write = entry.get("last_write_ts")
