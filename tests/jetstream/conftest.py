@@ -75,57 +75,65 @@ class NatsServer:
     url: str
     pid: int
     store: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """SIGTERM by PID (SIGKILL after 15 s), and wait for the exit."""
+        os.kill(self.pid, signal.SIGTERM)
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
-@pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+def require_binary() -> str:
     binary, why = nats_server_binary()
     if binary is None:
         if os.environ.get("TOPICD_REQUIRE_NATS"):  # CI: the dev extra must have installed it
             pytest.fail(why)
         pytest.skip(why)
-    root = tmp_path_factory.mktemp("nats")
+    return binary
+
+
+def start_nats(binary: str, root: Path, listen: str = "127.0.0.1:-1") -> NatsServer:
+    """A nats-server with JetStream storing in `root/store`; returns once it is ready."""
+    root.mkdir(parents=True, exist_ok=True)
     conf = root / "nats.conf"
     store = root / "store"
-    conf.write_text(
-        f'listen: "127.0.0.1:-1"\nmax_payload: 8MB\njetstream {{ store_dir: "{store}" }}\n'
-    )
+    conf.write_text(f'listen: "{listen}"\nmax_payload: 8MB\njetstream {{ store_dir: "{store}" }}\n')
     log_path = root / "nats.log"
-    log = log_path.open("wb")
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    with log_path.open("ab") as log:
+        start = log.tell()
+        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    url = None
+    with log_path.open("rb") as reader:
+        reader.seek(start)
+        buf = b""
+        while url is None or b"Server is ready" not in buf:
+            chunk = reader.readline()
+            if not chunk:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"nats-server did not start: {log_path.read_text()}")
+                time.sleep(0.01)  # a subprocess's log file, not a test condition
+                continue
+            buf += chunk
+            m = re.search(rb"Listening for client connections on ([\d.]+:\d+)", buf)
+            if m:
+                url = f"nats://{m.group(1).decode()}"
+    return NatsServer(url, proc.pid, store, proc)
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    server = start_nats(require_binary(), tmp_path_factory.mktemp("nats"))
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        url = None
-        with log_path.open("rb") as reader:
-            buf = b""
-            while url is None:
-                chunk = reader.readline()
-                if not chunk:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"nats-server did not start: {log_path.read_text()}")
-                    time.sleep(0.01)  # a subprocess's log, not a test condition
-                    continue
-                buf += chunk
-                m = re.search(rb"Listening for client connections on ([\d.]+:\d+)", buf)
-                if m:
-                    url = f"nats://{m.group(1).decode()}"
-            while b"Server is ready" not in buf:
-                chunk = reader.readline()
-                if not chunk:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"nats-server not ready: {log_path.read_text()}")
-                    time.sleep(0.01)
-                    continue
-                buf += chunk
-        yield NatsServer(url, proc.pid, store)
+        yield server
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        server.stop()
 
 
 def jetstream_config(

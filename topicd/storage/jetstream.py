@@ -187,6 +187,7 @@ class JetStreamStore:
         self.kv: nats.js.kv.KeyValue | None = None
         self.last_error: Exception | None = None  # the last connection error NATS reported
         self.closing = False
+        self.connected: asyncio.Event | None = None  # set while connected (loop side)
 
     # ---- names -------------------------------------------------------------------------
 
@@ -217,6 +218,8 @@ class JetStreamStore:
             ),
             CONNECT_ATTEMPTS * self.timeout,
         )
+        self.connected = asyncio.Event()
+        self.connected.set()
         self.js = self.nc.jetstream(timeout=self.timeout)
         try:
             self.kv = await self.js.key_value(self.bucket)
@@ -230,20 +233,35 @@ class JetStreamStore:
         self.last_error = exc
 
     async def _on_disconnected(self) -> None:
+        if self.connected is not None:
+            self.connected.clear()
         if not self.closing:
             log.warning("NATS: disconnected; reconnecting")
 
     async def _on_reconnected(self) -> None:
+        if self.connected is not None:
+            self.connected.set()
         self.last_error = None
         nc = self.nc
-        log.warning("NATS: reconnected to %s", nc.connected_url if nc is not None else "?")
+        url = nc.connected_url if nc is not None else None
+        log.warning("NATS: reconnected to %s", url.netloc if url is not None else "?")
+
+    async def wait_connected(self) -> None:
+        """Until the client is connected (again)."""
+        assert self.connected is not None
+        await self.connected.wait()
 
     async def close(self) -> None:
+        """Drain the connection (bounded by one request timeout), else just close it."""
         self.closing = True
-        if self.nc is not None:
+        nc, self.nc = self.nc, None
+        if nc is None:
+            return
+        try:
+            await asyncio.wait_for(nc.drain(), self.timeout)
+        except Exception:
             with contextlib.suppress(Exception):
-                await self.nc.drain()
-            self.nc = None
+                await nc.close()
 
     # ---- registry ----------------------------------------------------------------------
 
