@@ -29,6 +29,8 @@ from tests.jetstream.conftest import (
 )
 from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
+from topicd.errors import StorageUnavailable
+from topicd.storage import frame as frames
 from topicd.storage.jetstream import (
     BATCH_MAX,
     JetStreamBackend,
@@ -601,6 +603,21 @@ async def test_a_failing_cluster_is_503_and_changes_nothing(nats_server):
         r = await c.post("/v0/topics/x/delete", json={"match": "t"})
         assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
         assert (await _json(await c.get("/v0/topics/x"), 200))["count"] == 3
+        # the seam's `abandoned` runs when the mutation will never be applied
+        store.put_entry = broken  # type: ignore[method-assign]
+        topic = h.engine.topics["x"]
+        frame = frames.encode_control(
+            frames.TOPIC_CONFIG, topic.topic_id, 0, {"config": topic.config.to_wire()}
+        )
+        calls: list[str] = []
+        with pytest.raises(StorageUnavailable):
+            await _backend(h).control(
+                topic,
+                frame,
+                lambda: calls.append("applied"),
+                abandoned=lambda: calls.append("abandoned"),
+            )
+        assert calls == ["abandoned"]
 
 
 async def test_ttl_evictions_and_their_reason_survive_a_restart(nats_server):

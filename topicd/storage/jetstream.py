@@ -731,8 +731,25 @@ class JetStreamBackend:
             self.engine.payloads.release(topic, topic.head_seq)
 
     async def control(
-        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+        self,
+        topic: Topic,
+        frame: bytes | None,
+        apply: Callable[[], _T],
+        *,
+        sync: bool = True,
+        abandoned: Callable[[], None] | None = None,
     ) -> _T:
+        """Make a control mutation durable in JetStream, then `apply` it (see
+        `CommitPath.control`). `apply` is always the last step, so anything raised here,
+        a cancellation included, means the mutation will never be applied."""
+        try:
+            return await self._control(topic, frame, apply)
+        except BaseException:
+            if abandoned is not None:
+                abandoned()
+            raise
+
+    async def _control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
         if frame is None:
             await trio.lowlevel.checkpoint()
             return apply()
@@ -772,16 +789,22 @@ class JetStreamBackend:
                     with trio.CancelScope(shield=True):
                         await self._call(partial(self.store.put_entry, tid, entry))
                     raise
-            try:
-                await self._call(partial(self.store.delete_stream, tid))
-            except Exception as exc:  # an orphan stream: the next start removes it
-                log.warning("topic %r: stream not deleted: %s", topic.name, exc)
             self._lanes.pop(tid, None)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._delete_stream, topic)
             return result
         if ftype == frames.RECORDS_DELETE and "seqs" not in body:
             return await self._delete_records(topic, body, apply)
         await trio.lowlevel.checkpoint()
         raise NotSupported(_FEATURES.get(ftype, f"storage operation {ftype}"))
+
+    async def _delete_stream(self, topic: Topic) -> None:
+        """A deleted topic's stream goes after the answer (its registry entry is gone, so
+        a stream left behind by a failure here is an orphan the next start removes)."""
+        try:
+            await self._call(partial(self.store.delete_stream, topic.topic_id))
+        except Exception as exc:
+            log.warning("topic %r: stream not deleted: %s", topic.name, exc)
 
     async def _delete_records(
         self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]
