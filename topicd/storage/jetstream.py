@@ -100,17 +100,15 @@ class JetStreamUnavailable(Exception):
     what the configuration accepts (`topicd serve` exits 1 with this message)."""
 
 
-class NotSupported(InvalidRequest):
+def not_supported(feature: str, field_name: str | None = None) -> InvalidRequest:
     """`400 invalid_request` for what the jetstream backend does not do yet."""
-
-    def __init__(self, feature: str, field_name: str | None = None) -> None:
-        detail: dict[str, JsonValue] = {"backend": "jetstream", "unsupported": feature}
-        if field_name is not None:
-            detail["field"] = field_name
-        super().__init__(
-            f"{feature} not supported on the jetstream storage backend yet (docs/jetstream.md)",
-            detail,
-        )
+    detail: dict[str, JsonValue] = {"backend": "jetstream", "unsupported": feature}
+    if field_name is not None:
+        detail["field"] = field_name
+    return InvalidRequest(
+        f"{feature} not supported on the jetstream storage backend yet (docs/jetstream.md)",
+        detail,
+    )
 
 
 def tag_token(tag: str | None) -> str:
@@ -121,9 +119,9 @@ def tag_token(tag: str | None) -> str:
 def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
     """Refuse the topic configs this backend does not serve (queues, ephemeral)."""
     if topic_config_wire.get("type") == "queue":
-        raise NotSupported("queue topics", f"{field_prefix}.type")
+        raise not_supported("queue topics", f"{field_prefix}.type")
     if topic_config_wire.get("durability") == "ephemeral":
-        raise NotSupported('durability "ephemeral"', f"{field_prefix}.durability")
+        raise not_supported('durability "ephemeral"', f"{field_prefix}.durability")
 
 
 class RefusingRouters(RouterService):
@@ -132,7 +130,7 @@ class RefusingRouters(RouterService):
 
     async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
         await trio.lowlevel.checkpoint()
-        raise NotSupported("routers")
+        raise not_supported("routers")
 
 
 @dataclass
@@ -796,7 +794,7 @@ class JetStreamBackend:
         if ftype == frames.RECORDS_DELETE and "seqs" not in body:
             return await self._delete_records(topic, body, apply)
         await trio.lowlevel.checkpoint()
-        raise NotSupported(_FEATURES.get(ftype, f"storage operation {ftype}"))
+        raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
 
     async def _delete_stream(self, topic: Topic) -> None:
         """A deleted topic's stream goes after the answer (its registry entry is gone, so
