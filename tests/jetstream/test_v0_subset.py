@@ -2,8 +2,9 @@
 
 The tests are the ones of `tests/http/`, taken into this module so they run under this
 directory's `harness`/`client` fixtures, parametrized by backend: `memory` (the in-memory
-engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff and
-record-delete contract tests that use only `client`/`harness` (those taking
+engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff,
+record-delete, error, probe, query-boolean, auth, smoke and watch-create contract tests
+that use only `client`/`harness` (those taking
 `autojump_clock` need virtual time, which a real network cannot follow). On `jetstream`,
 the ones exercising what the backend refuses by design (queue topics, `ephemeral`; see
 docs/jetstream.md) are marked, and `test_backend.py` checks those refusals.
@@ -14,11 +15,17 @@ from __future__ import annotations
 import pytest
 
 from tests.http import (
+    test_contract_auth,
     test_contract_diff,
+    test_contract_errors,
+    test_contract_probes,
+    test_contract_query_bools,
     test_contract_record_deletes,
     test_contract_topics,
     test_contract_writes,
+    test_smoke,
 )
+from tests.watch import test_contract_watch_create
 
 pytestmark = pytest.mark.slow
 
@@ -182,6 +189,49 @@ PICKED = {
         "test_empty_body_is_invalid",
         "test_bad_predicates_are_400",
         "test_bad_before_seq_is_400",
+    ],
+    test_contract_errors: [
+        "test_unknown_paths_are_404_not_found",
+        "test_wrong_method_is_405_with_allow",
+        "test_empty_body_rules",
+        "test_gzip_bodies_are_decoded",
+        "test_invalid_gzip_is_400",
+        "test_unsupported_content_encoding_is_rejected",
+        "test_write_field_types",
+        "test_diff_field_types_and_ranges",
+        "test_unknown_keys_are_ignored",
+        "test_invalid_topic_names_are_400_on_every_endpoint",
+        "test_name_boundaries_are_valid",
+        "test_names_are_case_sensitive",
+        "test_non_utf8_bodies_are_400",
+        "test_lone_surrogate_escapes_never_500",
+        "test_odd_query_values_never_500",
+    ],
+    test_contract_probes: [
+        "test_health_when_serving",
+        "test_ready_when_serving_counts_topics",
+        "test_while_draining",
+    ],
+    test_contract_query_bools: [
+        "test_if_empty_yes_deletes_nothing",
+    ],
+    test_smoke: [
+        "test_write_then_diff",
+    ],
+    test_contract_watch_create: [
+        "test_create_response_shape",
+        "test_wids_are_unique_and_well_formed",
+        "test_from_seq_defaults_to_zero_and_tail_wins_over_from_seq",
+        "test_topic_count_edge_256_ok_257_is_400",
+        "test_too_many_topics_is_400_before_404",
+        "test_longest_valid_name_is_accepted",
+        "test_missing_content_type_is_415",
+        "test_unknown_keys_are_ignored",
+        "test_over_max_values_are_clamped_not_rejected",
+        "test_unknown_topic_is_404_topic_not_found",
+    ],
+    test_contract_auth: [
+        "test_dev_mode_ignores_the_header",
     ],
 }
 
