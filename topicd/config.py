@@ -257,6 +257,13 @@ class JetStreamConfig:
         min=100,
         max=600000,
     )
+    replicas: int = key(
+        1,
+        "Replicas of each topic's stream and of the registry (3: a write is acknowledged "
+        "by a quorum of 2, one server may fail; needs a cluster of 3 or more).",
+        min=1,
+        max=5,
+    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -97,12 +98,18 @@ def require_binary() -> str:
     return binary
 
 
-def start_nats(binary: str, root: Path, listen: str = "127.0.0.1:-1") -> NatsServer:
-    """A nats-server with JetStream storing in `root/store`; returns once it is ready."""
+def start_nats(
+    binary: str, root: Path, listen: str = "127.0.0.1:-1", include: str | None = None
+) -> NatsServer:
+    """A nats-server with JetStream storing in `root/store`; returns once it is ready
+    (`include`: a configuration file in `root` to add, e.g. cluster settings)."""
     root.mkdir(parents=True, exist_ok=True)
     conf = root / "nats.conf"
     store = root / "store"
-    conf.write_text(f'listen: "{listen}"\nmax_payload: 8MB\njetstream {{ store_dir: "{store}" }}\n')
+    extra = f"include {include}\n" if include else ""
+    conf.write_text(
+        f'listen: "{listen}"\nmax_payload: 8MB\njetstream {{ store_dir: "{store}" }}\n{extra}'
+    )
     log_path = root / "nats.log"
     with log_path.open("ab") as log:
         start = log.tell()
@@ -125,6 +132,46 @@ def start_nats(binary: str, root: Path, listen: str = "127.0.0.1:-1") -> NatsSer
             if m:
                 url = f"nats://{m.group(1).decode()}"
     return NatsServer(url, proc.pid, store, proc)
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports (bound, read, released together)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def start_cluster(binary: str, root: Path, size: int = 3) -> list[NatsServer]:
+    """`size` JetStream servers on loopback routed into one cluster (each its own client
+    and cluster port and store); returns once a JetStream metadata leader is elected."""
+    ports = free_ports(2 * size)
+    client, route = ports[:size], ports[size:]
+    servers = []
+    for i in range(size):
+        node = root / f"n{i}"
+        node.mkdir(parents=True)
+        routes = ", ".join(f"nats-route://127.0.0.1:{route[j]}" for j in range(size) if j != i)
+        (node / "extra.conf").write_text(
+            f"server_name: n{i}\n"
+            f'cluster {{ name: topicd, listen: "127.0.0.1:{route[i]}", routes: [{routes}] }}\n'
+        )
+        servers.append(start_nats(binary, node, f"127.0.0.1:{client[i]}", include="extra.conf"))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not any(
+        b"JetStream cluster new metadata leader" in (s.store.parent / "nats.log").read_bytes()
+        for s in servers
+    ):
+        if time.monotonic() > deadline:
+            for s in servers:
+                s.stop()
+            raise RuntimeError("the JetStream cluster elected no metadata leader")
+        time.sleep(0.05)  # subprocesses' log files, not a test condition
+    return servers
 
 
 @pytest.fixture(scope="session")

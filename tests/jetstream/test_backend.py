@@ -25,6 +25,7 @@ from tests.jetstream.conftest import (
     jetstream_config,
     open_jetstream_app,
     require_binary,
+    start_cluster,
     start_nats,
 )
 from tests.watch import helpers as watch_helpers
@@ -686,3 +687,43 @@ async def test_the_cluster_restarting_under_a_front(tmp_path):
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.stop()
+
+
+async def test_r3_streams_on_a_three_node_cluster_survive_a_node_stopping(tmp_path):
+    """`replicas = 3` on a three-server loopback cluster: each topic's stream and the
+    registry are replicated; with one follower stopped, writes are still acknowledged
+    (a quorum of 2) and a restarted front rebuilds everything from the two left."""
+    servers = start_cluster(require_binary(), tmp_path)
+    try:
+        base = jetstream_config(servers[0].url)
+        js = dataclasses.replace(
+            base.storage.jetstream,
+            servers=tuple(s.url for s in servers),
+            replicas=3,
+            request_timeout_ms=3000,
+        )
+        cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, jetstream=js))
+        async with open_jetstream_app(cfg) as h:
+            c = h.app.test_client()
+            await _write(c, "r3", *({"data": i} for i in range(3)))
+            backend = _backend(h)
+
+            async def leader() -> str:
+                assert backend.store.js is not None
+                info = await backend.store.js.stream_info(backend.store.stream(1))
+                assert info.config.num_replicas == 3
+                assert info.cluster is not None
+                return str(info.cluster.leader)
+
+            lead = await backend.bridge.call(leader)
+            follower = next(s for i, s in enumerate(servers) if f"n{i}" != lead)
+            follower.stop()
+            more = await _write(c, "r3", {"data": 3}, {"data": 4})
+            assert (more["first_seq"], more["last_seq"]) == (4, 5)
+        async with open_jetstream_app(cfg) as h:
+            records = (await _diff(h.app.test_client(), "r3"))["records"]
+            assert [x["data"] for x in records] == [0, 1, 2, 3, 4]
+    finally:
+        for s in servers:
+            if s.proc is not None and s.proc.poll() is None:
+                s.stop()

@@ -83,6 +83,9 @@ READ_PAGE: Final = 1000
 READ_PAGE_BYTES: Final = 4 << 20
 # the first connection gets this many request timeouts before the start is refused
 CONNECT_ATTEMPTS: Final = 2
+# the rebuild at start is retried for this many request timeouts (leader elections)
+REBUILD_ATTEMPTS_TIMEOUTS: Final = 6
+REBUILD_RETRY_S: Final = 0.5
 # how often cap/TTL floors reach the registry and the streams (seconds)
 FLOOR_INTERVAL_S: Final = 1.0
 
@@ -179,6 +182,7 @@ class JetStreamStore:
         self.servers = [url.strip() for url in js_cfg.servers if url.strip()]
         self.prefix = js_cfg.prefix
         self.timeout = js_cfg.request_timeout_ms / 1000
+        self.replicas = js_cfg.replicas
         self.bucket = f"{self.prefix}_registry"
         self.nc: nats.aio.client.Client | None = None
         self.js: nats.js.JetStreamContext | None = None
@@ -198,7 +202,7 @@ class JetStreamStore:
     # ---- connection --------------------------------------------------------------------
 
     async def connect(self) -> int:
-        """Connect, open (or create) the registry; return the server's max payload."""
+        """Connect; return the servers' max payload."""
         import nats
         import nats.js.errors
 
@@ -219,11 +223,19 @@ class JetStreamStore:
         self.connected = asyncio.Event()
         self.connected.set()
         self.js = self.nc.jetstream(timeout=self.timeout)
+        return int(self.nc.max_payload)
+
+    async def open_registry(self) -> None:
+        """Open the registry bucket, creating it on a cluster that has none."""
+        import nats.js.errors
+
+        assert self.js is not None
         try:
             self.kv = await self.js.key_value(self.bucket)
         except nats.js.errors.BucketNotFoundError:
-            self.kv = await self.js.create_key_value(bucket=self.bucket, history=1)
-        return int(self.nc.max_payload)
+            self.kv = await self.js.create_key_value(
+                bucket=self.bucket, history=1, replicas=self.replicas
+            )
 
     async def _on_error(self, exc: Exception) -> None:
         if str(exc) != str(self.last_error):  # one line per distinct error, no traceback
@@ -309,7 +321,7 @@ class JetStreamStore:
                 name=self.stream(topic_id),
                 subjects=[f"{self.prefix}.t.{topic_id}.*"],
                 storage=api.StorageType.FILE,
-                num_replicas=1,
+                num_replicas=self.replicas,
                 allow_direct=True,
                 allow_atomic=True,
                 deny_delete=False,
@@ -912,6 +924,7 @@ async def _rebuild(
 ) -> tuple[int, int]:
     """Load every registered topic and its stream into `engine`; returns (topics, records)."""
     store = backend.store
+    await backend.bridge.call(store.open_registry)
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
     for orphan in sorted(streams - set(entries)):
@@ -1091,7 +1104,8 @@ async def open_jetstream_engine(
         try:
             max_payload = await bridge.call(store.connect)
         except Exception as exc:
-            reason = store.last_error if isinstance(exc, TimeoutError) else exc
+            reason = store.last_error if isinstance(exc, TimeoutError) else None
+            reason = reason or exc
             raise JetStreamUnavailable(
                 f"cannot use JetStream at {', '.join(store.servers)}: "
                 f"{str(reason) or type(reason).__name__}"
@@ -1103,18 +1117,26 @@ async def open_jetstream_engine(
                 f"the protocol limits accept can need {need}: set max_payload to at least "
                 f"{need} in the servers' configuration, or lower protocol.max_record_bytes"
             )
-        backend = JetStreamBackend(cfg, bridge, store)
-        engine = Engine(cfg, clock, backend)
-        engine.routers = RefusingRouters(engine)
-        backend.engine = engine
         t0 = trio.current_time()
-        try:
-            topics, records = await _rebuild(engine, backend, clock.now_ms)
-        except Exception as exc:
-            raise JetStreamUnavailable(
-                f"cannot rebuild from JetStream at {', '.join(store.servers)}: "
-                f"{str(exc) or type(exc).__name__}"
-            ) from exc
+        # a cluster electing leaders (a server just stopped) answers with timeouts for a
+        # few seconds: the rebuild starts over on a fresh engine until the bound
+        deadline = t0 + REBUILD_ATTEMPTS_TIMEOUTS * store.timeout
+        while True:
+            backend = JetStreamBackend(cfg, bridge, store)
+            engine = Engine(cfg, clock, backend)
+            engine.routers = RefusingRouters(engine)
+            backend.engine = engine
+            try:
+                topics, records = await _rebuild(engine, backend, clock.now_ms)
+                break
+            except Exception as exc:
+                if trio.current_time() + REBUILD_RETRY_S >= deadline:
+                    raise JetStreamUnavailable(
+                        f"cannot rebuild from JetStream at {', '.join(store.servers)}: "
+                        f"{str(exc) or type(exc).__name__}"
+                    ) from exc
+                log.warning("rebuild from JetStream failed (%s); trying again", exc)
+                await trio.sleep(REBUILD_RETRY_S)
         engine.recovery = {"duration_ms": (trio.current_time() - t0) * 1000}
         log.info(
             "rebuilt %d topics (%d records) from JetStream %s in %.3f s",
