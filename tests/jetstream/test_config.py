@@ -56,3 +56,23 @@ def test_a_bad_prefix_is_refused(prefix):
 
 def test_a_32_character_prefix_is_accepted():
     assert load_config(None, env={"TOPICD_JETSTREAM_PREFIX": "a" * 32}).storage.jetstream.prefix
+
+
+@pytest.mark.parametrize(("value", "ok"), [("0", False), ("1", True), ("5", True), ("6", False)])
+def test_replicas_bounds(value, ok):
+    env = {"TOPICD_STORAGE_JETSTREAM_REPLICAS": value}
+    if ok:
+        assert load_config(None, env=env).storage.jetstream.replicas == int(value)
+    else:
+        with pytest.raises(ConfigError, match=r"storage\.jetstream\.replicas"):
+            load_config(None, env=env)
+
+
+@pytest.mark.parametrize(("value", "ok"), [("99", False), ("100", True)])
+def test_request_timeout_lower_bound(value, ok):
+    env = {"TOPICD_STORAGE_JETSTREAM_REQUEST_TIMEOUT_MS": value}
+    if ok:
+        assert load_config(None, env=env).storage.jetstream.request_timeout_ms == 100
+    else:
+        with pytest.raises(ConfigError, match=r"storage\.jetstream\.request_timeout_ms"):
+            load_config(None, env=env)
