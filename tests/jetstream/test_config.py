@@ -76,3 +76,11 @@ def test_request_timeout_lower_bound(value, ok):
     else:
         with pytest.raises(ConfigError, match=r"storage\.jetstream\.request_timeout_ms"):
             load_config(None, env=env)
+
+
+def test_the_cold_tier_is_refused_with_jetstream(tmp_path):
+    env = {"TOPICD_STORAGE_BACKEND": "jetstream", "TOPICD_COLD_DIR": str(tmp_path / "cold")}
+    with pytest.raises(ConfigError, match=r"storage\.cold_dir"):
+        load_config(None, env=env)
+    env["TOPICD_STORAGE_BACKEND"] = "embedded"
+    assert load_config(None, env=env).storage.cold_dir

@@ -118,6 +118,7 @@ class ReadResult:
     # the walk stopped before this seq: its bytes are not in memory (load, then read
     # again); the result is valid as it stands, only shorter
     missing: int | None = None
+    cold_segments: int = 0  # cold-tier segments read to load its records
 
     @property
     def caught_up(self) -> bool:

@@ -304,7 +304,8 @@ def capture(
     With `reuse` (the previous snapshot's encoded entries: `Capture.entries` with
     `Capture.encoded` added) the capture is incremental: only the topics marked changed
     since (`Topic.mark_changed`), queues (their lease state), topics due to seal a
-    segment by age and topics without an entry are captured; every other topic keeps its
+    segment by age, topics with a segment to relocate to the cold tier and topics without
+    an entry are captured; every other topic keeps its
     entry byte for byte. The work on the loop then follows what changed, plus C-level
     set operations over the topic ids. `final` captures everything.
     """
@@ -322,6 +323,7 @@ def capture(
         extra = ids - reuse.keys()  # new topics, and entries re-made every time
         if segments is not None:
             extra |= segments.aged(created_ms) & ids
+            extra |= segments.tier_due & ids  # sealed segments to relocate (cold tier)
         due.update(by_id[tid] for tid in extra)
         todo = [t for t in due if not t.deleted and t.topic_id in by_id]
         entries = dict(reuse)
