@@ -595,6 +595,12 @@ class JetStreamBackend:
         lane.diverged = False
         return True
 
+    def backlog_full(self, topic: Topic) -> bool:
+        return False  # no checkpoint: nothing is pinned in memory waiting to be absorbed
+
+    async def wait_backlog(self) -> None:
+        await trio.lowlevel.checkpoint()
+
     def govern(self, pressure: float, commit_window_ms: float | None) -> None:
         return None
 
