@@ -634,6 +634,14 @@ class GovernorConfig:
     latency_ceiling_ms: float = key(
         5.0, "Scheduling latency or loop lag that reads as saturation (s2, ms).", min=0.1
     )
+    latency_signal_max: float = key(
+        0.85,
+        "Most that the latency signal (s2) adds to pressure: a saturated loop reads as the "
+        "defer rung, below the client's pause (0.9) and the write throttle; only filling "
+        "queues (s1, s3, s4) go higher (1 = no cap).",
+        min=0,
+        max=1,
+    )
     admission_waiters_per_permit: float = key(
         1.0,
         "Client requests waiting for a permit, per permit, that read as saturation "

@@ -17,6 +17,7 @@ import trio.lowlevel
 import trio.testing
 
 from tests.sched.helpers import live_conn, received, write_req
+from topicd.client.backpressure import BackpressurePolicy, delay_ms
 from topicd.errors import Throttled
 from topicd.http.app import gate_of
 from topicd.offload import InlineOffload
@@ -121,7 +122,45 @@ def test_latency_is_the_larger_of_sched_latency_and_loop_lag_over_5_ms():
     assert g.signals["latency"] == pytest.approx(0.5)
     g.sample(0.2, lag_ms=20.0)  # loop-lag EWMA: 0.3 x 20 = 6 ms > 5 ms ceiling
     assert g.loop_lag_ms == pytest.approx(6.0)
+    assert g.signals["latency"] == 0.85  # capped at latency_signal_max
+
+
+def test_latency_signal_is_capped_at_0_85_at_its_edge():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.queued = 1
+    for sched_ms, expected in ((4.2, 0.84), (4.25, 0.85), (4.3, 0.85), (500.0, 0.85)):
+        fake.sched_ms = sched_ms
+        g.sample(0.1)
+        assert g.signals["latency"] == pytest.approx(expected)
+    g = governor(fake, latency_signal_max=1.0)  # 1 = the uncapped signal
+    fake.sched_ms = 4.3
+    g.sample(0.1)
+    assert g.signals["latency"] == pytest.approx(0.86)
+    fake.sched_ms = 500.0
+    g.sample(0.2)
     assert g.signals["latency"] == 1.0
+
+
+def test_a_saturated_loop_alone_defers_but_stays_below_the_client_pause():
+    """Loop lag far past the ceiling for 10 s: pressure climbs to the cap, past the defer
+    rung (0.8), never to the client's pause (0.9) nor the throttle (0.98); a refused
+    client request (s4) then takes it past both."""
+    fake = FakeSources()
+    g = governor(fake)
+    t = 0.0
+    for _ in range(100):
+        t += 0.1
+        g.sample(t, lag_ms=50.0)
+        assert g.pressure < 0.85
+    assert g.pressure == pytest.approx(0.85, abs=1e-6)
+    assert g.defer_active
+    assert g.commit_window_ms > 0.5 and g.coalesce_ms > 0
+    for _ in range(10):
+        fake.refused += 1  # a request refused in each interval
+        t += 0.1
+        g.sample(t, lag_ms=50.0)
+    assert g.pressure > 0.98
 
 
 def test_sched_latency_decays_while_nothing_is_queued():
@@ -190,6 +229,26 @@ async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autoj
         assert permits.stats.waiting == 0
         await ten_samples(autojump_clock)
         assert h.engine.governor.signals["admission"] == 0.0
+
+
+async def test_a_saturated_loop_puts_clients_in_their_proportional_band(autojump_clock):
+    """A running app whose scheduling latency reads 50 ms (ten times the ceiling) for ten
+    virtual seconds: the header a client reads sits at the latency cap, between the
+    client's soft (0.6) and hard (0.9) thresholds, so its law delays (≈ 417 ms) rather than
+    pauses; the defer rung is on."""
+    async with open_app() as h:
+        src = h.engine.governor.src
+        src.queued = lambda: 1
+        src.sched_latency_ms = lambda: 50.0
+        for _ in range(10):
+            await ten_samples(autojump_clock)
+        assert h.engine.governor.defer_active
+        r = await h.app.test_client().get("/v0/topics")
+        header = float(r.headers["X-Topicd-Pressure"])
+        assert header == pytest.approx(0.85, abs=0.001)
+        policy = BackpressurePolicy()
+        d = delay_ms(header, policy.pressure_soft, policy.pressure_hard, policy.soft_delay_max_ms)
+        assert d == pytest.approx(500 * 0.25 / 0.3, abs=2)
 
 
 def test_pool_signal_is_the_busiest_group_over_the_interval():

@@ -12,7 +12,11 @@ signals into `pressure ∈ [0, 1]`:
   symptom of CPU saturation), ÷
   `latency_ceiling_ms`. When nothing is queued the scheduling EWMA decays by its own
   weight each sample (topicd decision: otherwise the last burst's latency would hold
-  pressure up forever on an idle server);
+  pressure up forever on an idle server). Capped at `latency_signal_max` (0.85, topicd
+  decision): a loop at capacity is what saturation looks like, not overload. Its excess
+  waits outside the loop, for a client permit (s4), so a busy loop alone takes the ladder
+  to the defer rung and clients into their proportional delay, never to their pause
+  (0.9) or the write throttle (0.98): those need a queue that fills toward a refusal;
 * **s3 pool** — the busiest offload group client work waits on (WAL normalized by its
   shard count, misc, read; not the checkpoints' `snapshot` group, see
   `WalCommitPath.pool_loads`): busy token-seconds over the interval ÷ (interval × tokens);
@@ -146,7 +150,10 @@ class Governor:
         if src.queued() == 0:
             src.decay_sched_latency(cfg.sched_latency_alpha)
         depth = min(1.0, src.ripe() / (max(src.workers, 1) * cfg.depth_per_worker))
-        latency = min(1.0, max(src.sched_latency_ms(), self.loop_lag_ms) / cfg.latency_ceiling_ms)
+        latency = min(
+            cfg.latency_signal_max,
+            max(src.sched_latency_ms(), self.loop_lag_ms) / cfg.latency_ceiling_ms,
+        )
         pool = 0.0
         for group, integral, tokens in src.pool_loads(now):
             prev = self._pools.get(group)
