@@ -245,7 +245,11 @@ def fmt(v: Any) -> str:
     return f"{v:,.3f}" if isinstance(v, float) and v < 10 else f"{v:,.0f}"
 
 
-def chart(path: Path, off: dict[str, Any], on: dict[str, Any]) -> None:
+def chart(
+    path: Path, off: dict[str, Any], on: dict[str, Any], runs: dict[str, list[dict[str, Any]]],
+    title: str,
+) -> None:  # fmt: skip
+    """Bars: the medians; dots: each round."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,15 +261,19 @@ def chart(path: Path, off: dict[str, Any], on: dict[str, Any]) -> None:
         ("write latency p99 (ms)", "lat_p99_ms"),
         ("health p99 (ms)", "health_p99_ms"),
         ("producer CPU (s/s)", "producer_cpu_per_s"),
+        ("topicd CPU (s/s)", "server_cpu_per_s"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
-    for ax, (title, key) in zip(axes, panels, strict=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels), 3.4))
+    for ax, (name, key) in zip(axes, panels, strict=True):
         values = [off.get(key) or 0, on.get(key) or 0]
-        ax.bar(["policy off", "policy on"], values, color=["#c0504d", "#4f81bd"])
-        ax.set_title(title, fontsize=10)
+        ax.bar(["policy off", "policy on"], values, color=["#c0504d", "#4f81bd"], alpha=0.8)
+        for i, mode in enumerate(("off", "on")):
+            dots = [r.get(key) or 0 for r in runs[mode]]
+            ax.plot([i] * len(dots), dots, "k.", markersize=5)
+        ax.set_title(name, fontsize=10)
         for i, v in enumerate(values):
             ax.annotate(f"{v:,.0f}" if v >= 10 else f"{v:.2f}", (i, v), ha="center", va="bottom")
-    fig.suptitle("SDK producers at 4× the saturation rate: graduated backpressure off vs on")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -449,7 +457,11 @@ def main() -> int:
             json.dumps({"args": vars(args), "saturation": sat, "runs": runs}, indent=1)
         )
     if not args.no_chart:
-        chart(Path(args.chart), off, on)
+        title = (
+            f"SDK producers at {args.overload:g}× the saturation rate, delay law off vs on "
+            f"(medians of {rounds} rounds, dots: each round; load average {load1[0]:.1f})"
+        )
+        chart(Path(args.chart), off, on, runs, title)
         print(f"chart: {args.chart}")
     return 0
 
