@@ -635,10 +635,10 @@ class GovernorConfig:
         5.0, "Scheduling latency or loop lag that reads as saturation (s2, ms).", min=0.1
     )
     latency_signal_max: float = key(
-        0.85,
-        "Most that the latency signal (s2) adds to pressure: a saturated loop reads as the "
-        "defer rung, below the client's pause (0.9) and the write throttle; only filling "
-        "queues (s1, s3, s4) go higher (1 = no cap).",
+        0.6,
+        "Most that the latency signal (s2) adds to pressure: a loop at capacity reads as "
+        "the client's soft threshold; only work piling up (s1, s3, s4) goes higher, to "
+        "deferral, the client's pause and the write throttle (1 = no cap).",
         min=0,
         max=1,
     )

@@ -12,11 +12,13 @@ signals into `pressure ∈ [0, 1]`:
   symptom of CPU saturation), ÷
   `latency_ceiling_ms`. When nothing is queued the scheduling EWMA decays by its own
   weight each sample (topicd decision: otherwise the last burst's latency would hold
-  pressure up forever on an idle server). Capped at `latency_signal_max` (0.85, topicd
-  decision): a loop at capacity is what saturation looks like, not overload. Its excess
-  waits outside the loop, for a client permit (s4), so a busy loop alone takes the ladder
-  to the defer rung and clients into their proportional delay, never to their pause
-  (0.9) or the write throttle (0.98): those need a queue that fills toward a refusal;
+  pressure up forever on an idle server). Capped at `latency_signal_max` (0.6, topicd
+  decision): a loop at capacity is what saturation looks like, not overload, and its
+  excess waits outside the loop, for a client permit, where s4 reads it. A busy loop
+  alone coalesces frames and widens commits, and reads as the client library's soft
+  threshold, where its producers are not slowed yet; a backlog (s1, s3, s4) takes
+  pressure on to deferral, to the client's proportional delay and pause, and to the
+  write throttle;
 * **s3 pool** — the busiest offload group client work waits on (WAL normalized by its
   shard count, misc, read; not the checkpoints' `snapshot` group, see
   `WalCommitPath.pool_loads`): busy token-seconds over the interval ÷ (interval × tokens);
