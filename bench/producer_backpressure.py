@@ -70,28 +70,33 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
 
     from topicd.client import BackpressurePolicy, Client, ClientError, ZoneReport
 
-    class Counting(httpx.AsyncHTTPTransport):
-        """Counts every answer (retries and pause probes included) while `measuring`."""
+    class Tally:
+        """Every answer (retries and pause probes included) while `measuring`."""
 
         def __init__(self) -> None:
-            super().__init__(limits=httpx.Limits(max_connections=job["producers"] + 4))
             self.measuring = False
             self.statuses: dict[int, int] = {}
             self.pressure: list[float] = []
 
+    class Counting(httpx.AsyncHTTPTransport):
+        def __init__(self, tally: Tally, connections: int) -> None:
+            super().__init__(limits=httpx.Limits(max_connections=connections))
+            self.tally = tally
+
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
             resp = await super().handle_async_request(request)
-            if self.measuring:
-                self.statuses[resp.status_code] = self.statuses.get(resp.status_code, 0) + 1
+            t = self.tally
+            if t.measuring:
+                t.statuses[resp.status_code] = t.statuses.get(resp.status_code, 0) + 1
                 with contextlib.suppress(KeyError, ValueError):
-                    self.pressure.append(float(resp.headers["x-topicd-pressure"]))
+                    t.pressure.append(float(resp.headers["x-topicd-pressure"]))
             return resp
 
     records = [{"data": {"i": i, "pad": "x" * 40}} for i in range(job["batch"])]
     topics = [f"bp-{i}" for i in range(job["topics"])]
 
     async def run() -> dict[str, Any]:
-        transport = Counting()
+        transport = Tally()
         policy = BackpressurePolicy(enabled=job["policy"])
         latencies: list[float] = []
         accepted = 0
@@ -107,9 +112,20 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
                 zones[report.zone] += 1
                 delayed_ms += report.delay_ms
 
-        async with Client(
-            job["url"], policy=policy, transport=transport, on_zone=on_zone
-        ) as client:
+        n_clients = min(job["clients"], job["producers"])
+        per_client = -(-job["producers"] // n_clients)  # producers per client, rounded up
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    Client(
+                        job["url"],
+                        policy=policy,
+                        transport=Counting(transport, per_client + 2),
+                        on_zone=on_zone,
+                    )
+                )
+                for _ in range(n_clients)
+            ]
             start = trio.current_time()
             begin = start + job["warmup"]  # the measured window: [begin, end)
             end = begin + job["window"]
@@ -126,6 +142,7 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
             async def producer(k: int) -> None:
                 nonlocal accepted, failed, unfinished
                 topic = topics[k % len(topics)]
+                client = clients[k % len(clients)]
                 period = job["producers"] / job["batches_per_s"] if job["batches_per_s"] else 0
                 due = start + (k / job["producers"]) * period
                 while True:
@@ -348,6 +365,13 @@ def main() -> int:
     )
     ap.add_argument("--rounds", type=int, help="off/on pairs, alternating order (default 3)")
     ap.add_argument("--producers", type=int, default=32, help="producer tasks (default 32)")
+    ap.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        help="topicd.client.Client instances the producers are spread over (default: one "
+        "per producer, as independent programs; 1: every producer shares one client)",
+    )
     ap.add_argument("--topics", type=int, default=8, help="topics written (default 8)")
     ap.add_argument("--batch", type=int, default=1000, help="records per write (default 1000)")
     ap.add_argument("--overload", type=float, default=4.0, help="offered load ÷ saturation")
@@ -380,6 +404,7 @@ def main() -> int:
         "batch": args.batch,
         "window": win,
         "warmup": args.warmup,
+        "clients": args.clients or args.producers,
     }
     load0 = os.getloadavg()
     if args.bounds == "auto":
