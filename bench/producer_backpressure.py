@@ -2,35 +2,46 @@
 """Producer backpressure: SDK producers with the delay law on and off against an
 overloaded server.
 
-    python bench/producer_backpressure.py [--quick] [--pin] [--producers N]
-                                          [--window S] [--batch N] [--overload X]
-                                          [--chart PATH | --no-chart]
+    python bench/producer_backpressure.py [--quick] [--pin] [--producers N] [--clients N]
+                                          [--rounds N] [--window S] [--warmup S]
+                                          [--batch N] [--overload X] [--bounds auto|N]
+                                          [--json PATH] [--chart PATH | --no-chart]
 
-Starts `python -m topicd serve --port 0` on a fresh data directory (bench/http_core.py's
-`Server`) and drives it from one child process running `topicd.client.Client` under
-Trio. With `--pin`, topicd runs on CPU 0 and the producers and the prober on CPU 1.
+Each window starts `python -m topicd serve --port 0` on a fresh data directory
+(bench/http_core.py's `Server`; no window pays for the data an earlier one left) and
+drives it from one child process running `topicd.client.Client` under Trio. With
+`--pin`, topicd runs on CPU 0, the producers and the prober on CPU 1.
 
 Method:
 
-1. **Saturation.** `--producers` (32) tasks write `--batch`-record (1000) batches to
-   `--topics` (8) `disk`-class topics closed-loop (each sends its next batch as soon as
-   the last one returned) for one window, the delay law off: the accepted records/s of
-   that window is the saturation rate S.
-2. **Overload, policy off, then on.** The same tasks send batches open-loop on a fixed
-   schedule at `--overload` (4) × S records/s in total (a task that falls behind sends
-   its next batch at once: the offered load is kept as far as one request in flight per
-   task allows), one window each, first with `BackpressurePolicy(enabled=False)`, then
-   with the defaults. In both runs the server's hints and the client's retries apply
-   (`Retry-After`, `max_retries` 8, jitter); only the delay law differs.
+1. **Bounds and saturation.** With `--bounds auto` (the default) a closed-loop ramp of
+   1, 2, 4, 8 and 16 producers (`--ramp-window` s each, delay law off, the default
+   admission bounds) finds the peak concurrency C*: the smallest within 5 % of the best
+   rate. As bench/overload.py does, `classes.client_permits` and `classes.client_waiters`
+   then become C* (never above 32): the defaults (32 and 4096) are sized to a bigger
+   machine, and 32 producers never reach them here. The best ramp rate is the saturation
+   rate S. `--bounds N` sets both to N instead (S from `2N` closed-loop producers);
+   `--bounds 0` keeps the defaults.
+2. **Overload, delay law off and on.** `--producers` (32) tasks, each with its own client
+   by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
+   `disk`-class topics on a fixed schedule adding up to `--overload` (4) × S records/s (a
+   task that falls behind sends its next batch at once: the offered load is kept as far
+   as one request in flight per task allows), with `BackpressurePolicy(enabled=False)`
+   and with the defaults. In both modes the server's hints and the client's retries
+   apply (`Retry-After`, `max_retries` 8, jitter); only the delay law differs. Each
+   window has `--warmup` s (2) of load that is not counted. `--rounds` (3) off/on pairs
+   alternate their order; medians are reported.
 
-Measured per window: accepted records/s (records of successful writes), `429`s and
-`503`s received (every answer is counted by a transport wrapper, retries included),
-write latency p50/p99 (one `write_batch` call: delay law, retries and waits included),
-writes that failed after the retries, the server's health latency p99 (`GET /v0/health`
-every 20 ms from a thread of the parent, on its own connection), the server's pressure
-as the producers saw it, and producer CPU seconds per second (the child's own
-user+system time). A bar chart of the two overload windows goes to `--chart`
-(`docs/producer_backpressure.png`).
+Measured per window: accepted records/s (writes acknowledged within the window), `429`s
+and `503`s received (every answer is counted by a transport wrapper, retries and pause
+probes included), writes that failed after the retries or were still unfinished 5 s
+after the window, write latency p50/p99 (one `write_batch` call: delay law, retries and
+waits included), the server's health latency p99 (`GET /v0/health` every 20 ms from a
+thread of the parent, on its own connection), the pressure the producers read, their
+mean delay, and the CPU seconds per second of the producers and of topicd. The targets
+(issue 17) are printed; so is a note when topicd used under 0.85 CPU s/s at saturation
+(something else was the bottleneck) or no law-off window got a `429`. A chart of the
+medians, each round a dot, goes to `--chart` (`docs/producer_backpressure.png`).
 """
 
 from __future__ import annotations
