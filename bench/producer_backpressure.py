@@ -22,7 +22,8 @@ Method:
    machine, and 32 producers never reach them here. The best ramp rate is the saturation
    rate S. `--bounds N` sets both to N instead (S from `2N` closed-loop producers);
    `--bounds 0` keeps the defaults.
-2. **Overload, delay law off and on.** `--producers` (32) tasks, each with its own client
+2. **Overload, delay law off and on.** `--producers` tasks (4 × the scaled bounds: twice
+   what the admission gate holds, as bench/overload.py's 4 × C*), each with its own client
    by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
    `disk`-class topics on a fixed schedule adding up to `--overload` (4) × S records/s (a
    task that falls behind sends its next batch at once: the offered load is kept as far
@@ -375,7 +376,14 @@ def main() -> int:
         "--warmup", type=float, default=2.0, help="seconds of load before each window (default 2)"
     )
     ap.add_argument("--rounds", type=int, help="off/on pairs, alternating order (default 3)")
-    ap.add_argument("--producers", type=int, default=32, help="producer tasks (default 32)")
+    ap.add_argument(
+        "--producers",
+        type=int,
+        default=0,
+        help="producer tasks in overload (default: 4 x the scaled bounds, so the offered "
+        "concurrency is twice what the admission gate holds, as bench/overload.py's 4x C*; "
+        "32 with the default bounds)",
+    )
     ap.add_argument(
         "--clients",
         type=int,
@@ -410,12 +418,11 @@ def main() -> int:
     if args.pin:
         os.sched_setaffinity(0, {CLIENT_CPU})
     base = {
-        "producers": args.producers,
         "topics": args.topics,
         "batch": args.batch,
         "window": win,
         "warmup": args.warmup,
-        "clients": args.clients or args.producers,
+        "clients": args.clients or 1 << 30,  # at most one per producer
     }
     load0 = os.getloadavg()
     if args.bounds == "auto":
@@ -436,12 +443,13 @@ def main() -> int:
     else:
         bounds = int(args.bounds)
         # closed loop with as many producers as the bounds admit without refusing
-        sat_producers = min(args.producers, 2 * bounds) if bounds else args.producers
+        sat_producers = 2 * bounds if bounds else args.producers or 32
         job = base | {"producers": sat_producers, "policy": False, "batches_per_s": 0}
         sat = fresh_window(job, args, bounds)
         sat_label = f"{sat_producers} closed-loop producers"
+    producers = args.producers or (4 * bounds if bounds else 32)
     offered = args.overload * sat["accepted_rps"]
-    paced = base | {"batches_per_s": offered / args.batch}
+    paced = base | {"producers": producers, "batches_per_s": offered / args.batch}
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for r in range(rounds):
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
@@ -456,7 +464,7 @@ def main() -> int:
     load1 = os.getloadavg()
     off, on = median_of(runs["off"]), median_of(runs["on"])
     print(
-        f"window {win:g} s, {rounds} rounds, {args.producers} producers, {args.batch}-record "
+        f"window {win:g} s, {rounds} rounds, {producers} producers, {args.batch}-record "
         f"batches, bounds {bounds or 'default'}, pin={'yes' if args.pin else 'no'}, "
         f"load average {load0[0]:.1f} -> {load1[0]:.1f}"
     )
