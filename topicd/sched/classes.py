@@ -1,8 +1,10 @@
 """Work classes: client permits, maintenance permits and yield budgets (scheduler spec R1).
 
 Client work — REST handlers: writes, reads, claims, control-plane changes — runs only
-while it holds one of `classes.client_permits` permits, so at most that many client
-requests are runnable at once and one pass of the event loop stays short: probes,
+while it holds one of `classes.client_permits` permits (a request taking a free one runs
+from the next loop batch on, so the others ready in the same batch wait), so at most
+that many client requests are runnable at once and one pass of the event loop stays
+short: probes,
 metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
 which take no permit) are served within one batch however many clients push. At most
 `classes.client_waiters` requests wait for a permit; beyond that a request gets `429
