@@ -2,35 +2,47 @@
 """Producer backpressure: SDK producers with the delay law on and off against an
 overloaded server.
 
-    python bench/producer_backpressure.py [--quick] [--pin] [--producers N]
-                                          [--window S] [--batch N] [--overload X]
-                                          [--chart PATH | --no-chart]
+    python bench/producer_backpressure.py [--quick] [--pin] [--producers N] [--clients N]
+                                          [--rounds N] [--window S] [--warmup S]
+                                          [--batch N] [--overload X] [--bounds auto|N]
+                                          [--json PATH] [--chart PATH | --no-chart]
 
-Starts `python -m topicd serve --port 0` on a fresh data directory (bench/http_core.py's
-`Server`) and drives it from one child process running `topicd.client.Client` under
-Trio. With `--pin`, topicd runs on CPU 0 and the producers and the prober on CPU 1.
+Each window starts `python -m topicd serve --port 0` on a fresh data directory
+(bench/http_core.py's `Server`; no window pays for the data an earlier one left) and
+drives it from one child process running `topicd.client.Client` under Trio. With
+`--pin`, topicd runs on CPU 0, the producers and the prober on CPU 1.
 
 Method:
 
-1. **Saturation.** `--producers` (32) tasks write `--batch`-record (1000) batches to
-   `--topics` (8) `disk`-class topics closed-loop (each sends its next batch as soon as
-   the last one returned) for one window, the delay law off: the accepted records/s of
-   that window is the saturation rate S.
-2. **Overload, policy off, then on.** The same tasks send batches open-loop on a fixed
-   schedule at `--overload` (4) × S records/s in total (a task that falls behind sends
-   its next batch at once: the offered load is kept as far as one request in flight per
-   task allows), one window each, first with `BackpressurePolicy(enabled=False)`, then
-   with the defaults. In both runs the server's hints and the client's retries apply
-   (`Retry-After`, `max_retries` 8, jitter); only the delay law differs.
+1. **Bounds and saturation.** With `--bounds auto` (the default) a closed-loop ramp of
+   1, 2, 4, 8 and 16 producers (`--ramp-window` s each, delay law off, the default
+   admission bounds) finds the peak concurrency C*: the smallest within 5 % of the best
+   rate. As bench/overload.py does, `classes.client_permits` and `classes.client_waiters`
+   then become C* (never above 32): the defaults (32 and 4096) are sized to a bigger
+   machine, and 32 producers never reach them here. The best ramp rate is the saturation
+   rate S. `--bounds N` sets both to N instead (S from `2N` closed-loop producers);
+   `--bounds 0` keeps the defaults.
+2. **Overload, delay law off and on.** `--producers` tasks (4 × the scaled bounds: twice
+   what the admission gate holds, as bench/overload.py's 4 × C*), each with its own client
+   by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
+   `disk`-class topics on a fixed schedule adding up to `--overload` (4) × S records/s (a
+   task that falls behind sends its next batch at once: the offered load is kept as far
+   as one request in flight per task allows), with `BackpressurePolicy(enabled=False)`
+   and with the defaults. In both modes the server's hints and the client's retries
+   apply (`Retry-After`, `max_retries` 8, jitter); only the delay law differs. Each
+   window has `--warmup` s (2) of load that is not counted. `--rounds` (3) off/on pairs
+   alternate their order; medians are reported.
 
-Measured per window: accepted records/s (records of successful writes), `429`s and
-`503`s received (every answer is counted by a transport wrapper, retries included),
-write latency p50/p99 (one `write_batch` call: delay law, retries and waits included),
-writes that failed after the retries, the server's health latency p99 (`GET /v0/health`
-every 20 ms from a thread of the parent, on its own connection), the server's pressure
-as the producers saw it, and producer CPU seconds per second (the child's own
-user+system time). A bar chart of the two overload windows goes to `--chart`
-(`docs/producer_backpressure.png`).
+Measured per window: accepted records/s (writes acknowledged within the window), `429`s
+and `503`s received (every answer is counted by a transport wrapper, retries and pause
+probes included), writes that failed after the retries or were still unfinished 5 s
+after the window, write latency p50/p99 (one `write_batch` call: delay law, retries and
+waits included), the server's health latency p99 (`GET /v0/health` every 20 ms from a
+thread of the parent, on its own connection), the pressure the producers read, their
+mean delay, and the CPU seconds per second of the producers and of topicd. The targets
+(issue 17) are printed; so is a note when topicd used under 0.85 CPU s/s at saturation
+(something else was the bottleneck) or no law-off window got a `429`. A chart of the
+medians, each round a dot, goes to `--chart` (`docs/producer_backpressure.png`).
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_core as hc  # a sibling module of this script
 
 SERVER_CPU, CLIENT_CPU = 0, 1
+RAMP = (1, 2, 4, 8, 16)  # closed-loop concurrencies of the saturation ramp
+PEAK_WITHIN = 0.95  # C*: the smallest concurrency within this share of the best rate
+GRACE_S = 5.0  # after the window: how long a write still in flight may finish
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -65,73 +80,124 @@ REPO = Path(__file__).resolve().parents[1]
 def child_main(job: dict[str, Any]) -> dict[str, Any]:
     import trio
 
-    from topicd.client import BackpressurePolicy, Client, ClientError
+    from topicd.client import BackpressurePolicy, Client, ClientError, ZoneReport
 
-    class Counting(httpx.AsyncHTTPTransport):
+    class Tally:
+        """Every answer (retries and pause probes included) while `measuring`."""
+
         def __init__(self) -> None:
-            super().__init__(limits=httpx.Limits(max_connections=job["producers"] + 4))
+            self.measuring = False
             self.statuses: dict[int, int] = {}
             self.pressure: list[float] = []
 
+    class Counting(httpx.AsyncHTTPTransport):
+        def __init__(self, tally: Tally, connections: int) -> None:
+            super().__init__(limits=httpx.Limits(max_connections=connections))
+            self.tally = tally
+
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
             resp = await super().handle_async_request(request)
-            self.statuses[resp.status_code] = self.statuses.get(resp.status_code, 0) + 1
-            with contextlib.suppress(KeyError, ValueError):
-                self.pressure.append(float(resp.headers["x-topicd-pressure"]))
+            t = self.tally
+            if t.measuring:
+                t.statuses[resp.status_code] = t.statuses.get(resp.status_code, 0) + 1
+                with contextlib.suppress(KeyError, ValueError):
+                    t.pressure.append(float(resp.headers["x-topicd-pressure"]))
             return resp
 
     records = [{"data": {"i": i, "pad": "x" * 40}} for i in range(job["batch"])]
     topics = [f"bp-{i}" for i in range(job["topics"])]
 
     async def run() -> dict[str, Any]:
-        transport = Counting()
+        transport = Tally()
         policy = BackpressurePolicy(enabled=job["policy"])
         latencies: list[float] = []
         accepted = 0
         failed = 0
-        async with Client(job["url"], policy=policy, transport=transport) as client:
+        unfinished = 0
+        zones = {"green": 0, "amber": 0, "red": 0}
+        delayed_ms = 0.0
+
+        def on_zone(report: ZoneReport) -> None:
+            nonlocal delayed_ms
+            # one report per batch decision (a pause reports again at each poll)
+            if transport.measuring and report.zone != "red":
+                zones[report.zone] += 1
+                delayed_ms += report.delay_ms
+
+        n_clients = min(job["clients"], job["producers"])
+        per_client = -(-job["producers"] // n_clients)  # producers per client, rounded up
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(
+                    Client(
+                        job["url"],
+                        policy=policy,
+                        transport=Counting(transport, per_client + 2),
+                        on_zone=on_zone,
+                    )
+                )
+                for _ in range(n_clients)
+            ]
             start = trio.current_time()
-            end = start + job["window"]
-            cpu0 = time.process_time()
+            begin = start + job["warmup"]  # the measured window: [begin, end)
+            end = begin + job["window"]
+            marks: dict[str, float] = {}
+
+            async def measure() -> None:
+                await trio.sleep_until(begin)
+                transport.measuring = True
+                marks["cpu0"], marks["wall0"] = time.process_time(), time.time()
+                await trio.sleep_until(end)
+                transport.measuring = False
+                marks["cpu1"], marks["wall1"] = time.process_time(), time.time()
 
             async def producer(k: int) -> None:
-                nonlocal accepted, failed
+                nonlocal accepted, failed, unfinished
                 topic = topics[k % len(topics)]
+                client = clients[k % len(clients)]
                 period = job["producers"] / job["batches_per_s"] if job["batches_per_s"] else 0
                 due = start + (k / job["producers"]) * period
                 while True:
                     if period:
                         await trio.sleep_until(due)
                         due += period
-                    if trio.current_time() >= end:
-                        return
                     t0 = trio.current_time()
+                    if t0 >= end:
+                        return
+                    counted = t0 >= begin  # a write sent in the window
                     try:
-                        res = await client.write_batch(topic, records)
-                        accepted += res.count
+                        with trio.move_on_at(end + GRACE_S) as scope:
+                            res = await client.write_batch(topic, records)
+                        if scope.cancelled_caught:
+                            unfinished += counted
+                        elif begin <= trio.current_time() < end:
+                            accepted += res.count  # acknowledged in the window
                     except ClientError:
-                        failed += 1
-                    latencies.append(trio.current_time() - t0)
+                        failed += counted
+                    if counted:
+                        latencies.append(trio.current_time() - t0)
 
-            with trio.move_on_after(job["window"] + 30):  # a write in flight at the end
-                async with trio.open_nursery() as nursery:
-                    for k in range(job["producers"]):
-                        nursery.start_soon(producer, k)
-            elapsed = trio.current_time() - start
-            cpu = time.process_time() - cpu0
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(measure)
+                for k in range(job["producers"]):
+                    nursery.start_soon(producer, k)
         latencies.sort()
+        batches = sum(zones.values())
         return {
-            "elapsed_s": elapsed,
             "accepted_rps": accepted / job["window"],
             "accepted": accepted,
             "failed": failed,
+            "unfinished": unfinished,
             "writes": len(latencies),
             "statuses": transport.statuses,
             "lat_p50_ms": 1000 * latencies[len(latencies) // 2] if latencies else None,
             "lat_p99_ms": 1000 * latencies[int(len(latencies) * 0.99)] if latencies else None,
             "pressure_mean": statistics.fmean(transport.pressure) if transport.pressure else None,
             "pressure_max": max(transport.pressure, default=None),
-            "producer_cpu_per_s": cpu / elapsed,
+            "producer_cpu_per_s": (marks["cpu1"] - marks["cpu0"]) / job["window"],
+            "zones": zones,
+            "delay_mean_ms": delayed_ms / batches if batches else None,
+            "wall": (marks["wall0"], marks["wall1"]),
         }
 
     return trio.run(run)
@@ -163,7 +229,7 @@ class Prober(threading.Thread):
         super().__init__(daemon=True)
         self.url = url
         self.stop = threading.Event()
-        self.samples: list[float] = []
+        self.samples: list[tuple[float, float]] = []  # (wall time, latency s)
 
     def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as http:
@@ -172,16 +238,17 @@ class Prober(threading.Thread):
                 t0 = time.monotonic()
                 with contextlib.suppress(httpx.HTTPError):
                     http.get("/v0/health")
-                    self.samples.append(time.monotonic() - t0)
+                    self.samples.append((time.time(), time.monotonic() - t0))
                 nxt += 0.02
                 now = time.monotonic()
                 while nxt < now:
                     nxt += 0.02
                 time.sleep(nxt - now)
 
-    def p99_ms(self) -> float | None:
-        s = sorted(self.samples)
-        return 1000 * s[int(len(s) * 0.99)] if s else None
+    def p99_ms(self, wall: tuple[float, float]) -> tuple[float | None, int]:
+        """p99 of the probes sent in the wall-clock window `wall`, and their count."""
+        s = sorted(lat for at, lat in self.samples if wall[0] <= at - lat < wall[1])
+        return (1000 * s[int(len(s) * 0.99)] if s else None), len(s)
 
 
 def window(job: dict[str, Any], url: str, pin: bool) -> dict[str, Any]:
@@ -192,8 +259,7 @@ def window(job: dict[str, Any], url: str, pin: bool) -> dict[str, Any]:
     finally:
         prober.stop.set()
         prober.join()
-    out["health_p99_ms"] = prober.p99_ms()
-    out["health_samples"] = len(prober.samples)
+    out["health_p99_ms"], out["health_samples"] = prober.p99_ms(out["wall"])
     return out
 
 
@@ -208,7 +274,11 @@ def fmt(v: Any) -> str:
     return f"{v:,.3f}" if isinstance(v, float) and v < 10 else f"{v:,.0f}"
 
 
-def chart(path: Path, off: dict[str, Any], on: dict[str, Any]) -> None:
+def chart(
+    path: Path, off: dict[str, Any], on: dict[str, Any], runs: dict[str, list[dict[str, Any]]],
+    title: str,
+) -> None:  # fmt: skip
+    """Bars: the medians; dots: each round."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -220,17 +290,79 @@ def chart(path: Path, off: dict[str, Any], on: dict[str, Any]) -> None:
         ("write latency p99 (ms)", "lat_p99_ms"),
         ("health p99 (ms)", "health_p99_ms"),
         ("producer CPU (s/s)", "producer_cpu_per_s"),
+        ("topicd CPU (s/s)", "server_cpu_per_s"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
-    for ax, (title, key) in zip(axes, panels, strict=True):
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels), 3.4))
+    for ax, (name, key) in zip(axes, panels, strict=True):
         values = [off.get(key) or 0, on.get(key) or 0]
-        ax.bar(["policy off", "policy on"], values, color=["#c0504d", "#4f81bd"])
-        ax.set_title(title, fontsize=10)
+        ax.bar(["policy off", "policy on"], values, color=["#c0504d", "#4f81bd"], alpha=0.8)
+        for i, mode in enumerate(("off", "on")):
+            dots = [r.get(key) or 0 for r in runs[mode]]
+            ax.plot([i] * len(dots), dots, "k.", markersize=5)
+        ax.set_title(name, fontsize=10)
         for i, v in enumerate(values):
             ax.annotate(f"{v:,.0f}" if v >= 10 else f"{v:.2f}", (i, v), ha="center", va="bottom")
-    fig.suptitle("SDK producers at 4× the saturation rate: graduated backpressure off vs on")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def start_server(tmp: Path, args: argparse.Namespace, bounds: int) -> hc.Server:
+    """A fresh `topicd serve` on its own data directory, with the bench's topics;
+    `bounds` > 0 sets its client permits and waiters."""
+    server = hc.topicd_server(tmp, REPO)
+    if bounds:
+        # the admission bounds sized to this machine, as bench/overload.py sizes them:
+        # below the producer count, so an overloaded server refuses (`429
+        # client_waiters`) instead of queueing every producer
+        server.env["TOPICD_CLASSES_CLIENT_PERMITS"] = str(bounds)
+        server.env["TOPICD_CLASSES_CLIENT_WAITERS"] = str(bounds)
+    server.start(cpu=SERVER_CPU if args.pin else None)
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as http:
+        for i in range(args.topics):
+            http.put(f"/v0/topics/bp-{i}", json={"durability": "disk"}).raise_for_status()
+    return server
+
+
+def fresh_window(job: dict[str, Any], args: argparse.Namespace, bounds: int) -> dict[str, Any]:
+    """One measured window against a server started for it (a fresh data directory, so
+    no window pays for the data an earlier one left: checkpoints grow with it)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(Path(tmp), args, bounds)
+        url = f"http://127.0.0.1:{server.port}"
+        try:
+            cpu0, t0 = server.cpu_s(), time.monotonic()
+            out = window(job | {"url": url}, url, args.pin)
+            out["server_cpu_per_s"] = (server.cpu_s() - cpu0) / (time.monotonic() - t0)
+        finally:
+            server.stop()
+    out["n429"] = out["statuses"].get("429", 0)
+    out["n503"] = out["statuses"].get("503", 0)
+    return out
+
+
+COLS = (
+    "accepted_rps",
+    "n429",
+    "n503",
+    "failed",
+    "unfinished",
+    "lat_p50_ms",
+    "lat_p99_ms",
+    "health_p99_ms",
+    "pressure_mean",
+    "delay_mean_ms",
+    "producer_cpu_per_s",
+    "server_cpu_per_s",
+)
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for c in COLS:
+        vals = [r[c] for r in runs if r.get(c) is not None]
+        out[c] = statistics.median(vals) if vals else None
+    return out
 
 
 def main() -> int:
@@ -238,81 +370,142 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--quick", action="store_true", help="5 s windows (default: 15 s)")
-    ap.add_argument("--window", type=float, help="seconds per window")
-    ap.add_argument("--producers", type=int, default=32, help="producer tasks (default 32)")
+    ap.add_argument("--quick", action="store_true", help="5 s windows, 2 rounds")
+    ap.add_argument("--window", type=float, help="seconds per window (default 10)")
+    ap.add_argument(
+        "--warmup", type=float, default=2.0, help="seconds of load before each window (default 2)"
+    )
+    ap.add_argument("--rounds", type=int, help="off/on pairs, alternating order (default 3)")
+    ap.add_argument(
+        "--producers",
+        type=int,
+        default=0,
+        help="producer tasks in overload (default: 4 x the scaled bounds, so the offered "
+        "concurrency is twice what the admission gate holds, as bench/overload.py's 4x C*; "
+        "32 with the default bounds)",
+    )
+    ap.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        help="topicd.client.Client instances the producers are spread over (default: one "
+        "per producer, as independent programs; 1: every producer shares one client)",
+    )
     ap.add_argument("--topics", type=int, default=8, help="topics written (default 8)")
     ap.add_argument("--batch", type=int, default=1000, help="records per write (default 1000)")
     ap.add_argument("--overload", type=float, default=4.0, help="offered load ÷ saturation")
     ap.add_argument("--pin", action="store_true", help="topicd on CPU 0, producers on CPU 1")
+    ap.add_argument(
+        "--bounds",
+        default="auto",
+        help="the server's classes.client_permits and client_waiters: 'auto' (default) "
+        "sizes both to the peak concurrency of a closed-loop ramp, as bench/overload.py "
+        "does; N sets both; 0 keeps the defaults, 32 and 4096, which queue 32 producers "
+        "rather than refuse",
+    )
+    ap.add_argument(
+        "--ramp-window", type=float, default=3.0, help="seconds per ramp step (default 3)"
+    )
     ap.add_argument("--chart", default=str(REPO / "docs" / "producer_backpressure.png"))
     ap.add_argument("--no-chart", action="store_true")
+    ap.add_argument("--json", help="write every window's numbers to this file")
     args = ap.parse_args()
     if args.child:
         sys.stdout.write(json.dumps(child_main(json.loads(args.child))))
         return 0
-    win = args.window or (5.0 if args.quick else 15.0)
-    with tempfile.TemporaryDirectory() as tmp:
-        server = hc.topicd_server(Path(tmp), REPO)
-        server.start(cpu=SERVER_CPU if args.pin else None)
-        if args.pin:
-            os.sched_setaffinity(0, {CLIENT_CPU})
-        url = f"http://127.0.0.1:{server.port}"
-        try:
-            with httpx.Client(base_url=url) as http:
-                for i in range(args.topics):
-                    http.put(f"/v0/topics/bp-{i}", json={"durability": "disk"}).raise_for_status()
-            base = {
-                "url": url,
-                "producers": args.producers,
-                "topics": args.topics,
-                "batch": args.batch,
-                "window": win,
-            }
-            sat = window(base | {"policy": False, "batches_per_s": 0}, url, args.pin)
-            offered = args.overload * sat["accepted_rps"]
-            paced = base | {"batches_per_s": offered / args.batch}
-            off = window(paced | {"policy": False}, url, args.pin)
-            on = window(paced | {"policy": True}, url, args.pin)
-        finally:
-            server.stop()
-    for r in (sat, off, on):
-        r["n429"] = r["statuses"].get("429", r["statuses"].get(429, 0))
-        r["n503"] = r["statuses"].get("503", r["statuses"].get(503, 0))
+    win = args.window or (5.0 if args.quick else 10.0)
+    rounds = args.rounds or (2 if args.quick else 3)
+    if args.pin:
+        os.sched_setaffinity(0, {CLIENT_CPU})
+    base = {
+        "topics": args.topics,
+        "batch": args.batch,
+        "window": win,
+        "warmup": args.warmup,
+        "clients": args.clients or 1 << 30,  # at most one per producer
+    }
+    load0 = os.getloadavg()
+    if args.bounds == "auto":
+        # bench/overload.py's sizing: a closed-loop ramp on the default bounds finds the
+        # peak concurrency C* (the smallest within 5 % of the best rate); the admission
+        # bounds become C* permits and C* waiters, as 32 and 4096 are sized to a larger
+        # machine, and the best rate is the saturation rate S
+        ramp = {}
+        for c in RAMP:
+            job = base | {"producers": c, "policy": False, "batches_per_s": 0}
+            ramp[c] = fresh_window(job | {"window": args.ramp_window}, args, 0)
+            print(f"ramp c={c}: {ramp[c]['accepted_rps']:,.0f} records/s", flush=True)
+        best = max(r["accepted_rps"] for r in ramp.values())
+        c_star = min(c for c, r in ramp.items() if r["accepted_rps"] >= PEAK_WITHIN * best)
+        bounds = min(c_star, 32)
+        sat = max(ramp.values(), key=lambda r: r["accepted_rps"])
+        sat_label = f"closed-loop ramp {list(RAMP)}, C* = {c_star}"
+    else:
+        bounds = int(args.bounds)
+        # closed loop with as many producers as the bounds admit without refusing
+        sat_producers = 2 * bounds if bounds else args.producers or 32
+        job = base | {"producers": sat_producers, "policy": False, "batches_per_s": 0}
+        sat = fresh_window(job, args, bounds)
+        sat_label = f"{sat_producers} closed-loop producers"
+    producers = args.producers or (4 * bounds if bounds else 32)
+    offered = args.overload * sat["accepted_rps"]
+    paced = base | {"producers": producers, "batches_per_s": offered / args.batch}
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for r in range(rounds):
+        for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
+            out = fresh_window(paced | {"policy": mode == "on"}, args, bounds)
+            runs[mode].append(out)
+            print(
+                f"round {r + 1} policy {mode:<3}: {out['accepted_rps']:>9,.0f} records/s, "
+                f"{out['n429']:>5} 429s, health p99 {fmt(out['health_p99_ms'])} ms, "
+                f"zones {out['zones']}",
+                flush=True,
+            )
+    load1 = os.getloadavg()
+    off, on = median_of(runs["off"]), median_of(runs["on"])
     print(
-        f"window {win:.0f} s, {args.producers} producers, {args.batch}-record batches, "
-        f"pin={'yes' if args.pin else 'no'}"
+        f"window {win:g} s, {rounds} rounds, {producers} producers, {args.batch}-record "
+        f"batches, bounds {bounds or 'default'}, pin={'yes' if args.pin else 'no'}, "
+        f"load average {load0[0]:.1f} -> {load1[0]:.1f}"
     )
     print(
-        f"saturation: {sat['accepted_rps']:,.0f} records/s accepted; offered in overload: "
-        f"{offered:,.0f} records/s ({args.overload:g}×)"
+        f"saturation ({sat_label}): {sat['accepted_rps']:,.0f} "
+        f"records/s accepted; offered in overload: {offered:,.0f} records/s "
+        f"({args.overload:g}×)"
     )
-    cols = (
-        "accepted_rps",
-        "n429",
-        "n503",
-        "failed",
-        "lat_p50_ms",
-        "lat_p99_ms",
-        "health_p99_ms",
-        "pressure_mean",
-        "pressure_max",
-        "producer_cpu_per_s",
-    )
-    print(f"{'run':<12}" + "".join(f"{c:>20}" for c in cols))
+    print(f"{'median':<12}" + "".join(f"{c:>20}" for c in COLS))
     for name, r in (("saturation", sat), ("policy off", off), ("policy on", on)):
-        cells = []
-        for c in cols:
-            cells.append(f"{fmt(r.get(c)):>20}")
-        print(f"{name:<12}" + "".join(cells))
-    ratio = lambda a, b: (a / b) if b else float("nan")  # noqa: E731
+        print(f"{name:<12}" + "".join(f"{fmt(r.get(c)):>20}" for c in COLS))
+    ratio = lambda a, b: (a / b) if b else float("inf") if a else float("nan")  # noqa: E731
+    fewer = ratio(off["n429"], on["n429"])
+    acc = ratio(on["accepted_rps"], off["accepted_rps"])
+    health = ratio(on["health_p99_ms"] or 0, off["health_p99_ms"] or 0)
+    paired = [
+        ratio(b["accepted_rps"], a["accepted_rps"])
+        for a, b in zip(runs["off"], runs["on"], strict=True)
+    ]
     print(
-        f"429s off/on: {ratio(off['n429'], on['n429']):.1f}×   accepted on/off: "
-        f"{ratio(on['accepted_rps'], off['accepted_rps']):.3f}   health p99 on/off: "
-        f"{ratio(on['health_p99_ms'] or 0, off['health_p99_ms'] or 0):.3f}"
+        f"429s off/on: {fewer:.1f}× (target ≥ 10)   accepted on/off: {acc:.3f} (≥ 0.95; "
+        f"per round {', '.join(f'{x:.2f}' for x in paired)})   health p99 on/off: "
+        f"{health:.3f} (≤ 1.1)"
     )
+    if not off["n429"]:
+        print("NOTE no 429 with the policy off: the server was not overloaded at its bounds")
+    if (sat.get("server_cpu_per_s") or 0) < 0.85:
+        print(
+            f"NOTE topicd used {sat['server_cpu_per_s']:.2f} CPU s/s at saturation: "
+            "something else (the producers, other work on the machine) was the bottleneck"
+        )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"args": vars(args), "saturation": sat, "runs": runs}, indent=1)
+        )
     if not args.no_chart:
-        chart(Path(args.chart), off, on)
+        title = (
+            f"SDK producers at {args.overload:g}× the saturation rate, delay law off vs on "
+            f"(medians of {rounds} rounds, dots: each round; load average {load1[0]:.1f})"
+        )
+        chart(Path(args.chart), off, on, runs, title)
         print(f"chart: {args.chart}")
     return 0
 

@@ -679,6 +679,14 @@ class GovernorConfig:
     latency_ceiling_ms: float = key(
         5.0, "Scheduling latency or loop lag that reads as saturation (s2, ms).", min=0.1
     )
+    latency_signal_max: float = key(
+        0.6,
+        "Most that the latency signal (s2) adds to pressure: a loop at capacity reads as "
+        "the client's soft threshold; only work piling up (s1, s3, s4) goes higher, to "
+        "deferral, the client's pause and the write throttle (1 = no cap).",
+        min=0,
+        max=1,
+    )
     admission_waiters_per_permit: float = key(
         1.0,
         "Client requests waiting for a permit, per permit, that read as saturation "

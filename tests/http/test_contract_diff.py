@@ -328,6 +328,28 @@ async def test_long_poll_is_woken_by_a_write(client, autojump_clock):
     assert (body["next_from_seq"], body["caught_up"]) == (2, True)
 
 
+async def test_pressure_header_is_the_pressure_when_the_answer_starts(
+    client, harness, autojump_clock
+):
+    """A request that waited (here a long-poll) reports the pressure of the moment its
+    answer starts, not the one it found on arrival: clients stamp the value with the
+    time they receive it and pace on it."""
+    await write_n(client, "d.lpp", 1)
+    harness.engine.pressure = 0.25
+    out = {}
+
+    async def poll():
+        out["r"] = await client.post("/v0/topics/d.lpp/diff", json={"from_seq": 1, "wait_ms": 5000})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.testing.wait_all_tasks_blocked()
+        harness.engine.pressure = 0.75  # what the governor publishes meanwhile
+        w = await client.post("/v0/topics/d.lpp", json={"records": [{"data": 1}]})
+        assert w.headers["X-Topicd-Pressure"] == "0.750"
+    assert out["r"].headers["X-Topicd-Pressure"] == "0.750"
+
+
 async def test_long_poll_times_out_with_the_empty_result(client, autojump_clock):
     await write_n(client, "d.lpto", 2)
     t0 = trio.current_time()

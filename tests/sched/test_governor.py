@@ -17,6 +17,7 @@ import trio.lowlevel
 import trio.testing
 
 from tests.sched.helpers import live_conn, received, write_req
+from topicd.client.backpressure import BackpressurePolicy, delay_ms
 from topicd.errors import Throttled
 from topicd.http.app import gate_of
 from topicd.offload import InlineOffload
@@ -121,7 +122,52 @@ def test_latency_is_the_larger_of_sched_latency_and_loop_lag_over_5_ms():
     assert g.signals["latency"] == pytest.approx(0.5)
     g.sample(0.2, lag_ms=20.0)  # loop-lag EWMA: 0.3 x 20 = 6 ms > 5 ms ceiling
     assert g.loop_lag_ms == pytest.approx(6.0)
+    assert g.signals["latency"] == 0.6  # capped at latency_signal_max
+
+
+def test_latency_signal_is_capped_at_0_6_at_its_edge():
+    fake = FakeSources()
+    g = governor(fake)
+    fake.queued = 1
+    for sched_ms, expected in ((2.95, 0.59), (3.0, 0.6), (3.05, 0.6), (500.0, 0.6)):
+        fake.sched_ms = sched_ms
+        g.sample(0.1)
+        assert g.signals["latency"] == pytest.approx(expected)
+    g = governor(fake, latency_signal_max=1.0)  # 1 = the uncapped signal
+    fake.sched_ms = 3.05
+    g.sample(0.1)
+    assert g.signals["latency"] == pytest.approx(0.61)
+    fake.sched_ms = 500.0
+    g.sample(0.2)
     assert g.signals["latency"] == 1.0
+
+
+def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
+    """Loop lag far past the ceiling for 10 s: pressure climbs to the cap (0.6), where
+    frames coalesce and commits widen but nothing is deferred and a client following the
+    delay law is not slowed; clients queueing for permits (s4) then take it on, through
+    the defer rung, and a refusal past the client's pause (0.9) and the throttle (0.98)."""
+    fake = FakeSources()
+    g = governor(fake)
+    t = 0.0
+    for _ in range(100):
+        t += 0.1
+        g.sample(t, lag_ms=50.0)
+        assert g.pressure <= 0.6
+    assert g.pressure == pytest.approx(0.6, abs=1e-6)
+    assert not g.defer_active
+    assert g.coalesce_ms == pytest.approx(10.0) and g.commit_window_ms > 0.5
+    for _ in range(30):  # 28 of 32 permits' worth waiting throughout: s4 = 0.875
+        fake.wait_area += 28 * 0.1
+        t += 0.1
+        g.sample(t, lag_ms=50.0)
+    assert g.signals["admission"] == pytest.approx(0.875)
+    assert 0.8 < g.pressure < 0.9 and g.defer_active
+    for _ in range(10):
+        fake.refused += 1  # a request refused in each interval
+        t += 0.1
+        g.sample(t, lag_ms=50.0)
+    assert g.pressure > 0.98
 
 
 def test_sched_latency_decays_while_nothing_is_queued():
@@ -190,6 +236,46 @@ async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autoj
         assert permits.stats.waiting == 0
         await ten_samples(autojump_clock)
         assert h.engine.governor.signals["admission"] == 0.0
+
+
+async def test_a_saturated_loop_does_not_slow_clients_a_queue_at_the_permits_does(
+    autojump_clock,
+):
+    """A running app whose scheduling latency reads 50 ms (ten times the ceiling) for ten
+    virtual seconds: the header sits at the latency cap, the client's soft threshold, so
+    its law adds no delay; requests queueing for a permit then move it into the
+    proportional band."""
+    policy = BackpressurePolicy()
+
+    def law(header: str) -> object:
+        x = float(header)
+        return delay_ms(x, policy.pressure_soft, policy.pressure_hard, policy.soft_delay_max_ms)
+
+    cfg = make_config(classes={"client_permits": 4, "client_waiters": 64})
+    async with open_app(cfg) as h:
+        src = h.engine.governor.src
+        src.queued = lambda: 1
+        src.sched_latency_ms = lambda: 50.0
+        for _ in range(10):
+            await ten_samples(autojump_clock)
+        assert not h.engine.governor.defer_active
+        client = h.app.test_client()
+        r = await client.get("/v0/health")
+        assert r.headers["X-Topicd-Pressure"] == "0.600"
+        assert law(r.headers["X-Topicd-Pressure"]) == 0
+        permits = gate_of(h.app).permits
+        held = [await permits.admit() for _ in range(4)]
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # 3 waiting for 4 permits: s4 = 0.75
+                nursery.start_soon(permits.admit)
+            for _ in range(3):
+                await ten_samples(autojump_clock)
+            r = await client.get("/v0/health")
+            assert r.headers["X-Topicd-Pressure"] == "0.750"
+            assert law(r.headers["X-Topicd-Pressure"]) == pytest.approx(250)
+            nursery.cancel_scope.cancel()
+        for p in held:
+            p.release()
 
 
 def test_pool_signal_is_the_busiest_group_over_the_interval():

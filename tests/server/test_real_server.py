@@ -29,7 +29,10 @@ async def test_http11_round_trip(base_url):
             headers={"content-type": "application/json"},
         )
         assert r.status_code == 201
-        assert r.headers["x-topicd-pressure"] == "0.000"
+        # the governor's pressure as the answer starts (a real clock: its samples may
+        # already read some loop lag)
+        pressure = r.headers["x-topicd-pressure"]
+        assert len(pressure) == 5 and 0.0 <= float(pressure) <= 1.0, pressure
         r = await c.post("/v0/topics/real/diff", json={})
         assert r.http_version == "HTTP/1.1"
         assert b'"data":{"n":1.10}' in r.content

@@ -445,12 +445,14 @@ class Gate:
         by_path[served_by] = by_path.get(served_by, 0) + 1
         path = cast("str", scope["path"])
         status_box = [0]
-        pressure_value = self.pressure_header()
 
         async def send_stamped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(cast("list[tuple[bytes, bytes]]", message.get("headers", [])))
-                headers.append((b"x-topicd-pressure", pressure_value))
+                # the pressure as the answer starts, not as the request came in: a write
+                # that waited for its commit must not report the pressure it found then
+                # (a client paces on this value, stamped with the time it arrives)
+                headers.append((b"x-topicd-pressure", self.pressure_header()))
                 message["headers"] = headers
                 status_box[0] = cast("int", message["status"])
             await send(message)

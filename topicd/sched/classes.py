@@ -1,8 +1,10 @@
 """Work classes: client permits, maintenance permits and yield budgets (scheduler spec R1).
 
 Client work — REST handlers: writes, reads, claims, control-plane changes — runs only
-while it holds one of `classes.client_permits` permits, so at most that many client
-requests are runnable at once and one pass of the event loop stays short: probes,
+while it holds one of `classes.client_permits` permits (a request taking a free one runs
+from the next loop batch on, so the others ready in the same batch wait), so at most
+that many client requests are runnable at once and one pass of the event loop stays
+short: probes,
 metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
 which take no permit) are served within one batch however many clients push. At most
 `classes.client_waiters` requests wait for a permit; beyond that a request gets `429
@@ -100,6 +102,16 @@ class ClientPermits:
         stats = self.stats
         if self._sem.value > 0:
             self._sem.acquire_nowait()
+            stats.in_use += 1
+            stats.peak_in_use = max(stats.peak_in_use, stats.in_use)
+            # the holder runs its request from the next loop batch on, so every other
+            # request ready in this batch finds the permit taken and waits for one (where
+            # signal s4 sees it) instead of running too: without this, a request that
+            # never waits while it holds a permit gives it back within the same step, and
+            # one batch would run every ready request, however many the permits are
+            # (shielded: a permit taken is always returned to the caller, never leaked)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return Permit(self)
         else:
             if stats.waiting >= self.max_waiters:
                 raise self.refusal()

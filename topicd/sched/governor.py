@@ -12,7 +12,13 @@ signals into `pressure ∈ [0, 1]`:
   symptom of CPU saturation), ÷
   `latency_ceiling_ms`. When nothing is queued the scheduling EWMA decays by its own
   weight each sample (topicd decision: otherwise the last burst's latency would hold
-  pressure up forever on an idle server);
+  pressure up forever on an idle server). Capped at `latency_signal_max` (0.6, topicd
+  decision): a loop at capacity is what saturation looks like, not overload, and its
+  excess waits outside the loop, for a client permit, where s4 reads it. A busy loop
+  alone coalesces frames and widens commits, and reads as the client library's soft
+  threshold, where its producers are not slowed yet; a backlog (s1, s3, s4) takes
+  pressure on to deferral, to the client's proportional delay and pause, and to the
+  write throttle;
 * **s3 pool** — the busiest offload group client work waits on (WAL normalized by its
   shard count, misc, read; not the checkpoints' `snapshot` group, see
   `WalCommitPath.pool_loads`): busy token-seconds over the interval ÷ (interval × tokens);
@@ -146,7 +152,10 @@ class Governor:
         if src.queued() == 0:
             src.decay_sched_latency(cfg.sched_latency_alpha)
         depth = min(1.0, src.ripe() / (max(src.workers, 1) * cfg.depth_per_worker))
-        latency = min(1.0, max(src.sched_latency_ms(), self.loop_lag_ms) / cfg.latency_ceiling_ms)
+        latency = min(
+            cfg.latency_signal_max,
+            max(src.sched_latency_ms(), self.loop_lag_ms) / cfg.latency_ceiling_ms,
+        )
         pool = 0.0
         for group, integral, tokens in src.pool_loads(now):
             prev = self._pools.get(group)
