@@ -45,29 +45,6 @@ async def test_permits_then_bounded_waiters_then_429():
     assert pool.stats.peak_in_use == 2 and pool.stats.peak_waiting == 1
 
 
-async def test_ready_requests_beyond_the_permits_wait_even_if_no_holder_ever_waits():
-    """Eight requests ready at once, each doing its work in one step without waiting while
-    it holds the permit (a buffered body, parsed and queued in one go): with two
-    permits, six wait for one, where the admission signal counts them (and, past the
-    waiters, would be refused). A holder only runs from the next loop batch on; had it
-    run at once, it would give its permit back within its own step and no request
-    would ever wait, however many the permits."""
-    pool = ClientPermits(2, 64, lambda: 250)
-    done: list[int] = []
-
-    async def request(k: int) -> None:
-        permit = await pool.admit()
-        done.append(k)  # the request's work: one step, no wait while holding
-        permit.release()
-
-    async with trio.open_nursery() as n:
-        for k in range(8):
-            n.start_soon(request, k)
-    assert sorted(done) == list(range(8))
-    assert pool.stats.peak_waiting == 6 and pool.stats.waited == 6
-    assert pool.stats.in_use == 0
-
-
 async def test_give_back_frees_the_current_requests_permit():
     pool = ClientPermits(1, 0, lambda: 250)
     permit = await pool.admit()

@@ -102,16 +102,6 @@ class ClientPermits:
         stats = self.stats
         if self._sem.value > 0:
             self._sem.acquire_nowait()
-            stats.in_use += 1
-            stats.peak_in_use = max(stats.peak_in_use, stats.in_use)
-            # the holder runs its request from the next loop batch on, so every other
-            # request ready in this batch finds the permit taken and waits for one (where
-            # signal s4 sees it) instead of running too: without this, a request that
-            # never waits while it holds a permit gives it back within the same step, and
-            # one batch would run every ready request, however many the permits are
-            # (shielded: a permit taken is always returned to the caller, never leaked)
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return Permit(self)
         else:
             if stats.waiting >= self.max_waiters:
                 raise self.refusal()
