@@ -43,7 +43,7 @@ from topicd.errors import (
     TopicNotEmpty,
     TopicNotFound,
 )
-from topicd.model import Shape, TopicConfig
+from topicd.model import Shape, TopicConfig, shared_config
 from topicd.sched.classes import Budget, give_back
 from topicd.sched.governor import Governor, Sources, retry_after_ms
 from topicd.sched.saturation import SaturationRegistry
@@ -415,7 +415,7 @@ class Engine:
     def apply_config(self, topic: Topic, config: TopicConfig, now_ms: int) -> None:
         if topic.deleted:
             raise TopicNotFound(topic.name)
-        topic.config = config
+        topic.config = shared_config(config)
         topic.mark_changed()
         if config.ttl_ms > 0:
             self._ttl_topics.add(topic)
