@@ -6,8 +6,10 @@ and anything was written; checked every `check_interval_ms`. A final one runs at
 graceful shutdown, after the WAL drained and synced, with every seq reservation released
 to its head so a clean restart resumes with no gap.
 
-Steps: capture (one synchronous step on the loop: the topics that changed since the
-last checkpoint, slices of their records to absorb, per-shard WAL positions) → absorb
+Steps: capture (on the loop, in steps that yield: the topics that changed since the
+last checkpoint, slices of their records to absorb, and at the end, in one synchronous
+step, whatever changed meanwhile and the per-shard WAL positions;
+`snapshot.capture_stepwise`) → absorb
 into segments and encode (offloaded) → write, sync, rename, sync `meta/` (shielded) →
 install the new segment registry and release the absorbed records' payloads to the
 payload cache → remove WAL files that
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from topicd.sched.classes import Budget
 from topicd.storage import snapshot
 from topicd.storage.segments import SegmentStore
 from topicd.storage.wal import WalCommitPath, parse_wal_name
@@ -157,13 +160,21 @@ class Checkpointer:
         """Take one checkpoint; True on success. Never raises for I/O errors."""
         async with self._lock, self.engine.maintenance:
             t0 = trio.current_time()
-            written = self._written()
-            positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
             now_ms = self.clock.now_ms()
-            cap = snapshot.capture(
+            classes = self.cfg.classes
+            budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
+            written = 0
+
+            def at() -> list[tuple[int, int]]:  # the WAL positions the cut reflects
+                nonlocal written
+                written = self._written()
+                return [(shard.file_index, shard.tail) for shard in self.wal.shards]
+
+            cap, positions = await snapshot.capture_stepwise(
                 self.engine,
-                positions,
+                at,
                 now_ms,
+                budget.tick,
                 final=final,
                 segments=self.segments,
                 absorb=True,

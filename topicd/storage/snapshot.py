@@ -50,6 +50,8 @@ from topicd.storage.fs import replace_file
 from topicd.storage.segments import AbsorbSlice, AbsorbWork, SegSnap
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable
+
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
     from topicd.storage.fs import Fs
@@ -307,70 +309,182 @@ def capture(
     segment by age and topics without an entry are captured; every other topic keeps its
     entry byte for byte. The work on the loop then follows what changed, plus C-level
     set operations over the topic ids. `final` captures everything.
+
+    `capture_stepwise` is the same cut taken in steps that yield to the loop.
     """
-    cap = Capture(SnapshotBody(VERSION, created_ms, 0, 0, [], [], []), [])
-    by_id = engine.by_id
-    todo: list[Topic]
-    if reuse is None or final:
-        todo = [t for t in by_id.values() if not t.deleted]
-        engine.changed_topics.clear()
-    else:
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
+    for t in step.first_todo():
+        step.take(t)
+    step.take_all(step.last_todo())
+    return step.finish(positions)
+
+
+async def capture_stepwise(
+    engine: Engine,
+    positions: Callable[[], list[tuple[int, int]]],
+    created_ms: int,
+    tick: Callable[[], Awaitable[None]],
+    *,
+    final: bool = False,
+    segments: SegmentStore | None = None,
+    absorb: bool = False,
+    reuse: dict[int, msgspec.Raw] | None = None,
+) -> tuple[Capture, list[tuple[int, int]]]:
+    """`capture`, with the per-topic work spread over loop turns (`await tick()` after
+    each topic: it yields when its time quantum is used), so a checkpoint of 100,000
+    changed topics never stalls the loop for the whole of it.
+
+    The result is still one consistent cut, taken at the end: a topic captured in an
+    earlier step and mutated since is marked changed again (`Topic.mark_changed`) and
+    captured again, in further steps while many are, and at last in one synchronous
+    step together with the queues (whose lease state is not tracked), the engine-wide
+    state and the WAL `positions()` — so every entry reflects the state at that instant,
+    as if everything had been captured then. Returns the capture and the positions."""
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
+    todo = step.first_todo()
+    for _ in range(_STEP_PASSES):
+        for t in todo:
+            step.take(t)
+            await tick()
+        todo = step.again()
+        if len(todo) <= _SYNC_TOPICS:
+            break
+    step.take_all(todo)
+    step.take_all(step.last_todo())
+    at = positions()
+    return step.finish(at), at
+
+
+# chunked passes of `capture_stepwise` before the last, synchronous one (which takes
+# whatever changed meanwhile); further passes only while more than this many did
+_STEP_PASSES: Final = 3
+_SYNC_TOPICS: Final = 256
+
+
+class _Stepwise:
+    """The state of one capture between its steps (see `capture_stepwise`)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        created_ms: int,
+        final: bool,
+        segments: SegmentStore | None,
+        absorb: bool,
+        reuse: dict[int, msgspec.Raw] | None,
+    ) -> None:
+        self.engine = engine
+        self.created_ms = created_ms
+        self.final = final
+        self.segments = segments
+        self.absorb = absorb
+        self.reuse = None if final else reuse
+        # per captured topic id: the topic, its entry, its record copies, its absorb work
+        self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
+
+    def first_todo(self) -> list[Topic]:
+        engine = self.engine
+        by_id = engine.by_id
+        reuse = self.reuse
+        queues = engine.queue_topics  # (taken in the last step)
+        if reuse is None:
+            engine.changed_topics.clear()
+            return [t for t in by_id.values() if not t.deleted and t not in queues]
         due = set(engine.changed_topics)
         engine.changed_topics.clear()
-        due |= engine.queue_topics
-        ids = by_id.keys()
-        extra = ids - reuse.keys()  # new topics, and entries re-made every time
-        if segments is not None:
-            extra |= segments.aged(created_ms) & ids
+        extra = by_id.keys() - reuse.keys()  # new topics, and entries re-made every time
+        if self.segments is not None:
+            extra |= self.segments.aged(self.created_ms) & by_id.keys()
         due.update(by_id[tid] for tid in extra)
-        todo = [t for t in due if not t.deleted and t.topic_id in by_id]
-        entries = dict(reuse)
-        for tid in reuse.keys() - ids:  # deleted since
-            del entries[tid]
-        for t in todo:
-            entries.pop(t.topic_id, None)
-        if VERIFY_INCREMENTAL:
-            for tid, entry in entries.items():
-                _verify_unchanged(engine, by_id[tid], entry, created_ms, segments)
-        cap.entries = entries
-    for t in todo:
+        due -= queues
+        return list(due)
+
+    def again(self) -> list[Topic]:
+        """The topics marked changed since the last step took them (or the first
+        listed): captured again."""
+        changed = self.engine.changed_topics
+        out = list(changed)
+        changed.clear()
+        return out
+
+    def last_todo(self) -> list[Topic]:
+        return [*self.again(), *self.engine.queue_topics]
+
+    def take_all(self, topics: Iterable[Topic]) -> None:
+        for t in topics:
+            self.take(t)
+
+    def take(self, t: Topic) -> None:
+        """Capture `t` now (again if an earlier step took it: the newer copy wins)."""
+        engine = self.engine
         tid = t.topic_id
+        if t.deleted or engine.by_id.get(tid) is not t:
+            return
+        segments = self.segments
         t.changed = False
-        cap.captured.append(t)
         absorbed = segments.absorbed(tid) if segments is not None else 0
-        if segments is not None and absorb and absorbable(engine, t):
-            cap.works.append(capture_absorb(t, absorbed))
+        work: AbsorbWork | None = None
+        if segments is not None and self.absorb and absorbable(engine, t):
+            work = capture_absorb(t, absorbed)
             absorbed = max(absorbed, t.head_seq)
+            old = self.got.get(tid)
+            if old is not None and old[3] is not None:
+                # the earlier copy's delete flips left `seg_killed`: carry them over
+                work.flips[:0] = [seq for seq in old[3].flips if seq >= t.earliest_seq]
         snap, copies = capture_topic(
             t,
-            reserved=t.head_seq if final else max(t.reserved_head, t.head_seq),
-            now_ms=created_ms,
+            reserved=t.head_seq if self.final else max(t.reserved_head, t.head_seq),
+            now_ms=self.created_ms,
             absorbed=absorbed,
         )
         if segments is not None:
             snap.segments = segments.registry(tid)
-        cap.fresh.append(snap)
-        cap.runs.append(copies)
-    if segments is not None:
-        cap.gone_ids = segments.topics.keys() - by_id.keys()
-    # a retry window is as durable as the records it points to: none for ephemeral topics
-    idem = [
-        entry
-        for entry in engine.idem.committed()
-        if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
-    ]
-    topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
-    cap.body = SnapshotBody(
-        VERSION,
-        created_ms,
-        engine.next_topic_id,
-        len(positions),
-        positions,
-        topics,  # type: ignore[arg-type]  # (encoded entries are written as they are)
-        idem,
-        engine.routers.export(),
-    )
-    return cap
+        self.got[tid] = (t, snap, copies, work)
+
+    def finish(self, positions: list[tuple[int, int]]) -> Capture:
+        """The capture as of now (synchronous: the last step)."""
+        engine = self.engine
+        by_id = engine.by_id
+        cap = Capture(SnapshotBody(VERSION, self.created_ms, 0, 0, [], [], []), [])
+        for tid, (t, snap, copies, work) in self.got.items():
+            if t.deleted or by_id.get(tid) is not t:
+                continue  # deleted after it was taken (its delete flips are moot)
+            cap.captured.append(t)
+            cap.fresh.append(snap)
+            cap.runs.append(copies)
+            if work is not None:
+                cap.works.append(work)
+        if self.reuse is not None:
+            entries = dict(self.reuse)
+            for tid in self.reuse.keys() - by_id.keys():  # deleted since
+                del entries[tid]
+            for tid in self.got:
+                entries.pop(tid, None)
+            if VERIFY_INCREMENTAL:
+                for tid, entry in entries.items():
+                    _verify_unchanged(engine, by_id[tid], entry, self.created_ms, self.segments)
+            cap.entries = entries
+        if self.segments is not None:
+            cap.gone_ids = self.segments.topics.keys() - by_id.keys()
+        # a retry window is as durable as the records it points to: none for ephemeral
+        # topics
+        idem = [
+            entry
+            for entry in engine.idem.committed()
+            if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
+        ]
+        topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
+        cap.body = SnapshotBody(
+            VERSION,
+            self.created_ms,
+            engine.next_topic_id,
+            len(positions),
+            positions,
+            topics,  # type: ignore[arg-type]  # (encoded entries are written as they are)
+            idem,
+            engine.routers.export(),
+        )
+        return cap
 
 
 # Tests set this: every reused entry is checked against a fresh capture of its topic (a
