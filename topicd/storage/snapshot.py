@@ -37,7 +37,7 @@ import re
 import struct
 import sys
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Final, TypeVar, cast
 
@@ -46,6 +46,7 @@ import trio
 import xxhash
 
 from topicd.engine.queues import leases_durable
+from topicd.model import TopicConfig
 from topicd.storage.fs import replace_file
 from topicd.storage.segments import AbsorbSlice, AbsorbWork, SegSnap
 
@@ -88,10 +89,14 @@ class LeaseSnap(msgspec.Struct, array_like=True, gc=False):
     delays: list[tuple[int, int]]
 
 
-class TopicSnap(msgspec.Struct, gc=False):
+class TopicSnap(msgspec.Struct, gc=False, omit_defaults=True):
+    """One topic's entry. Fields at their defaults are left out of the file, and so are
+    the config fields at `TopicConfig`'s defaults (`config_entry`): most topics' entries
+    are then a few dozen bytes of watermarks and segment registry."""
+
     id: int
     name: str
-    config: dict[str, object]
+    config: dict[str, object]  # the fields that differ from the defaults
     head: int
     reserved: int
     earliest: int
@@ -194,6 +199,27 @@ class Capture:
     encoded: dict[int, msgspec.Raw] = field(default_factory=dict)
 
 
+_DEFAULT_CONFIG: Final = TopicConfig()
+_CONFIG_FIELDS: Final = tuple(f.name for f in fields(TopicConfig))
+_CONFIG_ENTRIES: dict[TopicConfig, dict[str, object]] = {}
+
+
+def config_entry(config: TopicConfig) -> dict[str, object]:
+    """A topic config as its snapshot entry stores it: the fields that differ from the
+    defaults (recovery fills in the rest, as it does for a config logged before a field
+    existed). One dict per distinct config, shared: do not mutate it."""
+    entry = _CONFIG_ENTRIES.get(config)
+    if entry is None:
+        if len(_CONFIG_ENTRIES) >= 4096:
+            _CONFIG_ENTRIES.clear()
+        entry = _CONFIG_ENTRIES[config] = {
+            name: getattr(config, name)
+            for name in _CONFIG_FIELDS
+            if getattr(config, name) != getattr(_DEFAULT_CONFIG, name)
+        }
+    return entry
+
+
 def capture_topic(
     topic: Topic, *, reserved: int, now_ms: int = 0, absorbed: int = 0
 ) -> tuple[TopicSnap, list[RunCopy]]:
@@ -216,7 +242,7 @@ def capture_topic(
     snap = TopicSnap(
         id=topic.topic_id,
         name=topic.name,
-        config=dict(topic.config.to_wire()),
+        config=config_entry(topic.config),
         head=topic.head_seq,
         reserved=reserved,
         earliest=topic.head_seq + 1 if ephemeral else topic.earliest_seq,
