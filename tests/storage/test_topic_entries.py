@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+import pytest
 
 from topicd.model import TopicConfig
 from topicd.storage import snapshot
@@ -68,3 +69,15 @@ def test_a_default_topics_entry_is_small_and_decodes_whole():
     raw = msgspec.msgpack.encode(snap)
     assert len(raw) < 200
     assert msgspec.msgpack.decode(raw, type=snapshot.TopicSnap) == snap
+
+
+@pytest.mark.parametrize("n", [0, 3, 15, 16, 17, 70_000])  # the three array header forms
+def test_the_body_is_encoded_in_pieces_that_join_to_one_encode(monkeypatch, n):
+    monkeypatch.setattr(snapshot, "CHUNK_TOPICS", 4)
+    entries = [msgspec.Raw(msgspec.msgpack.encode({"id": i, "pad": "x" * 40})) for i in range(n)]
+    body = snapshot.SnapshotBody(
+        snapshot.VERSION, 1, n + 1, 2, [(0, 64), (1, 64)], entries, [(1, "k", 1, 1, 1, 1)]
+    )
+    pieces = snapshot._encode_body(body)
+    assert b"".join(pieces) == msgspec.msgpack.encode(body)
+    assert max(len(p) for p in pieces) < 4 * 60 + 200  # no piece holds more than 4 entries

@@ -32,6 +32,7 @@ snapshot (and the untrimmed log) or the new one in charge.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import struct
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
 MAGIC: Final = b"TOPICDSN"
 VERSION: Final = 3
 CHUNK_RECORDS: Final = 16384  # records joined per piece (~1 MB of typical records)
+CHUNK_TOPICS: Final = 4096  # topic entries encoded per piece of the body
 # a snapshot is synced every this many bytes as it is written (fs.replace_file): a WAL
 # sync meanwhile never waits behind hundreds of MB of the snapshot's dirty pages
 SYNC_EVERY_BYTES: Final = 8 << 20
@@ -131,6 +133,9 @@ class SnapshotBody(msgspec.Struct, gc=False):
 
 
 _ENC: Final = msgspec.msgpack.Encoder()
+# stands in for the topics array while the rest of a body is encoded (a 16-byte bin of
+# random bytes: it cannot occur elsewhere in the body by chance)
+_TOPICS_MARK: Final = msgspec.Raw(b"\xc4\x10" + os.urandom(16))
 _DEC: Final = msgspec.msgpack.Decoder(SnapshotBody)
 DEAD: Final = 0xFFFFFFFF
 
@@ -571,12 +576,52 @@ def encode(cap: Capture) -> list[bytes]:
             if isinstance(entry, TopicSnap) and entry.id in cap.encoded:
                 topics[i] = cap.encoded[entry.id]
         body.topics = topics  # type: ignore[assignment]
-    payload = _ENC.encode(body)
-    digest = xxhash.xxh3_64(payload)
+    body_pieces = _encode_body(body)
+    digest = xxhash.xxh3_64()
+    for piece in body_pieces:
+        digest.update(piece)
     for piece in pieces:
         digest.update(piece)
-    header = HEADER.pack(MAGIC, VERSION, 1, len(payload), digest.intdigest())
-    return [header, payload, *pieces]
+    length = sum(len(piece) for piece in body_pieces)
+    header = HEADER.pack(MAGIC, VERSION, 1, length, digest.intdigest())
+    return [header, *body_pieces, *pieces]
+
+
+def _encode_body(body: SnapshotBody) -> list[bytes]:
+    """The msgpack body in pieces: its topics array is encoded `CHUNK_TOPICS` entries at
+    a time around the rest, which is encoded with a marker in its place. (One encode of
+    100,000 entries is one C call holding the GIL, so the event loop, ~30 ms.) The bytes
+    are those of one encode."""
+    topics = body.topics
+    marker = _TOPICS_MARK
+    body.topics = marker  # type: ignore[assignment]
+    try:
+        shell = _ENC.encode(body)
+    finally:
+        body.topics = topics
+    at = shell.find(marker)
+    if at < 0 or shell.find(marker, at + 1) >= 0:  # pragma: no cover - 128 random bits
+        return [_ENC.encode(body)]
+    n = len(topics)
+    if n < 16:
+        head = bytes([0x90 | n])
+    elif n < 1 << 16:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    entries = cast("list[TopicSnap | msgspec.Raw]", topics)  # (reused entries: `Raw`)
+    out = [shell[:at], head]
+    out.extend(
+        b"".join(
+            [
+                e if isinstance(e, msgspec.Raw) else _ENC.encode(e)
+                for e in entries[i : i + CHUNK_TOPICS]
+            ]
+        )
+        for i in range(0, n, CHUNK_TOPICS)
+    )
+    out.append(shell[at + len(marker) :])
+    return out
 
 
 def decode(data: bytes) -> SnapshotBody:
