@@ -17,7 +17,8 @@ import pytest
 from tests.storage.test_checkpoint import cp, state, write
 from topicd.sched import classes
 from topicd.storage import checkpoint, snapshot
-from topicd.testing.fake_fs import FakeDisk
+from topicd.storage import segments as segs
+from topicd.testing.fake_fs import FakeDisk, FaultFs
 from topicd.testing.harness import durable_config, open_durable
 from topicd.wire import DeleteIn, TopicConfigIn
 
@@ -81,3 +82,34 @@ async def test_topics_changing_between_the_steps_of_a_capture_are_captured_as_of
         assert await state(engine) == live
         assert "t7" not in live
         assert len(live["fresh"][0]) == 2  # type: ignore[index]
+
+
+async def test_a_deletion_a_failed_checkpoint_missed_is_taken_by_the_next():
+    """Deleted topics reach the capture as a list (`Engine.deleted_ids`), not by comparing
+    every id: a failed checkpoint gives its list back, so the next one still drops the
+    entry and the segment directory."""
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    cfg = durable_config()
+    async with open_durable(fs, cfg) as engine:
+        await write(engine, "a", b"1")
+        await write(engine, "b", b"1")
+        assert await cp(engine).checkpoint()
+        tid = engine.get("a").topic_id
+        assert disk.exists(segs.topic_dir("/data", tid))
+        await engine.delete_topic("a", False)
+        fs.fail("rename", nth=1)
+        assert not await cp(engine).checkpoint()
+        assert engine.deleted_ids == [tid]
+        assert await cp(engine).checkpoint()
+        assert engine.deleted_ids == []
+        assert tid not in cp(engine)._encoded
+        assert await cp(engine).checkpoint()  # the directory goes one snapshot later
+        assert not disk.exists(segs.topic_dir("/data", tid))
+        live = await state(engine)
+        disk.sync_all()
+        disk.crash(power_off=True)
+    disk.reboot()
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == live
+        assert "a" not in live

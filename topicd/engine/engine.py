@@ -122,6 +122,9 @@ class Engine:
         # the queues (re-captured every time): an incremental checkpoint's work list
         self.changed_topics: set[Topic] = set()
         self.queue_topics: set[Topic] = set()
+        # ids of the topics deleted since a checkpoint's capture last took this list: its
+        # entries to drop without comparing every id (`topicd.storage.snapshot`)
+        self.deleted_ids: list[int] = []
         self.payloads.loader = self._load_stored
         self.commit: StorageBackend = commit or InMemoryCommitPath()
         self.commit.attach(self)
@@ -436,6 +439,8 @@ class Engine:
                     {"topic": topic.name, "count": topic.count},
                 )
         del self.by_id[topic.topic_id]
+        if self.checkpointer is not None:  # (nothing else consumes the list)
+            self.deleted_ids.append(topic.topic_id)
         if not self.replaying:
             del self.topics[topic.name]
             del self._names[bisect.bisect_left(self._names, topic.name)]

@@ -208,6 +208,7 @@ class Checkpointer:
                         topic.seg_killed[:0] = work.flips
                 for topic in cap.captured:  # captured again next time
                     topic.mark_changed()
+                self.engine.deleted_ids[:0] = cap.deleted_ids
                 self.failures += 1
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
                 return False

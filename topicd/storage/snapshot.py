@@ -198,6 +198,8 @@ class Capture:
     # the reused entries of the topics not captured now (incremental capture)
     entries: dict[int, msgspec.Raw] = field(default_factory=dict)
     gone_ids: set[int] = field(default_factory=set)  # deleted topics that have segments
+    # the engine's `deleted_ids` this capture took (given back if the checkpoint fails)
+    deleted_ids: list[int] = field(default_factory=list)
     captured: list[Topic] = field(default_factory=list)  # their `changed` flags were cleared
     # the encoded entries of fresh topics without records in the file (`encode` fills
     # it): reusable while the topic does not change
@@ -372,7 +374,12 @@ async def capture_stepwise(
     state and the WAL `positions()` — so every entry reflects the state at that instant,
     as if everything had been captured then. Returns the capture and the positions."""
     step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
-    todo = step.first_todo()
+    todo = step.first_todo(scan=False)
+    if step.reuse is not None:  # topics without an entry, a slice of the ids at a time
+        ids = list(engine.by_id)
+        for i in range(0, len(ids), _SCAN_IDS):
+            todo += step.without_entry(ids[i : i + _SCAN_IDS])
+            await tick()
     for _ in range(_STEP_PASSES):
         for t in todo:
             step.take(t)
@@ -390,6 +397,7 @@ async def capture_stepwise(
 # whatever changed meanwhile); further passes only while more than this many did
 _STEP_PASSES: Final = 3
 _SYNC_TOPICS: Final = 256
+_SCAN_IDS: Final = 4096
 
 
 class _Stepwise:
@@ -412,23 +420,44 @@ class _Stepwise:
         self.reuse = None if final else reuse
         # per captured topic id: the topic, its entry, its record copies, its absorb work
         self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
+        self.first: set[Topic] = set()  # what the first step takes
 
-    def first_todo(self) -> list[Topic]:
+    def first_todo(self, *, scan: bool = True) -> list[Topic]:
+        """What the first step takes: everything, or (incremental) the topics marked
+        changed, due to seal by age and — with `scan` — without an entry (else the
+        caller adds those with `without_entry`). Queues are left to the last step."""
         engine = self.engine
         by_id = engine.by_id
         reuse = self.reuse
-        queues = engine.queue_topics  # (taken in the last step)
+        queues = engine.queue_topics
         if reuse is None:
             engine.changed_topics.clear()
+            engine.deleted_ids = []  # (`finish` compares every id)
             return [t for t in by_id.values() if not t.deleted and t not in queues]
         due = set(engine.changed_topics)
         engine.changed_topics.clear()
-        extra = by_id.keys() - reuse.keys()  # new topics, and entries re-made every time
+        extra: set[int] = set()
+        if scan:
+            extra = by_id.keys() - reuse.keys()  # new topics, entries re-made every time
         if self.segments is not None:
             extra |= self.segments.aged(self.created_ms) & by_id.keys()
         due.update(by_id[tid] for tid in extra)
         due -= queues
+        self.first = due
         return list(due)
+
+    def without_entry(self, ids: list[int]) -> list[Topic]:
+        """Of `ids`, the live topics that have no entry to reuse (entries with records in
+        the file are re-made every time) and are not listed yet."""
+        assert self.reuse is not None
+        reuse, by_id, listed = self.reuse, self.engine.by_id, self.first
+        out = []
+        for tid in ids:
+            if tid not in reuse:
+                t = by_id.get(tid)
+                if t is not None and t not in listed and t not in self.engine.queue_topics:
+                    out.append(t)
+        return out
 
     def again(self) -> list[Topic]:
         """The topics marked changed since the last step took them (or the first
@@ -485,18 +514,25 @@ class _Stepwise:
             cap.runs.append(copies)
             if work is not None:
                 cap.works.append(work)
+        deleted, engine.deleted_ids = engine.deleted_ids, []
+        cap.deleted_ids = deleted
         if self.reuse is not None:
             entries = dict(self.reuse)
-            for tid in self.reuse.keys() - by_id.keys():  # deleted since
-                del entries[tid]
+            for tid in deleted:  # deleted since the entries were made
+                entries.pop(tid, None)
             for tid in self.got:
                 entries.pop(tid, None)
             if VERIFY_INCREMENTAL:
+                assert not entries.keys() - by_id.keys(), "a deletion was not listed"
                 for tid, entry in entries.items():
                     _verify_unchanged(engine, by_id[tid], entry, self.created_ms, self.segments)
             cap.entries = entries
         if self.segments is not None:
-            cap.gone_ids = self.segments.topics.keys() - by_id.keys()
+            if self.reuse is None:
+                cap.gone_ids = self.segments.topics.keys() - by_id.keys()
+            else:
+                held = self.segments.topics
+                cap.gone_ids = {tid for tid in deleted if tid in held and tid not in by_id}
         # a retry window is as durable as the records it points to: none for ephemeral
         # topics
         idem = [
