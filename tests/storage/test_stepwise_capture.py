@@ -13,9 +13,9 @@ refused); one that kept a topic's copy from before its mutation would lose recor
 from __future__ import annotations
 
 import pytest
+import trio
 
 from tests.storage.test_checkpoint import cp, state, write
-from topicd.sched import classes
 from topicd.storage import checkpoint, snapshot
 from topicd.storage import segments as segs
 from topicd.testing.fake_fs import FakeDisk, FaultFs
@@ -29,13 +29,20 @@ class HookBudget:
     def __init__(self, hooks: dict[int, object]) -> None:
         self.hooks = hooks
         self.calls = 0
+        self.on_pause: object = None  # run at the first `pause` (the install's yields)
 
     async def tick(self) -> None:
         self.calls += 1
         hook = self.hooks.get(self.calls)
         if hook is not None:
             await hook()  # type: ignore[operator]
-        await classes.trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+
+    async def pause(self) -> None:
+        hook, self.on_pause = self.on_pause, None
+        if hook is not None:
+            await hook()  # type: ignore[operator]
+        await trio.lowlevel.checkpoint()
 
 
 @pytest.mark.parametrize("sync_topics", [256, 3])
@@ -43,6 +50,7 @@ async def test_topics_changing_between_the_steps_of_a_capture_are_captured_as_of
     monkeypatch, sync_topics
 ):
     monkeypatch.setattr(snapshot, "_SYNC_TOPICS", sync_topics)  # 3: a second chunked pass
+    monkeypatch.setattr(checkpoint, "_INSTALL_TOPICS", sync_topics)  # 3: installs in steps
     disk = FakeDisk()
     cfg = durable_config()
     async with open_durable(disk, cfg) as engine:
@@ -70,10 +78,17 @@ async def test_topics_changing_between_the_steps_of_a_capture_are_captured_as_of
         # at yield 20 are taken again in a chunked pass 2 (yields 41-), else at once
         late = 42 if sync_topics == 3 else 30
         budget = HookBudget({20: first, late: second})
+
+        async def installing() -> None:  # a write while the new registry is installed
+            await write(engine, "t1", b"5")
+            await engine.delete_records("t2", DeleteIn(before_seq=2))
+
+        budget.on_pause = installing
         monkeypatch.setattr(checkpoint.Budget, "for_class", lambda *a: budget)
         assert await cp(engine).checkpoint()
         budget.hooks = {}
         assert budget.calls >= late
+        assert budget.on_pause is None
         live = await state(engine)
         disk.sync_all()
         disk.crash(power_off=True)  # no final checkpoint: recovery starts from that one

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
 from topicd.sched.classes import Budget
 from topicd.storage import snapshot
-from topicd.storage.segments import SegmentStore
+from topicd.storage.segments import AbsorbOutcome, SegmentStore
 from topicd.storage.wal import WalCommitPath, parse_wal_name
 
 if TYPE_CHECKING:
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from topicd.storage.fs import Fs
 
 log = logging.getLogger("topicd.checkpoint")
+
+# topics installed per loop turn after a checkpoint (`Checkpointer._install`)
+_INSTALL_TOPICS: Final = 1024
 
 
 def _remove_wal_files(fs: Fs, root: str, doomed: Callable[[int, int], bool]) -> int:
@@ -156,6 +159,35 @@ class Checkpointer:
             if self.due():
                 await self.checkpoint()
 
+    async def _install(
+        self, outcome: AbsorbOutcome, cap: snapshot.Capture, budget: Budget
+    ) -> list[str]:
+        """The snapshot is durable: install the new segment registry and release the
+        absorbed records' payloads to the payload cache (their bytes may leave memory),
+        `_INSTALL_TOPICS` topics at a time with yields between (a topic is installed
+        whole: readers see its old registry or its new one; the old files stay until the
+        next checkpoint). Returns what the new registry no longer references."""
+        by_id = self.engine.by_id
+        payloads = self.engine.payloads
+        items = list(outcome.topics.items())
+        doomed: list[str] = []
+        for i in range(0, len(items), _INSTALL_TOPICS):
+            part = dict(items[i : i + _INSTALL_TOPICS])
+            doomed += self.segments.install(AbsorbOutcome(topics=part))
+            for tid, res in part.items():
+                topic = by_id.get(tid)
+                if topic is not None:
+                    payloads.release(topic, res.state.absorbed)
+            await budget.pause()
+        rest = AbsorbOutcome(gone_dirs=outcome.gone_dirs, records=outcome.records)
+        doomed += self.segments.install(rest)
+        encoded = list(cap.encoded.items())
+        for i in range(0, len(encoded), _INSTALL_TOPICS * 8):
+            cap.entries.update(encoded[i : i + _INSTALL_TOPICS * 8])
+            await budget.pause()
+        self._encoded = cap.entries
+        return doomed
+
     async def checkpoint(self, *, final: bool = False) -> bool:
         """Take one checkpoint; True on success. Never raises for I/O errors."""
         async with self._lock, self.engine.maintenance:
@@ -213,16 +245,8 @@ class Checkpointer:
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
                 return False
             self.number = number
-            doomed = self.segments.install(outcome)
-            cap.entries.update(cap.encoded)
-            self._encoded = cap.entries
-            # what the snapshot now names is durable in segments: its payloads may leave
-            # memory (the payload cache evicts down to its bound)
-            by_id = self.engine.by_id
-            for tid, res in outcome.topics.items():
-                topic = by_id.get(tid)
-                if topic is not None:
-                    self.engine.payloads.release(topic, res.state.absorbed)
+            with trio.CancelScope(shield=True):  # (the snapshot is durable: finish this)
+                doomed = await self._install(outcome, cap, budget)
             if keep == 1:
                 reclaim, self._doomed = self._doomed + doomed, []
             else:
