@@ -140,10 +140,13 @@ class EvictionRuns:
     __slots__ = ("_runs",)
 
     def __init__(self) -> None:
-        self._runs: list[list[int | str]] = []
+        self._runs: list[list[int | str]] | None = None  # (made by the first eviction)
 
     def add(self, lo: int, hi: int, reason: str) -> None:
         runs = self._runs
+        if runs is None:
+            self._runs = [[lo, hi, reason]]
+            return
         if runs and runs[-1][2] == reason:
             runs[-1][1] = hi
             return
@@ -153,14 +156,14 @@ class EvictionRuns:
             runs[0:2] = [[a[0], b[1], a[2] if a[2] == b[2] else "mixed"]]
 
     def export(self) -> list[tuple[int, int, str]]:
-        return [(int(lo), int(hi), str(reason)) for lo, hi, reason in self._runs]
+        return [(int(lo), int(hi), str(reason)) for lo, hi, reason in self._runs or ()]
 
     def load(self, runs: list[tuple[int, int, str]]) -> None:
-        self._runs = [[lo, hi, reason] for lo, hi, reason in runs]
+        self._runs = [[lo, hi, reason] for lo, hi, reason in runs] or None
 
     def reason_for(self, lo: int, hi: int) -> str:
         found: set[str] = set()
-        for r_lo, r_hi, reason in self._runs:
+        for r_lo, r_hi, reason in self._runs or ():
             assert isinstance(r_lo, int)
             assert isinstance(r_hi, int)
             assert isinstance(reason, str)
@@ -187,8 +190,9 @@ class TagIndex:
 
     def __init__(self) -> None:
         self._by_tag: dict[str, list[int]] = {}
-        self._sorted: list[str] = []
-        self._new_tags: list[str] = []
+        # (the lists are made by the first tag: most topics have none)
+        self._sorted: list[str] | None = None
+        self._new_tags: list[str] | None = None
         self.live = 0
         self.stale = 0
 
@@ -196,7 +200,10 @@ class TagIndex:
         seqs = self._by_tag.get(tag)
         if seqs is None:
             self._by_tag[tag] = [seq]
-            self._new_tags.append(tag)
+            if self._new_tags is None:
+                self._new_tags = [tag]
+            else:
+                self._new_tags.append(tag)
         else:
             seqs.append(seq)
         self.live += 1
@@ -211,8 +218,8 @@ class TagIndex:
     def rebuild(self, live: Iterable[tuple[int, str]]) -> None:
         """Rebuild from the live `(seq, tag)` pairs, in ascending seq order."""
         self._by_tag = {}
-        self._sorted = []
-        self._new_tags = []
+        self._sorted = None
+        self._new_tags = None
         self.live = 0
         self.stale = 0
         for seq, tag in live:
@@ -224,10 +231,12 @@ class TagIndex:
     def prefix(self, prefix: str) -> list[list[int]]:
         """Seq lists of every tag starting with `prefix` (all tags for "")."""
         if self._new_tags:
+            if self._sorted is None:
+                self._sorted = []
             self._sorted.extend(sorted(self._new_tags))
             self._sorted.sort()  # two sorted runs: timsort merges them in O(n)
-            self._new_tags = []
-        tags = self._sorted
+            self._new_tags = None
+        tags = self._sorted or []
         out: list[list[int]] = []
         i = bisect.bisect_left(tags, prefix)
         while i < len(tags) and tags[i].startswith(prefix):
@@ -339,10 +348,11 @@ class Topic:
         self.tracker: set[Topic] | None = None  # the engine's set of changed topics
         self.deleting: trio.Event | None = None  # set while a delete is being committed
         self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
-        self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
+        # (gap_from, gap_to), ascending; tuples, replaced on change (an empty one is shared)
+        self.lost_ranges: tuple[tuple[int, int], ...] = ()
         # router destinations: seqs whose source record was gone before it was copied
         # (`source_trim` tombstones), and the hop count of each derived copy (routers)
-        self.trims: list[tuple[int, int]] = []
+        self.trims: tuple[tuple[int, int], ...] = ()
         self.hops: dict[int, int] = {}
         self._wakeup: trio.Event | None = None
         # delivery (topicd.sched): the scheduler's slot, how far drains have pushed, and
@@ -351,14 +361,14 @@ class Topic:
         self.durable_head = 0
         self.drained_to = 0
         self.drained_strong = 0
-        self.on_drain: list[Callable[[Topic, int, int], None]] = []  # drain hooks (tests)
+        self.on_drain: tuple[Callable[[Topic, int, int], None], ...] = ()  # hooks (tests)
         # a queue topic's lease table and claim index (`engine.queues`), told of every
         # published and every removed record; None for a log topic
         self.queue: JobQueue | None = None
         # segments (storage): records up to `seg_tail` were copied into segment files by
         # a checkpoint; those killed since are listed so the next one flips their flags
         self.seg_tail = 0
-        self.seg_killed: list[int] = []
+        self.seg_killed: list[int] | None = None  # (made by the first)
         # the payload cache (`topicd.engine.payloads`): chunks below `released` are
         # absorbed (evictable); `cached` are those of them in the LRU
         self.cache: PayloadCache | None = None
@@ -533,8 +543,7 @@ class Topic:
         """Record seqs possibly lost in a crash (recovery); reads announce them."""
         assert gap_from <= gap_to
         self.mark_changed()
-        self.lost_ranges.append((gap_from, gap_to))
-        self.lost_ranges.sort()
+        self.lost_ranges = tuple(sorted([*self.lost_ranges, (gap_from, gap_to)]))
         self.skip_to(gap_to)
 
     def publish_derived(self, ts: int, slots: list[DerivedSlot]) -> int:
@@ -637,10 +646,9 @@ class Topic:
         self.mark_changed()
         trims = self.trims
         if trims and trims[-1][1] + 1 == gap_from:
-            trims[-1] = (trims[-1][0], gap_to)
+            self.trims = (*trims[:-1], (trims[-1][0], gap_to))
         else:
-            trims.append((gap_from, gap_to))
-            trims.sort()
+            self.trims = tuple(sorted([*trims, (gap_from, gap_to)]))
 
     # ---- retention --------------------------------------------------------------------
 
@@ -675,10 +683,11 @@ class Topic:
         self.mark_changed()
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
-        while self.lost_ranges and self.lost_ranges[0][1] < seq:
-            del self.lost_ranges[0]  # absorbed: the cap/TTL tombstone now covers it
-        while self.trims and self.trims[0][1] < seq:
-            del self.trims[0]
+        if self.lost_ranges and self.lost_ranges[0][1] < seq:
+            # absorbed: the cap/TTL tombstone now covers it
+            self.lost_ranges = tuple(r for r in self.lost_ranges if r[1] >= seq)
+        if self.trims and self.trims[0][1] < seq:
+            self.trims = tuple(r for r in self.trims if r[1] >= seq)
         size = self._kill(seq, self.runs[0])
         self._advance_earliest()
         return size
@@ -693,7 +702,10 @@ class Topic:
         self.mark_changed()
         size = run.sizes[i]
         if seq <= self.seg_tail:
-            self.seg_killed.append(seq)
+            if self.seg_killed is None:
+                self.seg_killed = [seq]
+            else:
+                self.seg_killed.append(seq)
         self.count -= 1
         self.bytes -= size
         if self.tags and self.tags.pop(seq, None) is not None:

@@ -237,7 +237,7 @@ class Checkpointer:
                 for work in cap.works:  # their delete flags are flipped next time
                     topic = self.engine.by_id.get(work.topic_id)
                     if topic is not None:
-                        topic.seg_killed[:0] = work.flips
+                        topic.seg_killed = work.flips + (topic.seg_killed or [])
                 for topic in cap.captured:  # captured again next time
                     topic.mark_changed()
                 self.engine.deleted_ids[:0] = cap.deleted_ids

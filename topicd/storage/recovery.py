@@ -440,8 +440,8 @@ class _Replayer:
             topic.earliest_seq = snap.earliest
             topic.evict_floor = snap.evict_floor
             topic.evictions.load(snap.evictions)
-            topic.lost_ranges = [(lo, hi) for lo, hi in snap.lost]
-            topic.trims = [(lo, hi) for lo, hi in snap.trims]
+            topic.lost_ranges = tuple((lo, hi) for lo, hi in snap.lost)
+            topic.trims = tuple((lo, hi) for lo, hi in snap.trims)
             self.snap_heads[snap.id] = snap.head
             topic.last_ts = snap.last_ts
             topic.last_write_ts = snap.last_write_ts

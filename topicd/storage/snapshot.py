@@ -312,8 +312,8 @@ def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
         work.nodes = _above(topic.nodes, lo - 1, head)
         work.prios = _above(topic.prios, lo - 1, head)
         work.shapes = {s: (v[0], v[1]) for s, v in _above(topic.shapes, lo - 1, head).items()}
-    work.flips = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
-    topic.seg_killed = []
+    work.flips = [seq for seq in topic.seg_killed or () if seq >= topic.earliest_seq]
+    topic.seg_killed = None
     topic.seg_tail = max(topic.seg_tail, head)
     return work
 
