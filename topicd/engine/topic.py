@@ -36,7 +36,8 @@ import bisect
 import enum
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeAlias
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 import trio
 
@@ -52,6 +53,16 @@ if TYPE_CHECKING:
     from topicd.model import Shape, TopicConfig
 
 _RUNS_MAX: Final = 64
+# the extras maps of a topic that has none (most) are one shared map that refuses writes:
+# a write site first gives the topic its own dict (`if not t.tags: t.tags = {}`)
+_NO_EXTRAS: Final[MappingProxyType[object, object]] = MappingProxyType({})
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def no_extras() -> dict[_K, _V]:
+    """The shared empty map (typed as a dict for readers; it refuses writes)."""
+    return cast("dict[_K, _V]", _NO_EXTRAS)
 
 
 class Evicted(enum.Enum):
@@ -189,8 +200,8 @@ class TagIndex:
     __slots__ = ("_by_tag", "_new_tags", "_sorted", "live", "stale")
 
     def __init__(self) -> None:
-        self._by_tag: dict[str, list[int]] = {}
-        # (the lists are made by the first tag: most topics have none)
+        # (made by the first tag: most topics have none)
+        self._by_tag: dict[str, list[int]] = no_extras()
         self._sorted: list[str] | None = None
         self._new_tags: list[str] | None = None
         self.live = 0
@@ -199,6 +210,8 @@ class TagIndex:
     def add(self, tag: str, seq: int) -> None:
         seqs = self._by_tag.get(tag)
         if seqs is None:
+            if not self._by_tag:
+                self._by_tag = {}
             self._by_tag[tag] = [seq]
             if self._new_tags is None:
                 self._new_tags = [tag]
@@ -217,7 +230,7 @@ class TagIndex:
 
     def rebuild(self, live: Iterable[tuple[int, str]]) -> None:
         """Rebuild from the live `(seq, tag)` pairs, in ascending seq order."""
-        self._by_tag = {}
+        self._by_tag = no_extras()
         self._sorted = None
         self._new_tags = None
         self.live = 0
@@ -324,10 +337,11 @@ class Topic:
         self.topic_id = topic_id
         self.config = shared_config(config)
         self.runs: list[Run] = [Run(1)]
-        self.tags: dict[int, str] = {}
-        self.nodes: dict[int, str] = {}
-        self.prios: dict[int, int] = {}
-        self.shapes: dict[int, Shape] = {}
+        # sparse per-seq extras; `no_extras()` (shared, read-only) until the first entry
+        self.tags: dict[int, str] = no_extras()
+        self.nodes: dict[int, str] = no_extras()
+        self.prios: dict[int, int] = no_extras()
+        self.shapes: dict[int, Shape] = no_extras()
         self.head_seq = 0
         self.next_seq = 1
         self.earliest_seq = 1
@@ -353,7 +367,7 @@ class Topic:
         # router destinations: seqs whose source record was gone before it was copied
         # (`source_trim` tombstones), and the hop count of each derived copy (routers)
         self.trims: tuple[tuple[int, int], ...] = ()
-        self.hops: dict[int, int] = {}
+        self.hops: dict[int, int] = no_extras()
         self._wakeup: trio.Event | None = None
         # delivery (topicd.sched): the scheduler's slot, how far drains have pushed, and
         # the highest seq known to be on disk (what `consistency:"strong"` watchers see)
@@ -505,16 +519,24 @@ class Topic:
         run.sizes.extend(sizes)
         if tags:
             index = self.tag_index
+            if not self.tags:
+                self.tags = {}
             for i, tag in tags.items():
                 self.tags[first_seq + i] = tag
                 index.add(tag, first_seq + i)
         if nodes:
+            if not self.nodes:
+                self.nodes = {}
             for i, node in nodes.items():
                 self.nodes[first_seq + i] = node
         if prios:
+            if not self.prios:
+                self.prios = {}
             for i, prio in prios.items():
                 self.prios[first_seq + i] = prio
         if shapes:
+            if not self.shapes:
+                self.shapes = {}
             for i, shape in shapes.items():
                 self.shapes[first_seq + i] = shape
         self.head_seq = first_seq + n - 1
@@ -587,15 +609,25 @@ class Topic:
 
     def _extras(self, seq: int, slot: DerivedSlot) -> None:
         if slot.tag is not None:
+            if not self.tags:
+                self.tags = {}
             self.tags[seq] = slot.tag
             self.tag_index.add(slot.tag, seq)
         if slot.node is not None:
+            if not self.nodes:
+                self.nodes = {}
             self.nodes[seq] = slot.node
         if slot.prio:
+            if not self.prios:
+                self.prios = {}
             self.prios[seq] = slot.prio
         if slot.shape is not None:
+            if not self.shapes:
+                self.shapes = {}
             self.shapes[seq] = slot.shape
         if slot.hop:
+            if not self.hops:
+                self.hops = {}
             self.hops[seq] = slot.hop
 
     def insert_derived(self, placed: dict[int, tuple[int, DerivedSlot]]) -> int:

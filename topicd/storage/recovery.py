@@ -448,10 +448,15 @@ class _Replayer:
             topic.last_read_ts = snap.last_read_ts
             topic.reserved_head = snap.reserved
             topic.count, topic.bytes = count, nbytes
-            topic.tags.update(snap.tags)
-            topic.nodes.update(snap.nodes)
-            topic.prios.update(snap.prios)
-            topic.shapes.update(snap.shapes)
+            # (a topic's extras maps start shared and read-only: merge into new ones)
+            if snap.tags:
+                topic.tags = {**topic.tags, **snap.tags}
+            if snap.nodes:
+                topic.nodes = {**topic.nodes, **snap.nodes}
+            if snap.prios:
+                topic.prios = {**topic.prios, **snap.prios}
+            if snap.shapes:
+                topic.shapes = {**topic.shapes, **snap.shapes}
             topic.tag_index.rebuild(sorted(topic.tags.items()))
             topic.seg_tail = snap.absorbed
             if topic.runs[-1].end != topic.head_seq and topic.runs[-1].encs:
@@ -500,12 +505,20 @@ class _Replayer:
                 nbytes += rec.size
                 seq = rec.seq
                 if rec.tag is not None:
+                    if not topic.tags:
+                        topic.tags = {}
                     topic.tags[seq] = rec.tag
                 if rec.node is not None:
+                    if not topic.nodes:
+                        topic.nodes = {}
                     topic.nodes[seq] = rec.node
                 if rec.prio:
+                    if not topic.prios:
+                        topic.prios = {}
                     topic.prios[seq] = rec.prio
                 if rec.shape is not None:
+                    if not topic.shapes:
+                        topic.shapes = {}
                     topic.shapes[seq] = rec.shape
         top = items[-1][0] if items else 0
         for base, encs, ts, sizes in snapshot.restore_runs(snap):
