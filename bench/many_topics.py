@@ -56,13 +56,15 @@ def rss_mib() -> float:
         return int(fh.read().split()[1]) * resource.getpagesize() / (1 << 20)
 
 
-def config(data_dir: str) -> Config:
-    """No checkpoint but the ones this script takes."""
+def config(data_dir: str, topics: int) -> Config:
+    """No checkpoint but the ones this script takes; room for one topic more (a warm-up)."""
     cfg = durable_config(data_dir=data_dir)
     snap = dataclasses.replace(
         cfg.storage.snapshot, interval_ms=1 << 40, wal_bytes_threshold=1 << 50
     )
-    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, snapshot=snap))
+    limits = dataclasses.replace(cfg.limits, max_topics=max(cfg.limits.max_topics, topics + 1))
+    storage = dataclasses.replace(cfg.storage, snapshot=snap)
+    return dataclasses.replace(cfg, storage=storage, limits=limits)
 
 
 def open_engine(cfg: Config) -> AbstractAsyncContextManager[Engine]:
@@ -127,7 +129,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> None:
     n = args.topics
     req = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"x" * 98 + b'"'))] * 3)
     one = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"y" * 98 + b'"'))])
-    cfg = config(data_dir)
+    cfg = config(data_dir, n)
     ticker = Ticker(args.dump_stalls_ms / 1000)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker.run)
