@@ -169,13 +169,14 @@ class SegmentsConfig:
 class TieringConfig:
     hot_retain_segments: int = key(
         4,
-        "Newest sealed segments kept hot (cold tier, reserved).",
+        "Newest sealed segments of a topic kept hot; older ones move to storage.cold_dir.",
         env=_env2("HOT_RETAIN_SEGMENTS"),
         min=0,
     )
     hot_retain_bytes: int = key(
         0,
-        "Optional hot byte bound; stricter bound wins (cold tier, reserved).",
+        "Optional hot byte bound per topic (sealed segments' bytes; 0 = none); the "
+        "stricter bound wins.",
         env=_env2("HOT_RETAIN_BYTES"),
         min=0,
     )
@@ -246,7 +247,10 @@ class StorageConfig:
         env=_env2("DATA_DIR"),
     )
     cold_dir: str = key(
-        "", "Cold tier root; empty = tiering off (reserved).", env=_env2("COLD_DIR")
+        "",
+        "Cold tier root: sealed segments past storage.tiering's bound move here; empty = "
+        "tiering off. Not inside data_dir.",
+        env=_env2("COLD_DIR"),
     )
     wal_shards: int = key(
         0,
@@ -265,7 +269,7 @@ class StorageConfig:
     wal: WalConfig = section(WalConfig, "Write-ahead log: files, group commit, ingest bounds")
     snapshot: SnapshotConfig = section(SnapshotConfig, "Checkpoints and snapshots")
     recovery: RecoveryConfig = section(RecoveryConfig, "Recovery")
-    tiering: TieringConfig = section(TieringConfig, "Cold tier (reserved)")
+    tiering: TieringConfig = section(TieringConfig, "Cold tier: which sealed segments stay hot")
 
 
 @dataclass(frozen=True)
@@ -1013,10 +1017,7 @@ def load_config(
 # Settings registered for features this version does not have yet: a value other than the
 # default would be accepted and then do nothing, so it is refused instead (naming the key).
 # A key is a full path or a whole section; each feature's change removes its own entries.
-NOT_IMPLEMENTED: Final = {
-    "storage.cold_dir": "the cold tier",
-    "storage.tiering": "the cold tier",
-}
+NOT_IMPLEMENTED: Final[dict[str, str]] = {}
 
 
 def _leaves(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
@@ -1085,6 +1086,22 @@ def _port(text: str, whole: str) -> int:
     return int(text)
 
 
+def _check_cold_dir(data_dir: str, cold_dir: str) -> None:
+    """The cold tier has its own `topics/` tree: it must not be, or overlap, the data
+    directory (a relocation would copy a segment onto itself, then unlink it)."""
+    if not cold_dir:
+        return
+    if not cold_dir.strip():
+        raise ConfigError("storage.cold_dir: blank path (leave it empty for no cold tier)")
+    data = os.path.abspath(data_dir)
+    cold = os.path.abspath(cold_dir)
+    if cold == data or cold.startswith(data + os.sep) or data.startswith(cold + os.sep):
+        raise ConfigError(
+            f"storage.cold_dir: {cold_dir!r} overlaps storage.data_dir {data_dir!r} (the "
+            "cold tier needs a directory of its own)"
+        )
+
+
 def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
     host, port = split_host_port(cfg.server.host)
     if not host:
@@ -1094,6 +1111,7 @@ def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
     server = dataclasses.replace(cfg.server, host=host, port=port)
     if not cfg.storage.data_dir.strip():
         raise ConfigError("storage.data_dir: empty path")
+    _check_cold_dir(cfg.storage.data_dir, cfg.storage.cold_dir)
     parse_log_level(cfg.logging.level)
     if cfg.queue.min_lease_ms > cfg.queue.max_lease_ms:
         raise ConfigError("queue.min_lease_ms: above queue.max_lease_ms")

@@ -217,7 +217,9 @@ async def test_acks_and_deletes_end_recovered_leases(autojump_clock):
         await produce(engine)
         await claim(engine, 3)
         assert (await engine.queues.ack("q", "w", [1], [])).done == 1
-        await engine.queues._delete(engine.get("q"), [2])  # a leased job deleted
+        await engine.queues._delete(
+            engine.get("q"), engine.get("q").queue, [2]
+        )  # a leased job deleted
     async with open_durable(disk, clock=clock) as engine:
         q = table(engine)
         assert sorted(q.leases) == [3]

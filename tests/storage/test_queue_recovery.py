@@ -16,10 +16,13 @@ import errno
 
 import msgspec
 import pytest
+import trio
 
 from topicd.engine.engine import Engine
 from topicd.errors import StorageUnavailable
+from topicd.offload import InlineOffload
 from topicd.storage.checkpoint import Checkpointer
+from topicd.testing.fake_clock import advance
 from topicd.testing.fake_fs import FakeDisk, FaultFs
 from topicd.testing.harness import open_durable
 from topicd.wire import DiffIn, RecordIn, TopicConfigIn, WriteIn
@@ -146,3 +149,38 @@ async def test_a_failed_ack_delete_is_503_and_the_job_is_claimable_again(autojum
         assert [s for s, _ in await claim_all(engine)][:2] == claimed
     async with open_durable(disk) as engine:
         assert len(await live_seqs(engine)) == 10  # the failed delete never surfaces
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_an_ack_cancelled_while_its_delete_commits_ends_as_the_commit_does(
+    autojump_clock, fails
+):
+    """The acking request goes away (cancelled) while its delete waits for the WAL: the
+    commit still decides. Committed: the jobs are gone. Failed: they are claimable again
+    (nobody is left to release them but the commit path)."""
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    slow = False
+    offload = InlineOffload(lambda group: 1.0 if slow and group == "wal" else 0.0)
+    async with open_durable(fs, offload=offload) as engine:
+        await engine.put_topic("q", TopicConfigIn(type="queue", durability="disk"))
+        await produce(engine)
+        res = await engine.queues.claim("q", "w", 2, None)
+        claimed = [msgspec.json.decode(j)["$seq"] for j in res.items]
+        slow = True
+        if fails:
+            fs.fail("pwrite", nth=1, errno=errno.EIO)
+        with trio.move_on_after(0.5) as scope:
+            await engine.queues.ack("q", "w", claimed, [])
+        assert scope.cancelled_caught
+        q = engine.get("q").queue
+        assert q is not None
+        assert (q.counts().ready, q.counts().in_flight) == (8, 0)  # held meanwhile
+        await advance(autojump_clock, 2)  # the WAL write resolves
+        slow = False
+        if fails:
+            assert q.counts().ready == 10
+            assert [s for s, _ in await claim_all(engine)][:2] == claimed
+        else:
+            assert q.counts().ready == 8
+            assert sorted(set(await live_seqs(engine)) & set(claimed)) == []

@@ -13,7 +13,10 @@ readable records (seq and data) must equal the model's.
 The same run goes through a tiny payload cache (2-seq chunks, a bound of 0 to a few
 records): absorbed records leave memory at each checkpoint and every read — including
 the `read` steps between the others — loads them back from the segments, and the cache
-never counts more than its bound once a read ended.
+never counts more than its bound once a read ended. And once more with a cold tier
+keeping 0 or 1 sealed segments per topic hot (cache bound 0), so checkpoints relocate
+segments, deletes flip flags in cold files, drops remove them, and reads and restarts
+load records back from the cold directory.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.storage.test_checkpoint import cp
+from topicd.config import TieringConfig
 from topicd.engine import payloads
 from topicd.engine.engine import Engine
 from topicd.testing.fake_fs import FakeDisk
@@ -54,10 +58,13 @@ ops = st.lists(
 )
 
 
-def config(cache_bytes: int = 1 << 28):
+def config(cache_bytes: int = 1 << 28, retain: int | None = None):
     cfg = durable_config(wal={"file_bytes": 4096})
     seg = dataclasses.replace(cfg.storage.segments, max_events=3)
     storage = dataclasses.replace(cfg.storage, segments=seg, payload_cache_bytes=cache_bytes)
+    if retain is not None:  # a cold tier keeping `retain` sealed segments per topic hot
+        tiering = TieringConfig(hot_retain_segments=retain)
+        storage = dataclasses.replace(storage, cold_dir="/cold", tiering=tiering)
     return dataclasses.replace(cfg, storage=storage)
 
 
@@ -76,11 +83,14 @@ async def readback(engine: Engine, name: str) -> dict[int, bytes]:
             return out
 
 
-async def run(operations: list[tuple[object, ...]], cache_bytes: int = 1 << 28) -> int:
-    """Run `operations` against the model; returns the payload cache misses it took."""
+async def run(
+    operations: list[tuple[object, ...]], cache_bytes: int = 1 << 28, retain: int | None = None
+) -> int:
+    """Run `operations` against the model; returns the payload cache misses it took (with
+    `retain`: the cold-tier segment reads)."""
     disk = FakeDisk()
     misses = 0
-    cfg = config(cache_bytes)
+    cfg = config(cache_bytes, retain)
     model: dict[str, dict[int, tuple[bytes, str]]] = {t: {} for t in TOPICS}
     heads = dict.fromkeys(TOPICS, 0)
     counter = 0
@@ -91,7 +101,10 @@ async def run(operations: list[tuple[object, ...]], cache_bytes: int = 1 << 28) 
             assert await readback(engine, name) == want, name
         assert engine.payloads.bytes <= cache_bytes
         nonlocal misses
-        misses += engine.payloads.misses
+        if retain is None:
+            misses += engine.payloads.misses
+        else:
+            misses += cp(engine).segments.cold_reads
 
     engine_cm = open_durable(disk, cfg)
     engine = await engine_cm.__aenter__()
@@ -200,3 +213,38 @@ def test_the_tiny_cache_run_really_reads_evicted_records_back():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(payloads, "CHUNK_SHIFT", 1)
         assert trio.run(run, operations, 0) > 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops, st.sampled_from([0, 1]))
+@example(  # a delete flag flipped in a cold segment must outlive the WAL that held it
+    [
+        *[("write", "plain", 1, "b"), ("write", "plain", 1, "a"), ("write", "plain", 1, "b")] * 3,
+        ("checkpoint",),
+        ("del_tag", "plain", "a"),
+        ("checkpoint",),
+        *[("write", "capped", 4, "c")] * 6,
+        ("checkpoint",),
+        ("restart", False),
+    ],
+    0,
+)
+def test_interleavings_read_back_like_the_model_with_a_cold_tier(operations, retain):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(payloads, "CHUNK_SHIFT", 1)
+        trio.run(run, operations, 0, retain)
+
+
+def test_the_cold_tier_run_really_reads_cold_segments():
+    operations = [
+        *[("write", "plain", 4, "a")] * 3,
+        ("checkpoint",),
+        ("read",),
+        ("del_tag", "plain", "a"),
+        ("write", "plain", 4, "b"),
+        ("checkpoint",),
+        ("restart", False),
+    ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(payloads, "CHUNK_SHIFT", 1)
+        assert trio.run(run, operations, 0, 1) > 0

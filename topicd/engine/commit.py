@@ -23,13 +23,15 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import trio
 
+from topicd.errors import TopicdError
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from topicd.engine.idempotency import IdemEntry
     from topicd.engine.topic import Topic
     from topicd.engine.writes import PreparedWrite
-    from topicd.errors import JsonValue, TopicdError
+    from topicd.errors import JsonValue
 
 _T = TypeVar("_T")
 
@@ -172,11 +174,22 @@ class CommitPath(Protocol):
         ...
 
     async def control(
-        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+        self,
+        topic: Topic,
+        frame: bytes | None,
+        apply: Callable[[], _T],
+        *,
+        sync: bool = True,
+        abandoned: Callable[[], None] | None = None,
     ) -> _T:
         """Log `frame` for `topic` (None: nothing to log) and run `apply` once it is
         durable (`sync=False`: once written, not synced); return its value (or raise what
-        it raised)."""
+        it raised).
+
+        `abandoned`, if given, runs exactly when the mutation will never be applied (the
+        commit failed, `apply` raised, or the call was cancelled before the mutation was
+        handed over), whether or not the caller still waits: a caller that must undo
+        something on failure can then be cancelled safely, without a shielded wait."""
         ...
 
     def status(self) -> dict[str, JsonValue] | None:
@@ -253,10 +266,26 @@ class InMemoryCommitPath:
         self._hooks.publish_append(batch)
 
     async def control(
-        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+        self,
+        topic: Topic,
+        frame: bytes | None,
+        apply: Callable[[], _T],
+        *,
+        sync: bool = True,
+        abandoned: Callable[[], None] | None = None,
     ) -> _T:
-        await trio.lowlevel.checkpoint()
-        return apply()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled:
+            if abandoned is not None:
+                abandoned()
+            raise
+        try:
+            return apply()
+        except TopicdError:
+            if abandoned is not None:
+                abandoned()
+            raise
 
     def status(self) -> dict[str, JsonValue] | None:
         return None

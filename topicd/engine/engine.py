@@ -1020,6 +1020,7 @@ class Engine:
                     raise TopicNotFound(topic.name)
                 res = self._read(topic, req)
                 missing = res.missing
+            res.cold_segments = hold.cold
         return res
 
     async def _load_stored(

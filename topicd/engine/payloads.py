@@ -64,11 +64,12 @@ class CacheStats:
 class Hold:
     """Chunks loaded for one reader, kept resident until the hold ends (`with`)."""
 
-    __slots__ = ("_cache", "keys")
+    __slots__ = ("_cache", "cold", "keys")
 
     def __init__(self, cache: PayloadCache) -> None:
         self._cache = cache
         self.keys: set[tuple[int, int]] = set()
+        self.cold = 0  # cold-tier segments its loads read (`performance.cold_segments_read`)
 
     def __enter__(self) -> Hold:
         return self
@@ -212,6 +213,8 @@ class PayloadCache:
         hi = seq + count - 1
         got = await self.loader(topic, seq, hi, min(max(max_bytes, 1), LOAD_BYTES_MAX))
         self.misses += 1
+        # (the segment store's result also says how many cold-tier segments it read)
+        hold.cold += getattr(got, "cold", 0)
         if topic.deleted:
             return 0
         loaded = 0

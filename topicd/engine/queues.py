@@ -793,38 +793,46 @@ class JobQueue:
 # ---- the claim item ---------------------------------------------------------------------
 
 
-def _evicted(topic: Topic, members: list[Claimer]) -> bool:
-    """Whether a claimed job's payload is only in its segment (to load first)."""
-    top = topic.absorbed_to
-    return any(
-        lease.seq <= top and topic.enc(lease.seq) is EVICTED for m in members for lease, _ in m.got
-    )
+def _build_items(topic: Topic, members: list[Claimer]) -> bool:
+    """Every member's claim items; False (and none built) if a claimed job's payload is
+    only in its segment, to be loaded first."""
+    for m in members:
+        items = []
+        for lease, n in m.got:
+            item = claim_item(topic, lease, n)
+            if item is None:
+                return False
+            items.append(item)
+        m.items = items
+    return True
 
 
-def claim_item(topic: Topic, lease: Lease, deliveries: int) -> bytes:
+def claim_item(topic: Topic, lease: Lease, deliveries: int) -> bytes | None:
     """One `claimed[]` element: `$seq`, `lease_id`, `deadline`, `$ts`, `$tag` (if set),
-    `$priority` (if not 0), `deliveries`, `data`, `meta` (if set)."""
+    `$priority` (if not 0), `deliveries`, `data`, `meta` (if set). None if the job's
+    payload is only in its segment (`EVICTED`)."""
     seq = lease.seq
-    enc = topic.enc(seq)
-    assert isinstance(enc, bytes)  # the claim loaded evicted payloads first
-    data, meta = split(enc, topic.shapes.get(seq))
-    parts = [
-        b'{"$seq":%d,"lease_id":"%s","deadline":%d,"$ts":%d'
-        % (seq, lease_token(lease.lease_id).encode(), lease.deadline_ms, topic.ts_at(seq))
-    ]
-    tag = topic.tags.get(seq)
-    if tag is not None:
-        parts.append(b',"$tag":' + orjson.dumps(tag))
-    prio = topic.prios.get(seq)
+    enc, ts = topic.enc_ts(seq)
+    if not isinstance(enc, bytes):
+        assert enc is EVICTED  # a claimed job is live until its lease ends
+        return None
+    data, meta = split(enc, topic.shapes.get(seq) if topic.shapes else None)
+    item = b'{"$seq":%d,"lease_id":"lease_%x","deadline":%d,"$ts":%d' % (
+        seq,
+        lease.lease_id,  # `lease_token`, inlined: this runs for every claimed job
+        lease.deadline_ms,
+        ts,
+    )
+    if topic.tags:
+        tag = topic.tags.get(seq)
+        if tag is not None:
+            item += b',"$tag":' + orjson.dumps(tag)
+    prio = topic.prios.get(seq) if topic.prios else 0
     if prio:
-        parts.append(b',"$priority":%d' % prio)
-    parts.append(b',"deliveries":%d,"data":' % deliveries)
-    parts.append(data)
-    if meta is not None:
-        parts.append(b',"meta":')
-        parts.append(meta)
-    parts.append(b"}")
-    return b"".join(parts)
+        item += b',"$priority":%d' % prio
+    if meta is None:
+        return b'%b,"deliveries":%d,"data":%b}' % (item, deliveries, data)
+    return b'%b,"deliveries":%d,"data":%b,"meta":%b}' % (item, deliveries, data, meta)
 
 
 def dead_letter_meta(meta: bytes | None, source: str, deliveries: int, seq: int) -> bytes:
@@ -994,14 +1002,18 @@ class QueueService:
     def _queue_of(self, name: str) -> tuple[Topic, JobQueue]:
         """The live queue topic `name` (`404`, `409 not_a_queue`), retention enforced and
         due leases swept."""
-        engine = self.engine
-        topic = engine.get(name)
+        topic, q = self._lookup(name)
+        self.engine.enforce(topic)
+        q.sweep(trio.current_time())
+        self._schedule(q)  # a sweep may have started retry backoffs
+        return topic, q
+
+    def _lookup(self, name: str) -> tuple[Topic, JobQueue]:
+        """The live queue topic `name` (`404`, `409 not_a_queue`)."""
+        topic = self.engine.get(name)
         q = topic.queue
         if q is None:
             raise NotAQueue(f"topic {name!r} is a log, not a queue", {"topic": name})
-        engine.enforce(topic)
-        q.sweep(trio.current_time())
-        self._schedule(q)  # a sweep may have started retry backoffs
         return topic, q
 
     def counts(self, topic: Topic) -> QueueCounts:
@@ -1062,23 +1074,32 @@ class QueueService:
             return
         raise self._depth_throttled(topic, q)
 
-    async def _delete(self, topic: Topic, seqs: list[int]) -> float:
-        """Delete `seqs` for good: a sync-gated `RecordsDelete` with explicit seqs on every
-        WAL class, in memory only on `ephemeral`. Returns the wait in ms.
-
-        Shielded: the caller holds these jobs until the delete resolves, and a commit
-        that was handed over resolves whether or not anyone waits (so a cancelled caller
-        could otherwise leave them held forever)."""
+    async def _delete(self, topic: Topic, q: JobQueue, seqs: list[int]) -> float:
+        """Delete the held jobs `seqs` for good: a sync-gated `RecordsDelete` with
+        explicit seqs on every WAL class, in memory only on `ephemeral`. Returns the wait
+        in ms. If the delete fails, the jobs are released (claimable again) before the
+        error is raised, and also when the caller was cancelled meanwhile: the commit
+        path runs the release whether or not anyone still waits."""
         engine = self.engine
-        engine.check_open()
+
+        def abandoned() -> None:
+            q.release_held(seqs)
+            self._schedule(q)
+
+        try:
+            engine.check_open()
+        except TopicdError:
+            abandoned()
+            raise
         frame = None
         if topic.config.durability != "ephemeral":
             frame = frames.encode_control(
                 frames.RECORDS_DELETE, topic.topic_id, engine.clock.now_ms(), {"seqs": seqs}
             )
         t0 = perf_ms()
-        with trio.CancelScope(shield=True):
-            await engine.commit.control(topic, frame, lambda: engine.apply_seqs_delete(topic, seqs))
+        await engine.commit.control(
+            topic, frame, lambda: engine.apply_seqs_delete(topic, seqs), abandoned=abandoned
+        )
         return perf_ms() - t0
 
     async def _log(self, topic: Topic, events: list[LeaseEvent], apply: Callable[[], _T]) -> _T:
@@ -1098,8 +1119,9 @@ class QueueService:
     # ---- claim --------------------------------------------------------------------------
 
     async def claim(self, name: str, node: str, want: int, lease_ms: int | None) -> ClaimResult:
-        """`POST /v0/topics/:q/claim`: lease up to `want` jobs to `node`."""
-        topic, q = self._queue_of(name)
+        """`POST /v0/topics/:q/claim`: lease up to `want` jobs to `node` (the pass
+        enforces retention and sweeps due leases itself, when it runs)."""
+        topic, q = self._lookup(name)
         me = Claimer(node, want, self._lease_ms(topic, lease_ms))
         return await self._claim(topic, q, me)
 
@@ -1188,8 +1210,8 @@ class QueueService:
         if diverted:
             assert cfg.dead_letter is not None
             cohort.dead_letter = (cfg.dead_letter, cfg.max_deliveries)
-        with engine.payloads.hold() as hold:
-            if durable or _evicted(topic, cohort.members):
+        if durable or not _build_items(topic, cohort.members):
+            with engine.payloads.hold() as hold:
                 cohort.done = trio.Event()  # the other members wait for their items
                 try:
                     if durable:
@@ -1197,8 +1219,8 @@ class QueueService:
                     await self._load_jobs(topic, cohort.members, hold)
                 finally:
                     cohort.done.set()
-            for m in cohort.members:
-                m.items = [claim_item(topic, lease, n) for lease, n in m.got]
+                built = _build_items(topic, cohort.members)
+                assert built  # held: nothing loaded can be evicted again meanwhile
         cohort.ready = q.counts().ready
         self._schedule(q)
         return diverted
@@ -1283,7 +1305,8 @@ class QueueService:
             )
             try:
                 await engine.append(target, WriteIn(records=[record]))
-                await self._delete(topic, [seq])
+                with trio.CancelScope(shield=True):  # the copy exists: finish the move
+                    await self._delete(topic, q, [seq])
             except TopicdError as exc:
                 log.warning(
                     "queue %r: moving job %d to dead-letter topic %r failed (%s); it stays "
@@ -1309,12 +1332,7 @@ class QueueService:
         held, skipped = q.hold_for_ack(node, seqs, fences)
         fsync_ms = 0.0
         if held:
-            try:
-                fsync_ms = await self._delete(topic, held)
-            except TopicdError:
-                q.release_held(held)
-                self._schedule(q)
-                raise
+            fsync_ms = await self._delete(topic, q, held)  # (released if it fails)
             q.note_acks(len(held), trio.current_time(), self.cfg.ack_rate_window_ms / 1000)
         else:
             await trio.lowlevel.checkpoint()

@@ -129,6 +129,7 @@ class ReadResult:
     # the walk stopped before this seq: its bytes are not in memory (load, then read
     # again); the result is valid as it stands, only shorter
     missing: int | None = None
+    cold_segments: int = 0  # cold-tier segments read to load its records
 
     @property
     def caught_up(self) -> bool:
@@ -418,6 +419,16 @@ class Topic:
             return None
         run = self._run(seq)
         return None if run is None else run.encs[seq - run.base]
+
+    def enc_ts(self, seq: int) -> tuple[Enc, int]:
+        """`enc(seq)` and, for a live record, its `$ts` (0 otherwise): one lookup."""
+        if seq < self.earliest_seq or seq > self.head_seq:
+            return None, 0
+        run = self._run(seq)
+        if run is None:
+            return None, 0
+        i = seq - run.base
+        return run.encs[i], run.ts[i]
 
     def live(self, seq: int) -> bool:
         return self.enc(seq) is not None
@@ -824,10 +835,11 @@ class Topic:
         deleted = 0
         freed = 0
         for seq in seqs:
-            if self.enc(seq) is None:
+            if seq < self.earliest_seq or seq > self.head_seq:
                 continue
             run = self._run(seq)
-            assert run is not None
+            if run is None or run.encs[seq - run.base] is None:
+                continue
             freed += self._kill(seq, run)
             deleted += 1
         if deleted:

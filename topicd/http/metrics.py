@@ -523,6 +523,26 @@ class _Collector:
         yield GaugeMetricFamily(
             "topicd_segment_bytes", "Bytes in registered segments.", value=seg.get("bytes", 0)
         )
+        yield GaugeMetricFamily(
+            "topicd_cold_segments",
+            "Registered segments in the cold tier (storage.cold_dir).",
+            value=seg.get("cold_segments", 0),
+        )
+        yield GaugeMetricFamily(
+            "topicd_cold_segment_bytes",
+            "Bytes in registered segments in the cold tier.",
+            value=seg.get("cold_bytes", 0),
+        )
+        yield counter(
+            "topicd_segments_relocated_total",
+            "Sealed segments relocated to the cold tier.",
+            seg.get("relocated", 0),
+        )
+        yield counter(
+            "topicd_cold_segments_read_total",
+            "Segment reads served from the cold tier.",
+            seg.get("cold_reads", 0),
+        )
         pc = self.ref.engine.payloads.stats()
         yield GaugeMetricFamily(
             "topicd_payload_cache_bytes",

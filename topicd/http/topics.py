@@ -145,7 +145,10 @@ async def read_diff(
     req = DiffIn() if body is None else decode(DIFF_DECODER, body)
     t, res = await ref.engine.diff(topic, req)
     tomb = b"null" if res.tombstone is None else orjson.dumps(res.tombstone.to_wire())
-    perf = orjson.dumps(performance({"records_scanned": res.scanned}, scope))
+    extra: dict[str, JsonValue] = {"records_scanned": res.scanned}
+    if res.cold_segments:
+        extra["cold_segments_read"] = res.cold_segments
+    perf = orjson.dumps(performance(extra, scope))
     return 200, b"".join(
         (
             b'{"topic":',

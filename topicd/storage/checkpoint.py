@@ -20,6 +20,7 @@ failure is logged, counted and retried at the next check; the WAL keeps its file
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 from typing import TYPE_CHECKING, Final
@@ -121,7 +122,13 @@ class Checkpointer:
         self.last_bytes = 0
         self.last_captured = 0  # topics the last checkpoint captured (the rest: reused)
         self.files_trimmed = 0
-        self.segments = segments or SegmentStore(fs, cfg.storage.data_dir, cfg.storage.segments)
+        self.segments = segments or SegmentStore(
+            fs,
+            cfg.storage.data_dir,
+            cfg.storage.segments,
+            cold_root=cfg.storage.cold_dir,
+            tiering=cfg.storage.tiering,
+        )
         # segment files the newest snapshot no longer references but the previous kept one
         # may: removed after the next snapshot (like WAL trimming, one snapshot behind)
         self._doomed: list[str] = []
@@ -133,11 +140,16 @@ class Checkpointer:
         return sum(shard.bytes_written for shard in self.wal.shards)
 
     def due(self) -> bool:
+        if self.segments.tier_backlog:
+            return True  # the last checkpoint left segments to relocate for want of budget
         written = self._written() - self._written_at_last
-        if written <= 0:
-            return False
         snap = self.cfg.storage.snapshot
-        if written >= snap.wal_bytes_threshold:
+        if written <= 0:
+            # nothing written: only sealed segments waiting for the cold tier (after a
+            # restart with a new bound, say) make a checkpoint worth taking
+            if not self.segments.tier_due:
+                return False
+        elif written >= snap.wal_bytes_threshold:
             return True
         return trio.current_time() - self._last_at >= snap.interval_ms / 1000
 
@@ -173,14 +185,24 @@ class Checkpointer:
         doomed: list[str] = []
         for i in range(0, len(items), _INSTALL_TOPICS):
             part = dict(items[i : i + _INSTALL_TOPICS])
-            doomed += self.segments.install(AbsorbOutcome(topics=part))
+            # (the outcome's per-topic parts for these topics; its totals come once, below)
+            doomed += self.segments.install(
+                dataclasses.replace(
+                    outcome,
+                    topics=part,
+                    gone_dirs=[],
+                    records=0,
+                    bytes=0,
+                    relocated_bytes=0,
+                    tier_due=outcome.tier_due & part.keys(),
+                )
+            )
             for tid, res in part.items():
                 topic = by_id.get(tid)
                 if topic is not None:
                     payloads.release(topic, res.state.absorbed)
             await budget.pause()
-        rest = AbsorbOutcome(gone_dirs=outcome.gone_dirs, records=outcome.records)
-        doomed += self.segments.install(rest)
+        doomed += self.segments.install(dataclasses.replace(outcome, topics={}, tier_due=set()))
         encoded = list(cap.encoded.items())
         for i in range(0, len(encoded), _INSTALL_TOPICS * 8):
             cap.entries.update(encoded[i : i + _INSTALL_TOPICS * 8])
@@ -274,15 +296,17 @@ class Checkpointer:
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)
             self.last_captured = len(cap.captured)
+            moved = sum(res.relocated for res in outcome.topics.values())
             log.info(
                 "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
-                "%.1f ms%s",
+                "%.1f ms%s%s",
                 number,
                 len(cap.body.topics),
                 len(cap.captured),
                 outcome.records,
                 self.last_bytes,
                 self.last_duration_ms,
+                f", {moved} segments moved to the cold tier" if moved else "",
                 " (final)" if final else "",
             )
             return True

@@ -45,7 +45,7 @@ from topicd.errors import TopicNotEmpty
 from topicd.model import TopicConfig
 from topicd.storage import frame as frames
 from topicd.storage import segments as segs
-from topicd.storage import snapshot
+from topicd.storage import snapshot, tiering
 from topicd.storage.fs import replace_file
 from topicd.storage.wal import ShardFiles
 
@@ -226,7 +226,10 @@ class _Replayer:
         self.direct: dict[int, list[tuple[int, int]]] = {}
         self.gaps: list[tuple[int, int, int]] = []
         self.report = ReplayReport(log_every_ms=1000.0)
-        self.segments = segs.SegmentStore(fs, root, cfg.storage.segments)
+        self.cold_root = cfg.storage.cold_dir
+        self.segments = segs.SegmentStore(
+            fs, root, cfg.storage.segments, cold_root=self.cold_root, tiering=cfg.storage.tiering
+        )
         self.seg_truncate: list[tuple[str, int]] = []
 
     # ---- files ------------------------------------------------------------------------
@@ -470,6 +473,27 @@ class _Replayer:
             engine.idem.restore(tid, key, first, count_, head, expires, self.now)
         engine.routers.load(body.routers)
 
+    def locate(self, snap: snapshot.TopicSnap, reg: segs.SegSnap) -> bool:
+        """Whether to load a registered segment from the cold tier. A cold-registered one
+        is looked for only there (an older hot copy may lack delete flags flipped since);
+        a hot-registered one is looked for in the cold tier too when its hot copy is gone
+        (an older snapshot, used because the newest was unreadable, may name as hot a
+        segment that was relocated since: `topicd.storage.tiering`)."""
+        if reg.cold:
+            if not self.cold_root:
+                raise RecoveryRefused(
+                    f"{segs.data_path('', snap.id, reg.first)}: the snapshot registers "
+                    f"this segment of topic {snap.name!r} in the cold tier, but "
+                    "storage.cold_dir is not set. Nothing was modified. Set storage.cold_dir "
+                    "to the cold tier's directory."
+                )
+            return True
+        return bool(
+            self.cold_root
+            and not self.fs.exists(segs.data_path(self.root, snap.id, reg.first))
+            and self.fs.exists(segs.data_path(self.cold_root, snap.id, reg.first))
+        )
+
     def load_records(
         self, topic: Topic, snap: snapshot.TopicSnap
     ) -> tuple[list[tuple[int, Enc, int, int]], int, int]:
@@ -482,18 +506,22 @@ class _Replayer:
         state.absorbed = snap.absorbed
         max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
         for reg in snap.segments:
+            cold = self.locate(snap, reg)
+            where_root = self.cold_root if cold else self.root
             try:
-                loaded = segs.load_segment(self.fs, self.root, snap.id, reg, max_frame=max_frame)
+                loaded = segs.load_segment(self.fs, where_root, snap.id, reg, max_frame=max_frame)
             except segs.SegmentCorruption as exc:
+                where = " in the cold tier" if cold else ""
                 raise RecoveryRefused(
                     f"{exc.path} offset {exc.offset}: {exc.reason} (segment of topic "
-                    f"{snap.name!r} registered by the snapshot). Nothing was modified. "
-                    "Restore a backup."
+                    f"{snap.name!r} registered by the snapshot{where}). Nothing was "
+                    "modified. Restore a backup."
                 ) from None
+            loaded.segment.cold = cold
             state.segments.append(loaded.segment)
             if loaded.excess:
                 self.seg_truncate.append(
-                    (segs.data_path(self.root, snap.id, reg.first), reg.data_len)
+                    (segs.data_path(where_root, snap.id, reg.first), reg.data_len)
                 )
             for rec in loaded.records:
                 if rec.seq < snap.earliest:
@@ -785,6 +813,10 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
         fs.read(boot_path).decode("ascii", "replace").strip() if fs.exists(boot_path) else None
     )
     rebooted = previous_boot is None or boot_id is None or previous_boot != boot_id
+    if r.cold_root:
+        problem = tiering.owner_problem(fs, root, r.cold_root)
+        if problem is not None:
+            raise RecoveryRefused(f"{problem}. Nothing was modified.")
     snap, snap_number = _load_snapshot(fs, root, r)
     shards = r.shard_dirs()
     if [s for s, _ in shards] != list(range(len(shards))):
@@ -817,7 +849,20 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     result.segments = r.segments
     result.segment_truncate = r.seg_truncate
     registered = {t.id: t.segments for t in snap.topics} if snap is not None else {}
-    result.segment_orphans = segs.list_orphans(fs, root, registered)
+    cold = {tid: {s.first for s in st.segments if s.cold} for tid, st in r.segments.topics.items()}
+    hot = {
+        tid: [s for s in regs if s.first not in cold.get(tid, ())]
+        for tid, regs in registered.items()
+    }
+    result.segment_orphans = segs.list_orphans(fs, root, hot)
+    if r.cold_root:
+        in_cold = {
+            tid: [s.snap() for s in st.segments if s.cold] for tid, st in r.segments.topics.items()
+        }
+        result.segment_orphans += segs.list_orphans(
+            fs, r.cold_root, {tid: regs for tid, regs in in_cold.items() if regs}
+        )
+    r.segments.refresh_tiering(r.engine.by_id)
     has_history = snap is not None or any(f.last_index >= 0 for f in files)
     if configured != layout and has_history:
         log.warning(

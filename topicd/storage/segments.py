@@ -18,6 +18,10 @@ is appended to; it is sealed on `storage.segments.max_events` slots, `max_bytes`
 bytes or `max_age_ms` of age, and then gets its `.idx`: per seq `offset u32, len u32,
 ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent).
 
+With `storage.cold_dir` set, sealed segments past the topic's hot-retention bound live
+under the same layout in the cold root instead (`cold` in the registry; relocation is a
+step of the checkpoint's absorb: `topicd.storage.tiering`).
+
 The *registry* — per segment `first`, `last`, `data_len`, sealed, created — is carried by
 the snapshot and is authoritative: bytes past `data_len` are truncated at recovery (a
 checkpoint that wrote them never committed) and files it does not name are orphans,
@@ -32,6 +36,7 @@ snapshot says.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import logging
 import posixpath
@@ -44,10 +49,13 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from topicd.storage import frame as frames
+from topicd.storage import tiering
 from topicd.storage.fs import write_all
 
 if TYPE_CHECKING:
-    from topicd.config import SegmentsConfig
+    from collections.abc import Iterable
+
+    from topicd.config import SegmentsConfig, TieringConfig
     from topicd.storage.fs import Fs
 
 log = logging.getLogger("topicd.segments")
@@ -74,7 +82,7 @@ class SegmentCorruption(Exception):
         self.reason = reason
 
 
-class SegSnap(msgspec.Struct, array_like=True, gc=False):
+class SegSnap(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     """A registry entry as the snapshot stores it."""
 
     first: int
@@ -82,6 +90,7 @@ class SegSnap(msgspec.Struct, array_like=True, gc=False):
     data_len: int
     sealed: bool
     created_ms: int
+    cold: bool = False  # relocated to the cold tier (`topicd.storage.tiering`)
 
 
 @dataclass(slots=True)
@@ -97,6 +106,7 @@ class Segment:
     lens: array[int] = field(default_factory=lambda: array("I"))
     ts: array[int] = field(default_factory=lambda: array("q"))  # empty once sealed
     flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
+    cold: bool = False  # its files are under the cold root
 
     def copy(self) -> Segment:
         return Segment(
@@ -109,10 +119,13 @@ class Segment:
             array("I", self.lens),
             array("q", self.ts),
             bytearray(self.flags),
+            self.cold,
         )
 
     def snap(self) -> SegSnap:
-        return SegSnap(self.first, self.last, self.data_len, self.sealed, self.created_ms)
+        return SegSnap(
+            self.first, self.last, self.data_len, self.sealed, self.created_ms, self.cold
+        )
 
     @property
     def slots(self) -> int:
@@ -278,6 +291,21 @@ class TopicOutcome:
     dropped: list[str]  # files of segments left out of the new registry
     flipped: int = 0
     sealed: int = 0
+    # hot files of segments copied to the cold tier: removed once the snapshot naming the
+    # cold copies is durable
+    moved: list[str] = field(default_factory=list)
+    relocated: int = 0
+
+
+class StoredRange(dict[int, bytes]):
+    """Records read back from segments (seq → stored JSON), and how many of the segments
+    read were in the cold tier (`performance.cold_segments_read`)."""
+
+    __slots__ = ("cold",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cold = 0
 
 
 @dataclass(slots=True)
@@ -286,16 +314,35 @@ class AbsorbOutcome:
     gone_dirs: list[str] = field(default_factory=list)  # topics deleted since: their dirs
     records: int = 0
     bytes: int = 0
+    relocated_bytes: int = 0  # segment bytes copied to the cold tier
+    tier_backlog: bool = False  # segments left to relocate for want of budget
+    tier_due: set[int] = field(default_factory=set)  # of `topics`: still one to relocate
 
 
 class SegmentStore:
     """Every persistent topic's segments (registry + index); see the module docstring."""
 
-    def __init__(self, fs: Fs, root: str, cfg: SegmentsConfig, *, write_idx: bool = True) -> None:
+    def __init__(
+        self,
+        fs: Fs,
+        root: str,
+        cfg: SegmentsConfig,
+        *,
+        write_idx: bool = True,
+        cold_root: str = "",
+        tiering: TieringConfig | None = None,
+    ) -> None:
         self.fs = fs
         self.root = root
         self.cfg = cfg
         self.write_idx = write_idx
+        self.cold_root = cold_root  # "" = no cold tier
+        self.tiering = tiering
+        self.tier_due: set[int] = set()  # topics with a sealed segment to relocate
+        self.cold_reads = 0  # segment reads served from the cold tier (metric)
+        self.relocated_total = 0
+        self._claimed = False  # the cold root is known to be this data directory's
+        self.tier_backlog = False  # the last checkpoint ran out of relocation budget
         self.topics: dict[int, TopicSegments] = {}
         self.corruptions = 0  # segment reads that failed their checksum (metric)
         self.sealed_total = 0
@@ -348,12 +395,21 @@ class SegmentStore:
 
     def stats(self) -> dict[str, int]:
         segs = [s for st in self.topics.values() for s in st.segments]
+        cold = [s for s in segs if s.cold] if self.cold_root else []
         return {
             "segments": len(segs),
             "sealed": sum(s.sealed for s in segs),
             "bytes": sum(s.data_len for s in segs),
             "corruptions": self.corruptions,
+            "cold_segments": len(cold),
+            "cold_bytes": sum(s.data_len for s in cold),
+            "cold_reads": self.cold_reads,
+            "relocated": self.relocated_total,
         }
+
+    def base(self, seg: Segment) -> str:
+        """The root `seg`'s files are under (the data directory, or the cold root)."""
+        return self.cold_root if seg.cold else self.root
 
     # ---- checkpoint: absorb (blocking, offloaded) -----------------------------------
 
@@ -367,10 +423,25 @@ class SegmentStore:
             self.fs.fsync_dir(self.root)
         for work in works:
             work.materialize()
-            out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
+            res = out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
+            if self.cold_root and self.tiering is not None:
+                self._relocate(res, out)
+        if self.cold_root and self.tiering is not None:
+            # topics with nothing to absorb (a router feeds them now, say) still relocate
+            for tid in sorted(self.tier_due - out.topics.keys() - gone_ids):
+                old = self.topics.get(tid)
+                if old is not None:
+                    res = TopicOutcome(TopicSegments(tid, list(old.segments), old.absorbed), [])
+                    self._relocate(res, out)
+                    out.topics[tid] = res
+            out.tier_due = {
+                tid for tid, res in out.topics.items() if self._tier_due(res.state.segments)
+            }
         for tid in sorted(gone_ids):
             if tid in self.topics:
                 out.gone_dirs.append(topic_dir(self.root, tid))
+                if self.cold_root:
+                    out.gone_dirs.append(topic_dir(self.cold_root, tid))
         return out
 
     def _absorb_topic(self, work: AbsorbWork, now_ms: int, out: AbsorbOutcome) -> TopicOutcome:
@@ -411,7 +482,7 @@ class SegmentStore:
         def handle(seg: Segment, *, create: bool = False) -> int:
             fd = touched.get(seg.first)
             if fd is None:
-                fd = fs.open(data_path(self.root, tid, seg.first), create=create)
+                fd = fs.open(data_path(self.base(seg), tid, seg.first), create=create)
                 touched[seg.first] = fd
             return fd
 
@@ -487,8 +558,8 @@ class SegmentStore:
         for seg in segs:
             # (only segments this checkpoint touched can have become wholly dead)
             if seg.sealed and (seg.last < work.earliest or (seg.first in owned and seg.all_dead())):
-                result.dropped.append(data_path(self.root, tid, seg.first))
-                result.dropped.append(idx_path(self.root, tid, seg.first))
+                result.dropped.append(data_path(self.base(seg), tid, seg.first))
+                result.dropped.append(idx_path(self.base(seg), tid, seg.first))
             else:
                 keep.append(seg)
         state.segments = keep
@@ -525,6 +596,84 @@ class SegmentStore:
         finally:
             self.fs.close(fd)
 
+    # ---- cold tier (`topicd.storage.tiering`) -----------------------------------------
+
+    def _open(self, topic_id: int, seg: Segment) -> tuple[int, str, bool]:
+        """Open `seg`'s `.data` for a read: (handle, path, whether it is the cold copy).
+        A read that began before a checkpoint installed its relocation may find the hot
+        copy already removed: it reads the cold one."""
+        path = data_path(self.base(seg), topic_id, seg.first)
+        try:
+            return self.fs.open(path), path, seg.cold
+        except FileNotFoundError:
+            if seg.cold or not self.cold_root:
+                raise
+        path = data_path(self.cold_root, topic_id, seg.first)
+        return self.fs.open(path), path, True
+
+    def _relocate(self, res: TopicOutcome, out: AbsorbOutcome) -> None:
+        """Copy the topic's sealed segments past the hot-retention bound to the cold root
+        and make the copies durable (blocking; part of the checkpoint's absorb), oldest
+        first, within the checkpoint's budget (`tiering.RELOCATE_BYTES`). The new state
+        names them cold; the hot copies go once the snapshot saying so is durable."""
+        assert self.tiering is not None
+        fs = self.fs
+        segs = res.state.segments
+        picks = tiering.to_relocate(segs, self.tiering) if self._tier_due(segs) else []
+        if not picks:
+            return
+        if out.relocated_bytes >= tiering.RELOCATE_BYTES:
+            out.tier_backlog = True
+            return
+        tid = res.state.topic_id
+        if not self._claimed:
+            tiering.claim(fs, self.root, self.cold_root)
+            self._claimed = True
+        hdir = topic_dir(self.root, tid)
+        cdir = topic_dir(self.cold_root, tid)
+        tiering.ensure_dir(fs, cdir)
+        names = fs.listdir(hdir)
+        for i in picks:
+            if out.relocated_bytes >= tiering.RELOCATE_BYTES:
+                out.tier_backlog = True
+                break
+            seg = segs[i]
+            data_name = posixpath.basename(data_path(self.root, tid, seg.first))
+            if data_name not in names:  # never registered cold without its copy
+                raise FileNotFoundError(2, "segment file missing", posixpath.join(hdir, data_name))
+            # the `.data` and every side file of the segment (`.idx`, ...)
+            prefix = data_name.rsplit(".", 1)[0] + "."
+            for name in sorted(n for n in names if n.startswith(prefix)):
+                src = posixpath.join(hdir, name)
+                length = seg.data_len if name == data_name else None
+                tiering.copy_file(fs, src, posixpath.join(cdir, name), length)
+                res.moved.append(src)
+            # (a new object: the loop's index keeps the old one until `install`)
+            segs[i] = dataclasses.replace(seg, cold=True)
+            res.relocated += 1
+            out.relocated_bytes += seg.data_len
+        fs.fsync_dir(cdir)
+
+    def _tier_due(self, segments: list[Segment]) -> bool:
+        """Whether a topic with these segments has one to relocate (blocking side: run
+        in a thread, it is Python work per topic)."""
+        t = self.tiering
+        assert t is not None
+        if not t.hot_retain_bytes and len(segments) <= t.hot_retain_segments:
+            return False  # (the common case, without a call)
+        return bool(tiering.to_relocate(segments, t))
+
+    def refresh_tiering(self, topic_ids: Iterable[int]) -> None:
+        """Recompute whether these topics have a sealed segment to relocate (recovery)."""
+        if not self.cold_root or self.tiering is None:
+            return
+        for tid in topic_ids:
+            st = self.topics.get(tid)
+            if st is not None and self._tier_due(st.segments):
+                self.tier_due.add(tid)
+            else:
+                self.tier_due.discard(tid)
+
     # ---- checkpoint: commit (on the loop) and reclaim (offloaded) ---------------------
 
     def install(self, outcome: AbsorbOutcome) -> list[str]:
@@ -543,12 +692,19 @@ class SegmentStore:
                 heapq.heappush(self._active, (segs[-1].created_ms, tid))
             self.topics[tid] = res.state
             doomed += res.dropped
+            doomed += res.moved
             self.sealed_total += res.sealed
             self.flipped_total += res.flipped
             self.dropped_total += len(res.dropped) // 2
+            self.relocated_total += res.relocated
+        if self.cold_root and self.tiering is not None:  # (set operations: C speed)
+            self.tier_due.difference_update(outcome.topics.keys())
+            self.tier_due |= outcome.tier_due
+        self.tier_backlog = outcome.tier_backlog
         for path in outcome.gone_dirs:
             tid = int(posixpath.basename(path), 16)
             self.topics.pop(tid, None)
+            self.tier_due.discard(tid)
             doomed.append(path)
         self.absorbed_records += outcome.records
         return doomed
@@ -571,12 +727,13 @@ class SegmentStore:
         off = seg.offsets[i]
         if off == ABSENT or seg.flags[i]:
             return None
-        path = data_path(self.root, topic_id, seg.first)
-        fd = self.fs.open(path)
+        fd, path, cold = self._open(topic_id, seg)
         try:
             data = self.fs.pread(fd, seg.lens[i], off)
         finally:
             self.fs.close(fd)
+        if cold:
+            self.cold_reads += 1
         try:
             frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
             if frame is None or frame.seq != seq or frame.end != len(data):
@@ -584,7 +741,7 @@ class SegmentStore:
             rec = decode_record(frame)
         except frames.FrameError as exc:
             self.corruptions += 1
-            rel = posixpath.relpath(path, self.root)
+            rel = posixpath.relpath(path, self.cold_root if cold else self.root)
             log.error(
                 "segment corruption: %s offset %d: %s (record %d not served)", rel, off, exc, seq
             )
@@ -593,13 +750,14 @@ class SegmentStore:
             return None
         return rec
 
-    def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> dict[int, bytes]:
+    def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> StoredRange:
         """The stored JSON of the live records `lo ..= hi` (blocking: run offloaded), in
         seq order, stopping after the record that reaches `max_bytes` of frames. One
         `pread` per segment; every frame is verified. Raises `SegmentCorruption` (and
-        counts it) when one fails its checksum."""
+        counts it) when one fails its checksum. `cold` of the result: how many of the
+        segments read are in the cold tier."""
         st = self.topics.get(topic_id)
-        out: dict[int, bytes] = {}
+        out = StoredRange()
         if st is None:
             return out
         total = 0
@@ -618,12 +776,14 @@ class SegmentStore:
                 continue
             start = seg.offsets[want[0]]
             stop = seg.offsets[want[-1]] + seg.lens[want[-1]]
-            path = data_path(self.root, topic_id, seg.first)
-            fd = self.fs.open(path)
+            fd, path, cold = self._open(topic_id, seg)
             try:
                 data = self.fs.pread(fd, stop - start, start)
             finally:
                 self.fs.close(fd)
+            if cold:
+                out.cold += 1
+                self.cold_reads += 1
             for i in want:
                 at = seg.offsets[i] - start
                 seq = seg.first + i
@@ -634,7 +794,7 @@ class SegmentStore:
                     enc = frames.single_enc(frame)
                 except frames.FrameError as exc:
                     self.corruptions += 1
-                    rel = posixpath.relpath(path, self.root)
+                    rel = posixpath.relpath(path, self.cold_root if cold else self.root)
                     log.error(
                         "segment corruption: %s offset %d: %s (record %d not served)",
                         rel,

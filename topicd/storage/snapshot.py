@@ -339,7 +339,8 @@ def capture(
     With `reuse` (the previous snapshot's encoded entries: `Capture.entries` with
     `Capture.encoded` added) the capture is incremental: only the topics marked changed
     since (`Topic.mark_changed`), queues (their lease state), topics due to seal a
-    segment by age and topics without an entry are captured; every other topic keeps its
+    segment by age, topics with a segment to relocate to the cold tier and topics without
+    an entry are captured; every other topic keeps its
     entry byte for byte. The work on the loop then follows what changed, plus C-level
     set operations over the topic ids. `final` captures everything.
 
@@ -424,8 +425,9 @@ class _Stepwise:
 
     def first_todo(self, *, scan: bool = True) -> list[Topic]:
         """What the first step takes: everything, or (incremental) the topics marked
-        changed, due to seal by age and — with `scan` — without an entry (else the
-        caller adds those with `without_entry`). Queues are left to the last step."""
+        changed, due to seal by age, with a segment to relocate to the cold tier and —
+        with `scan` — without an entry (else the caller adds those with
+        `without_entry`). Queues are left to the last step."""
         engine = self.engine
         by_id = engine.by_id
         reuse = self.reuse
@@ -441,6 +443,8 @@ class _Stepwise:
             extra = by_id.keys() - reuse.keys()  # new topics, entries re-made every time
         if self.segments is not None:
             extra |= self.segments.aged(self.created_ms) & by_id.keys()
+            # sealed segments to relocate (cold tier)
+            extra |= self.segments.tier_due & by_id.keys()
         due.update(by_id[tid] for tid in extra)
         due -= queues
         self.first = due

@@ -197,9 +197,12 @@ class Submission:
     result: object = None
     error: TopicdError | None = None
     done: trio.Event | None = None  # control submissions only
+    abandoned: Callable[[], None] | None = None  # control: run if it fails (see control)
 
     def resolve(self, error: TopicdError | None = None) -> None:
         self.error = error
+        if error is not None and self.abandoned is not None:
+            self.abandoned()
         if self.done is not None:
             self.done.set()
 
@@ -918,15 +921,32 @@ class WalCommitPath:
         )
 
     async def control(
-        self, topic: Topic, frame: bytes | None, apply: Callable[[], _T], *, sync: bool = True
+        self,
+        topic: Topic,
+        frame: bytes | None,
+        apply: Callable[[], _T],
+        *,
+        sync: bool = True,
+        abandoned: Callable[[], None] | None = None,
     ) -> _T:
         shard = self.shard(topic)
         if frame is None and topic not in shard.unpublished:
-            await trio.lowlevel.checkpoint()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled:
+                if abandoned is not None:
+                    abandoned()
+                raise
             return apply()
         if frame is not None:
-            shard.breaker.check()
+            try:
+                shard.breaker.check()
+            except TopicdError:
+                if abandoned is not None:
+                    abandoned()
+                raise
         sub = Submission(topic, frame or b"", None, apply, sync=sync and frame is not None)
+        sub.abandoned = abandoned
         sub.done = done = trio.Event()
         shard.enqueue(sub, front=True)
         give_back()  # the request only waits for the WAL from here: free its client permit
