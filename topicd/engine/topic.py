@@ -285,6 +285,8 @@ class Topic:
     shared-key dict holds), the bulk of a small topic's memory at 100,000 topics."""
 
     __slots__ = (
+        "_evictions",
+        "_tag_index",
         "_wakeup",
         "absorbed_to",
         "bytes",
@@ -300,7 +302,6 @@ class Topic:
         "durable_head",
         "earliest_seq",
         "evict_floor",
-        "evictions",
         "head_seq",
         "hops",
         "last_read_ts",
@@ -323,7 +324,6 @@ class Topic:
         "seg_tail",
         "shapes",
         "slot",
-        "tag_index",
         "tags",
         "topic_id",
         "tracker",
@@ -354,8 +354,9 @@ class Topic:
         self.last_read_ts: int | None = None
         self.pending_records = 0
         self.pending_bytes = 0
-        self.tag_index = TagIndex()
-        self.evictions = EvictionRuns()
+        # (made on first use: most topics never tag a record nor evict one)
+        self._tag_index: TagIndex | None = None
+        self._evictions: EvictionRuns | None = None
         self.deleted = False
         # something the snapshot records changed since the last checkpoint captured the
         # topic (set by every such mutation; checkpoints re-capture only these)
@@ -390,6 +391,24 @@ class Topic:
         self.absorbed_to = 0  # records up to here are in segments (only they can be evicted)
         self.released = 0
         self.cached: set[int] | None = None  # (created with the first: most topics never)
+
+    @property
+    def tag_index(self) -> TagIndex:
+        index = self._tag_index
+        if index is None:
+            index = self._tag_index = TagIndex()
+        return index
+
+    @property
+    def evictions(self) -> EvictionRuns:
+        runs = self._evictions
+        if runs is None:
+            runs = self._evictions = EvictionRuns()
+        return runs
+
+    def export_evictions(self) -> list[tuple[int, int, str]]:
+        """The eviction runs as a snapshot stores them (without making any)."""
+        return [] if self._evictions is None else self._evictions.export()
 
     def mark_changed(self) -> None:
         """Something the snapshot records changed: the next checkpoint captures the topic
@@ -848,8 +867,9 @@ class Topic:
         return deleted, freed
 
     def _tidy_tag_index(self) -> None:
-        if self.tag_index.needs_rebuild():
-            self.tag_index.rebuild(self.tags.items())  # insertion order is seq order
+        index = self._tag_index
+        if index is not None and index.needs_rebuild():
+            index.rebuild(self.tags.items())  # insertion order is seq order
 
     # ---- read side --------------------------------------------------------------------
 

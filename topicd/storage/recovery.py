@@ -442,7 +442,8 @@ class _Replayer:
             topic.next_seq = snap.head + 1
             topic.earliest_seq = snap.earliest
             topic.evict_floor = snap.evict_floor
-            topic.evictions.load(snap.evictions)
+            if snap.evictions:
+                topic.evictions.load(snap.evictions)
             topic.lost_ranges = tuple((lo, hi) for lo, hi in snap.lost)
             topic.trims = tuple((lo, hi) for lo, hi in snap.trims)
             self.snap_heads[snap.id] = snap.head
@@ -460,7 +461,8 @@ class _Replayer:
                 topic.prios = {**topic.prios, **snap.prios}
             if snap.shapes:
                 topic.shapes = {**topic.shapes, **snap.shapes}
-            topic.tag_index.rebuild(sorted(topic.tags.items()))
+            if topic.tags:
+                topic.tag_index.rebuild(sorted(topic.tags.items()))
             topic.seg_tail = snap.absorbed
             if topic.runs[-1].end != topic.head_seq and topic.runs[-1].encs:
                 raise snapshot.SnapshotError(f"topic {snap.name!r}: runs end before head")

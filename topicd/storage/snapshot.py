@@ -254,7 +254,7 @@ def capture_topic(
         reserved=reserved,
         earliest=topic.head_seq + 1 if ephemeral else topic.earliest_seq,
         evict_floor=topic.evict_floor,
-        evictions=topic.evictions.export(),
+        evictions=topic.export_evictions(),
         lost=list(topic.lost_ranges),
         last_ts=topic.last_ts,
         last_write_ts=topic.last_write_ts,
