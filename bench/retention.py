@@ -9,7 +9,9 @@ data disk's file system; default the system temp dir), with the default config:
 **Fill** (per `--gib` size, a fresh directory each): 1 KiB records in 1000-record
 batches on one keep-alive HTTP/1.1 connection, `disk` class, half of the bytes into one
 topic (`big`) and half round-robin over 1,000 topics (`small-N`). Reported: the write
-rate of the first and of the last 64 MiB (records/s), the server's RSS at the end, the
+rate of the first and of the last 64 MiB (records/s; a `429` — the checkpoint backlog is
+full — is retried after its hint and counted), the server's RSS at the end and its
+largest sample while filling (every 0.5 s), the
 checkpoints' duration (`topicd_checkpoint_duration_ms`, largest seen while filling and
 the last one) and the longest `GET /v0/health` of a probe every 20 ms on its own
 connection (an upper bound on the event-loop stalls, checkpoints' included: a stall
@@ -72,6 +74,7 @@ class Server:
         self.conn: loadgen.BlockingConn | None = None
         self.max_lag_ms = 0.0
         self.max_checkpoint_ms = 0.0
+        self.max_rss_mib = 0.0
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
 
@@ -129,6 +132,7 @@ class Server:
                 self.max_lag_ms = max(self.max_lag_ms, (time.perf_counter() - t0) * 1000)
                 n += 1
                 if n % 25 == 0:
+                    self.max_rss_mib = max(self.max_rss_mib, self.rss_mib())
                     m = self.metrics(conn)
                     self.max_checkpoint_ms = max(
                         self.max_checkpoint_ms, m.get("topicd_checkpoint_duration_ms", 0.0)
@@ -199,9 +203,14 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         i = 0
         window: list[tuple[float, int]] = []
         t_first = None
+        throttled = 0
         while written < total:
             topic = "big" if i % 2 == 0 else f"small-{(i // 2) % SMALL_TOPICS}"
             status, res = s.post(f"/v0/topics/{topic}", body)
+            if status == 429:  # the checkpoint backlog is full: retry after the hint
+                throttled += 1
+                time.sleep(res["error"]["detail"]["retry_after_ms"] / 1000)
+                continue
             assert status == 200, res
             written += BATCH * RECORD
             i += 1
@@ -212,9 +221,11 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         last = [w for w in window if w[1] >= written - 64 * MIB]
         out["write_first_rps"] = first_b / RECORD / first_s
         out["write_last_rps"] = (last[-1][1] - last[0][1]) / RECORD / (last[-1][0] - last[0][0])
+        out["throttled"] = throttled
         settle(s)
         m = s.metrics()
         out["rss_mib"] = s.rss_mib()
+        out["rss_max_mib"] = max(s.max_rss_mib, out["rss_mib"])
         out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
         out["checkpoint_max_ms"] = s.max_checkpoint_ms
         out["loop_lag_max_ms"] = s.max_lag_ms
@@ -279,7 +290,8 @@ def main() -> int:
             r = fill_case(gib, tmp, args)
             print(
                 f"{r['gib']:5.2f} GiB: write {r['write_first_rps']:,.0f} -> "
-                f"{r['write_last_rps']:,.0f} rec/s; RSS {r['rss_mib']:.0f} MiB "
+                f"{r['write_last_rps']:,.0f} rec/s ({r['throttled']} 429s); RSS "
+                f"{r['rss_mib']:.0f} MiB, max {r['rss_max_mib']:.0f} MiB while filling "
                 f"(cache {r['cache_mib']:.0f} MiB); checkpoint last {r['checkpoint_last_ms']:.0f}"
                 f" ms, max {r['checkpoint_max_ms']:.0f} ms; loop lag max "
                 f"{r['loop_lag_max_ms']:.1f} ms; diff tail {r['diff_tail_rps']:,.0f} rec/s, "

@@ -36,10 +36,15 @@ import loadgen
 STAGES: tuple[tuple[str, str], ...] = (
     ("SocketStream.send_all", "socket write (send syscall + trio)"),
     ("SocketStream.receive_some", "socket read (recv + trio)"),
+    ("SegmentStore.", "checkpoint thread (segment absorb, snapshot)"),
+    ("(segments.py", "checkpoint thread (segment absorb, snapshot)"),
+    ("(snapshot.py", "checkpoint thread (segment absorb, snapshot)"),
+    ("(checkpoint.py", "checkpoint thread (segment absorb, snapshot)"),
     ("Thread._bootstrap", "WAL thread (write + fdatasync)"),
     ("ThreadOffload.run", "WAL commit hop, loop side (to_thread, wake-ups)"),
     ("to_thread_run_sync", "WAL commit hop, loop side (to_thread, wake-ups)"),
     ("(topicd/storage/wal.py", "WAL shard task (batching, publish)"),
+    ("(wal.py", "WAL shard task (batching, publish)"),  # (py-spy's short form)
     ("Completion.wait", "engine append (stage, commit wait)"),
     ("(topicd/engine/", "engine append (stage, commit wait)"),
     ("decode_write", "JSON decode/validate"),

@@ -334,6 +334,7 @@ def _insecure(cfg: Config, keys: KeyStore) -> bool:
 def _serve(args: argparse.Namespace) -> int:
     from topicd.daemon import BindError, SecondSignal, run_daemon
     from topicd.storage.datadir import DataDirError, DataDirLocked
+    from topicd.storage.jetstream import JetStreamUnavailable
     from topicd.storage.recovery import RecoveryRefused
 
     try:
@@ -380,6 +381,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"topicd: recovery refused: {leaf(eg)}", file=sys.stderr)
         code = EXIT_RECOVERY
     except* DataDirError as eg:
+        print(f"topicd: {leaf(eg)}", file=sys.stderr)
+        code = EXIT_RUNTIME
+    except* JetStreamUnavailable as eg:
         print(f"topicd: {leaf(eg)}", file=sys.stderr)
         code = EXIT_RUNTIME
     except* (SecondSignal, KeyboardInterrupt):

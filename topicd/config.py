@@ -240,7 +240,42 @@ class RecoveryConfig:
 
 
 @dataclass(frozen=True)
+class JetStreamConfig:
+    servers: tuple[str, ...] = key(
+        ("nats://127.0.0.1:4222",),
+        "NATS server URLs of the JetStream cluster (any subset; the client learns the rest).",
+        env=("TOPICD_JETSTREAM_SERVERS",),
+    )
+    prefix: str = key(
+        "topicd",
+        "This deployment's streams, subjects and registry bucket are named after it "
+        "(letters, digits, `-`, `_`); deployments sharing a cluster need distinct ones.",
+        env=("TOPICD_JETSTREAM_PREFIX",),
+    )
+    request_timeout_ms: int = key(
+        5000,
+        "Bound on one JetStream request: a publish, purge, read or registry update (ms).",
+        min=100,
+        max=600000,
+    )
+    replicas: int = key(
+        1,
+        "Replicas of each topic's stream and of the registry (3: a write is acknowledged "
+        "by a quorum of 2, one server may fail; needs a cluster of 3 or more).",
+        min=1,
+        max=5,
+    )
+
+
+@dataclass(frozen=True)
 class StorageConfig:
+    backend: str = key(
+        "embedded",
+        "embedded (write-ahead log and segments in data_dir) or jetstream (streams on a "
+        "NATS JetStream cluster, docs/jetstream.md).",
+        env=("TOPICD_STORAGE_BACKEND",),
+        choices=("embedded", "jetstream"),
+    )
     data_dir: str = key(
         "./topicd-data",
         "Data directory (locked: one process per directory).",
@@ -270,6 +305,9 @@ class StorageConfig:
     snapshot: SnapshotConfig = section(SnapshotConfig, "Checkpoints and snapshots")
     recovery: RecoveryConfig = section(RecoveryConfig, "Recovery")
     tiering: TieringConfig = section(TieringConfig, "Cold tier: which sealed segments stay hot")
+    jetstream: JetStreamConfig = section(
+        JetStreamConfig, 'The jetstream backend\'s cluster (storage.backend = "jetstream")'
+    )
 
 
 @dataclass(frozen=True)
@@ -614,7 +652,10 @@ class BreakerConfig:
 class BackpressureConfig:
     allow_bypass: bool = key(True, "Honour disable_backpressure on writes.")
     bypass_wait_ms: int = key(
-        30000, "Longest wait of a disable_backpressure write at a full ingest queue.", min=0
+        30000,
+        "Longest wait of a disable_backpressure write at a full ingest queue, and of a "
+        "durable write at a full checkpoint backlog (then 429).",
+        min=0,
     )
     retry_after_min_ms: int = key(250, "Lower bound of retry_after_ms.", min=1)
     retry_after_pressure_span_ms: int = key(1750, "retry_after_ms added at pressure 1.0.", min=0)
@@ -1133,6 +1174,7 @@ def _post_process(cfg: Config, *, port_flag: bool = False) -> Config:
         raise ConfigError("protocol.default_page_size: above protocol.max_page_size")
     _check_dashboard(cfg.dashboard)
     _check_recoverable(cfg)
+    _check_jetstream(cfg.storage)
     return dataclasses.replace(cfg, server=server)
 
 
@@ -1183,6 +1225,24 @@ def _check_recoverable(cfg: Config) -> None:
             f"limits accept (up to {need} bytes framed: protocol.max_record_bytes "
             f"{cfg.protocol.max_record_bytes} plus node, tag, key and headers); raise it to "
             f"at least {need} or lower protocol.max_record_bytes"
+        )
+
+
+_JS_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
+def _check_jetstream(storage: StorageConfig) -> None:
+    js = storage.jetstream
+    if not _JS_PREFIX.fullmatch(js.prefix):
+        raise ConfigError(
+            f"storage.jetstream.prefix: {js.prefix!r} must be 1-32 letters, digits, '-' or '_'"
+        )
+    if storage.backend == "jetstream" and not any(url.strip() for url in js.servers):
+        raise ConfigError("storage.jetstream.servers: the jetstream backend needs a server URL")
+    if storage.backend == "jetstream" and storage.cold_dir:
+        raise ConfigError(
+            "storage.cold_dir: the cold tier is the embedded backend's; with storage.backend = "
+            '"jetstream" remove it'
         )
 
 

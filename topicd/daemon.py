@@ -42,6 +42,8 @@ from topicd.storage.recovery import RecoveryRefused, read_boot_id
 from topicd.storage.service import open_durable_engine
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     from topicd.config import Config
     from topicd.http.auth import KeyStore
 
@@ -97,6 +99,24 @@ def hypercorn_config(cfg: Config) -> HyperConfig:
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.include_server_header = False
     return hc
+
+
+def _open_storage(
+    cfg: Config, offload: ThreadOffload, clock: SystemWallClock, lifecycle: Lifecycle
+) -> AbstractAsyncContextManager[Engine]:
+    """The engine on the configured storage backend (`storage.backend`)."""
+    if cfg.storage.backend == "jetstream":
+        from topicd.storage.jetstream import open_jetstream_engine
+
+        return open_jetstream_engine(cfg, clock)
+    return open_durable_engine(
+        cfg,
+        RealFs(),
+        offload,
+        clock,
+        boot_id=read_boot_id(),
+        progress=lifecycle.set_progress,
+    )
 
 
 async def _watch_signals(lifecycle: Lifecycle, begin_drain: trio.Event) -> None:
@@ -174,14 +194,7 @@ async def run_daemon(
                     dedicated=("wal",),  # group commits skip the thread-cache hand-off
                 )
                 try:
-                    async with open_durable_engine(
-                        cfg,
-                        RealFs(),
-                        offload,
-                        clock,
-                        boot_id=read_boot_id(),
-                        progress=lifecycle.set_progress,
-                    ) as engine:
+                    async with _open_storage(cfg, offload, clock, lifecycle) as engine:
                         ref.engine = engine
                         gc.collect()
                         gc.freeze()  # start-up objects never need scanning again

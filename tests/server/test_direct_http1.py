@@ -279,3 +279,54 @@ async def test_without_direct_http1_a_full_server_still_refuses_from_a_glance():
         assert pool.stats.rejected == 2
         assert by_path(app) == {"direct": 0, "hypercorn": 0}  # neither gate nor framework
         await stream.aclose()
+
+
+async def test_an_answer_the_socket_takes_only_in_part_arrives_whole_and_in_order(
+    server, monkeypatch
+):
+    """The direct path writes an answer with one non-blocking `send` and hands only the
+    rest to the trio stream: here every `send` takes at most 1000 bytes, so each large
+    answer goes both ways, and pipelined answers must still arrive whole and in order."""
+    from topicd.http.server import DirectExchange
+
+    partial: list[int] = []
+
+    class ShortSend:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def send(self, data):
+            n = self.sock.send(memoryview(data)[:1000])
+            if n < len(data):
+                partial.append(len(data) - n)
+            return n
+
+    init = DirectExchange.__init__
+
+    def short_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._sock = ShortSend(self._sock)
+
+    monkeypatch.setattr(DirectExchange, "__init__", short_init)
+    _engine, _app, host, port = server
+    stream = await trio.open_tcp_stream(host, port)
+    r = Reader(stream)
+    big = "y" * 3000
+    for i in range(40):
+        await stream.send_all(post("/v0/topics/big", {"records": [{"data": f"{i}{big}"}]}))
+        status, _, doc = await r.response()
+        assert status in (200, 201), doc
+    await stream.send_all(
+        post("/v0/topics/big/diff", {"from_seq": 0})
+        + post("/v0/topics/big", {"records": [{"data": "after"}]})
+        + post("/v0/topics/big/diff", {"from_seq": 40})
+    )
+    status, _, doc = await r.response()
+    assert status == 200
+    assert [rec["data"] for rec in doc["records"]] == [f"{i}{big}" for i in range(40)]
+    status, _, doc = await r.response()
+    assert status == 200 and doc["first_seq"] == 41
+    status, _, doc = await r.response()
+    assert [rec["data"] for rec in doc["records"]] == ["after"]
+    assert partial and max(partial) > 100_000  # the big diff went out mostly as a rest
+    await stream.aclose()

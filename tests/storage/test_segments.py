@@ -6,8 +6,10 @@ state (`test_checkpoint.state`: every record a reader sees, watermarks, counts).
 points: the pre-checkpoint durable image is restored, `FakeDisk.crash_after(k)` is armed
 for every mutating call k of one checkpoint that absorbs, seals, flips delete flags,
 drops segments and trims the WAL, and recovery must yield the same state each time.
-Corruption: a byte of a sealed segment is changed; recovery must refuse naming the file
-and offset without modifying anything, and a serve-time read must fail and be counted.
+Corruption: a byte of a segment is changed; recovery (which checks every segment's bytes
+against its `.meta` data digests, and decodes the frames when they do not match) must
+refuse naming the file and offset without modifying anything, and a serve-time read of
+bytes damaged after the start must fail and be counted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from topicd.storage.recovery import RecoveryRefused
 from topicd.storage.wal import WalCommitPath
 from topicd.testing.fake_fs import FakeDisk, PowerLoss
 from topicd.testing.harness import durable_config, open_durable
-from topicd.wire import DeleteIn, TopicConfigIn
+from topicd.wire import DeleteIn, DiffIn, TopicConfigIn
 
 
 def seg_config(max_events: int = 4, max_bytes: int = 1 << 20, **wal: int) -> Config:
@@ -224,22 +226,83 @@ def _flip(disk: FakeDisk, path: str, offset: int) -> None:
     disk.close(fd)
 
 
-async def test_a_corrupt_segment_refuses_recovery_naming_file_and_offset():
+async def test_a_corrupt_sealed_segment_refuses_recovery_naming_file_and_offset():
     disk = FakeDisk()
     cfg = seg_config()
-    path, _ = await _sealed_segment(disk, cfg)
+    path, tid = await _sealed_segment(disk, cfg)
     data = disk.pending_bytes(path) or b""
-    loaded = segs.load_segment(disk, "/data", 1, _reg(disk, path), max_frame=1 << 24)
+    loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
+    assert loaded.rewrite is None  # (loaded from its `.meta`)
     second = loaded.segment.offsets[1]
+    assert len(data) > second
     _flip(disk, path, second + 45)  # inside the second record's body
+    # the `.meta` chunk's data digest no longer matches: recovery decodes the frames, and
+    # refuses, naming file and offset; with no `.meta` at all, it refuses the same way
+    for with_meta in (True, False):
+        if not with_meta:
+            disk.unlink(segs.meta_path("/data", tid, 1))
+        before = disk.tree()
+        with pytest.raises(RecoveryRefused) as exc:
+            async with open_durable(disk, cfg):
+                pass
+        msg = str(exc.value)
+        assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
+        assert disk.tree() == before  # nothing modified
+
+
+async def test_a_segment_damaged_while_serving_is_found_by_its_read_and_never_served():
+    disk = FakeDisk()
+    cfg = seg_config()
+    path, tid = await _sealed_segment(disk, cfg)
+    loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
+    second = loaded.segment.offsets[1]
+    async with open_durable(disk, cfg) as engine:  # (recovered: payloads only on disk)
+        _flip(disk, path, second + 45)
+        with pytest.raises(Internal) as err:
+            await engine.diff("t", DiffIn(from_seq=0, limit=10))
+        assert err.value.http_status == 500
+        assert cp(engine).segments.corruptions == 1
+
+
+async def test_a_damaged_end_of_the_active_segment_refuses_recovery_naming_file_and_offset():
+    disk = FakeDisk()
+    cfg = seg_config(max_events=100)
+    async with open_durable(disk, cfg) as engine:
+        for i in range(8):
+            await write(engine, "t", b'"%d"' % i, tag=f"k{i % 4}")
+        assert await cp(engine).checkpoint()
+        await engine.delete_records("t", DeleteIn(match="k3"))
+        assert await cp(engine).checkpoint()  # deletes flipped: the last record's tail too
+        tid = engine.get("t").topic_id
+        expected = await state(engine)
+    path = segs.data_path("/data", tid, 1)
+    reg = _reg(disk, path)
+    assert not reg.sealed and reg.meta_len > 0
+    # a flipped tail is not damage (the last frame is checked without its tail)
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected
+    loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
+    assert loaded.rewrite is None  # (from the `.meta`, its end verified)
+    assert loaded.segment.flags[7] == 1
+    second, last = loaded.segment.offsets[1], loaded.segment.offsets[7]
+    # damage inside an earlier record: its chunk's data digest fails, recovery refuses
+    _flip(disk, path, second + 45)
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused) as exc:
+        async with open_durable(disk, cfg):
+            pass
+    assert f"offset {second}" in str(exc.value)
+    assert disk.tree() == before
+    _flip(disk, path, second + 45)  # (undone)
+    # damage at the end of the active segment: recovery decodes the frames and refuses
+    _flip(disk, path, last + 45)
     before = disk.tree()
     with pytest.raises(RecoveryRefused) as exc:
         async with open_durable(disk, cfg):
             pass
     msg = str(exc.value)
-    assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
-    assert disk.tree() == before  # nothing modified
-    assert len(data) > second
+    assert posixpath.relpath(path, "/data") in msg and f"offset {last}" in msg, msg
+    assert disk.tree() == before
 
 
 def _reg(disk: FakeDisk, path: str) -> segs.SegSnap:

@@ -10,6 +10,10 @@ leaves, written bytes kept). The model applies each acknowledged operation to a 
 live `seq → (data, tag)` per topic. After every restart, and at the end, every topic's
 readable records (seq and data) must equal the model's.
 
+At every restart and at the end, recovery from the segments' `.meta` side files must
+rebuild exactly the state (runs, extras, counts, segment indexes) that decoding every
+segment frame rebuilds (the same directory with its `.meta` files removed).
+
 The same run goes through a tiny payload cache (2-seq chunks, a bound of 0 to a few
 records): absorbed records leave memory at each checkpoint and every read — including
 the `read` steps between the others — loads them back from the segments, and the cache
@@ -34,6 +38,8 @@ from tests.storage.test_checkpoint import cp
 from topicd.config import TieringConfig
 from topicd.engine import payloads
 from topicd.engine.engine import Engine
+from topicd.storage.recovery import recover
+from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable
 from topicd.wire import DeleteIn, DiffIn, RecordIn, TopicConfigIn, WriteIn
@@ -81,6 +87,71 @@ async def readback(engine: Engine, name: str) -> dict[int, bytes]:
         cursor = res.next_from_seq
         if res.caught_up:
             return out
+
+
+def recovered_state(disk: FakeDisk, cfg: object, *, strip_meta: bool) -> dict[str, object]:
+    """Recover a copy of `disk`'s durable image (without its `.meta` files: from the
+    frames) and dump the engine's and the segments' internal state."""
+    copy = FakeDisk()
+    copy.restore(disk.snapshot())
+    if strip_meta:
+        for path in copy.tree():
+            if path.endswith(".meta"):
+                copy.unlink(path)
+    result = recover(cfg, copy, FakeWallClock(), boot_id="boot-1")  # type: ignore[arg-type]
+    out: dict[str, object] = {}
+    for name, t in result.engine.topics.items():
+        out[name] = (
+            t.head_seq,
+            t.earliest_seq,
+            t.evict_floor,
+            t.count,
+            t.bytes,
+            [
+                (
+                    r.base,
+                    [e if isinstance(e, bytes | None) else "E" for e in r.encs],
+                    list(r.ts),
+                    list(r.sizes),
+                )
+                for r in t.runs
+            ],
+            dict(t.tags),
+            dict(t.nodes),
+            dict(t.prios),
+            dict(t.shapes),
+        )
+    assert result.segments is not None
+    for tid, tsegs in result.segments.topics.items():
+        out[f"segments {tid}"] = (
+            tsegs.absorbed,
+            [
+                (
+                    s.first,
+                    s.last,
+                    s.data_len,
+                    s.sealed,
+                    s.created_ms,
+                    list(s.offsets),
+                    list(s.lens),
+                    list(s.ts),
+                    bytes(s.flags),
+                )
+                for s in tsegs.segments
+            ],
+        )
+    if not strip_meta:  # every segment was loaded from its `.meta`: none re-made
+        assert result.segment_metas == []
+    else:
+        assert len(result.segment_metas) == sum(
+            len(t.segments) for t in result.segments.topics.values()
+        )
+    return out
+
+
+def check_meta_like_frames(disk: FakeDisk, cfg: object) -> None:
+    from_meta = recovered_state(disk, cfg, strip_meta=False)
+    assert from_meta == recovered_state(disk, cfg, strip_meta=True)
 
 
 async def run(
@@ -157,12 +228,14 @@ async def run(
                     disk.crash(power_off=True)
                     await engine_cm.__aexit__(None, None, None)
                     disk.reboot()
+                check_meta_like_frames(disk, cfg)
                 engine_cm = open_durable(disk, cfg)
                 engine = await engine_cm.__aenter__()
                 await check(engine)
         await check(engine)
     finally:
         await engine_cm.__aexit__(None, None, None)
+    check_meta_like_frames(disk, cfg)
     engine_cm = open_durable(disk, cfg)
     engine = await engine_cm.__aenter__()
     try:

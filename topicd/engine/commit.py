@@ -151,6 +151,15 @@ class CommitPath(Protocol):
         Synchronous."""
         ...
 
+    def backlog_full(self, topic: Topic) -> bool:
+        """Whether a write to `topic` would add to records pinned in memory past their
+        bound (the checkpoint backlog of a WAL backend): it should wait first."""
+        ...
+
+    async def wait_backlog(self) -> None:
+        """Until the backlog `backlog_full` reports is below its bound again."""
+        ...
+
     def govern(self, pressure: float, commit_window_ms: float | None) -> None:
         """The governor's sample: current pressure, and the group-commit window when it
         moved (None: unchanged)."""
@@ -247,6 +256,12 @@ class InMemoryCommitPath:
         self._hooks = hooks
 
     def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
+        return None
+
+    def backlog_full(self, topic: Topic) -> bool:
+        return False
+
+    async def wait_backlog(self) -> None:
         return None
 
     def govern(self, pressure: float, commit_window_ms: float | None) -> None:

@@ -846,6 +846,9 @@ class Engine:
                 give_back()
                 await self.queues.wait_depth(topic)  # its 429 once the wait is over
                 continue  # the level dropped: run every check again
+            if not bypass and self.commit.backlog_full(topic):
+                await self._wait_backlog(topic, prepared.nbytes)
+                continue  # state may have changed while waiting: run every check again
             try:
                 self.commit.admit(topic, prepared.nbytes, bypass=bypass)
             except Throttled:
@@ -874,6 +877,15 @@ class Engine:
             batch.fsync_ms,
             batch.wal_append_ms,
         )
+
+    async def _wait_backlog(self, topic: Topic, nbytes: int) -> None:
+        """A durable write while the records awaiting a checkpoint are at their bound
+        (storage.md): wait for one to commit, at most bypass_wait_ms, then its 429."""
+        give_back()
+        with trio.move_on_after(self.cfg.backpressure.bypass_wait_ms / 1000):
+            await self.commit.wait_backlog()
+            return
+        self.commit.admit(topic, nbytes)  # still full: raises its 429
 
     async def _wait_for_room(self, topic: Topic, nbytes: int) -> None:
         """A `disable_backpressure` write at a full ingest: wait, at most bypass_wait_ms."""

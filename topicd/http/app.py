@@ -610,6 +610,12 @@ class Gate:
         """The whole request body, bounded as the framework bounds it: `413` beyond
         `limits.max_body_bytes` (declared or received), `400` when it does not arrive
         within the body timeout."""
+        take = scope.get("topicd.take_body")
+        body = None if take is None else cast("Callable[[], bytes | None]", take)()
+        if body is not None:  # the direct path read it with the head: no wait, no message
+            if len(body) > self.max_body:
+                raise self._too_large()
+            return body
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             raise self._too_large()

@@ -370,6 +370,7 @@ class DirectExchange:
         # send is a coroutine; the drain is synchronous)
         self._sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
         scope["topicd.direct_write"] = (self.try_write, self.send_raw)
+        scope["topicd.take_body"] = self.take_body
 
     async def run(self, app: AsgiApp) -> bool:
         """Serve the request; True if the connection stays open for another one."""
@@ -387,6 +388,15 @@ class DirectExchange:
                 self.keep_alive = False
                 await close_quietly(self.stream)
         return self.keep_alive
+
+    def take_body(self) -> bytes | None:
+        """The request body, read with the head (None once `receive` or this gave it out):
+        a handler that wants the whole body takes it without an ASGI message."""
+        if self._requested:
+            return None
+        self._requested = True
+        body, self.body = self.body, b""
+        return body
 
     async def receive(self) -> Message:
         if not self._requested:
@@ -431,8 +441,19 @@ class DirectExchange:
         if not more:
             self._done = True
         if out:
+            # what the socket takes at once (a whole small answer, as a rule) goes out
+            # without trio's send machinery; only a rest waits for the socket
             try:
-                await self.stream.send_all(out)
+                sent = self._sock.send(out)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = -1
+            try:
+                if sent < 0:
+                    raise trio.BrokenResourceError
+                if sent < len(out):
+                    await self.stream.send_all(memoryview(out)[sent:])
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._broken = True
                 self.cancel.cancel()  # the client is gone: end the exchange

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topicd.checkpoint")
 
+# durable writes wait (then get `429 wal_ingest`) once the WAL bytes written since the
+# newest snapshot's capture reach this many `storage.snapshot.wal_bytes_threshold`s
+BACKLOG_THRESHOLDS = 2
+
 # topics installed per loop turn after a checkpoint (`Checkpointer._install`)
 _INSTALL_TOPICS: Final = 1024
 
@@ -135,6 +139,14 @@ class Checkpointer:
         # the newest snapshot's entry of each topic that has not changed since (reused as
         # is: a checkpoint re-captures only what changed)
         self._encoded: dict[int, msgspec.Raw] = {}
+        # the backlog bound: a write flood faster than absorbing (in Python, slower than
+        # writes can arrive) would pin ever more records in memory; at the bound durable
+        # writes wait for a checkpoint to commit (`429 wal_ingest` once they waited
+        # `backpressure.bypass_wait_ms`)
+        self._backlog_bound = BACKLOG_THRESHOLDS * cfg.storage.snapshot.wal_bytes_threshold
+        self.backlog_full = False
+        self._backlog_clear = trio.Event()  # set while the backlog is below its bound
+        self._backlog_clear.set()
 
     def _written(self) -> int:
         return sum(shard.bytes_written for shard in self.wal.shards)
@@ -155,11 +167,26 @@ class Checkpointer:
 
     def poke(self) -> None:
         """The WAL wrote a batch: start a checkpoint now if the bytes threshold is reached
-        (not at the next periodic check: records stay pinned in memory until absorbed)."""
-        if not self._wake.is_set():
-            threshold = self.cfg.storage.snapshot.wal_bytes_threshold
-            if self._written() - self._written_at_last >= threshold:
-                self._wake.set()
+        (not at the next periodic check: records stay pinned in memory until absorbed),
+        and note when the backlog reached its bound (writes then get 429)."""
+        backlog = self._written() - self._written_at_last
+        if not self._wake.is_set() and backlog >= self.cfg.storage.snapshot.wal_bytes_threshold:
+            self._wake.set()
+        if backlog >= self._backlog_bound and not self.backlog_full:
+            self.backlog_full = True
+            self._backlog_clear = trio.Event()
+
+    def backlog(self) -> int:
+        """WAL bytes written since the newest snapshot's capture: records not yet
+        absorbed into segments, pinned in memory until a checkpoint commits."""
+        return max(0, self._written() - self._written_at_last)
+
+    def backlog_bound(self) -> int:
+        return self._backlog_bound
+
+    async def wait_backlog(self) -> None:
+        """Until a checkpoint brought the backlog below its bound."""
+        await self._backlog_clear.wait()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -292,6 +319,9 @@ class Checkpointer:
                 return False
             self.count += 1
             self._written_at_last = written
+            self.backlog_full = self.backlog() >= self._backlog_bound
+            if not self.backlog_full:
+                self._backlog_clear.set()
             self._last_at = trio.current_time()
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)

@@ -32,8 +32,9 @@ import itertools
 import logging
 import posixpath
 import re
+from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar
 
 import orjson
 
@@ -68,6 +69,9 @@ _CONFIG_FIELDS: Final = frozenset(TopicConfig.__dataclass_fields__)
 _MAX_DEAD_PAD: Final = 4096
 
 
+MetaWrite: TypeAlias = tuple[str, bytes]  # (path, contents)
+
+
 class RecoveryRefused(Exception):
     """Recovery cannot vouch for the state: do not serve (exit 4)."""
 
@@ -96,6 +100,7 @@ class RecoveryResult:
     # to, and files or topic directories no registry names
     segment_truncate: list[tuple[str, int]] = field(default_factory=list)
     segment_orphans: list[str] = field(default_factory=list)
+    segment_metas: list[MetaWrite] = field(default_factory=list)  # `.meta` files to write
 
 
 def config_from_wire(obj: object) -> TopicConfig:
@@ -231,6 +236,8 @@ class _Replayer:
             fs, root, cfg.storage.segments, cold_root=self.cold_root, tiering=cfg.storage.tiering
         )
         self.seg_truncate: list[tuple[str, int]] = []
+        self.seg_metas: list[tuple[str, bytes]] = []
+        self.filled_from: dict[int, int] = {}  # topic → lowest router source seq filled
 
     # ---- files ------------------------------------------------------------------------
 
@@ -436,8 +443,8 @@ class _Replayer:
             topic = Topic(
                 snap.name, snap.id, config_from_wire(snap.config), name_json=orjson.dumps(snap.name)
             )
-            items, count, nbytes = self.load_records(topic, snap)
-            topic.runs = _build_runs(items, snap.head)
+            pieces, count, nbytes = self.load_records(topic, snap)
+            topic.runs = _build_runs(pieces, snap.head)
             topic.head_seq = snap.head
             topic.next_seq = snap.head + 1
             topic.earliest_seq = snap.earliest
@@ -498,15 +505,18 @@ class _Replayer:
 
     def load_records(
         self, topic: Topic, snap: snapshot.TopicSnap
-    ) -> tuple[list[tuple[int, Enc, int, int]], int, int]:
-        """The topic's slots in seq order — live records of its segments (checksums
-        verified), then the snapshot's own runs above them — with the live count and
-        bytes. Segment records' extras go straight into the topic's maps."""
-        items: list[tuple[int, Enc, int, int]] = []
+    ) -> tuple[list[tuple[int, list[Enc], array[int], array[int]]], int, int]:
+        """The topic's slots in seq order as column pieces `(base, encs, ts, sizes)` —
+        its segments' slots from `earliest` on (live records `EVICTED`: their bytes
+        stay in the segment files), then the snapshot's own runs above them — with the
+        live count and bytes. Segment records' extras go straight into the topic's maps.
+        Column work only: no Python object per record."""
+        pieces: list[tuple[int, list[Enc], array[int], array[int]]] = []
         count = nbytes = 0
         state = self.segments.state(snap.id)
         state.absorbed = snap.absorbed
         max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
+        earliest = snap.earliest
         for reg in snap.segments:
             cold = self.locate(snap, reg)
             where_root = self.cold_root if cold else self.root
@@ -519,48 +529,62 @@ class _Replayer:
                     f"{snap.name!r} registered by the snapshot{where}). Nothing was "
                     "modified. Restore a backup."
                 ) from None
-            loaded.segment.cold = cold
-            state.segments.append(loaded.segment)
+            seg = loaded.segment
+            seg.cold = cold
+            state.segments.append(seg)
             if loaded.excess:
                 self.seg_truncate.append(
                     (segs.data_path(where_root, snap.id, reg.first), reg.data_len)
                 )
-            for rec in loaded.records:
-                if rec.seq < snap.earliest:
-                    continue
-                # the bytes stay in the segment: reads load them through the payload
-                # cache (router sources are filled before re-derivation, `finish`)
-                items.append((rec.seq, EVICTED, rec.ts, rec.size))
-                count += 1
-                nbytes += rec.size
-                seq = rec.seq
-                if rec.tag is not None:
-                    if not topic.tags:
-                        topic.tags = {}
-                    topic.tags[seq] = rec.tag
-                if rec.node is not None:
-                    if not topic.nodes:
-                        topic.nodes = {}
-                    topic.nodes[seq] = rec.node
-                if rec.prio:
-                    if not topic.prios:
-                        topic.prios = {}
-                    topic.prios[seq] = rec.prio
-                if rec.shape is not None:
-                    if not topic.shapes:
-                        topic.shapes = {}
-                    topic.shapes[seq] = rec.shape
-        top = items[-1][0] if items else 0
-        for base, encs, ts, sizes in snapshot.restore_runs(snap):
-            for i, enc in enumerate(encs):
-                seq = base + i
-                if seq <= top or (enc is None and not items):
-                    continue  # (leading dead slots: the runs start at the first live one)
-                items.append((seq, enc, ts[i], sizes[i]))
+            if loaded.rewrite is not None:
+                self.seg_metas.append(
+                    (segs.meta_path(where_root, snap.id, reg.first), loaded.rewrite)
+                )
+            lo = max(seg.first, earliest)
+            if lo > seg.last:
+                continue
+            i = lo - seg.first
+            offsets, flags = seg.offsets[i:], seg.flags[i:]
+            ts, sizes = loaded.ts[i:], loaded.sizes[i:]
+            n = len(offsets)
+            encs: list[Enc]
+            if not flags.count(1) and not offsets.count(segs.ABSENT):
+                encs = [EVICTED] * n  # (the common case: nothing deleted or absent)
+            else:
+                encs = [
+                    None if f or o == segs.ABSENT else EVICTED
+                    for o, f in zip(offsets, flags, strict=True)
+                ]
+                for k, enc in enumerate(encs):
+                    if enc is None:
+                        sizes[k] = 0
+            count += n - encs.count(None)
+            nbytes += sum(sizes)
+            pieces.append((lo, encs, ts, sizes))
+            tags, nodes, prios, shapes = loaded.extras
+            # (a topic's extras maps start shared and read-only: give it its own first)
+            if tags and not topic.tags:
+                topic.tags = {}
+            if nodes and not topic.nodes:
+                topic.nodes = {}
+            if prios and not topic.prios:
+                topic.prios = {}
+            if shapes and not topic.shapes:
+                topic.shapes = {}
+            for extra, into in ((tags, topic.tags), (nodes, topic.nodes), (prios, topic.prios)):
+                for seq, value in extra.items():
+                    if lo <= seq <= seg.last and encs[seq - lo] is not None:
+                        into[seq] = value  # type: ignore[assignment]
+            for seq, shape in shapes.items():
+                if lo <= seq <= seg.last and encs[seq - lo] is not None:
+                    topic.shapes[seq] = (shape[0], shape[1])
+        for base, run_encs, run_ts, run_sizes in snapshot.restore_runs(snap):
+            for enc, size in zip(run_encs, run_sizes, strict=True):
                 if enc is not None:
                     count += 1
-                    nbytes += sizes[i]
-        return items, count, nbytes
+                    nbytes += size
+            pieces.append((base, list(run_encs), run_ts, run_sizes))
+        return pieces, count, nbytes
 
     # ---- frames -------------------------------------------------------------------------
 
@@ -738,8 +762,17 @@ class _Replayer:
                     topic.skip_to(topic.reserved_head)
             topic.next_seq = topic.head_seq + 1
         engine.finish_replay(self.now)
+        shift = engine.payloads.shift
         for topic in engine.by_id.values():  # absorbed records: evictable from now on
-            engine.payloads.release(topic, self.segments.absorbed(topic.topic_id))
+            absorbed = self.segments.absorbed(topic.topic_id)
+            # the chunks wholly at or below the absorbed mark hold no bytes (their records
+            # are only in segments) but where router sources were filled: not walked
+            skip = (absorbed + 1) >> shift
+            filled = self.filled_from.get(topic.topic_id)
+            if filled is not None:
+                skip = min(skip, filled >> shift)
+            topic.released = max(topic.released, skip)
+            engine.payloads.release(topic, absorbed)
         return lost
 
     def fill_router_sources(self) -> None:
@@ -764,6 +797,8 @@ class _Replayer:
                 ) from None
             for seq, enc in got.items():
                 topic.fill(seq, enc)
+            if got:
+                self.filled_from[tid] = min(got)
 
 
 def recover(
@@ -850,6 +885,7 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     )
     result.segments = r.segments
     result.segment_truncate = r.seg_truncate
+    result.segment_metas = r.seg_metas
     registered = {t.id: t.segments for t in snap.topics} if snap is not None else {}
     cold = {tid: {s.first for s in st.segments if s.cold} for tid, st in r.segments.topics.items()}
     hot = {
@@ -878,25 +914,36 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     return result
 
 
-def _build_runs(items: list[tuple[int, Enc, int, int]], head: int) -> list[Run]:
-    """Runs holding `items` (ascending `(seq, enc, ts, size)`), up to `head`. Short gaps
-    (seqs absorbed dead, or deleted) become dead slots; long ones (a restart above the
-    seq reservation) start a new run, as `Topic.skip_to` does."""
+def _build_runs(
+    pieces: list[tuple[int, list[Enc], array[int], array[int]]], head: int
+) -> list[Run]:
+    """Runs holding the column `pieces` (ascending, not overlapping), up to `head`. The
+    first run starts at the first live slot; short gaps between pieces become dead slots,
+    long ones (a restart above the seq reservation) start a new run, as `Topic.skip_to`
+    does."""
     runs: list[Run] = []
-    for seq, enc, ts, size in items:
-        if runs and seq <= runs[-1].end:
-            raise snapshot.SnapshotError(f"seq {seq} appears twice")
-        if not runs or seq - runs[-1].end - 1 > _MAX_DEAD_PAD:
-            runs.append(Run(seq))
+    for base, encs, ts, sizes in pieces:
+        if not runs:
+            k = next((k for k, enc in enumerate(encs) if enc is not None), None)
+            if k is None:
+                continue  # (leading dead slots: the runs start at the first live one)
+            if k:
+                base, encs, ts, sizes = base + k, encs[k:], ts[k:], sizes[k:]
+            runs.append(Run(base))
         run = runs[-1]
-        pad = seq - run.end - 1
-        if pad:
-            run.encs.extend([None] * pad)
-            run.ts.extend([ts] * pad)
-            run.sizes.extend([0] * pad)
-        run.encs.append(enc)
-        run.ts.append(ts)
-        run.sizes.append(size)
+        gap = base - run.end - 1
+        if gap < 0:
+            raise snapshot.SnapshotError(f"seq {base} appears twice")
+        if gap > _MAX_DEAD_PAD:
+            run = Run(base)
+            runs.append(run)
+        elif gap:
+            run.encs.extend([None] * gap)
+            run.ts.extend(array("q", [ts[0] if ts else run.ts[-1]]) * gap)
+            run.sizes.extend(array("I", [0]) * gap)
+        run.encs.extend(encs)
+        run.ts.extend(ts)
+        run.sizes.extend(sizes)
     if not runs:
         return [Run(head + 1)]
     run = runs[-1]
@@ -905,8 +952,8 @@ def _build_runs(items: list[tuple[int, Enc, int, int]], head: int) -> list[Run]:
         runs.append(Run(head + 1))
     elif gap > 0:
         run.encs.extend([None] * gap)
-        run.ts.extend([run.ts[-1]] * gap)
-        run.sizes.extend([0] * gap)
+        run.ts.extend(array("q", [run.ts[-1]]) * gap)
+        run.sizes.extend(array("I", [0]) * gap)
     elif gap < 0:
         raise snapshot.SnapshotError(f"records above the head {head}")
     return runs

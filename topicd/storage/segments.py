@@ -42,11 +42,13 @@ import logging
 import posixpath
 import re
 import struct
+import sys
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeAlias
 
 import msgspec
+import xxhash
 
 from topicd.storage import frame as frames
 from topicd.storage import tiering
@@ -66,10 +68,21 @@ ABSENT: Final = 0xFFFFFFFF
 IDX: Final = struct.Struct("<IIqB3x")  # 20 bytes per seq
 IDX_DELETED: Final = 1
 IDX_ABSENT: Final = 2
-_SEG: Final = re.compile(r"seg-([0-9]{20})\.(data|idx)")
+_SEG: Final = re.compile(r"seg-([0-9]{20})\.(data|idx|meta)")
 _TOPIC_DIR: Final = re.compile(r"[0-9a-f]{16}")
 # a run of absent seqs longer than this starts a new segment instead of padding the index
 _MAX_PAD: Final = 4096
+# `.meta` chunk header: magic, slots, base seq, flips, extras bytes, data start and end,
+# XXH3-64 of those data bytes as absorbed (every tail 0x00), XXH3-64 of the chunk's other
+# bytes (this header's first 40 bytes, then the columns, flips and extras)
+META_MAGIC: Final = b"TSM1"
+_CHUNK: Final = struct.Struct("<4sIQIIIIQQ")  # 48 bytes
+_LITTLE: Final = sys.byteorder == "little"
+Extras: TypeAlias = tuple[
+    dict[int, str], dict[int, str], dict[int, int], dict[int, tuple[int, int]]
+]
+_EXTRAS_ENC: Final = msgspec.msgpack.Encoder()
+_EXTRAS_DEC: Final = msgspec.msgpack.Decoder(Extras)
 
 
 class SegmentCorruption(Exception):
@@ -91,6 +104,8 @@ class SegSnap(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     sealed: bool
     created_ms: int
     cold: bool = False  # relocated to the cold tier (`topicd.storage.tiering`)
+    # the valid length of the `.meta` side file; -1: none (recovery decodes the frames)
+    meta_len: int = -1
 
 
 @dataclass(slots=True)
@@ -107,6 +122,7 @@ class Segment:
     ts: array[int] = field(default_factory=lambda: array("q"))  # empty once sealed
     flags: bytearray = field(default_factory=bytearray)  # 1: the tail says deleted
     cold: bool = False  # its files are under the cold root
+    meta_len: int = -1  # the `.meta` bytes the registry names (-1: no side file)
 
     def copy(self) -> Segment:
         return Segment(
@@ -120,11 +136,18 @@ class Segment:
             array("q", self.ts),
             bytearray(self.flags),
             self.cold,
+            self.meta_len,
         )
 
     def snap(self) -> SegSnap:
         return SegSnap(
-            self.first, self.last, self.data_len, self.sealed, self.created_ms, self.cold
+            self.first,
+            self.last,
+            self.data_len,
+            self.sealed,
+            self.created_ms,
+            self.cold,
+            self.meta_len,
         )
 
     @property
@@ -161,6 +184,60 @@ def data_path(root: str, topic_id: int, first: int) -> str:
 
 def idx_path(root: str, topic_id: int, first: int) -> str:
     return posixpath.join(topic_dir(root, topic_id), f"seg-{first:020d}.idx")
+
+
+def meta_path(root: str, topic_id: int, first: int) -> str:
+    return posixpath.join(topic_dir(root, topic_id), f"seg-{first:020d}.meta")
+
+
+def _le(arr: array[int]) -> bytes:
+    if not _LITTLE:  # pragma: no cover
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _column(typecode: str, raw: bytes | memoryview) -> array[int]:
+    arr = array(typecode)
+    arr.frombytes(raw)
+    if not _LITTLE:  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
+def encode_chunk(
+    base: int,
+    offsets: array[int],
+    lens: array[int],
+    ts: array[int],
+    sizes: array[int],
+    flags: bytes | bytearray,
+    flips: list[int],
+    extras: Extras,
+    data: tuple[int, int, int],
+) -> bytes:
+    """One `.meta` chunk: the index columns of the slots `base ..` (offset, frame length,
+    `$ts`, record size, delete flag), seqs flipped to deleted, the slots' sparse extras,
+    and `data` = (start, end, XXH3-64) of the data bytes those slots' frames were written
+    to (every tail still 0x00)."""
+    n = len(offsets)
+    assert len(lens) == len(ts) == len(sizes) == len(flags) == n
+    ex = _EXTRAS_ENC.encode(extras) if any(extras) else b""
+    payload = b"".join(
+        [
+            _le(offsets),
+            _le(lens),
+            _le(ts),
+            _le(sizes),
+            bytes(flags),
+            _le(array("Q", flips)),
+            ex,
+        ]
+    )
+    head = _CHUNK.pack(META_MAGIC, n, base, len(flips), len(ex), data[0], data[1], data[2], 0)
+    digest = xxhash.xxh3_64(head[:40])
+    digest.update(payload)
+    return head[:40] + struct.pack("<Q", digest.intdigest()) + payload
 
 
 # ---- records ------------------------------------------------------------------------
@@ -218,6 +295,45 @@ def decode_record(frame: frames.Frame) -> AbsorbRecord:
     )
 
 
+def _chunk_of(
+    seg: Segment, work: AbsorbWork, appended: list[int] | None, flips: list[int]
+) -> bytes:
+    """The `.meta` chunk of one absorb into `seg` (b"" if it changed nothing there).
+    `appended`: the segment's `last` and `data_len` before, the index range of its new
+    records in `work.records`, their bytes' digest."""
+    if appended is not None and appended[0] == seg.last:
+        appended = None  # (sealed before anything was appended to it)
+    if appended is None and not flips:
+        return b""
+    if appended is None:
+        empty_i, empty_q = array("I"), array("q")
+        return encode_chunk(
+            0, empty_i, empty_i, empty_q, empty_i, b"", flips, ({}, {}, {}, {}), (0, 0, 0)
+        )
+    before, start, a, b, digest = appended
+    i = before - seg.first + 1
+    n = seg.last - before
+    base = before + 1
+    recs = work.records[a:b]
+    if len(recs) == n:  # (no absent slot among them)
+        sizes = array("I", [size for _, _, _, size in recs])
+    else:
+        sizes = array("I", bytes(4 * n))
+        for seq, _, _, size in recs:
+            sizes[seq - base] = size
+    return encode_chunk(
+        base,
+        seg.offsets[i:],
+        seg.lens[i:],
+        seg.ts[i:],
+        sizes,
+        seg.flags[i:],
+        flips,
+        work.extras_between(base, seg.last),
+        (start, seg.data_len, digest),
+    )
+
+
 # ---- the per-topic state ----------------------------------------------------------------
 
 
@@ -261,28 +377,47 @@ class AbsorbWork:
     nodes: dict[int, str] = field(default_factory=dict)
     prios: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
-    records: list[AbsorbRecord] = field(default_factory=list)  # ascending, live only
+    # (seq, stored JSON, $ts, size) of the live records, ascending (`materialize`)
+    records: list[tuple[int, bytes, int, int]] = field(default_factory=list)
 
     def materialize(self) -> None:
         """Build `records` from the captured slices (blocking work: run offloaded)."""
-        records: list[AbsorbRecord] = []
+        records: list[tuple[int, bytes, int, int]] = []
         for sl in self.slices:
-            for seq, enc, ts, size in zip(
-                range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
-            ):
-                if enc is not None:
-                    records.append(AbsorbRecord(seq, ts, enc, size))
-        tags, nodes, prios, shapes = self.tags, self.nodes, self.prios, self.shapes
-        if tags or nodes or prios or shapes:
-            for rec in records:
-                seq = rec.seq
-                rec.tag = tags.get(seq)
-                rec.node = nodes.get(seq)
-                rec.prio = prios.get(seq, 0)
-                shape = shapes.get(seq)
-                rec.shape = None if shape is None else (shape[0], shape[1])
+            records += [
+                (seq, enc, ts, size)
+                for seq, enc, ts, size in zip(
+                    range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
+                )
+                if enc is not None
+            ]
         self.records = records
         self.slices = []
+
+    def has_extras(self, seq: int) -> bool:
+        return seq in self.tags or seq in self.nodes or seq in self.prios or seq in self.shapes
+
+    def record(self, seq: int, enc: bytes, ts: int, size: int) -> AbsorbRecord:
+        """A record with its extras (for one that has some)."""
+        shape = self.shapes.get(seq)
+        return AbsorbRecord(
+            seq,
+            ts,
+            enc,
+            size,
+            self.tags.get(seq),
+            self.nodes.get(seq),
+            self.prios.get(seq, 0),
+            None if shape is None else (shape[0], shape[1]),
+        )
+
+    def extras_between(self, lo: int, hi: int) -> Extras:
+        """The sparse extras of the seqs `lo ..= hi`."""
+        out: Extras = ({}, {}, {}, {})
+        for src, dst in zip((self.tags, self.nodes, self.prios, self.shapes), out, strict=True):
+            if src:
+                dst.update({seq: v for seq, v in src.items() if lo <= seq <= hi})  # type: ignore[attr-defined]
+        return out
 
 
 @dataclass(slots=True)
@@ -486,6 +621,13 @@ class SegmentStore:
                 touched[seg.first] = fd
             return fd
 
+        # what each touched segment's `.meta` chunk records: the slots appended (the
+        # segment's `last` and `data_len` before, the records' index range in
+        # `work.records`, the digest of the bytes written) and the seqs flipped
+        appended: dict[int, list[int]] = {}
+        flipped: dict[int, list[int]] = {}
+        metas: dict[int, int] = {}  # segment first → open `.meta` handle
+        records = work.records
         try:
             # 1. delete flags of records killed since the last checkpoint
             firsts = [sg.first for sg in segs]
@@ -499,6 +641,7 @@ class SegmentStore:
                 seg = own(i)
                 fs.pwrite(handle(seg), bytes([DELETED]), seg.offsets[j] + seg.lens[j] - 1)
                 seg.flags[j] = 1
+                flipped.setdefault(seg.first, []).append(seq)
                 result.flipped += 1
             # 2. append to the active segment, sealing on the triggers
             active: Segment | None = None
@@ -508,41 +651,75 @@ class SegmentStore:
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
-                elif work.records:
+                elif records:
                     fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
+                    appended[active.first] = [active.last, active.data_len, 0, 0, 0]
             pending: list[bytes] = []
             pending_at = active.data_len if active is not None else 0
-            for rec in work.records:
+            extras = bool(work.tags or work.nodes or work.prios or work.shapes)
+            single = frames.single_frame
+            max_events, max_bytes = cfg.max_events, cfg.max_bytes
+            for k, (seq, enc, ts, size) in enumerate(records):
                 if active is not None and (
-                    rec.seq - active.last - 1 > _MAX_PAD
-                    or rec.seq - active.first + 1 > cfg.max_events
-                    or active.data_len >= cfg.max_bytes
+                    seq - active.last - 1 > _MAX_PAD
+                    or seq - active.first + 1 > max_events
+                    or active.data_len >= max_bytes
                 ):
-                    self._flush(handle(active), pending, pending_at)
+                    self._flush(handle(active), pending, pending_at, appended[active.first], k)
                     pending = []
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
                 if active is None:
-                    active = Segment(rec.seq, rec.seq - 1, 0, False, now_ms)
+                    active = Segment(seq, seq - 1, 0, False, now_ms, meta_len=0)
                     segs.append(active)
                     owned.add(active.first)
                     fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
+                    appended[active.first] = [active.last, 0, k, k, 0]
                     new_files = True
                     pending_at = 0
-                data = rec.frame(tid)
-                active.add(rec.seq, active.data_len, len(data), rec.ts)
+                data = (
+                    work.record(seq, enc, ts, size).frame(tid)
+                    if extras and work.has_extras(seq)
+                    else single(tid, seq, ts, enc, size)
+                )
+                if seq == active.last + 1:
+                    active.last = seq
+                    active.offsets.append(active.data_len)
+                    active.lens.append(len(data))
+                    active.ts.append(ts)
+                    active.flags.append(0)
+                else:
+                    active.add(seq, active.data_len, len(data), ts)
                 active.data_len += len(data)
                 pending.append(data)
-                out.records += 1
                 out.bytes += len(data)
+            out.records += len(records)
             if active is not None:
-                self._flush(handle(active), pending, pending_at)
+                self._flush(
+                    handle(active), pending, pending_at, appended.get(active.first), len(records)
+                )
                 if active.slots >= cfg.max_events or active.data_len >= cfg.max_bytes:
                     self._seal(active, tid)
                     result.sealed += 1
-            # 3. make everything touched durable
+            # 3. the `.meta` chunks: what recovery loads instead of decoding the frames
+            for seg in segs:
+                if seg.first in owned and seg.meta_len >= 0:
+                    chunk = _chunk_of(
+                        seg, work, appended.get(seg.first), flipped.get(seg.first, [])
+                    )
+                    if chunk:
+                        fd = fs.open(meta_path(self.base(seg), tid, seg.first), create=True)
+                        metas[seg.first] = fd
+                        fs.ftruncate(fd, seg.meta_len)  # an uncommitted attempt's bytes
+                        write_all(fs, fd, chunk, seg.meta_len)
+                        seg.meta_len += len(chunk)
+                if seg.first in owned and seg.sealed:
+                    seg.ts = array("q")  # (kept only while a segment may still be sealed)
+            # 4. make everything touched durable
             for fd in touched.values():
+                fs.fdatasync(fd)
+            for fd in metas.values():
                 fs.fdatasync(fd)
             if result.sealed and self.write_idx:
                 for seg in segs:
@@ -553,29 +730,39 @@ class SegmentStore:
         finally:
             for fd in touched.values():
                 fs.close(fd)
-        # 4. whole-segment drop: sealed, and wholly below the floors or wholly dead
+            for fd in metas.values():
+                fs.close(fd)
+        # 5. whole-segment drop: sealed, and wholly below the floors or wholly dead
         keep: list[Segment] = []
         for seg in segs:
             # (only segments this checkpoint touched can have become wholly dead)
             if seg.sealed and (seg.last < work.earliest or (seg.first in owned and seg.all_dead())):
                 result.dropped.append(data_path(self.base(seg), tid, seg.first))
                 result.dropped.append(idx_path(self.base(seg), tid, seg.first))
+                result.dropped.append(meta_path(self.base(seg), tid, seg.first))
             else:
                 keep.append(seg)
         state.segments = keep
         return result
 
-    def _flush(self, fd: int, pending: list[bytes], at: int) -> None:
-        if pending:
-            write_all(self.fs, fd, b"".join(pending), at)
+    def _flush(
+        self, fd: int, pending: list[bytes], at: int, mark: list[int] | None, k: int
+    ) -> None:
+        """Write the frames appended to a segment; note in `mark` (its `.meta` chunk's
+        notes) the index in `work.records` they end at, and their bytes' digest."""
+        blob = b"".join(pending)
+        if blob:
+            write_all(self.fs, fd, blob, at)
+        if mark is not None:
+            mark[3] = k
+            mark[4] = xxhash.xxh3_64_intdigest(blob)
 
     def _seal(self, seg: Segment, tid: int) -> None:
-        seg.sealed = True
-        ts_column, seg.ts = seg.ts, array("q")  # only the `.idx` needs them: 8 bytes a seq
+        seg.sealed = True  # (its `ts` column goes once the `.meta` chunk is written)
         if not self.write_idx:
             return
         entries = bytearray()
-        for off, length, ts, flag in zip(seg.offsets, seg.lens, ts_column, seg.flags, strict=True):
+        for off, length, ts, flag in zip(seg.offsets, seg.lens, seg.ts, seg.flags, strict=True):
             flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
             entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
         path = idx_path(self.root, tid, seg.first)
@@ -695,7 +882,7 @@ class SegmentStore:
             doomed += res.moved
             self.sealed_total += res.sealed
             self.flipped_total += res.flipped
-            self.dropped_total += len(res.dropped) // 2
+            self.dropped_total += sum(p.endswith(".data") for p in res.dropped)
             self.relocated_total += res.relocated
         if self.cold_root and self.tiering is not None:  # (set operations: C speed)
             self.tier_due.difference_update(outcome.topics.keys())
@@ -813,27 +1000,183 @@ class SegmentStore:
 
 @dataclass(slots=True)
 class LoadedSegment:
+    """A registered segment as recovery found it: its index, the `$ts` and record size of
+    every slot, the sparse extras of its frames, and what the repair step does."""
+
     segment: Segment
-    records: list[AbsorbRecord]  # live frames (tail not 0xD5), ascending
+    ts: array[int]  # per slot
+    sizes: array[int]  # per slot (0 where absent)
+    extras: Extras  # tags, nodes, prios, shapes by seq (of every frame, deleted ones too)
     excess: int  # bytes past data_len (truncated once recovery succeeded)
+    # a `.meta` to write once recovery succeeded (it was missing or unusable, so the
+    # frames were decoded): the next recovery loads from it
+    rewrite: bytes | None = None
 
 
 def load_segment(
     fs: Fs, root: str, topic_id: int, reg: SegSnap, *, max_frame: int
 ) -> LoadedSegment:
-    """Read and verify one registered segment (blocking). Raises `SegmentCorruption`
-    for a missing or short file or a frame failing its checksum."""
+    """Load one registered segment (blocking): from its `.meta` side file when it has a
+    usable one (every data byte checked against the chunks' data digests, and an unsealed
+    one's last frame decoded), else by decoding and verifying every
+    frame (the `.meta` is then re-made: `rewrite`). Raises `SegmentCorruption` for a
+    missing or short `.data` or a frame failing its checksum."""
     path = data_path(root, topic_id, reg.first)
     rel = posixpath.relpath(path, root)
     if not fs.exists(path):
         raise SegmentCorruption(rel, 0, "registered segment is missing")
-    data = fs.read(path)
-    if len(data) < reg.data_len:
+    size = fs.size(path)
+    if size < reg.data_len:
         raise SegmentCorruption(
-            rel, len(data), f"shorter ({len(data)} bytes) than registered ({reg.data_len})"
+            rel, size, f"shorter ({size} bytes) than registered ({reg.data_len})"
         )
+    if reg.meta_len >= 0:
+        try:
+            return _load_meta(fs, root, topic_id, reg, size)
+        except _MetaUnusable as exc:
+            log.warning("%s: %s; decoding the segment's frames", rel[:-5] + ".meta", exc)
+    return _load_frames(fs, root, topic_id, reg, max_frame, rel)
+
+
+class _MetaUnusable(Exception):
+    pass
+
+
+def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> LoadedSegment:
+    path = meta_path(root, topic_id, reg.first)
+    if not fs.exists(path):
+        raise _MetaUnusable("missing")
+    raw = fs.read(path)
+    if len(raw) < reg.meta_len:
+        raise _MetaUnusable(f"shorter ({len(raw)} bytes) than registered ({reg.meta_len})")
+    view = memoryview(raw)[: reg.meta_len]
     seg = Segment(reg.first, reg.first - 1, reg.data_len, reg.sealed, reg.created_ms)
-    live: list[AbsorbRecord] = []
+    seg.meta_len = reg.meta_len
+    ts = array("q")
+    sizes = array("I")
+    flips: list[int] = []
+    tags: dict[int, str] = {}
+    nodes: dict[int, str] = {}
+    prios: dict[int, int] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+    pos = 0
+    checks: list[tuple[int, int, int]] = []  # each chunk's (data start, end, digest)
+    while pos < len(view):
+        if pos + _CHUNK.size > len(view):
+            raise _MetaUnusable(f"chunk at {pos} cut short")
+        magic, n, base, m, e, start, stop, data_digest, digest = _CHUNK.unpack_from(view, pos)
+        end = pos + _CHUNK.size + 21 * n + 8 * m + e
+        if magic != META_MAGIC or end > len(view):
+            raise _MetaUnusable(f"bad chunk at {pos}")
+        h = xxhash.xxh3_64(view[pos : pos + 40])
+        h.update(view[pos + _CHUNK.size : end])
+        if h.intdigest() != digest:
+            raise _MetaUnusable(f"chunk at {pos} fails its checksum")
+        if stop > start:
+            checks.append((start, stop, data_digest))
+        at = pos + _CHUNK.size
+        if n:
+            if base != seg.last + 1:
+                raise _MetaUnusable(f"chunk at {pos} starts at seq {base}, not {seg.last + 1}")
+            seg.offsets += _column("I", view[at : at + 4 * n])
+            seg.lens += _column("I", view[at + 4 * n : at + 8 * n])
+            ts += _column("q", view[at + 8 * n : at + 16 * n])
+            sizes += _column("I", view[at + 16 * n : at + 20 * n])
+            seg.flags += view[at + 20 * n : at + 21 * n]
+            seg.last += n
+        at += 21 * n
+        flips += _column("Q", view[at : at + 8 * m])
+        at += 8 * m
+        if e:
+            try:
+                t, nd, p, sh = _EXTRAS_DEC.decode(view[at : at + e])
+            except msgspec.DecodeError as exc:
+                raise _MetaUnusable(f"chunk at {pos}: {exc}") from None
+            tags.update(t)
+            nodes.update(nd)
+            prios.update(p)
+            shapes.update(sh)
+        pos = end
+    if seg.last > reg.last or sum(seg.lens) != reg.data_len:
+        raise _MetaUnusable("does not match the registry")
+    while seg.last < reg.last:  # trailing absent slots
+        seg.last += 1
+        seg.offsets.append(ABSENT)
+        seg.lens.append(0)
+        ts.append(ts[-1] if ts else 0)
+        sizes.append(0)
+        seg.flags.append(0)
+    first, last = seg.first, seg.last
+    for seq in flips:
+        if first <= seq <= last and seg.offsets[seq - first] != ABSENT:
+            seg.flags[seq - first] = 1
+    if not reg.sealed:
+        seg.ts = array("q", ts)
+        # the end of the active segment: a torn or damaged end names its frame
+        _verify_tail(fs, root, topic_id, seg)
+    _verify_data(fs, root, topic_id, seg, checks)
+    return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
+
+
+def _verify_data(
+    fs: Fs, root: str, topic_id: int, seg: Segment, checks: list[tuple[int, int, int]]
+) -> None:
+    """Check every byte of the segment's data against its chunks' digests: one read and
+    one C-level hash per chunk, the tail bytes (delete flags, outside every checksum,
+    possibly flipped since the chunk was written) cleared first, as they were when the
+    digest was taken. A mismatch makes the `.meta` unusable: decoding the frames then
+    names the damaged frame (and refuses the start), or re-makes a damaged `.meta`."""
+    if not checks:
+        return
+    lo, hi = checks[0][0], checks[-1][1]
+    if hi > seg.data_len:
+        raise _MetaUnusable("chunk data ranges do not match the registry")
+    fd = fs.open(data_path(root, topic_id, seg.first))
+    try:
+        buf = bytearray(fs.pread(fd, hi - lo, lo))
+    finally:
+        fs.close(fd)
+    if len(buf) != hi - lo:
+        raise _MetaUnusable(f"data shorter than its chunks ({lo + len(buf)} < {hi})")
+    for off, length in zip(seg.offsets, seg.lens, strict=True):
+        if off != ABSENT and lo <= off < hi:
+            buf[off + length - 1 - lo] = 0
+    view = memoryview(buf)
+    for start, stop, digest in checks:
+        if xxhash.xxh3_64_intdigest(view[start - lo : stop - lo]) != digest:
+            raise _MetaUnusable(f"data bytes {start}..{stop} do not match their digest")
+
+
+def _verify_tail(fs: Fs, root: str, topic_id: int, seg: Segment) -> None:
+    """Check the active segment's last frame (the end of what the newest absorb wrote)
+    against its checksum and the index: a torn or damaged end of the file is found at
+    start; any other byte is verified when it is read."""
+    i = len(seg.offsets) - 1
+    while i >= 0 and seg.offsets[i] == ABSENT:
+        i -= 1
+    if i < 0:
+        return
+    off, length = seg.offsets[i], seg.lens[i]
+    fd = fs.open(data_path(root, topic_id, seg.first))
+    try:
+        data = fs.pread(fd, length, off)
+    finally:
+        fs.close(fd)
+    try:
+        frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
+    except frames.FrameError:
+        frame = None
+    if frame is None or frame.seq != seg.first + i or frame.end != length:
+        raise _MetaUnusable(f"the last frame (offset {off}) does not match")
+
+
+def _load_frames(
+    fs: Fs, root: str, topic_id: int, reg: SegSnap, max_frame: int, rel: str
+) -> LoadedSegment:
+    """Decode and verify every frame of a registered segment; also build its `.meta`."""
+    data = fs.read(data_path(root, topic_id, reg.first))
+    seg = Segment(reg.first, reg.first - 1, reg.data_len, reg.sealed, reg.created_ms)
+    records: list[AbsorbRecord] = []
     offsets = _idx_offsets(fs, root, topic_id, reg, data) if reg.sealed else None
     pos = 0
     entries = offsets if offsets is not None else None
@@ -858,17 +1201,50 @@ def load_segment(
         seg.add(rec.seq, pos, frame.end - pos, rec.ts)
         if data[frame.end - 1] == DELETED:
             seg.flags[-1] = 1
-        else:
-            live.append(rec)
+        records.append(rec)
         pos = frame.end
     if entries is None and pos != reg.data_len:
         raise SegmentCorruption(rel, pos, "frames do not end at the registered length")
     while seg.last < reg.last:  # trailing absent slots
         seg.add(reg.last, 0, 0, seg.ts[-1] if len(seg.ts) else 0)
         seg.offsets[-1] = ABSENT
+    sizes = array("I", bytes(4 * seg.slots))
+    tags: dict[int, str] = {}
+    nodes: dict[int, str] = {}
+    prios: dict[int, int] = {}
+    shapes: dict[int, tuple[int, int]] = {}
+    for rec in records:
+        seq = rec.seq
+        sizes[seq - seg.first] = rec.size
+        if rec.tag is not None:
+            tags[seq] = rec.tag
+        if rec.node is not None:
+            nodes[seq] = rec.node
+        if rec.prio:
+            prios[seq] = rec.prio
+        if rec.shape is not None:
+            shapes[seq] = rec.shape
+    ts = seg.ts
+    extras: Extras = (tags, nodes, prios, shapes)
+    buf = bytearray(data[: reg.data_len])
+    for i, flag in enumerate(seg.flags):
+        if flag:
+            buf[seg.offsets[i] + seg.lens[i] - 1] = 0
+    rewrite = encode_chunk(
+        seg.first,
+        seg.offsets,
+        seg.lens,
+        ts,
+        sizes,
+        seg.flags,
+        [],
+        extras,
+        (0, reg.data_len, xxhash.xxh3_64_intdigest(bytes(buf))),
+    )
+    seg.meta_len = len(rewrite)
     if reg.sealed:
         seg.ts = array("q")  # (kept only while a segment may still be sealed)
-    return LoadedSegment(seg, live, len(data) - reg.data_len)
+    return LoadedSegment(seg, ts, sizes, extras, len(data) - reg.data_len, rewrite)
 
 
 def _idx_offsets(fs: Fs, root: str, topic_id: int, reg: SegSnap, data: bytes) -> list[int] | None:
@@ -920,15 +1296,23 @@ def list_orphans(fs: Fs, root: str, registered: dict[int, list[SegSnap]]) -> lis
         sealed = {s.first for s in registered[tid] if s.sealed}
         for fname in sorted(fs.listdir(path)):
             m = _SEG.fullmatch(fname)
-            ok = m is not None and int(m.group(1)) in (firsts if m.group(2) == "data" else sealed)
+            ok = m is not None and int(m.group(1)) in (sealed if m.group(2) == "idx" else firsts)
             if not ok:
                 out.append(posixpath.join(path, fname))
     return out
 
 
-def repair(fs: Fs, root: str, truncate: list[tuple[str, int]], orphans: list[str]) -> None:
+def repair(
+    fs: Fs,
+    root: str,
+    truncate: list[tuple[str, int]],
+    orphans: list[str],
+    metas: list[tuple[str, bytes]] = [],  # noqa: B006  (read only)
+) -> None:
     """Recovery's segment repairs, once it succeeded: cut bytes past the registered
-    lengths (a checkpoint that wrote them never committed), remove orphans."""
+    lengths (a checkpoint that wrote them never committed), remove orphans, and write
+    the `.meta` files recovery had to re-make from the frames (the next checkpoint's
+    registry names them; until then the frames are decoded again)."""
     for path, length in truncate:
         fd = fs.open(path)
         try:
@@ -939,6 +1323,20 @@ def repair(fs: Fs, root: str, truncate: list[tuple[str, int]], orphans: list[str
     if orphans:
         remove_paths(fs, orphans)
         log.warning("removed %d orphaned segment files or directories", len(orphans))
+    dirs: set[str] = set()
+    for path, data in metas:
+        fd = fs.open(path, create=True)
+        try:
+            fs.ftruncate(fd, 0)
+            write_all(fs, fd, data, 0)
+            fs.fdatasync(fd)
+        finally:
+            fs.close(fd)
+        dirs.add(posixpath.dirname(path))
+    for d in sorted(dirs):
+        fs.fsync_dir(d)
+    if metas:
+        log.info("wrote %d segment side files (.meta) re-made from their frames", len(metas))
 
 
 def remove_paths(fs: Fs, paths: list[str]) -> int:

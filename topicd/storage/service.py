@@ -79,7 +79,7 @@ async def _reshard(
 def _repair(fs: Fs, root: str, result: RecoveryResult) -> None:
     """Recovery succeeded: cut segment bytes past their registered lengths and remove
     segment files no registry names (recovery itself never writes)."""
-    segs.repair(fs, root, result.segment_truncate, result.segment_orphans)
+    segs.repair(fs, root, result.segment_truncate, result.segment_orphans, result.segment_metas)
 
 
 @asynccontextmanager
@@ -142,12 +142,12 @@ async def open_durable_engine(
     wal = WalCommitPath(cfg, fs, offload, clock, root, result.shard_files)
     engine.commit = wal
     wal.attach(engine)
-    wal.register_queues(engine.saturation)
     checkpointer = Checkpointer(
         cfg, engine, wal, fs, offload, clock, number, positions, result.segments
     )
     engine.checkpointer = checkpointer
     wal.checkpointer = checkpointer
+    wal.register_queues(engine.saturation)
     async with trio.open_nursery() as nursery:
         await nursery.start(wal.run)
         for note in result.lost:  # sync-gated, before the topic serves again

@@ -774,10 +774,17 @@ class Checkpoints(Protocol):
     """What the WAL backend needs of the checkpointer (`topicd.storage.checkpoint`)."""
 
     segments: SegmentStore
+    backlog_full: bool  # the WAL bytes awaiting a checkpoint reached their bound
 
     async def checkpoint(self, *, final: bool = False) -> bool: ...
 
     def poke(self) -> None: ...
+
+    def backlog(self) -> int: ...
+
+    async def wait_backlog(self) -> None: ...
+
+    def backlog_bound(self) -> int: ...
 
 
 class WalCommitPath:
@@ -804,6 +811,7 @@ class WalCommitPath:
         self.rng = random.Random()  # retry_after_ms jitter (tests may seed it)
         # the storage seam's other half (`StorageBackend`), set by the storage service
         self.checkpointer: Checkpoints | None = None
+        self.backlog_refused = 0  # writes refused while the checkpoint backlog was full
 
     @property
     def shard_count(self) -> int:
@@ -841,15 +849,38 @@ class WalCommitPath:
             shard.pressure_refused += 1
             raise Throttled.pressure(shard.retry_after_ms(self.pressure, self.rng))
         scope = shard.room_for(topic, nbytes)
+        if scope is None and not bypass and self.backlog_full(topic):
+            # the records written since the last checkpoint are pinned in memory until
+            # one absorbs them (topicd.storage.checkpoint): a write that waited for one
+            # (`Engine.write`) as long as `backpressure.bypass_wait_ms` allows gets 429
+            scope = "shard"
+            self.backlog_refused += 1
         if scope is not None:
             shard.submit_full += 1
             raise Throttled.pressure(
                 shard.retry_after_ms(self.pressure, self.rng), cause="wal_ingest", scope=scope
             )
 
+    def backlog_full(self, topic: Topic) -> bool:
+        cp = self.checkpointer
+        return cp is not None and cp.backlog_full and topic.config.durability != "ephemeral"
+
+    async def wait_backlog(self) -> None:
+        if self.checkpointer is not None:
+            await self.checkpointer.wait_backlog()
+
     def register_queues(self, registry: SaturationRegistry) -> None:
-        """Each shard's ingest queue in the saturation registry (scheduler spec R4)."""
+        """Each shard's ingest queue in the saturation registry (scheduler spec R4), and
+        the WAL bytes awaiting a checkpoint (`checkpoint_backlog`, in bytes)."""
         w = self.cfg.storage.wal
+        cp = self.checkpointer
+        if cp is not None:
+            registry.register(
+                "checkpoint_backlog",
+                cp.backlog,
+                cp.backlog_bound,
+                full=partial(getattr, self, "backlog_refused"),
+            )
         for shard in self.shards:
             registry.register(
                 f"wal_ingest.{shard.index}",

@@ -1,0 +1,147 @@
+"""Segment `.meta` side files: recovery loads segments from them, falls back to the frames.
+
+Method: a durable engine on `FakeDisk` with tiny segment triggers; its `.meta` files are
+removed, cut short or damaged, and recovery must rebuild the same readable state by
+decoding the frames, re-make the side file in its repair step (a crash at each of
+those steps recovers the same state again), and load from the side file at the next
+start. `tests/fixtures/datadir-v3-nometa` (written by the release before side files)
+opens on the real filesystem and gets them. That recovery from side files rebuilds
+exactly what decoding the frames does is checked by the Hypothesis model
+(`test_segments_model`), after every restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.storage.test_checkpoint import cp, state, write
+from tests.storage.test_segments import _flip, newest_body, seg_config
+from topicd.config import Config
+from topicd.storage.fs import Fs, RealFs
+from topicd.storage.recovery import RecoveryRefused, recover
+from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.fake_fs import FakeDisk, PowerLoss
+from topicd.testing.harness import open_durable
+from topicd.wire import DeleteIn
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "datadir-v3-nometa"
+
+
+def metas(disk: FakeDisk) -> list[str]:
+    return sorted(p for p in disk.tree() if p.endswith(".meta"))
+
+
+async def _populated(disk: FakeDisk, cfg: Config) -> dict[str, object]:
+    async with open_durable(disk, cfg) as engine:
+        for i in range(10):
+            await write(engine, "t", b'"%d-%s"' % (i, b"m" * 40), tag=f"k{i % 3}")
+        assert await cp(engine).checkpoint()
+        await engine.delete_records("t", DeleteIn(match="k1"))  # flips in sealed segments
+        await write(engine, "t", b'"late"', tag="k2")
+        assert await cp(engine).checkpoint()
+        assert await cp(engine).checkpoint()
+        return await state(engine)
+
+
+def _recover(fs: Fs, cfg: Config) -> list[tuple[str, bytes]]:
+    """The `.meta` files a recovery would have to re-make."""
+    return recover(cfg, fs, FakeWallClock(), boot_id="boot-1").segment_metas
+
+
+async def test_every_segment_gets_a_meta_and_recovery_loads_from_it():
+    disk = FakeDisk()
+    cfg = seg_config(max_events=4)
+    expected = await _populated(disk, cfg)
+    body = newest_body(disk)
+    regs = [s for t in body.topics for s in t.segments]
+    assert len(regs) == 3 and all(s.meta_len > 0 for s in regs)
+    assert [s.sealed for s in regs] == [True, True, False]
+    assert len(metas(disk)) == 3
+    assert _recover(disk, cfg) == []  # nothing re-made: every segment loaded from its .meta
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected
+
+
+@pytest.mark.parametrize("damage", ["missing", "short", "flipped", "junk_after"])
+async def test_an_unusable_meta_falls_back_to_the_frames_and_is_remade(damage, caplog):
+    disk = FakeDisk()
+    cfg = seg_config(max_events=4)
+    expected = await _populated(disk, cfg)
+    path = metas(disk)[0]
+    if damage == "missing":
+        disk.unlink(path)
+    elif damage == "short":
+        fd = disk.open(path)
+        disk.ftruncate(fd, len(disk.pending_bytes(path) or b"") - 3)
+        disk.close(fd)
+    elif damage == "flipped":
+        _flip(disk, path, 60)
+    else:  # bytes past the registered length (an uncommitted absorb's): ignored
+        fd = disk.open(path)
+        disk.pwrite(fd, b"junk", len(disk.pending_bytes(path) or b""))
+        disk.close(fd)
+    remade = _recover(disk, cfg)
+    assert [p for p, _ in remade] == ([] if damage == "junk_after" else [path])
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected
+    if damage != "junk_after":
+        assert "decoding the segment's frames" in caplog.text
+    # re-made by the repair step: the next recovery loads from it (the registry names
+    # the new length from the first checkpoint on)
+    assert _recover(disk, cfg) == []
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected
+
+
+async def test_a_crash_at_each_step_of_remaking_the_meta_files_recovers_the_same_state():
+    disk = FakeDisk()
+    cfg = seg_config(max_events=4)
+    expected = await _populated(disk, cfg)
+    for path in metas(disk):
+        disk.unlink(path)
+    disk.sync_all()
+    image = disk.snapshot()
+    before = disk.mutations
+    async with open_durable(disk, cfg):
+        pass
+    steps = disk.mutations - before
+    assert steps > 6
+    for k in range(steps + 1):
+        disk.restore(image)
+        disk.crash_after(k)
+        try:
+            async with open_durable(disk, cfg):
+                pass
+        except* (PowerLoss, RecoveryRefused):  # (k = 0: recovery finds the disk off)
+            pass
+        disk.crash(power_off=True)
+        disk.reboot()
+        async with open_durable(disk, cfg) as engine:
+            assert await state(engine) == expected, f"crash after mutating call {k} of {steps}"
+        assert _recover(disk, cfg) == []
+
+
+async def test_a_directory_without_meta_files_opens_and_gets_them(tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(FIXTURE, root)
+    (root / "README.md").unlink()
+    base = seg_config(max_events=4)
+    cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, data_dir=str(root)))
+    fs = RealFs()
+    assert not list(root.rglob("*.meta"))
+    assert len(_recover(fs, cfg)) == 5
+    async with open_durable(fs, cfg, boot_id="fixture-boot") as engine:
+        got = await state(engine)
+        bulk = [bytes(r).split(b'"data":')[1] for r in got["bulk"][0]]  # type: ignore[index]
+        assert bulk == [b'"0"}', b'"3"}', b'"6"}', b'"9"}', b'"tail"}']
+        capped = [bytes(r).split(b'"data":')[1] for r in got["capped"][0]]  # type: ignore[index]
+        assert capped == [b'"c%d"}' % i for i in range(4, 10)]
+        expected = got
+    assert len(list(root.rglob("*.meta"))) == 5
+    assert _recover(fs, cfg) == []
+    async with open_durable(fs, cfg, boot_id="fixture-boot") as engine:
+        assert await state(engine) == expected

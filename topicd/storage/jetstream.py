@@ -1,0 +1,1172 @@
+"""The jetstream storage backend: each topic is a stream on a NATS JetStream cluster.
+
+`storage.backend = "jetstream"` runs topicd as a *front*: the engine, its caches and the
+whole `/v0` surface stay in this process, and durable state lives in JetStream
+(docs/jetstream.md has the design, the deltas and what is not supported yet):
+
+* **Registry** — one key-value bucket `<prefix>_registry`: `topic.<id>` holds a topic
+  instance's name, config, eviction floor and eviction runs (JSON); `meta.next_id` the next
+  topic id (ids are never reused). Writing the `topic.<id>` entry is the commit point of a
+  topic create or config change; deleting it, of a topic delete.
+* **Records** — topic id N is the stream `<prefix>_T<N>` with the subjects
+  `<prefix>.t.<N>.*`; the last token encodes the record's tag (`_` untagged, `x` + hex
+  of its UTF-8 otherwise) so exact-tag deletes are filtered purges. A record's `$seq` *is*
+  its stream sequence: every publish carries `Nats-Expected-Last-Sequence` (the topic's
+  head), so a write lands at exactly the seqs the engine reserved or not at all. The
+  payload is the record's stored JSON (exactly what a diff returns); the per-record
+  extras ride in headers. A write of n > 1 records is one atomic batch.
+* **Floors** — cap/TTL eviction happens in memory as in the embedded backend; a
+  background task then writes the new floor into the registry entry and purges the stream
+  below it (floor first, so a restart never resurrects an evicted record).
+* **Reads** — served from memory; records past the payload cache come back from the
+  stream by batched direct get (`read_stored_range`).
+* **Restart** — `open_jetstream_engine` rebuilds the engine from the registry and the
+  streams through the same `Engine.apply_*` methods recovery uses.
+
+Every client call runs on the asyncio loop of an `AsyncioBridge` (its own thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import orjson
+import trio
+
+from topicd.engine.engine import Engine
+from topicd.engine.router import RouterService
+from topicd.engine.topic import Topic
+from topicd.errors import (
+    InvalidRequest,
+    StorageUnavailable,
+    Throttled,
+    TopicdError,
+    TopicNotFound,
+)
+from topicd.storage import frame as frames
+from topicd.storage.jsbridge import AsyncioBridge
+from topicd.storage.recovery import config_from_wire
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Coroutine
+
+    import nats.aio.client
+    import nats.js
+    import nats.js.kv
+    from nats.aio.msg import Msg
+
+    from topicd.clock import WallClock
+    from topicd.config import Config
+    from topicd.engine.commit import AppendBatch, CommitHooks
+    from topicd.engine.router import Router
+    from topicd.errors import JsonValue
+    from topicd.wire import RouterIn
+
+log = logging.getLogger("topicd.storage.jetstream")
+
+_T = TypeVar("_T")
+
+# JetStream's default ceiling on the messages of one atomic batch: a write is one batch
+BATCH_MAX: Final = 1000
+# the records one batched direct get asks for, and its byte budget
+READ_PAGE: Final = 1000
+READ_PAGE_BYTES: Final = 4 << 20
+# the first connection gets this many request timeouts before the start is refused
+CONNECT_ATTEMPTS: Final = 2
+# the rebuild at start is retried for this many request timeouts (leader elections)
+REBUILD_ATTEMPTS_TIMEOUTS: Final = 6
+REBUILD_RETRY_S: Final = 0.5
+# how often cap/TTL floors reach the registry and the streams (seconds)
+FLOOR_INTERVAL_S: Final = 1.0
+
+_WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
+
+H_SIZE: Final = "Topicd-Size"  # the record's data+meta size (what caps count)
+H_EXTRA: Final = "Topicd-Extra"  # ASCII JSON {"t": tag, "n": node, "p": prio, "s": shape}
+H_COUNT: Final = "Topicd-Count"  # on a write's first record: its record count
+H_KEY: Final = "Topicd-Key"  # on a write's first record: its idempotency key (ASCII JSON)
+_TS: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":(\d+)')
+
+
+class JetStreamUnavailable(Exception):
+    """The front cannot start on the JetStream cluster: unreachable, or it cannot hold
+    what the configuration accepts (`topicd serve` exits 1 with this message)."""
+
+
+def not_supported(feature: str, field_name: str | None = None) -> InvalidRequest:
+    """`400 invalid_request` for what the jetstream backend does not do yet."""
+    detail: dict[str, JsonValue] = {"backend": "jetstream", "unsupported": feature}
+    if field_name is not None:
+        detail["field"] = field_name
+    return InvalidRequest(
+        f"{feature} not supported on the jetstream storage backend yet (docs/jetstream.md)",
+        detail,
+    )
+
+
+def tag_token(tag: str | None) -> str:
+    """The subject token of a tag: `_` for none, else `x` + the hex of its UTF-8."""
+    return "_" if tag is None else "x" + tag.encode().hex()
+
+
+def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
+    """Refuse the topic configs this backend does not serve (queues, ephemeral)."""
+    if topic_config_wire.get("type") == "queue":
+        raise not_supported("queue topics", f"{field_prefix}.type")
+    if topic_config_wire.get("durability") == "ephemeral":
+        raise not_supported('durability "ephemeral"', f"{field_prefix}.durability")
+
+
+class RefusingRouters(RouterService):
+    """Routers are not served on this backend yet: creating one is refused before
+    anything (a destination topic included) is created."""
+
+    async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
+        await trio.lowlevel.checkpoint()
+        raise not_supported("routers")
+
+
+@dataclass
+class _Lane:
+    """One topic's writes in flight: published to its stream strictly in seq order."""
+
+    topic: Topic
+    pending: deque[AppendBatch] = field(default_factory=deque)
+    busy: bool = False
+    diverged: bool = False  # the stream's head is not known to match memory: refuse writes
+    resyncing: bool = False  # a task reads the stream back (`JetStreamBackend.resync`)
+    resync_lock: trio.Lock = field(default_factory=trio.Lock)
+    # accepted, not yet committed or failed (queued and in flight): the ingest bound
+    accepted: int = 0
+    accepted_bytes: int = 0
+    room: trio.Event | None = None  # set when a write leaves (`wait_for_room`)
+
+    def full(self, nbytes: int, max_count: int, max_bytes: int) -> bool:
+        return self.accepted >= max_count or (
+            self.accepted_bytes > 0 and self.accepted_bytes + nbytes > max_bytes
+        )
+
+    def settled(self, batch: AppendBatch) -> None:
+        self.accepted -= 1
+        self.accepted_bytes -= batch.nbytes
+        if self.room is not None:
+            self.room.set()
+            self.room = None
+
+    registry_lock: trio.Lock = field(default_factory=trio.Lock)
+    floor_written: int = 1  # the eviction floor the registry entry holds
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMsg:
+    seq: int
+    data: bytes
+    headers: dict[str, str]
+
+
+class JetStreamStore:
+    """The client half: coroutines that run on the bridge's asyncio loop."""
+
+    def __init__(self, cfg: Config) -> None:
+        js_cfg = cfg.storage.jetstream
+        self.servers = [url.strip() for url in js_cfg.servers if url.strip()]
+        self.prefix = js_cfg.prefix
+        self.timeout = js_cfg.request_timeout_ms / 1000
+        self.replicas = js_cfg.replicas
+        self.bucket = f"{self.prefix}_registry"
+        self.nc: nats.aio.client.Client | None = None
+        self.js: nats.js.JetStreamContext | None = None
+        self.kv: nats.js.kv.KeyValue | None = None
+        self.last_error: Exception | None = None  # the last connection error NATS reported
+        self.closing = False
+        self.connected: asyncio.Event | None = None  # set while connected (loop side)
+
+    # ---- names -------------------------------------------------------------------------
+
+    def stream(self, topic_id: int) -> str:
+        return f"{self.prefix}_T{topic_id}"
+
+    def subject(self, topic_id: int, tag: str | None) -> str:
+        return f"{self.prefix}.t.{topic_id}.{tag_token(tag)}"
+
+    # ---- connection --------------------------------------------------------------------
+
+    async def connect(self) -> int:
+        """Connect; return the servers' max payload."""
+        import nats
+        import nats.js.errors
+
+        # reconnects never give up (-1); the first connection is bounded here instead
+        self.nc = await asyncio.wait_for(
+            nats.connect(
+                servers=self.servers,
+                connect_timeout=self.timeout,
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                name="topicd",
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            ),
+            CONNECT_ATTEMPTS * self.timeout,
+        )
+        self.connected = asyncio.Event()
+        self.connected.set()
+        self.js = self.nc.jetstream(timeout=self.timeout)
+        return int(self.nc.max_payload)
+
+    async def open_registry(self) -> None:
+        """Open the registry bucket, creating it on a cluster that has none."""
+        import nats.js.errors
+
+        assert self.js is not None
+        try:
+            self.kv = await self.js.key_value(self.bucket)
+        except nats.js.errors.BucketNotFoundError:
+            self.kv = await self.js.create_key_value(
+                bucket=self.bucket, history=1, replicas=self.replicas
+            )
+
+    async def _on_error(self, exc: Exception) -> None:
+        if str(exc) != str(self.last_error):  # one line per distinct error, no traceback
+            log.warning("NATS: %s", str(exc) or type(exc).__name__)
+        self.last_error = exc
+
+    async def _on_disconnected(self) -> None:
+        if self.connected is not None:
+            self.connected.clear()
+        if not self.closing:
+            log.warning("NATS: disconnected; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        if self.connected is not None:
+            self.connected.set()
+        self.last_error = None
+        nc = self.nc
+        url = nc.connected_url if nc is not None else None
+        log.warning("NATS: reconnected to %s", url.netloc if url is not None else "?")
+
+    async def wait_connected(self) -> None:
+        """Until the client is connected (again)."""
+        assert self.connected is not None
+        await self.connected.wait()
+
+    async def close(self) -> None:
+        """Drain the connection (bounded by one request timeout), else just close it."""
+        self.closing = True
+        nc, self.nc = self.nc, None
+        if nc is None:
+            return
+        try:
+            await asyncio.wait_for(nc.drain(), self.timeout)
+        except Exception:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    # ---- registry ----------------------------------------------------------------------
+
+    async def registry(self) -> tuple[int, dict[int, dict[str, object]]]:
+        """(next topic id, every `topic.<id>` entry)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            keys = []
+        next_id = 1
+        entries: dict[int, dict[str, object]] = {}
+        for k in keys:
+            entry = await self.kv.get(k)
+            if entry.value is None:
+                continue
+            if k == "meta.next_id":
+                next_id = int(entry.value)
+            elif k.startswith("topic."):
+                obj = orjson.loads(entry.value)
+                assert isinstance(obj, dict)
+                entries[int(k[6:])] = obj
+        return next_id, entries
+
+    async def put_entry(self, topic_id: int, entry: dict[str, JsonValue]) -> None:
+        assert self.kv is not None
+        await self.kv.put(f"topic.{topic_id}", orjson.dumps(entry))
+
+    async def delete_entry(self, topic_id: int) -> None:
+        assert self.kv is not None
+        await self.kv.purge(f"topic.{topic_id}")
+
+    async def reserve_id(self, next_id: int) -> None:
+        assert self.kv is not None
+        await self.kv.put("meta.next_id", str(next_id).encode())
+
+    # ---- streams -----------------------------------------------------------------------
+
+    async def create_stream(self, topic_id: int) -> None:
+        from nats.js import api
+
+        assert self.js is not None
+        await self.js.add_stream(
+            api.StreamConfig(
+                name=self.stream(topic_id),
+                subjects=[f"{self.prefix}.t.{topic_id}.*"],
+                storage=api.StorageType.FILE,
+                num_replicas=self.replicas,
+                allow_direct=True,
+                allow_atomic=True,
+                deny_delete=False,
+                deny_purge=False,
+            )
+        )
+
+    async def delete_stream(self, topic_id: int) -> None:
+        import nats.js.errors
+
+        assert self.js is not None
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_stream(self.stream(topic_id))
+
+    async def stream_ids(self) -> list[int]:
+        """The topic ids of every stream of this prefix."""
+        assert self.js is not None
+        head = f"{self.prefix}_T"
+        out = []
+        for info in await self.js.streams_info():
+            name = info.config.name or ""
+            if name.startswith(head) and name[len(head) :].isdigit():
+                out.append(int(name[len(head) :]))
+        return out
+
+    async def bounds(self, topic_id: int) -> tuple[int, int]:
+        """(first seq, last seq) of the topic's stream."""
+        assert self.js is not None
+        info = await self.js.stream_info(self.stream(topic_id))
+        return info.state.first_seq, info.state.last_seq
+
+    async def publish(
+        self, topic_id: int, expected_last: int, msgs: list[tuple[str, bytes, dict[str, str]]]
+    ) -> int:
+        """Publish `msgs` at seqs `expected_last + 1 ..`: one message, or an atomic batch.
+        Returns the last seq the stream assigned."""
+        import nats.js.errors
+
+        assert self.nc is not None
+        assert self.js is not None
+        fence = str(expected_last)
+        if len(msgs) == 1:
+            subject, payload, headers = msgs[0]
+            headers["Nats-Expected-Last-Sequence"] = fence
+            ack = await self.js.publish(subject, payload, headers=headers)
+            return int(ack.seq)
+        batch_id = self.nc.new_inbox()[7:]  # a unique token
+        last = len(msgs)
+        for i, (subject, payload, headers) in enumerate(msgs, 1):
+            headers["Nats-Batch-Id"] = batch_id
+            headers["Nats-Batch-Sequence"] = str(i)
+            if i == 1:
+                headers["Nats-Expected-Last-Sequence"] = fence
+            if i < last:
+                await self.nc.publish(subject, payload, headers=headers)
+            else:
+                headers["Nats-Batch-Commit"] = "1"
+                reply = await self.nc.request(subject, payload, self.timeout, headers=headers)
+        resp = json.loads(reply.data)
+        if "error" in resp:
+            raise nats.js.errors.APIError.from_error(resp["error"])
+        return int(resp["seq"])
+
+    async def purge(self, topic_id: int, below: int, tag: str | None = None) -> None:
+        """Remove the records below seq `below` (of `tag` only, when given)."""
+        assert self.js is not None
+        subject = self.subject(topic_id, tag) if tag is not None else None
+        await self.js.purge_stream(self.stream(topic_id), seq=below, subject=subject)
+
+    async def delete_msgs(self, topic_id: int, seqs: list[int]) -> None:
+        import nats.js.errors
+
+        assert self.js is not None
+        name = self.stream(topic_id)
+        for seq in seqs:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.js.delete_msg(name, seq)
+
+    async def read(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> list[StoredMsg]:
+        """The stored messages of seqs `lo ..= hi` (a batched direct get: at most
+        `READ_PAGE` records and about `max_bytes`; at least one if any exists)."""
+        assert self.nc is not None
+        nc = self.nc
+        out: list[StoredMsg] = []
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def collect(msg: Msg) -> None:
+            headers = msg.headers or {}
+            status = headers.get("Status")
+            if status is not None:  # 204: end of the batch; 404: nothing at or after lo
+                if not done.done():
+                    done.set_result(status)
+                return
+            seq = int(headers["Nats-Sequence"])
+            if seq <= hi:
+                out.append(StoredMsg(seq, msg.data, headers))
+
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=collect)
+        try:
+            req = {"seq": lo, "batch": min(hi - lo + 1, READ_PAGE), "max_bytes": max_bytes}
+            await nc.publish(
+                f"$JS.API.DIRECT.GET.{self.stream(topic_id)}", orjson.dumps(req), reply=inbox
+            )
+            status = await asyncio.wait_for(done, self.timeout)
+        finally:
+            await sub.unsubscribe()
+        if status not in ("204", "404"):
+            raise RuntimeError(f"direct get from {self.stream(topic_id)}: status {status}")
+        return out
+
+
+def _encode_msgs(
+    store: JetStreamStore, batches: list[AppendBatch]
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    msgs: list[tuple[str, bytes, dict[str, str]]] = []
+    for batch in batches:
+        p = batch.prepared
+        tid = batch.topic.topic_id
+        for i, enc in enumerate(batch.encs):
+            headers = {H_SIZE: str(p.sizes[i])}
+            tag = p.tags.get(i) if p.tags else None
+            extra: dict[str, object] = {}
+            if tag is not None:
+                extra["t"] = tag
+            if p.nodes and i in p.nodes:
+                extra["n"] = p.nodes[i]
+            if p.prios and i in p.prios:
+                extra["p"] = p.prios[i]
+            if p.shapes and i in p.shapes:
+                extra["s"] = list(p.shapes[i])
+            if extra:
+                headers[H_EXTRA] = json.dumps(extra, separators=(",", ":"))
+            if i == 0:
+                headers[H_COUNT] = str(batch.count)
+                if batch.idem_key is not None:
+                    headers[H_KEY] = json.dumps(batch.idem_key)
+            msgs.append((store.subject(tid, tag), enc, headers))
+    return msgs
+
+
+def _entry(topic: Topic) -> dict[str, JsonValue]:
+    runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.export_evictions()]
+    return {
+        "id": topic.topic_id,
+        "name": topic.name,
+        "config": topic.config.to_wire(),
+        "floor": topic.evict_floor,
+        "runs": runs,
+        "last_write_ts": topic.last_write_ts,
+    }
+
+
+class JetStreamBackend:
+    """`StorageBackend` on JetStream (see the module docstring)."""
+
+    def __init__(self, cfg: Config, bridge: AsyncioBridge, store: JetStreamStore) -> None:
+        self.cfg = cfg
+        self.bridge = bridge
+        self.store = store
+        self._hooks: CommitHooks | None = None
+        self.engine: Engine | None = None
+        self._lanes: dict[int, _Lane] = {}
+        self._nursery: trio.Nursery | None = None
+        self._busy = 0  # lanes publishing
+        self._idle: trio.Event | None = None  # set when the last busy lane finishes
+        self.published_batches = 0  # JetStream publishes (several writes may share one)
+        self.failures = 0
+
+    async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
+        """Run a client call; a failure is `503 storage_unavailable` (retryable)."""
+        try:
+            return await self.bridge.call(factory)
+        except TopicdError:
+            raise
+        except Exception as exc:
+            raise StorageUnavailable(
+                f"JetStream: {str(exc) or type(exc).__name__}", {"backend": "jetstream"}
+            ) from exc
+
+    def lane(self, topic: Topic) -> _Lane:
+        lane = self._lanes.get(topic.topic_id)
+        if lane is None:
+            lane = self._lanes[topic.topic_id] = _Lane(topic)
+        return lane
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep(FLOOR_INTERVAL_S)
+                await self.write_floors()
+
+    async def drain(self) -> None:
+        """Wait for every accepted write to be published or failed, then write floors."""
+        while self._busy:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        await self.write_floors()
+
+    # ---- CommitPath --------------------------------------------------------------------
+
+    def attach(self, hooks: CommitHooks) -> None:
+        self._hooks = hooks
+
+    def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
+        lane = self._lanes.get(topic.topic_id)
+        if lane is not None and lane.diverged:
+            if not lane.resyncing and self._nursery is not None:
+                lane.resyncing = True
+                self._nursery.start_soon(self._resync_task, lane)
+            raise StorageUnavailable(
+                f"topic {topic.name!r}: its stream is being read back after a failed "
+                "JetStream write; retry shortly",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+        w = self.cfg.storage.wal
+        if (
+            not bypass
+            and lane is not None
+            and lane.full(nbytes, w.max_pending_per_topic, w.max_pending_bytes_per_topic)
+        ):
+            retry = self.engine.retry_hint_ms() if self.engine is not None else 100
+            raise Throttled.pressure(retry, cause="wal_ingest", scope="topic")
+
+    async def _resync_task(self, lane: _Lane) -> None:
+        try:
+            await self.resync(lane.topic)
+        finally:
+            lane.resyncing = False
+
+    async def resync(self, topic: Topic) -> bool:
+        """Make memory match the stream again after a write whose outcome was unknown or
+        whose fence failed: records the stream holds above the topic's head (the lost
+        write's, or another writer's) are read in, then writes resume. False (still
+        refusing writes) when the stream cannot be read or is behind memory."""
+        lane = self.lane(topic)
+        async with lane.resync_lock:  # one read-back at a time (admit starts them too)
+            return await self._resync(lane, topic)
+
+    async def _resync(self, lane: _Lane, topic: Topic) -> bool:
+        engine = self.engine
+        assert engine is not None
+        if lane.busy or lane.pending or topic.deleted:
+            await trio.lowlevel.checkpoint()
+            return False
+        try:
+            _, last = await self._call(partial(self.store.bounds, topic.topic_id))
+            if last < topic.head_seq:
+                log.error(
+                    "topic %r: its stream ends at %d, below the head %d in memory",
+                    topic.name,
+                    last,
+                    topic.head_seq,
+                )
+                return False
+            if last > topic.head_seq:
+                loaded = await _load_topic(
+                    engine, self, topic, engine.clock.now_ms, topic.head_seq + 1
+                )
+                engine.durable(topic, topic.head_seq)
+                self._release(topic)
+                log.warning("topic %r: %d records read back from its stream", topic.name, loaded)
+        except Exception as exc:
+            log.warning("topic %r: the stream cannot be read back yet: %s", topic.name, exc)
+            return False
+        topic.next_seq = topic.head_seq + 1
+        lane.diverged = False
+        return True
+
+    def backlog_full(self, topic: Topic) -> bool:
+        return False  # no checkpoint: nothing is pinned in memory waiting to be absorbed
+
+    async def wait_backlog(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def govern(self, pressure: float, commit_window_ms: float | None) -> None:
+        return None
+
+    def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
+        return []
+
+    def check_stalls(self, now: float) -> None:
+        return None
+
+    async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
+        lane = self.lane(topic)
+        w = self.cfg.storage.wal
+        while lane.full(nbytes, w.max_pending_per_topic, w.max_pending_bytes_per_topic):
+            if lane.room is None:
+                lane.room = trio.Event()
+            await lane.room.wait()
+        await trio.lowlevel.checkpoint()
+
+    def submit(self, batch: AppendBatch) -> None:
+        lane = self.lane(batch.topic)
+        lane.pending.append(batch)
+        lane.accepted += 1
+        lane.accepted_bytes += batch.nbytes
+        if not lane.busy:
+            lane.busy = True
+            self._busy += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._publish_lane, lane)
+
+    async def _publish_lane(self, lane: _Lane) -> None:
+        """Publish the lane's batches in seq order, several writes per JetStream batch."""
+        hooks = self._hooks
+        assert hooks is not None
+        try:
+            while lane.pending:
+                group = [lane.pending.popleft()]
+                total = group[0].count
+                while lane.pending and total + lane.pending[0].count <= BATCH_MAX:
+                    total += lane.pending[0].count
+                    group.append(lane.pending.popleft())
+                topic = lane.topic
+                expected = group[0].first_seq - 1
+                msgs = _encode_msgs(self.store, group)
+                t0 = trio.current_time()
+                try:
+                    last = await self.bridge.call(  # raw errors: `_settle` tells them apart
+                        partial(self.store.publish, topic.topic_id, expected, msgs)
+                    )
+                    committed = last == expected + total
+                    if not committed:
+                        log.error(
+                            "topic %r: JetStream stored seqs up to %d, expected %d",
+                            topic.name,
+                            last,
+                            expected + total,
+                        )
+                        lane.diverged = True
+                except Exception as exc:
+                    committed = await self._settle(lane, expected, msgs, exc)
+                ms = (trio.current_time() - t0) * 1000
+                self.published_batches += 1
+                if committed:
+                    for batch in group:
+                        batch.wal_append_ms = ms
+                        lane.settled(batch)
+                        hooks.publish_append(batch)
+                    self._release(topic)
+                else:
+                    self.failures += 1
+                    error: TopicdError = (
+                        TopicNotFound(topic.name)
+                        if topic.deleted
+                        else StorageUnavailable(
+                            f"topic {topic.name!r}: the JetStream write failed",
+                            {"topic": topic.name, "backend": "jetstream"},
+                        )
+                    )
+                    # the writes queued behind it expected its seqs: they fail with it
+                    group.extend(lane.pending)
+                    lane.pending.clear()
+                    for batch in group:
+                        lane.settled(batch)
+                        hooks.fail_append(batch, error)
+                    hooks.rewind(topic)
+        finally:
+            lane.busy = False
+            self._busy -= 1
+            if not self._busy and self._idle is not None:
+                self._idle.set()
+
+    async def _settle(
+        self,
+        lane: _Lane,
+        expected: int,
+        msgs: list[tuple[str, bytes, dict[str, str]]],
+        exc: Exception,
+    ) -> bool:
+        """A publish raised: decide whether it committed.
+
+        A server's answer (an API error: wrong last sequence, no such stream, a refused
+        batch) is final: not committed; a wrong last sequence means someone else moved
+        the stream, so memory cannot be trusted for this topic any more. Anything else
+        (a timeout, a lost connection) leaves the outcome open: the stream says whether
+        our last record sits at the seq it was meant for."""
+        import nats.js.errors
+
+        topic = lane.topic
+        if topic.deleted:
+            return False
+        if isinstance(exc, nats.js.errors.APIError):
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                log.error("topic %r: the stream moved under this front: %s", topic.name, exc)
+                lane.diverged = True
+            else:
+                log.warning("topic %r: JetStream refused a write: %s", topic.name, exc)
+            return False
+        target = expected + len(msgs)
+        try:
+            _, last = await self._call(partial(self.store.bounds, topic.topic_id))
+            stored = (
+                await self._call(partial(self.store.read, topic.topic_id, target, target, 1))
+                if last >= target
+                else []
+            )
+        except Exception as again:
+            log.error(
+                "topic %r: JetStream write failed (%s); its outcome is unknown (%s)",
+                topic.name,
+                exc,
+                again,
+            )
+            lane.diverged = True
+            return False
+        if stored and stored[0].seq == target and stored[0].data == msgs[-1][1]:
+            return True  # it landed: the answer was lost
+        if last != expected:
+            lane.diverged = True
+        log.warning("topic %r: JetStream write failed: %s", topic.name, exc)
+        return False
+
+    def _release(self, topic: Topic) -> None:
+        """Published records are in the stream: the payload cache may drop them."""
+        if self.engine is not None and not topic.deleted:
+            self.engine.payloads.release(topic, topic.head_seq)
+
+    async def control(
+        self,
+        topic: Topic,
+        frame: bytes | None,
+        apply: Callable[[], _T],
+        *,
+        sync: bool = True,
+        abandoned: Callable[[], None] | None = None,
+    ) -> _T:
+        """Make a control mutation durable in JetStream, then `apply` it (see
+        `CommitPath.control`). `apply` is always the last step, so anything raised here,
+        a cancellation included, means the mutation will never be applied."""
+        try:
+            return await self._control(topic, frame, apply)
+        except BaseException:
+            if abandoned is not None:
+                abandoned()
+            raise
+
+    async def _control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
+        if frame is None:
+            await trio.lowlevel.checkpoint()
+            return apply()
+        parsed = frames.read_frame(frame, 0, len(frame), len(frame) + 1)
+        assert parsed is not None
+        ftype = parsed.ftype
+        body = parsed.control()
+        tid = topic.topic_id
+        lane = self.lane(topic)
+        if ftype == frames.TOPIC_CREATE:
+            config = topic.config.to_wire()
+            check_config(config)
+            async with lane.registry_lock:
+                await self._call(partial(self.store.reserve_id, tid + 1))
+                await self._call(partial(self.store.create_stream, tid))
+                await self._call(partial(self.store.put_entry, tid, _entry(topic)))
+            return apply()
+        if ftype == frames.TOPIC_CONFIG:
+            wire = body["config"]
+            assert isinstance(wire, dict)
+            check_config(wire)
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            async with lane.registry_lock:
+                # the new config with the current floor: evictions the new caps cause
+                # are redone by a rebuild until the floor task stores them
+                entry = _entry(topic) | {"config": wire}
+                await self._call(partial(self.store.put_entry, tid, entry))
+                return apply()
+        if ftype == frames.TOPIC_DELETE:
+            async with lane.registry_lock:
+                await self._call(partial(self.store.delete_entry, tid))
+                try:
+                    result = apply()
+                except BaseException:  # `if_empty` and a write landed meanwhile
+                    entry = _entry(topic)
+                    with trio.CancelScope(shield=True):
+                        await self._call(partial(self.store.put_entry, tid, entry))
+                    raise
+            self._lanes.pop(tid, None)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._delete_stream, topic)
+            return result
+        if ftype == frames.RECORDS_DELETE and "seqs" not in body:
+            return await self._delete_records(topic, body, apply)
+        await trio.lowlevel.checkpoint()
+        raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
+
+    async def _delete_stream(self, topic: Topic) -> None:
+        """A deleted topic's stream goes after the answer (its registry entry is gone, so
+        a stream left behind by a failure here is an orphan the next start removes)."""
+        try:
+            await self._call(partial(self.store.delete_stream, topic.topic_id))
+        except Exception as exc:
+            log.warning("topic %r: stream not deleted: %s", topic.name, exc)
+
+    async def _delete_records(
+        self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]
+    ) -> _T:
+        before = body.get("before_seq")
+        bound = body["bound"]
+        match = body.get("match")
+        assert isinstance(bound, int)
+        below = bound + 1 if before is None else min(bound + 1, int(str(before)))
+        tid = topic.topic_id
+        if match is None:
+            await self._call(partial(self.store.purge, tid, below))
+        else:
+            assert isinstance(match, list)
+            op, value = str(match[0]), str(match[1])
+            if op == "Eq":
+                await self._call(partial(self.store.purge, tid, below, value))
+            else:  # a tag prefix is no subject filter: delete the matching records one by one
+                seqs = [
+                    s for s, tag in list(topic.tags.items()) if s < below and tag.startswith(value)
+                ]
+                await self._call(partial(self.store.delete_msgs, tid, seqs))
+        return apply()
+
+    def status(self) -> dict[str, JsonValue] | None:
+        return None
+
+    def check_all(self) -> None:
+        return None
+
+    # ---- StorageBackend ----------------------------------------------------------------
+
+    async def checkpoint(self, *, final: bool = False) -> bool:
+        await trio.lowlevel.checkpoint()
+        return True
+
+    async def read_stored(self, topic: Topic, seq: int, min_visible: int) -> bytes | None:
+        if seq < min_visible:
+            await trio.lowlevel.checkpoint()
+            return None
+        got = await self.read_stored_range(topic, seq, seq, 1)
+        return got.get(seq)
+
+    async def read_stored_range(
+        self, topic: Topic, lo: int, hi: int, max_bytes: int
+    ) -> dict[int, bytes]:
+        tid = topic.topic_id
+        msgs = await self._call(
+            partial(self.store.read, tid, lo, hi, max(1, min(max_bytes, READ_PAGE_BYTES)))
+        )
+        return {m.seq: m.data for m in msgs if topic.live(m.seq)}
+
+    def storage_stats(self) -> dict[str, int]:
+        return {}
+
+    # ---- floors ------------------------------------------------------------------------
+
+    async def write_floors(self) -> None:
+        """Registry first, then purge: a floor never goes back after a restart."""
+        engine = self.engine
+        if engine is None:
+            return
+        for topic in list(engine.topics.values()):
+            lane = self.lane(topic)
+            floor = topic.evict_floor
+            if floor <= lane.floor_written or topic.deleted:
+                continue
+            tid = topic.topic_id
+            try:
+                async with lane.registry_lock:
+                    if engine.by_id.get(tid) is not topic:  # deleted while we waited
+                        continue
+                    entry = _entry(topic)
+                    await self._call(partial(self.store.put_entry, tid, entry))
+                    lane.floor_written = floor
+                await self._call(partial(self.store.purge, tid, floor))
+            except Exception as exc:
+                log.warning("topic %r: eviction floor not stored yet: %s", topic.name, exc)
+
+
+_FEATURES: Final = {
+    frames.ROUTER_CREATE: "routers",
+    frames.ROUTER_DELETE: "routers",
+    frames.ROUTER_CURSOR: "routers",
+    frames.LEASE: "queue leases",
+    frames.RECORDS_DELETE: "queue acks",
+    frames.LOST_RANGE: "lost ranges",
+    frames.HEAD_WATERMARK: "seq reservations",
+    frames.EVICT_WATERMARK: "eviction watermarks",
+}
+
+
+# ---- rebuild ---------------------------------------------------------------------------
+
+
+def _extras(headers: dict[str, str]) -> dict[str, object]:
+    raw = headers.get(H_EXTRA)
+    if raw is None:
+        return {}
+    obj = json.loads(raw)
+    assert isinstance(obj, dict)
+    return obj
+
+
+async def _rebuild(
+    engine: Engine, backend: JetStreamBackend, now_ms: Callable[[], int]
+) -> tuple[int, int]:
+    """Load every registered topic and its stream into `engine`; returns (topics, records)."""
+    store = backend.store
+    await backend.bridge.call(store.open_registry)
+    next_id, entries = await backend.bridge.call(store.registry)
+    streams = set(await backend.bridge.call(store.stream_ids))
+    for orphan in sorted(streams - set(entries)):
+        log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
+        await backend.bridge.call(partial(store.delete_stream, orphan))
+    engine.replaying = True
+    records = 0
+    for tid in sorted(entries):
+        entry = entries[tid]
+        name = entry["name"]
+        assert isinstance(name, str)
+        topic = Topic(name, tid, config_from_wire(entry["config"]), name_json=orjson.dumps(name))
+        engine.apply_create(topic)
+        if tid not in streams:
+            await backend.bridge.call(partial(store.create_stream, tid))
+        floor = entry.get("floor", 1)
+        runs = entry.get("runs", [])
+        assert isinstance(floor, int)
+        assert isinstance(runs, list)
+        if floor > 1:
+            # below the stored floor everything is evicted, whatever the stream still
+            # holds (a purge the last front did not get to): start above it
+            topic.evictions.load([(int(a), int(b), str(c)) for a, b, c in runs])
+            topic.evict_floor = floor
+            topic.skip_to(floor - 1)
+        records += await _load_topic(engine, backend, topic, now_ms, floor)
+        if floor > 1:
+            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
+        lane = backend.lane(topic)
+        lane.floor_written = floor
+        last_write = entry.get("last_write_ts")
+        if topic.last_write_ts is None and isinstance(last_write, int):
+            topic.last_write_ts = last_write
+        engine.next_topic_id = max(engine.next_topic_id, tid + 1)
+    engine.next_topic_id = max(engine.next_topic_id, next_id)
+    engine.finish_replay(now_ms())
+    for topic in engine.topics.values():
+        engine.payloads.release(topic, topic.head_seq)
+    return len(entries), records
+
+
+async def _load_topic(
+    engine: Engine,
+    backend: JetStreamBackend,
+    topic: Topic,
+    now_ms: Callable[[], int],
+    from_seq: int = 1,
+) -> int:
+    """Publish the stored records of `topic` from `from_seq` on into memory, at their
+    stream seqs (memory holds nothing at or above `from_seq`)."""
+    store = backend.store
+    tid = topic.topic_id
+    first, last = await backend.bridge.call(partial(store.bounds, tid))
+    loaded = 0
+    seq = max(first, from_seq)
+    keys: list[tuple[str, int, int, int]] = []  # (idempotency key, first seq, count, $ts)
+    # a write's records, grouped back: (first seq, ts, key, count)
+    while last and seq <= last:
+        msgs = await backend.bridge.call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
+        if not msgs:
+            break
+        i = 0
+        while i < len(msgs):
+            # one contiguous run of one write (same $ts, consecutive seqs, no new write)
+            j = i + 1
+            ts = _ts(msgs[i].data)
+            while (
+                j < len(msgs)
+                and msgs[j].seq == msgs[j - 1].seq + 1
+                and H_COUNT not in msgs[j].headers
+                and _ts(msgs[j].data) == ts
+            ):
+                j += 1
+            run = msgs[i:j]
+            start = run[0].seq
+            if start > topic.head_seq + 1:
+                topic.skip_to(start - 1)
+            encs = [m.data for m in run]
+            sizes = [int(m.headers.get(H_SIZE, len(m.data))) for m in run]
+            tags: dict[int, str] = {}
+            nodes: dict[int, str] = {}
+            prios: dict[int, int] = {}
+            shapes: dict[int, tuple[int, int]] = {}
+            for k, m in enumerate(run):
+                extra = _extras(m.headers)
+                if "t" in extra:
+                    tags[k] = str(extra["t"])
+                if "n" in extra:
+                    nodes[k] = str(extra["n"])
+                if "p" in extra:
+                    prios[k] = int(str(extra["p"]))
+                if "s" in extra:
+                    s = extra["s"]
+                    assert isinstance(s, list)
+                    shapes[k] = (int(s[0]), int(s[1]))
+            key_raw = run[0].headers.get(H_KEY)
+            if key_raw is not None:
+                count = int(run[0].headers.get(H_COUNT, len(run)))
+                keys.append((str(json.loads(key_raw)), start, count, ts))
+            engine.apply_records(
+                topic,
+                start,
+                ts,
+                encs,
+                sizes,
+                sum(sizes),
+                tags,
+                nodes,
+                prios,
+                shapes,
+                now_ms(),
+            )
+            loaded += len(run)
+            i = j
+        seq = msgs[-1].seq + 1
+    if last > topic.head_seq:
+        topic.skip_to(last)
+    topic.next_seq = topic.head_seq + 1
+    _restore_keys(engine, topic, keys, now_ms())
+    return loaded
+
+
+def _restore_keys(
+    engine: Engine, topic: Topic, keys: list[tuple[str, int, int, int]], now: int
+) -> None:
+    """Remember the idempotency keys whose window is still open, with their writes'
+    results (a write's records may have been read in several pages)."""
+    window = topic.config.idempotency_window_ms
+    for key, first, count, ts in keys:
+        if ts + window <= now or engine.idem.lookup(topic.topic_id, key, now) is not None:
+            continue
+        try:
+            entry = engine.idem.begin(topic.topic_id, key, now)
+        except Throttled:
+            return  # the store is full of live entries: the rest are not remembered
+        engine.idem.resolve(
+            topic.topic_id,
+            key,
+            entry,
+            first_seq=first,
+            count=count,
+            head_seq=first + count - 1,
+            expires_ms=ts + window,
+            now_ms=now,
+        )
+
+
+def _ts(data: bytes) -> int:
+    m = _TS.match(data)
+    if m is None:
+        raise ValueError("a stored record without $seq/$ts")
+    return int(m.group(1))
+
+
+@asynccontextmanager
+async def open_jetstream_engine(
+    cfg: Config, clock: WallClock, *, bridge: AsyncioBridge | None = None
+) -> AsyncIterator[Engine]:
+    """Connect to JetStream, rebuild the engine from it, run it; drain on exit."""
+    from topicd.config import record_frame_bound
+
+    if cfg.protocol.max_batch_records > BATCH_MAX:
+        log.info(
+            "jetstream backend: protocol.max_batch_records %d lowered to %d (atomic batch ceiling)",
+            cfg.protocol.max_batch_records,
+            BATCH_MAX,
+        )
+        cfg = dataclasses.replace(
+            cfg, protocol=dataclasses.replace(cfg.protocol, max_batch_records=BATCH_MAX)
+        )
+    own_bridge = bridge is None
+    if bridge is None:
+        bridge = AsyncioBridge()
+        bridge.start()
+    store = JetStreamStore(cfg)
+    try:
+        try:
+            max_payload = await bridge.call(store.connect)
+        except Exception as exc:
+            reason = store.last_error if isinstance(exc, TimeoutError) else None
+            reason = reason or exc
+            raise JetStreamUnavailable(
+                f"cannot use JetStream at {', '.join(store.servers)}: "
+                f"{str(reason) or type(reason).__name__}"
+            ) from exc
+        need = record_frame_bound(cfg.protocol)
+        if max_payload < need:
+            raise JetStreamUnavailable(
+                f"the NATS servers accept messages up to {max_payload} bytes; one record "
+                f"the protocol limits accept can need {need}: set max_payload to at least "
+                f"{need} in the servers' configuration, or lower protocol.max_record_bytes"
+            )
+        t0 = trio.current_time()
+        # a cluster electing leaders (a server just stopped) answers with timeouts for a
+        # few seconds: the rebuild starts over on a fresh engine until the bound
+        deadline = t0 + REBUILD_ATTEMPTS_TIMEOUTS * store.timeout
+        while True:
+            backend = JetStreamBackend(cfg, bridge, store)
+            engine = Engine(cfg, clock, backend)
+            engine.routers = RefusingRouters(engine)
+            backend.engine = engine
+            try:
+                topics, records = await _rebuild(engine, backend, clock.now_ms)
+                break
+            except Exception as exc:
+                if trio.current_time() + REBUILD_RETRY_S >= deadline:
+                    raise JetStreamUnavailable(
+                        f"cannot rebuild from JetStream at {', '.join(store.servers)}: "
+                        f"{str(exc) or type(exc).__name__}"
+                    ) from exc
+                log.warning("rebuild from JetStream failed (%s); trying again", exc)
+                await trio.sleep(REBUILD_RETRY_S)
+        engine.recovery = {"duration_ms": (trio.current_time() - t0) * 1000}
+        log.info(
+            "rebuilt %d topics (%d records) from JetStream %s in %.3f s",
+            topics,
+            records,
+            ", ".join(store.servers),
+            trio.current_time() - t0,
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.run)
+            await nursery.start(engine.run)
+            try:
+                yield engine
+            finally:
+                engine.closed = True
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(cfg.storage.snapshot.final_timeout_ms / 1000),
+                ):
+                    await backend.drain()
+                nursery.cancel_scope.cancel("storage closed")
+    finally:
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(Exception):
+                await bridge.call(store.close)
+            if own_bridge:
+                await trio.to_thread.run_sync(bridge.close)
