@@ -98,6 +98,23 @@ class TopicConfig:
         return out
 
 
+_SHARED_CONFIGS: dict[TopicConfig, TopicConfig] = {}
+_SHARED_CONFIGS_MAX: Final = 4096
+
+
+def shared_config(config: TopicConfig) -> TopicConfig:
+    """One instance per distinct config (configs are frozen): 100,000 topics with the
+    default config hold one object, not 100,000. The table is bounded; past its size it
+    starts over (sharing is only a saving, never a meaning)."""
+    found = _SHARED_CONFIGS.get(config)
+    if found is not None:
+        return found
+    if len(_SHARED_CONFIGS) >= _SHARED_CONFIGS_MAX:
+        _SHARED_CONFIGS.clear()
+    _SHARED_CONFIGS[config] = config
+    return config
+
+
 def offsets(enc: bytes, shape: Shape | None) -> tuple[int, int]:
     """(end of the `$seq`/`$ts`/`$node`/`$priority` head, offset of `,"data":`)."""
     m = _HEAD.match(enc)

@@ -114,7 +114,7 @@ async def test_on_drain_hook_sees_every_range_once_in_order(autojump_clock):
         await engine.put_topic("t", None)
         topic = engine.topics["t"]
         ranges: list[tuple[int, int]] = []
-        topic.on_drain.append(lambda t, a, b: ranges.append((a, b)))
+        topic.on_drain += (lambda t, a, b: ranges.append((a, b)),)
         for i in range(7):
             await engine.append("t", write_req(i))
             if i % 3 == 0:

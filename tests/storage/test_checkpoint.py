@@ -220,8 +220,14 @@ async def test_records_trail_the_body_in_pieces_and_read_back_exactly(monkeypatc
     first: list[bytes | None] = [b'{"a":%d}' % i if i % 4 else None for i in range(10)]
     second: list[bytes | None] = [b'"x"', b"1.10"]
     pieces = snapshot.encode(capture_of(run_copy(1, first), run_copy(11, second)))
-    header, _body, *records = pieces
+    header, *rest = pieces
     assert len(header) == snapshot.HEADER.size
+    length, k = snapshot.HEADER.unpack(header)[3], 0  # the body's pieces come first
+    while length > 0:
+        length -= len(rest[k])
+        k += 1
+    assert length == 0
+    records = rest[k:]
     assert all(len(p) <= 3 * 8 for p in records)  # at most CHUNK_RECORDS records a piece
     assert b"".join(records) == b"".join(e for e in first + second if e is not None)
     body = snapshot.decode(b"".join(pieces))

@@ -142,7 +142,7 @@ async def test_process_crash_of_disk_class_makes_no_lost_range():
         records, tomb = await dump(engine, "d")
         assert len(records) == 2
         assert tomb is None
-        assert engine.get("d").lost_ranges == []
+        assert engine.get("d").lost_ranges == ()
 
 
 async def test_idempotency_survives_a_restart():

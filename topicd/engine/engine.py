@@ -43,7 +43,7 @@ from topicd.errors import (
     TopicNotEmpty,
     TopicNotFound,
 )
-from topicd.model import Shape, TopicConfig
+from topicd.model import Shape, TopicConfig, shared_config
 from topicd.sched.classes import Budget, give_back
 from topicd.sched.governor import Governor, Sources, retry_after_ms
 from topicd.sched.saturation import SaturationRegistry
@@ -122,6 +122,9 @@ class Engine:
         # the queues (re-captured every time): an incremental checkpoint's work list
         self.changed_topics: set[Topic] = set()
         self.queue_topics: set[Topic] = set()
+        # ids of the topics deleted since a checkpoint's capture last took this list: its
+        # entries to drop without comparing every id (`topicd.storage.snapshot`)
+        self.deleted_ids: list[int] = []
         self.payloads.loader = self._load_stored
         self.commit: StorageBackend = commit or InMemoryCommitPath()
         self.commit.attach(self)
@@ -415,7 +418,7 @@ class Engine:
     def apply_config(self, topic: Topic, config: TopicConfig, now_ms: int) -> None:
         if topic.deleted:
             raise TopicNotFound(topic.name)
-        topic.config = config
+        topic.config = shared_config(config)
         topic.mark_changed()
         if config.ttl_ms > 0:
             self._ttl_topics.add(topic)
@@ -436,6 +439,8 @@ class Engine:
                     {"topic": topic.name, "count": topic.count},
                 )
         del self.by_id[topic.topic_id]
+        if self.checkpointer is not None:  # (nothing else consumes the list)
+            self.deleted_ids.append(topic.topic_id)
         if not self.replaying:
             del self.topics[topic.name]
             del self._names[bisect.bisect_left(self._names, topic.name)]

@@ -36,11 +36,12 @@ import bisect
 import enum
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeAlias, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 import trio
 
-from topicd.model import project
+from topicd.model import project, shared_config
 from topicd.sched.bands import Slot
 
 if TYPE_CHECKING:
@@ -52,6 +53,16 @@ if TYPE_CHECKING:
     from topicd.model import Shape, TopicConfig
 
 _RUNS_MAX: Final = 64
+# the extras maps of a topic that has none (most) are one shared map that refuses writes:
+# a write site first gives the topic its own dict (`if not t.tags: t.tags = {}`)
+_NO_EXTRAS: Final[MappingProxyType[object, object]] = MappingProxyType({})
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def no_extras() -> dict[_K, _V]:
+    """The shared empty map (typed as a dict for readers; it refuses writes)."""
+    return cast("dict[_K, _V]", _NO_EXTRAS)
 
 
 class Evicted(enum.Enum):
@@ -141,10 +152,13 @@ class EvictionRuns:
     __slots__ = ("_runs",)
 
     def __init__(self) -> None:
-        self._runs: list[list[int | str]] = []
+        self._runs: list[list[int | str]] | None = None  # (made by the first eviction)
 
     def add(self, lo: int, hi: int, reason: str) -> None:
         runs = self._runs
+        if runs is None:
+            self._runs = [[lo, hi, reason]]
+            return
         if runs and runs[-1][2] == reason:
             runs[-1][1] = hi
             return
@@ -154,14 +168,14 @@ class EvictionRuns:
             runs[0:2] = [[a[0], b[1], a[2] if a[2] == b[2] else "mixed"]]
 
     def export(self) -> list[tuple[int, int, str]]:
-        return [(int(lo), int(hi), str(reason)) for lo, hi, reason in self._runs]
+        return [(int(lo), int(hi), str(reason)) for lo, hi, reason in self._runs or ()]
 
     def load(self, runs: list[tuple[int, int, str]]) -> None:
-        self._runs = [[lo, hi, reason] for lo, hi, reason in runs]
+        self._runs = [[lo, hi, reason] for lo, hi, reason in runs] or None
 
     def reason_for(self, lo: int, hi: int) -> str:
         found: set[str] = set()
-        for r_lo, r_hi, reason in self._runs:
+        for r_lo, r_hi, reason in self._runs or ():
             assert isinstance(r_lo, int)
             assert isinstance(r_hi, int)
             assert isinstance(reason, str)
@@ -187,17 +201,23 @@ class TagIndex:
     __slots__ = ("_by_tag", "_new_tags", "_sorted", "live", "stale")
 
     def __init__(self) -> None:
-        self._by_tag: dict[str, list[int]] = {}
-        self._sorted: list[str] = []
-        self._new_tags: list[str] = []
+        # (made by the first tag: most topics have none)
+        self._by_tag: dict[str, list[int]] = no_extras()
+        self._sorted: list[str] | None = None
+        self._new_tags: list[str] | None = None
         self.live = 0
         self.stale = 0
 
     def add(self, tag: str, seq: int) -> None:
         seqs = self._by_tag.get(tag)
         if seqs is None:
+            if not self._by_tag:
+                self._by_tag = {}
             self._by_tag[tag] = [seq]
-            self._new_tags.append(tag)
+            if self._new_tags is None:
+                self._new_tags = [tag]
+            else:
+                self._new_tags.append(tag)
         else:
             seqs.append(seq)
         self.live += 1
@@ -211,9 +231,9 @@ class TagIndex:
 
     def rebuild(self, live: Iterable[tuple[int, str]]) -> None:
         """Rebuild from the live `(seq, tag)` pairs, in ascending seq order."""
-        self._by_tag = {}
-        self._sorted = []
-        self._new_tags = []
+        self._by_tag = no_extras()
+        self._sorted = None
+        self._new_tags = None
         self.live = 0
         self.stale = 0
         for seq, tag in live:
@@ -225,10 +245,12 @@ class TagIndex:
     def prefix(self, prefix: str) -> list[list[int]]:
         """Seq lists of every tag starting with `prefix` (all tags for "")."""
         if self._new_tags:
+            if self._sorted is None:
+                self._sorted = []
             self._sorted.extend(sorted(self._new_tags))
             self._sorted.sort()  # two sorted runs: timsort merges them in O(n)
-            self._new_tags = []
-        tags = self._sorted
+            self._new_tags = None
+        tags = self._sorted or []
         out: list[list[int]] = []
         i = bisect.bisect_left(tags, prefix)
         while i < len(tags) and tags[i].startswith(prefix):
@@ -257,18 +279,70 @@ class Run:
 
 
 class Topic:
-    """One instance of a named topic (delete + recreate makes a new instance)."""
+    """One instance of a named topic (delete + recreate makes a new instance).
+
+    Slotted: a topic without slots carries a ~5 KiB instance dict (more attributes than a
+    shared-key dict holds), the bulk of a small topic's memory at 100,000 topics."""
+
+    __slots__ = (
+        "_evictions",
+        "_tag_index",
+        "_wakeup",
+        "absorbed_to",
+        "bytes",
+        "cache",
+        "cached",
+        "changed",
+        "config",
+        "count",
+        "deleted",
+        "deleting",
+        "drained_strong",
+        "drained_to",
+        "durable_head",
+        "earliest_seq",
+        "evict_floor",
+        "head_seq",
+        "hops",
+        "last_read_ts",
+        "last_ts",
+        "last_write_ts",
+        "lost_ranges",
+        "name",
+        "name_json",
+        "next_seq",
+        "nodes",
+        "on_drain",
+        "pending_bytes",
+        "pending_records",
+        "prios",
+        "queue",
+        "released",
+        "reserved_head",
+        "runs",
+        "seg_killed",
+        "seg_tail",
+        "shapes",
+        "slot",
+        "tags",
+        "topic_id",
+        "tracker",
+        "trims",
+    )
 
     def __init__(self, name: str, topic_id: int, config: TopicConfig, *, name_json: bytes) -> None:
         self.name = name
-        self.name_json = name_json
+        # a tight copy: `orjson.dumps` returns its output in a ~4 KiB buffer it never
+        # shrinks, which held this short string 100 times over
+        self.name_json = bytes(memoryview(name_json))
         self.topic_id = topic_id
-        self.config = config
+        self.config = shared_config(config)
         self.runs: list[Run] = [Run(1)]
-        self.tags: dict[int, str] = {}
-        self.nodes: dict[int, str] = {}
-        self.prios: dict[int, int] = {}
-        self.shapes: dict[int, Shape] = {}
+        # sparse per-seq extras; `no_extras()` (shared, read-only) until the first entry
+        self.tags: dict[int, str] = no_extras()
+        self.nodes: dict[int, str] = no_extras()
+        self.prios: dict[int, int] = no_extras()
+        self.shapes: dict[int, Shape] = no_extras()
         self.head_seq = 0
         self.next_seq = 1
         self.earliest_seq = 1
@@ -280,8 +354,9 @@ class Topic:
         self.last_read_ts: int | None = None
         self.pending_records = 0
         self.pending_bytes = 0
-        self.tag_index = TagIndex()
-        self.evictions = EvictionRuns()
+        # (made on first use: most topics never tag a record nor evict one)
+        self._tag_index: TagIndex | None = None
+        self._evictions: EvictionRuns | None = None
         self.deleted = False
         # something the snapshot records changed since the last checkpoint captured the
         # topic (set by every such mutation; checkpoints re-capture only these)
@@ -289,11 +364,12 @@ class Topic:
         self.tracker: set[Topic] | None = None  # the engine's set of changed topics
         self.deleting: trio.Event | None = None  # set while a delete is being committed
         self.reserved_head = 0  # durable seq reservation (storage): seqs ≤ it may be used
-        self.lost_ranges: list[tuple[int, int]] = []  # (gap_from, gap_to), ascending
+        # (gap_from, gap_to), ascending; tuples, replaced on change (an empty one is shared)
+        self.lost_ranges: tuple[tuple[int, int], ...] = ()
         # router destinations: seqs whose source record was gone before it was copied
         # (`source_trim` tombstones), and the hop count of each derived copy (routers)
-        self.trims: list[tuple[int, int]] = []
-        self.hops: dict[int, int] = {}
+        self.trims: tuple[tuple[int, int], ...] = ()
+        self.hops: dict[int, int] = no_extras()
         self._wakeup: trio.Event | None = None
         # delivery (topicd.sched): the scheduler's slot, how far drains have pushed, and
         # the highest seq known to be on disk (what `consistency:"strong"` watchers see)
@@ -301,20 +377,38 @@ class Topic:
         self.durable_head = 0
         self.drained_to = 0
         self.drained_strong = 0
-        self.on_drain: list[Callable[[Topic, int, int], None]] = []  # drain hooks (tests)
+        self.on_drain: tuple[Callable[[Topic, int, int], None], ...] = ()  # hooks (tests)
         # a queue topic's lease table and claim index (`engine.queues`), told of every
         # published and every removed record; None for a log topic
         self.queue: JobQueue | None = None
         # segments (storage): records up to `seg_tail` were copied into segment files by
         # a checkpoint; those killed since are listed so the next one flips their flags
         self.seg_tail = 0
-        self.seg_killed: list[int] = []
+        self.seg_killed: list[int] | None = None  # (made by the first)
         # the payload cache (`topicd.engine.payloads`): chunks below `released` are
         # absorbed (evictable); `cached` are those of them in the LRU
         self.cache: PayloadCache | None = None
         self.absorbed_to = 0  # records up to here are in segments (only they can be evicted)
         self.released = 0
         self.cached: set[int] | None = None  # (created with the first: most topics never)
+
+    @property
+    def tag_index(self) -> TagIndex:
+        index = self._tag_index
+        if index is None:
+            index = self._tag_index = TagIndex()
+        return index
+
+    @property
+    def evictions(self) -> EvictionRuns:
+        runs = self._evictions
+        if runs is None:
+            runs = self._evictions = EvictionRuns()
+        return runs
+
+    def export_evictions(self) -> list[tuple[int, int, str]]:
+        """The eviction runs as a snapshot stores them (without making any)."""
+        return [] if self._evictions is None else self._evictions.export()
 
     def mark_changed(self) -> None:
         """Something the snapshot records changed: the next checkpoint captures the topic
@@ -459,16 +553,24 @@ class Topic:
         run.sizes.extend(sizes)
         if tags:
             index = self.tag_index
+            if not self.tags:
+                self.tags = {}
             for i, tag in tags.items():
                 self.tags[first_seq + i] = tag
                 index.add(tag, first_seq + i)
         if nodes:
+            if not self.nodes:
+                self.nodes = {}
             for i, node in nodes.items():
                 self.nodes[first_seq + i] = node
         if prios:
+            if not self.prios:
+                self.prios = {}
             for i, prio in prios.items():
                 self.prios[first_seq + i] = prio
         if shapes:
+            if not self.shapes:
+                self.shapes = {}
             for i, shape in shapes.items():
                 self.shapes[first_seq + i] = shape
         self.head_seq = first_seq + n - 1
@@ -497,8 +599,7 @@ class Topic:
         """Record seqs possibly lost in a crash (recovery); reads announce them."""
         assert gap_from <= gap_to
         self.mark_changed()
-        self.lost_ranges.append((gap_from, gap_to))
-        self.lost_ranges.sort()
+        self.lost_ranges = tuple(sorted([*self.lost_ranges, (gap_from, gap_to)]))
         self.skip_to(gap_to)
 
     def publish_derived(self, ts: int, slots: list[DerivedSlot]) -> int:
@@ -542,15 +643,25 @@ class Topic:
 
     def _extras(self, seq: int, slot: DerivedSlot) -> None:
         if slot.tag is not None:
+            if not self.tags:
+                self.tags = {}
             self.tags[seq] = slot.tag
             self.tag_index.add(slot.tag, seq)
         if slot.node is not None:
+            if not self.nodes:
+                self.nodes = {}
             self.nodes[seq] = slot.node
         if slot.prio:
+            if not self.prios:
+                self.prios = {}
             self.prios[seq] = slot.prio
         if slot.shape is not None:
+            if not self.shapes:
+                self.shapes = {}
             self.shapes[seq] = slot.shape
         if slot.hop:
+            if not self.hops:
+                self.hops = {}
             self.hops[seq] = slot.hop
 
     def insert_derived(self, placed: dict[int, tuple[int, DerivedSlot]]) -> int:
@@ -601,10 +712,9 @@ class Topic:
         self.mark_changed()
         trims = self.trims
         if trims and trims[-1][1] + 1 == gap_from:
-            trims[-1] = (trims[-1][0], gap_to)
+            self.trims = (*trims[:-1], (trims[-1][0], gap_to))
         else:
-            trims.append((gap_from, gap_to))
-            trims.sort()
+            self.trims = tuple(sorted([*trims, (gap_from, gap_to)]))
 
     # ---- retention --------------------------------------------------------------------
 
@@ -639,10 +749,11 @@ class Topic:
         self.mark_changed()
         self.evictions.add(self.evict_floor, seq, reason)
         self.evict_floor = seq + 1
-        while self.lost_ranges and self.lost_ranges[0][1] < seq:
-            del self.lost_ranges[0]  # absorbed: the cap/TTL tombstone now covers it
-        while self.trims and self.trims[0][1] < seq:
-            del self.trims[0]
+        if self.lost_ranges and self.lost_ranges[0][1] < seq:
+            # absorbed: the cap/TTL tombstone now covers it
+            self.lost_ranges = tuple(r for r in self.lost_ranges if r[1] >= seq)
+        if self.trims and self.trims[0][1] < seq:
+            self.trims = tuple(r for r in self.trims if r[1] >= seq)
         size = self._kill(seq, self.runs[0])
         self._advance_earliest()
         return size
@@ -657,7 +768,10 @@ class Topic:
         self.mark_changed()
         size = run.sizes[i]
         if seq <= self.seg_tail:
-            self.seg_killed.append(seq)
+            if self.seg_killed is None:
+                self.seg_killed = [seq]
+            else:
+                self.seg_killed.append(seq)
         self.count -= 1
         self.bytes -= size
         if self.tags and self.tags.pop(seq, None) is not None:
@@ -757,8 +871,9 @@ class Topic:
         return deleted, freed
 
     def _tidy_tag_index(self) -> None:
-        if self.tag_index.needs_rebuild():
-            self.tag_index.rebuild(self.tags.items())  # insertion order is seq order
+        index = self._tag_index
+        if index is not None and index.needs_rebuild():
+            index.rebuild(self.tags.items())  # insertion order is seq order
 
     # ---- read side --------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ _T = TypeVar("_T")
 N_BANDS: Final = 5
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot(Generic[_T]):
     """Scheduling state of one topic (lives on the topic)."""
 

@@ -6,8 +6,10 @@ and anything was written; checked every `check_interval_ms`. A final one runs at
 graceful shutdown, after the WAL drained and synced, with every seq reservation released
 to its head so a clean restart resumes with no gap.
 
-Steps: capture (one synchronous step on the loop: the topics that changed since the
-last checkpoint, slices of their records to absorb, per-shard WAL positions) → absorb
+Steps: capture (on the loop, in steps that yield: the topics that changed since the
+last checkpoint, slices of their records to absorb, and at the end, in one synchronous
+step, whatever changed meanwhile and the per-shard WAL positions;
+`snapshot.capture_stepwise`) → absorb
 into segments and encode (offloaded) → write, sync, rename, sync `meta/` (shielded) →
 install the new segment registry and release the absorbed records' payloads to the
 payload cache → remove WAL files that
@@ -18,14 +20,16 @@ failure is logged, counted and retried at the next check; the WAL keeps its file
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
+from topicd.sched.classes import Budget
 from topicd.storage import snapshot
-from topicd.storage.segments import SegmentStore
+from topicd.storage.segments import AbsorbOutcome, SegmentStore
 from topicd.storage.wal import WalCommitPath, parse_wal_name
 
 if TYPE_CHECKING:
@@ -44,6 +48,9 @@ log = logging.getLogger("topicd.checkpoint")
 # durable writes wait (then get `429 wal_ingest`) once the WAL bytes written since the
 # newest snapshot's capture reach this many `storage.snapshot.wal_bytes_threshold`s
 BACKLOG_THRESHOLDS = 2
+
+# topics installed per loop turn after a checkpoint (`Checkpointer._install`)
+_INSTALL_TOPICS: Final = 1024
 
 
 def _remove_wal_files(fs: Fs, root: str, doomed: Callable[[int, int], bool]) -> int:
@@ -191,17 +198,64 @@ class Checkpointer:
             if self.due():
                 await self.checkpoint()
 
+    async def _install(
+        self, outcome: AbsorbOutcome, cap: snapshot.Capture, budget: Budget
+    ) -> list[str]:
+        """The snapshot is durable: install the new segment registry and release the
+        absorbed records' payloads to the payload cache (their bytes may leave memory),
+        `_INSTALL_TOPICS` topics at a time with yields between (a topic is installed
+        whole: readers see its old registry or its new one; the old files stay until the
+        next checkpoint). Returns what the new registry no longer references."""
+        by_id = self.engine.by_id
+        payloads = self.engine.payloads
+        items = list(outcome.topics.items())
+        doomed: list[str] = []
+        for i in range(0, len(items), _INSTALL_TOPICS):
+            part = dict(items[i : i + _INSTALL_TOPICS])
+            # (the outcome's per-topic parts for these topics; its totals come once, below)
+            doomed += self.segments.install(
+                dataclasses.replace(
+                    outcome,
+                    topics=part,
+                    gone_dirs=[],
+                    records=0,
+                    bytes=0,
+                    relocated_bytes=0,
+                    tier_due=outcome.tier_due & part.keys(),
+                )
+            )
+            for tid, res in part.items():
+                topic = by_id.get(tid)
+                if topic is not None:
+                    payloads.release(topic, res.state.absorbed)
+            await budget.pause()
+        doomed += self.segments.install(dataclasses.replace(outcome, topics={}, tier_due=set()))
+        encoded = list(cap.encoded.items())
+        for i in range(0, len(encoded), _INSTALL_TOPICS * 8):
+            cap.entries.update(encoded[i : i + _INSTALL_TOPICS * 8])
+            await budget.pause()
+        self._encoded = cap.entries
+        return doomed
+
     async def checkpoint(self, *, final: bool = False) -> bool:
         """Take one checkpoint; True on success. Never raises for I/O errors."""
         async with self._lock, self.engine.maintenance:
             t0 = trio.current_time()
-            written = self._written()
-            positions = [(shard.file_index, shard.tail) for shard in self.wal.shards]
             now_ms = self.clock.now_ms()
-            cap = snapshot.capture(
+            classes = self.cfg.classes
+            budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
+            written = 0
+
+            def at() -> list[tuple[int, int]]:  # the WAL positions the cut reflects
+                nonlocal written
+                written = self._written()
+                return [(shard.file_index, shard.tail) for shard in self.wal.shards]
+
+            cap, positions = await snapshot.capture_stepwise(
                 self.engine,
-                positions,
+                at,
                 now_ms,
+                budget.tick,
                 final=final,
                 segments=self.segments,
                 absorb=True,
@@ -232,23 +286,16 @@ class Checkpointer:
                 for work in cap.works:  # their delete flags are flipped next time
                     topic = self.engine.by_id.get(work.topic_id)
                     if topic is not None:
-                        topic.seg_killed[:0] = work.flips
+                        topic.seg_killed = work.flips + (topic.seg_killed or [])
                 for topic in cap.captured:  # captured again next time
                     topic.mark_changed()
+                self.engine.deleted_ids[:0] = cap.deleted_ids
                 self.failures += 1
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
                 return False
             self.number = number
-            doomed = self.segments.install(outcome)
-            cap.entries.update(cap.encoded)
-            self._encoded = cap.entries
-            # what the snapshot now names is durable in segments: its payloads may leave
-            # memory (the payload cache evicts down to its bound)
-            by_id = self.engine.by_id
-            for tid, res in outcome.topics.items():
-                topic = by_id.get(tid)
-                if topic is not None:
-                    self.engine.payloads.release(topic, res.state.absorbed)
+            with trio.CancelScope(shield=True):  # (the snapshot is durable: finish this)
+                doomed = await self._install(outcome, cap, budget)
             if keep == 1:
                 reclaim, self._doomed = self._doomed + doomed, []
             else:

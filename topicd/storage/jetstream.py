@@ -464,7 +464,7 @@ def _encode_msgs(
 
 
 def _entry(topic: Topic) -> dict[str, JsonValue]:
-    runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.evictions.export()]
+    runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.export_evictions()]
     return {
         "id": topic.topic_id,
         "name": topic.name,

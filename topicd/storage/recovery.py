@@ -449,20 +449,27 @@ class _Replayer:
             topic.next_seq = snap.head + 1
             topic.earliest_seq = snap.earliest
             topic.evict_floor = snap.evict_floor
-            topic.evictions.load(snap.evictions)
-            topic.lost_ranges = [(lo, hi) for lo, hi in snap.lost]
-            topic.trims = [(lo, hi) for lo, hi in snap.trims]
+            if snap.evictions:
+                topic.evictions.load(snap.evictions)
+            topic.lost_ranges = tuple((lo, hi) for lo, hi in snap.lost)
+            topic.trims = tuple((lo, hi) for lo, hi in snap.trims)
             self.snap_heads[snap.id] = snap.head
             topic.last_ts = snap.last_ts
             topic.last_write_ts = snap.last_write_ts
             topic.last_read_ts = snap.last_read_ts
             topic.reserved_head = snap.reserved
             topic.count, topic.bytes = count, nbytes
-            topic.tags.update(snap.tags)
-            topic.nodes.update(snap.nodes)
-            topic.prios.update(snap.prios)
-            topic.shapes.update(snap.shapes)
-            topic.tag_index.rebuild(sorted(topic.tags.items()))
+            # (a topic's extras maps start shared and read-only: merge into new ones)
+            if snap.tags:
+                topic.tags = {**topic.tags, **snap.tags}
+            if snap.nodes:
+                topic.nodes = {**topic.nodes, **snap.nodes}
+            if snap.prios:
+                topic.prios = {**topic.prios, **snap.prios}
+            if snap.shapes:
+                topic.shapes = {**topic.shapes, **snap.shapes}
+            if topic.tags:
+                topic.tag_index.rebuild(sorted(topic.tags.items()))
             topic.seg_tail = snap.absorbed
             if topic.runs[-1].end != topic.head_seq and topic.runs[-1].encs:
                 raise snapshot.SnapshotError(f"topic {snap.name!r}: runs end before head")
@@ -555,6 +562,15 @@ class _Replayer:
             nbytes += sum(sizes)
             pieces.append((lo, encs, ts, sizes))
             tags, nodes, prios, shapes = loaded.extras
+            # (a topic's extras maps start shared and read-only: give it its own first)
+            if tags and not topic.tags:
+                topic.tags = {}
+            if nodes and not topic.nodes:
+                topic.nodes = {}
+            if prios and not topic.prios:
+                topic.prios = {}
+            if shapes and not topic.shapes:
+                topic.shapes = {}
             for extra, into in ((tags, topic.tags), (nodes, topic.nodes), (prios, topic.prios)):
                 for seq, value in extra.items():
                     if lo <= seq <= seg.last and encs[seq - lo] is not None:

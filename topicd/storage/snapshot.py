@@ -32,12 +32,13 @@ snapshot (and the untrimmed log) or the new one in charge.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import struct
 import sys
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Final, TypeVar, cast
 
@@ -46,10 +47,13 @@ import trio
 import xxhash
 
 from topicd.engine.queues import leases_durable
+from topicd.model import TopicConfig
 from topicd.storage.fs import replace_file
 from topicd.storage.segments import AbsorbSlice, AbsorbWork, SegSnap
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable
+
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
     from topicd.storage.fs import Fs
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
 MAGIC: Final = b"TOPICDSN"
 VERSION: Final = 3
 CHUNK_RECORDS: Final = 16384  # records joined per piece (~1 MB of typical records)
+CHUNK_TOPICS: Final = 4096  # topic entries encoded per piece of the body
 # a snapshot is synced every this many bytes as it is written (fs.replace_file): a WAL
 # sync meanwhile never waits behind hundreds of MB of the snapshot's dirty pages
 SYNC_EVERY_BYTES: Final = 8 << 20
@@ -86,10 +91,14 @@ class LeaseSnap(msgspec.Struct, array_like=True, gc=False):
     delays: list[tuple[int, int]]
 
 
-class TopicSnap(msgspec.Struct, gc=False):
+class TopicSnap(msgspec.Struct, gc=False, omit_defaults=True):
+    """One topic's entry. Fields at their defaults are left out of the file, and so are
+    the config fields at `TopicConfig`'s defaults (`config_entry`): most topics' entries
+    are then a few dozen bytes of watermarks and segment registry."""
+
     id: int
     name: str
-    config: dict[str, object]
+    config: dict[str, object]  # the fields that differ from the defaults
     head: int
     reserved: int
     earliest: int
@@ -124,6 +133,9 @@ class SnapshotBody(msgspec.Struct, gc=False):
 
 
 _ENC: Final = msgspec.msgpack.Encoder()
+# stands in for the topics array while the rest of a body is encoded (a 16-byte bin of
+# random bytes: it cannot occur elsewhere in the body by chance)
+_TOPICS_MARK: Final = msgspec.Raw(b"\xc4\x10" + os.urandom(16))
 _DEC: Final = msgspec.msgpack.Decoder(SnapshotBody)
 DEAD: Final = 0xFFFFFFFF
 
@@ -186,10 +198,33 @@ class Capture:
     # the reused entries of the topics not captured now (incremental capture)
     entries: dict[int, msgspec.Raw] = field(default_factory=dict)
     gone_ids: set[int] = field(default_factory=set)  # deleted topics that have segments
+    # the engine's `deleted_ids` this capture took (given back if the checkpoint fails)
+    deleted_ids: list[int] = field(default_factory=list)
     captured: list[Topic] = field(default_factory=list)  # their `changed` flags were cleared
     # the encoded entries of fresh topics without records in the file (`encode` fills
     # it): reusable while the topic does not change
     encoded: dict[int, msgspec.Raw] = field(default_factory=dict)
+
+
+_DEFAULT_CONFIG: Final = TopicConfig()
+_CONFIG_FIELDS: Final = tuple(f.name for f in fields(TopicConfig))
+_CONFIG_ENTRIES: dict[TopicConfig, dict[str, object]] = {}
+
+
+def config_entry(config: TopicConfig) -> dict[str, object]:
+    """A topic config as its snapshot entry stores it: the fields that differ from the
+    defaults (recovery fills in the rest, as it does for a config logged before a field
+    existed). One dict per distinct config, shared: do not mutate it."""
+    entry = _CONFIG_ENTRIES.get(config)
+    if entry is None:
+        if len(_CONFIG_ENTRIES) >= 4096:
+            _CONFIG_ENTRIES.clear()
+        entry = _CONFIG_ENTRIES[config] = {
+            name: getattr(config, name)
+            for name in _CONFIG_FIELDS
+            if getattr(config, name) != getattr(_DEFAULT_CONFIG, name)
+        }
+    return entry
 
 
 def capture_topic(
@@ -214,12 +249,12 @@ def capture_topic(
     snap = TopicSnap(
         id=topic.topic_id,
         name=topic.name,
-        config=dict(topic.config.to_wire()),
+        config=config_entry(topic.config),
         head=topic.head_seq,
         reserved=reserved,
         earliest=topic.head_seq + 1 if ephemeral else topic.earliest_seq,
         evict_floor=topic.evict_floor,
-        evictions=topic.evictions.export(),
+        evictions=topic.export_evictions(),
         lost=list(topic.lost_ranges),
         last_ts=topic.last_ts,
         last_write_ts=topic.last_write_ts,
@@ -277,8 +312,8 @@ def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
         work.nodes = _above(topic.nodes, lo - 1, head)
         work.prios = _above(topic.prios, lo - 1, head)
         work.shapes = {s: (v[0], v[1]) for s, v in _above(topic.shapes, lo - 1, head).items()}
-    work.flips = [seq for seq in topic.seg_killed if seq >= topic.earliest_seq]
-    topic.seg_killed = []
+    work.flips = [seq for seq in topic.seg_killed or () if seq >= topic.earliest_seq]
+    topic.seg_killed = None
     topic.seg_tail = max(topic.seg_tail, head)
     return work
 
@@ -308,71 +343,219 @@ def capture(
     an entry are captured; every other topic keeps its
     entry byte for byte. The work on the loop then follows what changed, plus C-level
     set operations over the topic ids. `final` captures everything.
+
+    `capture_stepwise` is the same cut taken in steps that yield to the loop.
     """
-    cap = Capture(SnapshotBody(VERSION, created_ms, 0, 0, [], [], []), [])
-    by_id = engine.by_id
-    todo: list[Topic]
-    if reuse is None or final:
-        todo = [t for t in by_id.values() if not t.deleted]
-        engine.changed_topics.clear()
-    else:
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
+    for t in step.first_todo():
+        step.take(t)
+    step.take_all(step.last_todo())
+    return step.finish(positions)
+
+
+async def capture_stepwise(
+    engine: Engine,
+    positions: Callable[[], list[tuple[int, int]]],
+    created_ms: int,
+    tick: Callable[[], Awaitable[None]],
+    *,
+    final: bool = False,
+    segments: SegmentStore | None = None,
+    absorb: bool = False,
+    reuse: dict[int, msgspec.Raw] | None = None,
+) -> tuple[Capture, list[tuple[int, int]]]:
+    """`capture`, with the per-topic work spread over loop turns (`await tick()` after
+    each topic: it yields when its time quantum is used), so a checkpoint of 100,000
+    changed topics never stalls the loop for the whole of it.
+
+    The result is still one consistent cut, taken at the end: a topic captured in an
+    earlier step and mutated since is marked changed again (`Topic.mark_changed`) and
+    captured again, in further steps while many are, and at last in one synchronous
+    step together with the queues (whose lease state is not tracked), the engine-wide
+    state and the WAL `positions()` — so every entry reflects the state at that instant,
+    as if everything had been captured then. Returns the capture and the positions."""
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
+    todo = step.first_todo(scan=False)
+    if step.reuse is not None:  # topics without an entry, a slice of the ids at a time
+        ids = list(engine.by_id)
+        for i in range(0, len(ids), _SCAN_IDS):
+            todo += step.without_entry(ids[i : i + _SCAN_IDS])
+            await tick()
+    for _ in range(_STEP_PASSES):
+        for t in todo:
+            step.take(t)
+            await tick()
+        todo = step.again()
+        if len(todo) <= _SYNC_TOPICS:
+            break
+    step.take_all(todo)
+    step.take_all(step.last_todo())
+    at = positions()
+    return step.finish(at), at
+
+
+# chunked passes of `capture_stepwise` before the last, synchronous one (which takes
+# whatever changed meanwhile); further passes only while more than this many did
+_STEP_PASSES: Final = 3
+_SYNC_TOPICS: Final = 256
+_SCAN_IDS: Final = 4096
+
+
+class _Stepwise:
+    """The state of one capture between its steps (see `capture_stepwise`)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        created_ms: int,
+        final: bool,
+        segments: SegmentStore | None,
+        absorb: bool,
+        reuse: dict[int, msgspec.Raw] | None,
+    ) -> None:
+        self.engine = engine
+        self.created_ms = created_ms
+        self.final = final
+        self.segments = segments
+        self.absorb = absorb
+        self.reuse = None if final else reuse
+        # per captured topic id: the topic, its entry, its record copies, its absorb work
+        self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
+        self.first: set[Topic] = set()  # what the first step takes
+
+    def first_todo(self, *, scan: bool = True) -> list[Topic]:
+        """What the first step takes: everything, or (incremental) the topics marked
+        changed, due to seal by age, with a segment to relocate to the cold tier and —
+        with `scan` — without an entry (else the caller adds those with
+        `without_entry`). Queues are left to the last step."""
+        engine = self.engine
+        by_id = engine.by_id
+        reuse = self.reuse
+        queues = engine.queue_topics
+        if reuse is None:
+            engine.changed_topics.clear()
+            engine.deleted_ids = []  # (`finish` compares every id)
+            return [t for t in by_id.values() if not t.deleted and t not in queues]
         due = set(engine.changed_topics)
         engine.changed_topics.clear()
-        due |= engine.queue_topics
-        ids = by_id.keys()
-        extra = ids - reuse.keys()  # new topics, and entries re-made every time
-        if segments is not None:
-            extra |= segments.aged(created_ms) & ids
-            extra |= segments.tier_due & ids  # sealed segments to relocate (cold tier)
+        extra: set[int] = set()
+        if scan:
+            extra = by_id.keys() - reuse.keys()  # new topics, entries re-made every time
+        if self.segments is not None:
+            extra |= self.segments.aged(self.created_ms) & by_id.keys()
+            # sealed segments to relocate (cold tier)
+            extra |= self.segments.tier_due & by_id.keys()
         due.update(by_id[tid] for tid in extra)
-        todo = [t for t in due if not t.deleted and t.topic_id in by_id]
-        entries = dict(reuse)
-        for tid in reuse.keys() - ids:  # deleted since
-            del entries[tid]
-        for t in todo:
-            entries.pop(t.topic_id, None)
-        if VERIFY_INCREMENTAL:
-            for tid, entry in entries.items():
-                _verify_unchanged(engine, by_id[tid], entry, created_ms, segments)
-        cap.entries = entries
-    for t in todo:
+        due -= queues
+        self.first = due
+        return list(due)
+
+    def without_entry(self, ids: list[int]) -> list[Topic]:
+        """Of `ids`, the live topics that have no entry to reuse (entries with records in
+        the file are re-made every time) and are not listed yet."""
+        assert self.reuse is not None
+        reuse, by_id, listed = self.reuse, self.engine.by_id, self.first
+        out = []
+        for tid in ids:
+            if tid not in reuse:
+                t = by_id.get(tid)
+                if t is not None and t not in listed and t not in self.engine.queue_topics:
+                    out.append(t)
+        return out
+
+    def again(self) -> list[Topic]:
+        """The topics marked changed since the last step took them (or the first
+        listed): captured again."""
+        changed = self.engine.changed_topics
+        out = list(changed)
+        changed.clear()
+        return out
+
+    def last_todo(self) -> list[Topic]:
+        return [*self.again(), *self.engine.queue_topics]
+
+    def take_all(self, topics: Iterable[Topic]) -> None:
+        for t in topics:
+            self.take(t)
+
+    def take(self, t: Topic) -> None:
+        """Capture `t` now (again if an earlier step took it: the newer copy wins)."""
+        engine = self.engine
         tid = t.topic_id
+        if t.deleted or engine.by_id.get(tid) is not t:
+            return
+        segments = self.segments
         t.changed = False
-        cap.captured.append(t)
         absorbed = segments.absorbed(tid) if segments is not None else 0
-        if segments is not None and absorb and absorbable(engine, t):
-            cap.works.append(capture_absorb(t, absorbed))
+        work: AbsorbWork | None = None
+        if segments is not None and self.absorb and absorbable(engine, t):
+            work = capture_absorb(t, absorbed)
             absorbed = max(absorbed, t.head_seq)
+            old = self.got.get(tid)
+            if old is not None and old[3] is not None:
+                # the earlier copy's delete flips left `seg_killed`: carry them over
+                work.flips[:0] = [seq for seq in old[3].flips if seq >= t.earliest_seq]
         snap, copies = capture_topic(
             t,
-            reserved=t.head_seq if final else max(t.reserved_head, t.head_seq),
-            now_ms=created_ms,
+            reserved=t.head_seq if self.final else max(t.reserved_head, t.head_seq),
+            now_ms=self.created_ms,
             absorbed=absorbed,
         )
         if segments is not None:
             snap.segments = segments.registry(tid)
-        cap.fresh.append(snap)
-        cap.runs.append(copies)
-    if segments is not None:
-        cap.gone_ids = segments.topics.keys() - by_id.keys()
-    # a retry window is as durable as the records it points to: none for ephemeral topics
-    idem = [
-        entry
-        for entry in engine.idem.committed()
-        if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
-    ]
-    topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
-    cap.body = SnapshotBody(
-        VERSION,
-        created_ms,
-        engine.next_topic_id,
-        len(positions),
-        positions,
-        topics,  # type: ignore[arg-type]  # (encoded entries are written as they are)
-        idem,
-        engine.routers.export(),
-    )
-    return cap
+        self.got[tid] = (t, snap, copies, work)
+
+    def finish(self, positions: list[tuple[int, int]]) -> Capture:
+        """The capture as of now (synchronous: the last step)."""
+        engine = self.engine
+        by_id = engine.by_id
+        cap = Capture(SnapshotBody(VERSION, self.created_ms, 0, 0, [], [], []), [])
+        for tid, (t, snap, copies, work) in self.got.items():
+            if t.deleted or by_id.get(tid) is not t:
+                continue  # deleted after it was taken (its delete flips are moot)
+            cap.captured.append(t)
+            cap.fresh.append(snap)
+            cap.runs.append(copies)
+            if work is not None:
+                cap.works.append(work)
+        deleted, engine.deleted_ids = engine.deleted_ids, []
+        cap.deleted_ids = deleted
+        if self.reuse is not None:
+            entries = dict(self.reuse)
+            for tid in deleted:  # deleted since the entries were made
+                entries.pop(tid, None)
+            for tid in self.got:
+                entries.pop(tid, None)
+            if VERIFY_INCREMENTAL:
+                assert not entries.keys() - by_id.keys(), "a deletion was not listed"
+                for tid, entry in entries.items():
+                    _verify_unchanged(engine, by_id[tid], entry, self.created_ms, self.segments)
+            cap.entries = entries
+        if self.segments is not None:
+            if self.reuse is None:
+                cap.gone_ids = self.segments.topics.keys() - by_id.keys()
+            else:
+                held = self.segments.topics
+                cap.gone_ids = {tid for tid in deleted if tid in held and tid not in by_id}
+        # a retry window is as durable as the records it points to: none for ephemeral
+        # topics
+        idem = [
+            entry
+            for entry in engine.idem.committed()
+            if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
+        ]
+        topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
+        cap.body = SnapshotBody(
+            VERSION,
+            self.created_ms,
+            engine.next_topic_id,
+            len(positions),
+            positions,
+            topics,  # type: ignore[arg-type]  # (encoded entries are written as they are)
+            idem,
+            engine.routers.export(),
+        )
+        return cap
 
 
 # Tests set this: every reused entry is checked against a fresh capture of its topic (a
@@ -433,12 +616,52 @@ def encode(cap: Capture) -> list[bytes]:
             if isinstance(entry, TopicSnap) and entry.id in cap.encoded:
                 topics[i] = cap.encoded[entry.id]
         body.topics = topics  # type: ignore[assignment]
-    payload = _ENC.encode(body)
-    digest = xxhash.xxh3_64(payload)
+    body_pieces = _encode_body(body)
+    digest = xxhash.xxh3_64()
+    for piece in body_pieces:
+        digest.update(piece)
     for piece in pieces:
         digest.update(piece)
-    header = HEADER.pack(MAGIC, VERSION, 1, len(payload), digest.intdigest())
-    return [header, payload, *pieces]
+    length = sum(len(piece) for piece in body_pieces)
+    header = HEADER.pack(MAGIC, VERSION, 1, length, digest.intdigest())
+    return [header, *body_pieces, *pieces]
+
+
+def _encode_body(body: SnapshotBody) -> list[bytes]:
+    """The msgpack body in pieces: its topics array is encoded `CHUNK_TOPICS` entries at
+    a time around the rest, which is encoded with a marker in its place. (One encode of
+    100,000 entries is one C call holding the GIL, so the event loop, ~30 ms.) The bytes
+    are those of one encode."""
+    topics = body.topics
+    marker = _TOPICS_MARK
+    body.topics = marker  # type: ignore[assignment]
+    try:
+        shell = _ENC.encode(body)
+    finally:
+        body.topics = topics
+    at = shell.find(marker)
+    if at < 0 or shell.find(marker, at + 1) >= 0:  # pragma: no cover - 128 random bits
+        return [_ENC.encode(body)]
+    n = len(topics)
+    if n < 16:
+        head = bytes([0x90 | n])
+    elif n < 1 << 16:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    entries = cast("list[TopicSnap | msgspec.Raw]", topics)  # (reused entries: `Raw`)
+    out = [shell[:at], head]
+    out.extend(
+        b"".join(
+            [
+                e if isinstance(e, msgspec.Raw) else _ENC.encode(e)
+                for e in entries[i : i + CHUNK_TOPICS]
+            ]
+        )
+        for i in range(0, n, CHUNK_TOPICS)
+    )
+    out.append(shell[at + len(marker) :])
+    return out
 
 
 def decode(data: bytes) -> SnapshotBody:

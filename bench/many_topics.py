@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+"""Many small topics in one process: memory per topic and the checkpoint's loop stall.
+
+    python bench/many_topics.py [--topics 100000] [--dir DIR] [--sites 0]
+
+An engine on the real file system (a fresh data directory under `--dir`, default the
+system temp dir) with the daemon's thread offload gets `--topics` topics of 3 records
+of about 100 bytes (one write each, which creates the topic). Reported: the Python heap
+per topic (`tracemalloc`, only with `--sites N`, which also lists the N largest
+allocation sites per topic; it slows the run), the RSS growth per topic, and for two
+checkpoints — the first after the fill (every topic changed) and one after a write to
+every topic — the checkpoint's duration and the longest gap a ticker task on the loop
+saw meanwhile (it sleeps 1 ms in a loop: a gap is how long the loop was unavailable),
+with the loop thread's CPU time in that gap (work on the loop, as opposed to waiting for
+the GIL or, on a busy machine, for a core).
+Then the topics' state is reopened from the directory (recovery: snapshot decode,
+segment loads, topic construction), timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import faulthandler
+import gc
+import linecache
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from topicd.clock import SystemWallClock
+from topicd.config import Config  # noqa: TC001 - used at run time by dataclasses
+from topicd.engine.engine import Engine  # noqa: TC001
+from topicd.offload import ThreadOffload
+from topicd.storage.checkpoint import Checkpointer
+from topicd.storage.fs import RealFs
+from topicd.storage.service import open_durable_engine
+from topicd.testing.harness import durable_config
+from topicd.wire import RecordIn, WriteIn
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize() / (1 << 20)
+
+
+def config(data_dir: str, topics: int) -> Config:
+    """No checkpoint but the ones this script takes; room for one topic more (a warm-up)."""
+    cfg = durable_config(data_dir=data_dir)
+    snap = dataclasses.replace(
+        cfg.storage.snapshot, interval_ms=1 << 40, wal_bytes_threshold=1 << 50
+    )
+    limits = dataclasses.replace(cfg.limits, max_topics=max(cfg.limits.max_topics, topics + 1))
+    storage = dataclasses.replace(cfg.storage, snapshot=snap)
+    return dataclasses.replace(cfg, storage=storage, limits=limits)
+
+
+def open_engine(cfg: Config) -> AbstractAsyncContextManager[Engine]:
+    """The daemon's storage stack: real files, the thread offload, recovery in a thread."""
+    offload = ThreadOffload({"wal": 8, "misc": 4, "read": 4, "snapshot": 1}, dedicated=("wal",))
+    return open_durable_engine(cfg, RealFs(), offload, SystemWallClock(), boot_id="bench")
+
+
+class Ticker:
+    """Sleeps 1 ms in a loop; while `on`, records the longest gap between its turns, and
+    the loop thread's CPU time within that gap (a gap with little CPU was the thread
+    waiting — for the GIL or for a core on a busy machine —, not work on the loop).
+    With `dump_s`, a gap longer than that dumps every thread's stack (what ran)."""
+
+    def __init__(self, dump_s: float = 0.0) -> None:
+        self.max_gap = 0.0
+        self.max_gap_cpu = 0.0
+        self.on = False
+        self.since = 0.0
+        self.dump_s = dump_s
+
+    def start(self) -> None:
+        self.max_gap = self.max_gap_cpu = 0.0
+        self.on = True
+        self.since = time.perf_counter()
+
+    async def run(self) -> None:
+        last, last_cpu = time.perf_counter(), time.thread_time()
+        while True:
+            if self.dump_s and self.on:
+                faulthandler.dump_traceback_later(self.dump_s)
+            await trio.sleep(0.001)
+            if self.dump_s:
+                faulthandler.cancel_dump_traceback_later()
+            now, cpu = time.perf_counter(), time.thread_time()
+            if self.on and last >= self.since and now - last > self.max_gap:
+                self.max_gap, self.max_gap_cpu = now - last, cpu - last_cpu
+            last, last_cpu = now, cpu
+
+
+async def timed_checkpoint(engine: Engine, ticker: Ticker) -> tuple[float, float, float]:
+    cp = engine.checkpointer
+    assert isinstance(cp, Checkpointer)
+    ticker.start()
+    t0 = time.perf_counter()
+    assert await cp.checkpoint()
+    took = time.perf_counter() - t0
+    ticker.on = False
+    return took * 1000, ticker.max_gap * 1000, ticker.max_gap_cpu * 1000
+
+
+def show_sites(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, n: int, k: int) -> None:
+    diff = after.compare_to(before, "lineno")
+    for d in diff[:k]:
+        f = d.traceback[0]
+        where = f"{Path(f.filename).name}:{f.lineno}"
+        line = linecache.getline(f.filename, f.lineno).strip()[:70]
+        print(f"  {d.size_diff / n:7.0f} B {d.count_diff / n:5.2f} allocs  {where:24} {line}")
+
+
+async def run(args: argparse.Namespace, data_dir: str) -> None:
+    n = args.topics
+    req = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"x" * 98 + b'"'))] * 3)
+    one = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"y" * 98 + b'"'))])
+    cfg = config(data_dir, n)
+    ticker = Ticker(args.dump_stalls_ms / 1000)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker.run)
+        async with open_engine(cfg) as engine:
+            await engine.append("warm", req)
+            gc.collect()
+            rss0 = rss_mib()
+            if args.sites:
+                tracemalloc.start()
+                snap0 = tracemalloc.take_snapshot()
+            t0 = time.perf_counter()
+            for i in range(n):
+                await engine.append(f"t{i}", req)
+            fill = time.perf_counter() - t0
+            gc.collect()
+            print(f"{n} topics x 3 records: filled in {fill:.1f} s")
+            if args.sites:
+                snap1 = tracemalloc.take_snapshot()
+                total = sum(s.size for s in snap1.statistics("filename")) - sum(
+                    s.size for s in snap0.statistics("filename")
+                )
+                print(f"python heap: {total / n:.0f} B per topic before the first checkpoint")
+                show_sites(snap0, snap1, n, args.sites)
+            print(f"RSS: +{(rss_mib() - rss0) * (1 << 20) / n:.0f} B per topic")
+            took, gap, cpu = await timed_checkpoint(engine, ticker)
+            gc.collect()
+            print(
+                f"checkpoint 1 (all changed): {took:.0f} ms, longest loop gap {gap:.1f} ms "
+                f"({cpu:.1f} ms of it on the loop's CPU)"
+            )
+            if args.sites:
+                snap2 = tracemalloc.take_snapshot()
+                tracemalloc.stop()
+                total = sum(s.size for s in snap2.statistics("filename")) - sum(
+                    s.size for s in snap0.statistics("filename")
+                )
+                print(f"python heap: {total / n:.0f} B per topic after it")
+                show_sites(snap0, snap2, n, args.sites)
+            print(f"RSS: +{(rss_mib() - rss0) * (1 << 20) / n:.0f} B per topic")
+            for i in range(n):
+                await engine.append(f"t{i}", one)
+            took, gap, cpu = await timed_checkpoint(engine, ticker)
+            print(
+                f"checkpoint 2 (a write to each): {took:.0f} ms, longest loop gap {gap:.1f} ms "
+                f"({cpu:.1f} ms of it on the loop's CPU)"
+            )
+            ticker.on = True
+        ticker.on = False
+        gc.collect()
+        t0 = time.perf_counter()
+        async with open_engine(cfg) as engine:
+            print(
+                f"reopen (recovery, {len(engine.topics)} topics): {time.perf_counter() - t0:.1f} s"
+            )
+        nursery.cancel_scope.cancel()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--topics", type=int, default=100_000)
+    ap.add_argument("--dir", default=None, help="parent of the temporary data directory")
+    ap.add_argument("--sites", type=int, default=0, help="list this many allocation sites")
+    ap.add_argument(
+        "--dump-stalls-ms", type=float, default=0, help="dump stacks at loop gaps this long"
+    )
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        trio.run(run, args, tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
