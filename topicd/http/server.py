@@ -46,8 +46,9 @@ the same gate, app and watch code, and the same tests.
 
 from __future__ import annotations
 
+import errno
 import logging
-from functools import partial
+import os
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Final, cast
 from urllib.parse import unquote
@@ -64,6 +65,7 @@ from topicd.clock import SystemWallClock
 from topicd.errors import Internal, InvalidRequest, RequestHeadTooLarge
 from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, error_parts, gate_of
 from topicd.http.head import Head, Refusal, early_refusal, parse_head
+from topicd.http.idle import PARK_AFTER_S, IdleConnections
 
 if TYPE_CHECKING:
     import socket
@@ -77,6 +79,10 @@ if TYPE_CHECKING:
     from topicd.http.app import AsgiApp, Message, Scope, Upgrade
 
 log = logging.getLogger("topicd.http")
+
+# accept() errors that mean "out of descriptors or memory for now" (as trio's
+# `serve_listeners` treats them): logged, retried after a pause
+ACCEPT_CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 STREAM_HEAD: Final = b"GET /v0/watch/"
 RECV_BYTES: Final = 65536
@@ -514,24 +520,45 @@ class Listener:
         self.max_head = config.h11_max_incomplete_size
         self.sniffing: set[trio.CancelScope] = set()
         self.closing = False
+        # silent connections wait here without a task (None: each keeps its task)
+        self.idle: IdleConnections | None = IdleConnections(self.resume) if direct else None
 
     def shutdown(self) -> None:
         """Stop waiting for first requests (idle new connections close)."""
         self.closing = True
         for scope in list(self.sniffing):
             scope.cancel()
+        if self.idle is not None and not self.idle.closed:
+            self.idle.close_all()
+
+    async def accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept connections on `listener` for ever, each served by `self` in a task of
+        its own in `nursery` (trio's `serve_listeners`, but the task owns its connection:
+        it closes it or parks it in `idle`)."""
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.error("accept: %s; retrying in %.1f s", os.strerror(exc.errno), 0.1)
+                    await trio.sleep(0.1)
+                else:
+                    nursery.start_soon(self, stream)
 
     async def _read_head(
-        self, stream: trio.SocketStream, head: bytes
+        self, stream: trio.SocketStream, head: bytes, deadline: float
     ) -> tuple[bytes, str | Refusal]:
         """Read until the head is complete: ("head", the head first), "other" (the h2c
         prior-knowledge preface: Hypercorn's), "too_big" (over `max_head` bytes), a
         `Refusal` (bytes that can never make a valid head: refused at once, not at the
-        timeout), or "closed" (EOF, idle past the keep-alive timeout, shutting down).
-        Empty lines before a request line are dropped (RFC 9112 §2.2)."""
+        timeout), "park" (silent for `PARK_AFTER_S` with the head not complete: to be
+        parked in `idle` until `deadline`), or "closed" (EOF, idle past `deadline`,
+        shutting down). Empty lines before a request line are dropped (RFC 9112 §2.2)."""
         checked = 0  # bytes of `head` that `early_refusal` has seen
+        parking = self.idle is not None and not self.idle.closed
         with trio.CancelScope() as scope:
-            scope.deadline = trio.current_time() + self.config.keep_alive_timeout
             self.sniffing.add(scope)
             try:
                 while True:
@@ -548,6 +575,9 @@ class Listener:
                         if refusal is not None:
                             return head, refusal
                         checked = len(head)
+                    # (each read may park: a slow drip parks between its bytes)
+                    now = trio.current_time()
+                    scope.deadline = min(deadline, now + PARK_AFTER_S) if parking else deadline
                     data = await stream.receive_some(RECV_BYTES)
                     if not data:
                         return head, "closed"  # (with half a head: nothing to answer)
@@ -556,13 +586,36 @@ class Listener:
                 return head, "closed"
             finally:
                 self.sniffing.discard(scope)
+        if parking and not self.closing and trio.current_time() < deadline:
+            return head, "park"
         return head, "closed"  # cancelled: the deadline or the shutdown
 
     async def __call__(self, stream: trio.SocketStream) -> None:
-        head = b""
+        """Serve a new connection (the task owns `stream`: closed or parked on return)."""
+        await self.resume(stream, b"", trio.current_time() + self.config.keep_alive_timeout)
+
+    async def resume(self, stream: trio.SocketStream, head: bytes, deadline: float) -> None:
+        """Serve a connection from `head` (bytes already read of the next request head,
+        which must be complete by `deadline`): a new one, or one woken from `idle`."""
+        try:
+            await self._serve(stream, head, deadline)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+
+    async def _serve(self, stream: trio.SocketStream, head: bytes, deadline: float) -> None:
         addrs = socket_addrs(stream) if self.direct else None
+        first = True
         while self.direct and not self.closing and addrs is not None:
-            head, verdict = await self._read_head(stream, head)
+            if not first:  # the next request's head: its own header timeout
+                deadline = trio.current_time() + self.config.keep_alive_timeout
+            first = False
+            head, verdict = await self._read_head(stream, head, deadline)
+            if verdict == "park":
+                assert self.idle is not None
+                if not self.idle.park(stream, head, deadline):
+                    await close_quietly(stream)
+                return  # (the task ends; `idle` wakes the connection in a new one)
             if verdict == "closed":
                 await close_quietly(stream)
                 return
@@ -592,6 +645,7 @@ class Listener:
                 and head.startswith(WS_HEAD)
                 and await self.upgrade(stream, head[:end], head[end:])
             ):
+                await close_quietly(stream)  # (closed by then; this task owns it)
                 return
             if parsed.handoff or not (self.all_http1 or sniff(head)):
                 break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
@@ -624,7 +678,10 @@ class Listener:
         # otherwise keep its idle timer (and this task) to `keep_alive_timeout` after it
         # closes a connection over a malformed request
         conn_stream.on_close = server.idle_task.stop
-        await server.run()
+        try:
+            await server.run()
+        finally:  # (Hypercorn closes it; this task owns it)
+            await trio.aclose_forcefully(stream)
 
     async def _refuse_head(self, stream: trio.SocketStream, err: TopicdError) -> None:
         """Answer `err` to a head refused before parsing is done, then close: `431` for a
@@ -798,18 +855,15 @@ async def serve(
                 pressure=gate.pressure_header,
                 upgrade=gate.ws_upgrade,
             )
+            gate.idle = handler.idle
             task_status.started(binds)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(raise_shutdown, shutdown_trigger)
-                    nursery.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            handler,
-                            listeners,
-                            handler_nursery=server_nursery,
-                        )
-                    )
+                    if handler.idle is not None:
+                        nursery.start_soon(handler.idle.run, server_nursery)
+                    for listener in listeners:
+                        nursery.start_soon(handler.accept, listener, server_nursery)
                     await trio.sleep_forever()
             except* ShutdownError:
                 pass
