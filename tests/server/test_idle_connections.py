@@ -19,7 +19,7 @@ import trio.testing
 
 from tests.server.helpers import Reader, served
 from topicd.http.app import gate_of
-from topicd.http.idle import BATCH, PARK_AFTER_S, IdleConnections
+from topicd.http.idle import BATCH, PARK_AFTER_S, STALE_SLACK, IdleConnections
 from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config
 
@@ -186,3 +186,64 @@ async def test_a_wave_of_timeouts_is_closed_in_bounded_batches():
         for a, b in pairs:
             a.close()
             b.close()
+
+
+async def test_deadline_entries_of_woken_connections_stay_bounded():
+    """A slow drip parks again after each byte, leaving an entry for every park: they
+    are compacted once they outnumber the parked connections."""
+
+    async def resume(stream: trio.SocketStream, head: bytes, deadline: float) -> None:
+        raise AssertionError("not woken here")
+
+    idle = IdleConnections(resume)
+    server_end, client_end = socket.socketpair()
+    try:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(server_end))
+        deadline = trio.current_time() + 60.0
+        for _ in range(5000):  # park, wake (by hand), park again...
+            assert idle.park(stream, b"", deadline)
+            fd = stream.socket.fileno()
+            idle._unpark(fd)
+            assert idle.heap_size() <= 2 * (len(idle) + 1) + STALE_SLACK + 1
+        assert idle.park(stream, b"", deadline)
+        assert len(idle) == 1 and idle.heap_size() <= 2 + STALE_SLACK + 1
+        while idle._expire(deadline):  # (BATCH entries a turn, stale ones first)
+            pass
+        assert len(idle) == 0 and idle.heap_size() == 0
+    finally:
+        idle.close_all()
+        server_end.close()
+        client_end.close()
+
+
+async def test_connections_that_come_and_go_leave_every_registry_as_it_was(mock_clock):
+    async with served(config()) as (_engine, app, host, port):
+        idle = gate_of(app).idle
+        assert idle is not None
+        await settle()
+        tasks0 = tasks()
+        reading0 = trio.lowlevel.current_statistics().io_statistics.tasks_waiting_read
+        for round_ in range(3):
+            streams = []
+            for i in range(60):
+                stream = await trio.open_tcp_stream(host, port)
+                if i % 3 == 1:
+                    await stream.send_all(b"GET /v0/topics HTTP/1.1\r\nHo")
+                elif i % 3 == 2:
+                    await stream.send_all(b"GET /v0/health HTTP/1.1\r\n" + H + b"\r\n")
+                    assert (await Reader(stream).response())[0] == 200
+                streams.append(stream)
+            await settle()
+            if round_ != 1:  # closed by their clients while parked, or while in a task
+                await advance(mock_clock, PARK_AFTER_S + 0.01)
+                await settle()
+                assert len(idle) == 60
+            for stream in streams:
+                await stream.aclose()
+            await settle()
+            assert len(idle) == 0 and tasks() == tasks0
+            stats = trio.lowlevel.current_statistics()
+            assert stats.io_statistics.tasks_waiting_read == reading0
+        await advance(mock_clock, TIMEOUT_S)  # the woken ones' deadline entries lapse
+        await settle()
+        assert idle.heap_size() == 0

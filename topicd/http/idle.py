@@ -30,8 +30,10 @@ from typing import Final
 import trio
 
 PARK_AFTER_S: Final = 1.0  # silent this long (and the head not complete): parked
-BATCH: Final = 256  # wake-ups or time-outs handled per turn of the event loop
-_EVENTS: Final = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+BATCH: Final = 64  # wake-ups or time-outs handled per turn of the event loop
+STALE_SLACK: Final = 1000  # deadline entries beyond twice the parked ones: compacted
+AVAILABLE: Final = hasattr(select, "epoll")  # (Linux; elsewhere idle connections keep a task)
+_EVENTS: Final = (select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT) if AVAILABLE else 0
 
 Resume = Callable[[trio.SocketStream, bytes, float], Awaitable[None]]
 
@@ -52,8 +54,9 @@ class IdleConnections:
         return len(self._parked)
 
     def heap_size(self) -> int:
-        """Deadline entries kept (one per parked connection, plus those of connections
-        woken since, dropped when their deadline passes)."""
+        """Deadline entries kept: one per parked connection, plus those of connections
+        woken since (dropped when their deadline passes, or when they outnumber the
+        parked ones by `STALE_SLACK` beyond twice)."""
         return len(self._deadlines)
 
     def park(self, stream: trio.SocketStream, head: bytes, deadline: float) -> bool:
@@ -71,6 +74,11 @@ class IdleConnections:
         self._ticket += 1
         self._parked[fd] = (stream, head, deadline, self._ticket)
         heapq.heappush(self._deadlines, (deadline, self._ticket, fd))
+        if len(self._deadlines) > 2 * len(self._parked) + STALE_SLACK:
+            # mostly entries of connections woken since (a slow drip parks again after
+            # each byte): keep those of the parked ones only
+            self._deadlines = [(d, t, f) for f, (_s, _h, d, t) in self._parked.items()]
+            heapq.heapify(self._deadlines)
         if self._wait is not None and deadline < self._wait.deadline:
             self._wait.deadline = deadline
         return True

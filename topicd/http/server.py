@@ -65,6 +65,7 @@ from topicd.clock import SystemWallClock
 from topicd.errors import Internal, InvalidRequest, RequestHeadTooLarge
 from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, error_parts, gate_of
 from topicd.http.head import Head, Refusal, early_refusal, parse_head
+from topicd.http.idle import AVAILABLE as IDLE_AVAILABLE
 from topicd.http.idle import PARK_AFTER_S, IdleConnections
 
 if TYPE_CHECKING:
@@ -521,7 +522,9 @@ class Listener:
         self.sniffing: set[trio.CancelScope] = set()
         self.closing = False
         # silent connections wait here without a task (None: each keeps its task)
-        self.idle: IdleConnections | None = IdleConnections(self.resume) if direct else None
+        self.idle: IdleConnections | None = (
+            IdleConnections(self.resume) if direct and IDLE_AVAILABLE else None
+        )
 
     def shutdown(self) -> None:
         """Stop waiting for first requests (idle new connections close)."""
