@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import math
 import select
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -118,9 +117,10 @@ class IdleConnections:
         Woken connections are served by new tasks in `nursery`."""
         try:
             while True:
-                with trio.CancelScope() as wait:
+                with trio.CancelScope() as wait:  # (no deadline while nothing is parked)
                     self._wait = wait
-                    wait.deadline = self._deadlines[0][0] if self._deadlines else math.inf
+                    if self._deadlines:
+                        wait.deadline = self._deadlines[0][0]
                     await trio.lowlevel.wait_readable(self._epoll.fileno())
                 self._wait = None
                 busy = self._wake(nursery) >= BATCH

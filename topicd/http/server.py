@@ -600,13 +600,15 @@ class Listener:
     async def resume(self, stream: trio.SocketStream, head: bytes, deadline: float) -> None:
         """Serve a connection from `head` (bytes already read of the next request head,
         which must be complete by `deadline`): a new one, or one woken from `idle`."""
+        parked = False
         try:
-            await self._serve(stream, head, deadline)
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
+            parked = await self._serve(stream, head, deadline)
+        finally:
+            if not parked:  # (most paths have closed it already)
+                await trio.aclose_forcefully(stream)
 
-    async def _serve(self, stream: trio.SocketStream, head: bytes, deadline: float) -> None:
+    async def _serve(self, stream: trio.SocketStream, head: bytes, deadline: float) -> bool:
+        """The connection's keep-alive loop; True when it ends parked in `idle`."""
         addrs = socket_addrs(stream) if self.direct else None
         first = True
         while self.direct and not self.closing and addrs is not None:
@@ -616,31 +618,30 @@ class Listener:
             head, verdict = await self._read_head(stream, head, deadline)
             if verdict == "park":
                 assert self.idle is not None
-                if not self.idle.park(stream, head, deadline):
-                    await close_quietly(stream)
-                return  # (the task ends; `idle` wakes the connection in a new one)
+                # (the task ends; `idle` wakes the connection in a new one)
+                return self.idle.park(stream, head, deadline)
             if verdict == "closed":
                 await close_quietly(stream)
-                return
+                return False
             if verdict == "too_big":
                 await self._refuse_head(stream, head_too_large(self.max_head))
-                return
+                return False
             if isinstance(verdict, Refusal):
                 await self._refuse_head(stream, InvalidRequest(verdict.reason))
-                return
+                return False
             if verdict == "other":
                 break
             end = head.index(b"\r\n\r\n")
             parsed = parse_head(head[:end])
             if isinstance(parsed, Refusal):
                 await self._refuse_head(stream, InvalidRequest(parsed.reason))
-                return
+                return False
             end += 4
             if self.full is not None and self.full():
                 refused, head = await self._refuse_unparsed(stream, head)
                 if refused is None:  # the client left (or asked to close)
                     await close_quietly(stream)
-                    return
+                    return False
                 if refused:
                     continue
             if (
@@ -648,8 +649,7 @@ class Listener:
                 and head.startswith(WS_HEAD)
                 and await self.upgrade(stream, head[:end], head[end:])
             ):
-                await close_quietly(stream)  # (closed by then; this task owns it)
-                return
+                return False
             if parsed.handoff or not (self.all_http1 or sniff(head)):
                 break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
             scope = head_scope(parsed, addrs)
@@ -658,12 +658,12 @@ class Listener:
             if bodiless_get and cast("str", scope["path"]) in PROBE_PATHS:
                 exchange = DirectExchange(stream, scope, keep_alive=keep)
                 if not await exchange.run(self.asgi):
-                    return
+                    return False
                 head = head[end:]  # what the client already sent of its next request
                 continue
             if bodiless_get and self.is_stream(scope):
                 await DirectExchange(stream, scope).run(self.asgi)
-                return
+                return False
             if not self.all_http1:
                 break
             served, head = await self._serve_plain(stream, scope, parsed, head, end)
@@ -681,10 +681,8 @@ class Listener:
         # otherwise keep its idle timer (and this task) to `keep_alive_timeout` after it
         # closes a connection over a malformed request
         conn_stream.on_close = server.idle_task.stop
-        try:
-            await server.run()
-        finally:  # (Hypercorn closes it; this task owns it)
-            await trio.aclose_forcefully(stream)
+        await server.run()
+        return False
 
     async def _refuse_head(self, stream: trio.SocketStream, err: TopicdError) -> None:
         """Answer `err` to a head refused before parsing is done, then close: `431` for a
