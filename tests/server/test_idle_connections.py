@@ -16,10 +16,12 @@ import socket
 
 import trio
 import trio.testing
+from hypercorn.config import Config as HyperConfig
 
 from tests.server.helpers import Reader, served
 from topicd.http.app import gate_of
 from topicd.http.idle import BATCH, PARK_AFTER_S, STALE_SLACK, IdleConnections
+from topicd.http.server import ACCEPT_BATCH, Listener
 from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config
 
@@ -247,3 +249,44 @@ async def test_connections_that_come_and_go_leave_every_registry_as_it_was(mock_
         await advance(mock_clock, TIMEOUT_S)  # the woken ones' deadline entries lapse
         await settle()
         assert idle.heap_size() == 0
+
+
+async def test_connections_waiting_to_be_accepted_are_taken_a_batch_per_turn():
+    """A wave of reconnects (10,000 idle connections timing out together) fills the
+    accept queue: each turn of the loop takes up to `ACCEPT_BATCH` of them, not one."""
+    listener = Listener(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        lambda scope: False,
+        HyperConfig(),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        direct=True,
+    )
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.started: list[trio.SocketStream] = []
+
+        def start_soon(self, fn, stream) -> None:
+            self.started.append(stream)
+
+    server = socket.create_server(("127.0.0.1", 0), backlog=256)
+    clients = []
+    try:
+        trio_listener = trio.SocketListener(trio.socket.from_stdlib_socket(server))
+        for _ in range(ACCEPT_BATCH + 37):
+            clients.append(socket.create_connection(server.getsockname()))
+        nursery = Recorder()
+        listener._accept_ready(trio_listener, nursery)  # type: ignore[arg-type]
+        assert len(nursery.started) == ACCEPT_BATCH - 1  # (the awaited accept is the 1st)
+        listener._accept_ready(trio_listener, nursery)  # type: ignore[arg-type]
+        assert len(nursery.started) == ACCEPT_BATCH + 37
+        listener._accept_ready(trio_listener, nursery)  # type: ignore[arg-type]
+        assert len(nursery.started) == ACCEPT_BATCH + 37  # nothing left: no wait either
+        for stream in nursery.started:
+            stream.socket.close()
+    finally:
+        for c in clients:
+            c.close()
+        server.close()

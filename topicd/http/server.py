@@ -85,6 +85,8 @@ log = logging.getLogger("topicd.http")
 # `serve_listeners` treats them): logged, retried after a pause
 ACCEPT_CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
+ACCEPT_BATCH: Final = 64  # connections accepted per turn of the event loop, at most
+
 STREAM_HEAD: Final = b"GET /v0/watch/"
 RECV_BYTES: Final = 65536
 DISCARD_LIMIT: Final = 65536  # bytes a streaming client may send before it is cut off
@@ -549,6 +551,23 @@ class Listener:
                     await trio.sleep(0.1)
                 else:
                     nursery.start_soon(self, stream)
+                    self._accept_ready(listener, nursery)
+
+    def _accept_ready(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept what else is already waiting, up to `ACCEPT_BATCH - 1` more, without
+        waiting: one accept per turn of the event loop would take thousands of turns to
+        drain a wave of reconnects (10,000 idle connections timed out together), and
+        connections waiting that long to be accepted start their header timeout late."""
+        sock = cast("socket.socket", getattr(listener.socket, "_sock"))  # noqa: B009
+        for _ in range(ACCEPT_BATCH - 1):
+            try:
+                raw, _addr = sock.accept()
+            except BlockingIOError:
+                return
+            except OSError:
+                return  # (the next `listener.accept` sees it and decides)
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
+            nursery.start_soon(self, stream)
 
     async def _read_head(
         self, stream: trio.SocketStream, head: bytes, deadline: float
