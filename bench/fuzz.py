@@ -28,7 +28,8 @@ Invariants (a broken one is printed as it happens; the exit status is 1 if any b
 * no connection kept open past the header timeout plus `SLACK_S` (slow drip, idle);
 * pipelined writes answered in order (their seqs increase), or the connection closed;
 * a request behind an ambiguous framing never runs (its canary topic never exists);
-* `/v0/health` p99 under 100 ms in every `WINDOW_S` window;
+* `/v0/health` p99 under 100 ms in every `WINDOW_S` window (each window also records the
+  server's CPU time and its wait for a CPU, so a window lost to other load shows as such);
 * the server's RSS once every connection has closed within 64 MiB of its RSS before.
 
 Results are printed and written as JSON to bench/results/fuzz-<timestamp>.json.
@@ -46,6 +47,7 @@ import re
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -91,7 +93,7 @@ class Stats:
         self.statuses: dict[int, int] = {}
         self.broken: list[str] = []
         self.probe_ms: list[float] = []
-        self.window_p99: list[float] = []
+        self.windows: list[dict[str, float]] = []
         self.idle_reconnects = 0
         self.idle_closed_late = 0
 
@@ -413,17 +415,41 @@ class Fuzzer:
                 await stream.aclose()
 
 
-def probe_main(port: int, duration: float, conn: Any) -> None:
+def schedstat_ms(path: str) -> tuple[float, float]:
+    """(CPU time, time runnable but waiting for a CPU) of a thread so far, in ms, from
+    its `schedstat` file; zeros when it cannot be read."""
+    try:
+        with open(path) as f:
+            cpu_ns, wait_ns, _slices = f.read().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(cpu_ns) / 1e6, int(wait_ns) / 1e6
+
+
+def load1() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def probe_main(port: int, duration: float, server_pid: int, conn: Any) -> None:
     """The prober, in its own process (blocking sockets): `GET /v0/health` every
-    `PROBE_EVERY_S` on one keep-alive connection; sends back (latencies in ms, the p99
-    of each `WINDOW_S` window, errors). Apart from the fuzzer, so a busy fuzzer loop
-    never shows up as server latency."""
+    `PROBE_EVERY_S` on one keep-alive connection; sends back (latencies in ms, one dict
+    per `WINDOW_S` window, errors). Apart from the fuzzer, so a busy fuzzer loop never
+    shows up as server latency.
+
+    Each window records, besides its p99, how long the server's event-loop thread ran
+    and how long it was runnable but waiting for a CPU (`/proc/<pid>/task/<pid>/schedstat`),
+    the same wait for the prober itself, and the load average: a slow window in which the
+    server waited seconds for a CPU says the machine was busy, not the server."""
     import socket
 
     latencies: list[float] = []
-    windows: list[float] = []
+    windows: list[dict[str, float]] = []
     errors: list[str] = []
     window: list[float] = []
+    server_stat = f"/proc/{server_pid}/task/{server_pid}/schedstat"
+    own_stat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    server0, own0 = schedstat_ms(server_stat), schedstat_ms(own_stat)
     until = time.monotonic() + duration
     window_end = time.monotonic() + WINDOW_S
     sock: socket.socket | None = None
@@ -458,7 +484,18 @@ def probe_main(port: int, duration: float, conn: Any) -> None:
         latencies.append(ms)
         window.append(ms)
         if time.monotonic() >= window_end:
-            windows.append(percentile(window, 99))
+            server1, own1 = schedstat_ms(server_stat), schedstat_ms(own_stat)
+            windows.append(
+                {
+                    "p99_ms": round(percentile(window, 99), 1),
+                    "max_ms": round(max(window), 1),
+                    "server_cpu_ms": round(server1[0] - server0[0]),
+                    "server_runq_ms": round(server1[1] - server0[1]),
+                    "prober_runq_ms": round(own1[1] - own0[1]),
+                    "load1": load1(),
+                }
+            )
+            server0, own0 = server1, own1
             window = []
             window_end = time.monotonic() + WINDOW_S
         time.sleep(PROBE_EVERY_S)
@@ -482,7 +519,10 @@ async def fuzz(args: argparse.Namespace, server: LoggedServer, stats: Stats) -> 
     print(f"server RSS at start {rss0:.1f} MiB; opening {args.idle} idle connections", flush=True)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    prober = ctx.Process(target=probe_main, args=(server.port, args.duration, there), daemon=True)
+    assert server.proc is not None
+    prober = ctx.Process(
+        target=probe_main, args=(server.port, args.duration, server.proc.pid, there), daemon=True
+    )
     prober.start()
     async with trio.open_nursery() as nursery:
         ready = trio.Semaphore(0)
@@ -513,12 +553,17 @@ async def fuzz(args: argparse.Namespace, server: LoggedServer, stats: Stats) -> 
     latencies, windows, errors = await trio.to_thread.run_sync(here.recv)
     prober.join(10)
     stats.probe_ms = latencies
-    stats.window_p99 = windows
+    stats.windows = windows
     for err in errors:
         stats.fail(err)
-    for i, p99 in enumerate(windows):
-        if p99 >= P99_LIMIT_MS:
-            stats.fail(f"probe: /v0/health p99 {p99:.1f} ms in window {i} ({WINDOW_S:.0f} s)")
+    for i, w in enumerate(windows):
+        if w["p99_ms"] >= P99_LIMIT_MS:
+            stats.fail(
+                f"probe: /v0/health p99 {w['p99_ms']:.1f} ms in window {i} ({WINDOW_S:.0f} s;"
+                f" server ran {w['server_cpu_ms']:.0f} ms and waited {w['server_runq_ms']:.0f}"
+                f" ms for a CPU, the prober waited {w['prober_runq_ms']:.0f} ms;"
+                f" load {w['load1']:.1f})"
+            )
     # every connection is closed now; let the server settle, then compare its RSS
     rss_peak = server.rss_mib()
     await trio.sleep(5.0)
@@ -582,11 +627,18 @@ def main(argv: list[str] | None = None) -> int:
         "probes": len(stats.probe_ms),
         "probe_p50_ms": round(percentile(stats.probe_ms, 50), 2),
         "probe_p99_ms": round(percentile(stats.probe_ms, 99), 2),
-        "worst_window_p99_ms": round(max(stats.window_p99, default=math.nan), 2),
+        "worst_window_p99_ms": max((w["p99_ms"] for w in stats.windows), default=math.nan),
+        "windows": stats.windows,
         **{k: round(v, 1) for k, v in rss.items()},
         "broken": stats.broken,
     }
     print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    for i, w in enumerate(stats.windows):
+        print(
+            f"window {i:3d}: p99 {w['p99_ms']:7.1f} ms  max {w['max_ms']:7.1f} ms  server CPU"
+            f" {w['server_cpu_ms']:5.0f} ms, waited {w['server_runq_ms']:5.0f} ms  prober waited"
+            f" {w['prober_runq_ms']:5.0f} ms  load {w['load1']:5.2f}"
+        )
     if not args.no_json:
         RESULTS_DIR.mkdir(exist_ok=True)
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -113,7 +113,8 @@ async def test_a_head_split_across_reads_is_assembled_then_classified():
     out: list[tuple[bytes, str]] = []
 
     async def read() -> None:
-        out.append(await listener._read_head(recv, b""))  # type: ignore[arg-type]
+        deadline = trio.current_time() + 60
+        out.append(await listener._read_head(recv, b"", deadline))  # type: ignore[arg-type]
 
     async with trio.open_nursery() as n:
         n.start_soon(read)

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.engine import Engine
     from topicd.http.dashboard import DashboardHub
+    from topicd.http.idle import IdleConnections
     from topicd.http.watch import WatchStreams
     from topicd.http.work import WorkStreams
 
@@ -364,6 +365,8 @@ class Gate:
         # `create_app`
         self.ws_upgrade: Upgrade | None = None
         self.ws_asgi: AsgiApp | None = None  # the same, when the handshake reaches Hypercorn
+        # silent HTTP/1.1 connections held without a task (set by `server.serve`)
+        self.idle: IdleConnections | None = None
 
     async def _answer_probe(self, path: str, t0: float, send: Send) -> None:
         """A probe answered here, without the framework (control work, scheduler spec R1)."""

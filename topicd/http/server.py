@@ -46,8 +46,9 @@ the same gate, app and watch code, and the same tests.
 
 from __future__ import annotations
 
+import errno
 import logging
-from functools import partial
+import os
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Final, cast
 from urllib.parse import unquote
@@ -64,6 +65,8 @@ from topicd.clock import SystemWallClock
 from topicd.errors import Internal, InvalidRequest, RequestHeadTooLarge
 from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, error_parts, gate_of
 from topicd.http.head import Head, Refusal, early_refusal, parse_head
+from topicd.http.idle import AVAILABLE as IDLE_AVAILABLE
+from topicd.http.idle import PARK_AFTER_S, IdleConnections
 
 if TYPE_CHECKING:
     import socket
@@ -77,6 +80,12 @@ if TYPE_CHECKING:
     from topicd.http.app import AsgiApp, Message, Scope, Upgrade
 
 log = logging.getLogger("topicd.http")
+
+# accept() errors that mean "out of descriptors or memory for now" (as trio's
+# `serve_listeners` treats them): logged, retried after a pause
+ACCEPT_CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+ACCEPT_BATCH: Final = 64  # connections accepted per turn of the event loop, at most
 
 STREAM_HEAD: Final = b"GET /v0/watch/"
 RECV_BYTES: Final = 65536
@@ -535,24 +544,64 @@ class Listener:
         self.max_head = config.h11_max_incomplete_size
         self.sniffing: set[trio.CancelScope] = set()
         self.closing = False
+        # silent connections wait here without a task (None: each keeps its task)
+        self.idle: IdleConnections | None = (
+            IdleConnections(self.resume) if direct and IDLE_AVAILABLE else None
+        )
 
     def shutdown(self) -> None:
         """Stop waiting for first requests (idle new connections close)."""
         self.closing = True
         for scope in list(self.sniffing):
             scope.cancel()
+        if self.idle is not None and not self.idle.closed:
+            self.idle.close_all()
+
+    async def accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept connections on `listener` for ever, each served by `self` in a task of
+        its own in `nursery` (trio's `serve_listeners`, but the task owns its connection:
+        it closes it or parks it in `idle`)."""
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.error("accept: %s; retrying in %.1f s", os.strerror(exc.errno), 0.1)
+                    await trio.sleep(0.1)
+                else:
+                    nursery.start_soon(self, stream)
+                    self._accept_ready(listener, nursery)
+
+    def _accept_ready(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept what else is already waiting, up to `ACCEPT_BATCH - 1` more, without
+        waiting: one accept per turn of the event loop would take thousands of turns to
+        drain a wave of reconnects (10,000 idle connections timed out together), and
+        connections waiting that long to be accepted start their header timeout late."""
+        sock = cast("socket.socket", getattr(listener.socket, "_sock"))  # noqa: B009
+        for _ in range(ACCEPT_BATCH - 1):
+            try:
+                raw, _addr = sock.accept()
+            except BlockingIOError:
+                return
+            except OSError:
+                return  # (the next `listener.accept` sees it and decides)
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(raw))
+            nursery.start_soon(self, stream)
 
     async def _read_head(
-        self, stream: trio.SocketStream, head: bytes
+        self, stream: trio.SocketStream, head: bytes, deadline: float
     ) -> tuple[bytes, str | Refusal]:
         """Read until the head is complete: ("head", the head first), "other" (the h2c
         prior-knowledge preface: Hypercorn's), "too_big" (over `max_head` bytes), a
         `Refusal` (bytes that can never make a valid head: refused at once, not at the
-        timeout), or "closed" (EOF, idle past the keep-alive timeout, shutting down).
-        Empty lines before a request line are dropped (RFC 9112 §2.2)."""
+        timeout), "park" (silent for `PARK_AFTER_S` with the head not complete: to be
+        parked in `idle` until `deadline`), or "closed" (EOF, idle past `deadline`,
+        shutting down). Empty lines before a request line are dropped (RFC 9112 §2.2)."""
         checked = 0  # bytes of `head` that `early_refusal` has seen
+        parking = self.idle is not None and not self.idle.closed
         with trio.CancelScope() as scope:
-            scope.deadline = trio.current_time() + self.config.keep_alive_timeout
             self.sniffing.add(scope)
             try:
                 while True:
@@ -569,6 +618,9 @@ class Listener:
                         if refusal is not None:
                             return head, refusal
                         checked = len(head)
+                    # (each read may park: a slow drip parks between its bytes)
+                    now = trio.current_time()
+                    scope.deadline = min(deadline, now + PARK_AFTER_S) if parking else deadline
                     data = await stream.receive_some(RECV_BYTES)
                     if not data:
                         return head, "closed"  # (with half a head: nothing to answer)
@@ -577,35 +629,59 @@ class Listener:
                 return head, "closed"
             finally:
                 self.sniffing.discard(scope)
+        if parking and not self.closing and trio.current_time() < deadline:
+            return head, "park"
         return head, "closed"  # cancelled: the deadline or the shutdown
 
     async def __call__(self, stream: trio.SocketStream) -> None:
-        head = b""
+        """Serve a new connection (the task owns `stream`: closed or parked on return)."""
+        await self.resume(stream, b"", trio.current_time() + self.config.keep_alive_timeout)
+
+    async def resume(self, stream: trio.SocketStream, head: bytes, deadline: float) -> None:
+        """Serve a connection from `head` (bytes already read of the next request head,
+        which must be complete by `deadline`): a new one, or one woken from `idle`."""
+        parked = False
+        try:
+            parked = await self._serve(stream, head, deadline)
+        finally:
+            if not parked:  # (most paths have closed it already)
+                await trio.aclose_forcefully(stream)
+
+    async def _serve(self, stream: trio.SocketStream, head: bytes, deadline: float) -> bool:
+        """The connection's keep-alive loop; True when it ends parked in `idle`."""
         addrs = socket_addrs(stream) if self.direct else None
+        first = True
         while self.direct and not self.closing and addrs is not None:
-            head, verdict = await self._read_head(stream, head)
+            if not first:  # the next request's head: its own header timeout
+                deadline = trio.current_time() + self.config.keep_alive_timeout
+            first = False
+            head, verdict = await self._read_head(stream, head, deadline)
+            if verdict == "park":
+                assert self.idle is not None
+                # (the task ends; `idle` wakes the connection in a new one)
+                return self.idle.park(stream, head, deadline)
             if verdict == "closed":
                 await close_quietly(stream)
-                return
+                return False
             if verdict == "too_big":
                 await self._refuse_head(stream, head_too_large(self.max_head))
-                return
+                return False
             if isinstance(verdict, Refusal):
                 await self._refuse_head(stream, InvalidRequest(verdict.reason))
-                return
+                return False
             if verdict == "other":
                 break
             end = head.index(b"\r\n\r\n")
             parsed = parse_head(head[:end])
             if isinstance(parsed, Refusal):
                 await self._refuse_head(stream, InvalidRequest(parsed.reason))
-                return
+                return False
             end += 4
             if self.full is not None and self.full():
                 refused, head = await self._refuse_unparsed(stream, head)
                 if refused is None:  # the client left (or asked to close)
                     await close_quietly(stream)
-                    return
+                    return False
                 if refused:
                     continue
             if (
@@ -613,7 +689,7 @@ class Listener:
                 and head.startswith(WS_HEAD)
                 and await self.upgrade(stream, head[:end], head[end:])
             ):
-                return
+                return False
             if parsed.handoff or not (self.all_http1 or sniff(head)):
                 break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
             scope = head_scope(parsed, addrs)
@@ -622,12 +698,12 @@ class Listener:
             if bodiless_get and cast("str", scope["path"]) in PROBE_PATHS:
                 exchange = DirectExchange(stream, scope, keep_alive=keep)
                 if not await exchange.run(self.asgi):
-                    return
+                    return False
                 head = head[end:]  # what the client already sent of its next request
                 continue
             if bodiless_get and self.is_stream(scope):
                 await DirectExchange(stream, scope).run(self.asgi)
-                return
+                return False
             if not self.all_http1:
                 break
             served, head = await self._serve_plain(stream, scope, parsed, head, end)
@@ -646,6 +722,7 @@ class Listener:
         # closes a connection over a malformed request
         conn_stream.on_close = server.idle_task.stop
         await server.run()
+        return False
 
     async def _refuse_head(self, stream: trio.SocketStream, err: TopicdError) -> None:
         """Answer `err` to a head refused before parsing is done, then close: `431` for a
@@ -819,18 +896,15 @@ async def serve(
                 pressure=gate.pressure_header,
                 upgrade=gate.ws_upgrade,
             )
+            gate.idle = handler.idle
             task_status.started(binds)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(raise_shutdown, shutdown_trigger)
-                    nursery.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            handler,
-                            listeners,
-                            handler_nursery=server_nursery,
-                        )
-                    )
+                    if handler.idle is not None:
+                        nursery.start_soon(handler.idle.run, server_nursery)
+                    for listener in listeners:
+                        nursery.start_soon(handler.accept, listener, server_nursery)
                     await trio.sleep_forever()
             except* ShutdownError:
                 pass
