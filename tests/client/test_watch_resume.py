@@ -128,11 +128,14 @@ async def test_dropped_connections_mid_stream_resume_exactly():
         with trio.fail_after(30):
             async with c.watch({"r": 0, "s": 0}, limit=5) as w:
                 await consume(w, 60, got, chaos)
-                assert w.reconnects >= 2 and w.sessions == 1
+                # (a cut landing while the client still hands out what it read before the
+                # previous cut finds no connection to cut: how many reconnects three cuts
+                # cause depends on how much the socket carried at once)
+                assert w.reconnects >= 1 and w.sessions == 1
                 assert w.cursors["r"] == 60
         assert_exact(got, "r", 60)
         assert_exact(got, "s", 10)
-        assert proxy.accepted >= 3  # one connection per reconnect
+        assert proxy.accepted >= 1 + w.reconnects  # one connection per reconnect
 
 
 async def test_a_silent_peer_is_detected_by_the_watchdog_and_resumed():
