@@ -450,19 +450,8 @@ class DirectExchange:
         if not more:
             self._done = True
         if out:
-            # what the socket takes at once (a whole small answer, as a rule) goes out
-            # without trio's send machinery; only a rest waits for the socket
             try:
-                sent = self._sock.send(out)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                sent = -1
-            try:
-                if sent < 0:
-                    raise trio.BrokenResourceError
-                if sent < len(out):
-                    await self.stream.send_all(memoryview(out)[sent:])
+                await self.stream.send_all(out)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._broken = True
                 self.cancel.cancel()  # the client is gone: end the exchange
