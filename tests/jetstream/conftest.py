@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -77,6 +77,7 @@ class NatsServer:
     pid: int
     store: Path
     proc: subprocess.Popen[bytes] | None = None
+    leader: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def stop(self) -> None:
         """SIGTERM by PID (SIGKILL after 15 s), and wait for the exit."""
@@ -99,10 +100,15 @@ def require_binary() -> str:
 
 
 def start_nats(
-    binary: str, root: Path, listen: str = "127.0.0.1:-1", include: str | None = None
+    binary: str,
+    root: Path,
+    listen: str = "127.0.0.1:-1",
+    include: str | None = None,
+    leader: threading.Event | None = None,
 ) -> NatsServer:
     """A nats-server with JetStream storing in `root/store`; returns once it is ready
-    (`include`: a configuration file in `root` to add, e.g. cluster settings)."""
+    (`include`: a configuration file in `root` to add, e.g. cluster settings; `leader`:
+    an event to set when the server logs a JetStream metadata leader)."""
     root.mkdir(parents=True, exist_ok=True)
     conf = root / "nats.conf"
     store = root / "store"
@@ -111,27 +117,41 @@ def start_nats(
         f'listen: "{listen}"\nmax_payload: 8MB\njetstream {{ store_dir: "{store}" }}\n{extra}'
     )
     log_path = root / "nats.log"
+    proc = subprocess.Popen(
+        [binary, "-c", str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    server = NatsServer("", proc.pid, store, proc)
+    if leader is not None:  # (shared by a cluster's servers: set by whichever sees it)
+        server.leader = leader
+    ready = threading.Event()
+    threading.Thread(target=_pump, args=(server, log_path, ready), daemon=True).start()
+    # (blocking reads of the server's output on the pump thread: no polling here)
+    if not ready.wait(READY_TIMEOUT_S) or not server.url:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"nats-server did not start: {log_path.read_text()}")
+    return server
+
+
+def _pump(server: NatsServer, log_path: Path, ready: threading.Event) -> None:
+    """Copy the server's output into its log file (so the pipe never fills), and note
+    its client URL, its readiness and a JetStream metadata leader as they appear."""
+    assert server.proc is not None and server.proc.stdout is not None
+    seen = b""
     with log_path.open("ab") as log:
-        start = log.tell()
-        proc = subprocess.Popen([binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    url = None
-    with log_path.open("rb") as reader:
-        reader.seek(start)
-        buf = b""
-        while url is None or b"Server is ready" not in buf:
-            chunk = reader.readline()
-            if not chunk:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    raise RuntimeError(f"nats-server did not start: {log_path.read_text()}")
-                time.sleep(0.01)  # a subprocess's log file, not a test condition
-                continue
-            buf += chunk
-            m = re.search(rb"Listening for client connections on ([\d.]+:\d+)", buf)
+        for line in server.proc.stdout:
+            log.write(line)
+            log.flush()
+            m = re.search(rb"Listening for client connections on ([\d.]+:\d+)", line)
             if m:
-                url = f"nats://{m.group(1).decode()}"
-    return NatsServer(url, proc.pid, store, proc)
+                server.url = f"nats://{m.group(1).decode()}"
+            if not ready.is_set():
+                seen += line
+                if server.url and b"Server is ready" in seen:
+                    ready.set()
+            if b"JetStream cluster new metadata leader" in line:
+                server.leader.set()
+    ready.set()  # the server ended: the caller sees no URL, or finds it stopped
 
 
 def free_ports(n: int) -> list[int]:
@@ -151,6 +171,7 @@ def start_cluster(binary: str, root: Path, size: int = 3) -> list[NatsServer]:
     and cluster port and store); returns once a JetStream metadata leader is elected."""
     ports = free_ports(2 * size)
     client, route = ports[:size], ports[size:]
+    leader = threading.Event()
     servers = []
     for i in range(size):
         node = root / f"n{i}"
@@ -160,17 +181,13 @@ def start_cluster(binary: str, root: Path, size: int = 3) -> list[NatsServer]:
             f"server_name: n{i}\n"
             f'cluster {{ name: topicd, listen: "127.0.0.1:{route[i]}", routes: [{routes}] }}\n'
         )
-        servers.append(start_nats(binary, node, f"127.0.0.1:{client[i]}", include="extra.conf"))
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not any(
-        b"JetStream cluster new metadata leader" in (s.store.parent / "nats.log").read_bytes()
-        for s in servers
-    ):
-        if time.monotonic() > deadline:
-            for s in servers:
-                s.stop()
-            raise RuntimeError("the JetStream cluster elected no metadata leader")
-        time.sleep(0.05)  # subprocesses' log files, not a test condition
+        servers.append(
+            start_nats(binary, node, f"127.0.0.1:{client[i]}", include="extra.conf", leader=leader)
+        )
+    if not leader.wait(READY_TIMEOUT_S):
+        for s in servers:
+            s.stop()
+        raise RuntimeError("the JetStream cluster elected no metadata leader")
     return servers
 
 
