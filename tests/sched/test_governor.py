@@ -350,9 +350,9 @@ async def test_coalescing_packs_a_burst_into_one_frame(autojump_clock):
         t0 = trio.current_time()
         for i in range(3):
             await engine.append("t", write_req(i))
-            await trio.sleep(0.002)
+            await advance(autojump_clock, 0.002)
         assert received(conn) == []  # held for the window
-        await trio.sleep(0.01)
+        await advance(autojump_clock, 0.01)
         refs = received(conn)
         assert len(refs) == 1
         assert (refs[0].from_seq, refs[0].to_seq) == (0, 3)
@@ -394,7 +394,7 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
         assert received(high, advisories=True) == []  # nothing paused there: no advisory
         await engine.append("low", write_req(1))
         await engine.append("high", write_req(1))
-        await trio.sleep(1.0)
+        await advance(autojump_clock, 1.0)
         assert [r.to_seq for r in received(high)] == [1]
         assert received(low, advisories=True) == []  # paused: stored, not pushed
         _, res = await engine.diff("low", DiffIn())
@@ -406,7 +406,7 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
         async with trio.open_nursery() as n:
 
             async def later() -> None:
-                await trio.sleep(0.1)
+                await advance(autojump_clock, 0.1)
                 await engine.append("low", write_req(2))
 
             n.start_soon(later)
@@ -416,7 +416,7 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
         _, res = await engine.diff("low", DiffIn(from_seq=1, wait_ms=500))
         assert len(res.records) == 1 and trio.current_time() - t0 == pytest.approx(0.5)
         engine._set_defer(False)
-        await trio.sleep(0.1)
+        await advance(autojump_clock, 0.1)
         assert [r.to_seq for r in received(low)] == [2]
 
 
