@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
     from topicd.errors import TopicdError
-    from topicd.http.app import AsgiApp, Message, Scope, Upgrade
+    from topicd.http.app import AsgiApp, DirectAnswer, Message, Scope, Upgrade
 
 log = logging.getLogger("topicd.http")
 
@@ -516,9 +516,12 @@ class Listener:
         | None = None,
         pressure: Callable[[], bytes] | None = None,
         upgrade: Upgrade | None = None,
+        fast: DirectAnswer | None = None,
     ) -> None:
         self.app = app
         self.asgi = asgi
+        # hot endpoints answered by the gate itself (`Gate.serve_direct`), no ASGI exchange
+        self.fast = fast
         self.upgrade = upgrade  # `GET /v0/ws` upgrades (None: Hypercorn's, like any upgrade)
         self.is_stream = is_stream
         self.full = full  # client permits and waiters exhausted: refuse here, cheaply
@@ -765,9 +768,22 @@ class Listener:
             await close_quietly(stream)
             return True, b""
         keep = parsed.version == b"1.1" and not parsed.close
-        exchange = DirectExchange(stream, scope, keep_alive=keep, body=data[end : end + length])
-        if not await exchange.run(self.asgi):
-            return True, b""  # closed: the next read sees it
+        body = data[end : end + length]
+        answer = None if self.fast is None else await self.fast(scope, body)
+        if answer is None:
+            exchange = DirectExchange(stream, scope, keep_alive=keep, body=body)
+            if not await exchange.run(self.asgi):
+                return True, b""  # closed: the next read sees it
+            return True, data[end + length :]
+        # a hot endpoint, answered by the gate without an ASGI exchange
+        status, headers, out = answer
+        try:
+            await stream.send_all(response_head(status, headers, close=not keep) + out)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            keep = False
+        if not keep:
+            await close_quietly(stream)
+            return True, b""  # the next read sees it closed
         return True, data[end + length :]
 
     async def _refuse_unparsed(
@@ -884,6 +900,7 @@ async def serve(
                 quick_refusal=gate.quick_refusal,
                 pressure=gate.pressure_header,
                 upgrade=gate.ws_upgrade,
+                fast=gate.serve_direct,
             )
             gate.idle = handler.idle
             task_status.started(binds)
