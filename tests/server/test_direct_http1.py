@@ -9,6 +9,7 @@ which server path answered each request.
 from __future__ import annotations
 
 import re
+import socket
 
 import orjson
 import pytest
@@ -16,7 +17,8 @@ import trio
 import trio.lowlevel
 
 from tests.server.helpers import Reader, permits_taken, served
-from topicd.http.app import gate_of
+from topicd.http.app import Gate, gate_of
+from topicd.http.server import DirectExchange, _ready_bytes
 from topicd.testing.harness import make_config
 
 MAX_BODY = 4096
@@ -279,3 +281,122 @@ async def test_without_direct_http1_a_full_server_still_refuses_from_a_glance():
         assert pool.stats.rejected == 2
         assert by_path(app) == {"direct": 0, "hypercorn": 0}  # neither gate nor framework
         await stream.aclose()
+
+
+_VOLATILE = (
+    (rb"date: [^\r]*", b"date: -"),
+    (rb"x-topicd-pressure: [0-9.]+", b"x-topicd-pressure: -"),
+    (rb"content-length: \d+", b"content-length: -"),
+    (rb'"(server_total_ms|fsync_ms|wal_append_ms)":[0-9.e-]+', rb'"\1":-'),
+    (rb'"\$ts":\d+', b'"$ts":-'),
+)
+
+
+def _masked(raw: bytes) -> bytes:
+    for pattern, repl in _VOLATILE:
+        raw = re.sub(pattern, repl, raw)
+    return raw
+
+
+async def _hot_answers(cfg) -> tuple[list[bytes], int]:
+    """The raw answers to hot-endpoint requests (writes, diffs, queue verbs, their errors)
+    and to one other request, pipelined on one connection; and how many of them ran an
+    ASGI exchange."""
+    exchanges = 0
+    real_run = DirectExchange.run
+
+    async def counting_run(self, app):
+        nonlocal exchanges
+        exchanges += 1
+        return await real_run(self, app)
+
+    DirectExchange.run = counting_run
+    try:
+        async with served(cfg) as (_engine, _app, host, port):
+            stream = await trio.open_tcp_stream(host, port)
+            requests = [
+                post("/v0/topics/h", {"records": [{"data": 1}]}),  # 201
+                post("/v0/topics/h", {"records": [{"data": {"n": 2}}, {"data": 3}]}),
+                post("/v0/topics/h", {"records": [{"data": 4}]}, b"Idempotency-Key: k\r\n"),
+                post("/v0/topics/h", {"records": [{"data": 4}]}, b"Idempotency-Key: k\r\n"),
+                post("/v0/topics/h", {"records": "nope"}),  # 400
+                post("/v0/topics/h", {"records": []}, b"Content-Encoding: br\r\n"),  # 415
+                post("/v0/topics/h/diff", {"from_seq": 1, "limit": 2}),
+                post("/v0/topics/none/diff", {}),  # 404
+                post("/v0/topics/q/claim", {"node": "w", "max": 2}),  # 404: no such queue
+                post("/v0/topics/h", {"records": [{"data": 5}]}, b"Connection: close\r\n"),
+            ]
+            await stream.send_all(b"".join(requests))
+            r = Reader(stream)
+            answers = []
+            for _ in requests:
+                status, head, body = await r.raw()
+                answers.append(_masked(head + b"\r\n\r\n" + body))
+            assert await r.eof()
+            await stream.aclose()
+            stream = await trio.open_tcp_stream(host, port)  # one request that is not hot
+            await stream.send_all(b"GET /v0/topics/h HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _, _ = await Reader(stream).raw()
+            assert status == 200
+            await stream.aclose()
+    finally:
+        DirectExchange.run = real_run
+    return answers, exchanges
+
+
+async def test_hot_endpoints_are_answered_without_an_exchange_and_alike(monkeypatch):
+    """Writes, diffs and queue verbs on the direct path are answered by the gate itself
+    (`Gate.serve_direct`: no ASGI exchange), byte for byte as the exchange answers them
+    (timings, dates and the pressure value masked)."""
+    cfg = make_config(server={"port": 0})
+    direct, exchanges = await _hot_answers(cfg)
+    assert exchanges == 1  # only the GET
+    statuses = [int(a[9:12]) for a in direct]
+    assert statuses == [201, 200, 200, 200, 400, 415, 200, 404, 404, 200]
+    assert b'"deduped":true' in direct[3]
+    assert b"connection: close" in direct[-1]
+
+    async def not_hot(self, scope, body):
+        return None
+
+    monkeypatch.setattr(Gate, "serve_direct", not_hot)  # every request takes the exchange
+    via_exchange, exchanges = await _hot_answers(cfg)
+    assert exchanges == len(via_exchange) + 1
+    assert direct == via_exchange
+
+
+async def test_a_hot_endpoint_on_the_direct_path_keeps_the_in_flight_cap():
+    cfg = make_config(
+        server={"port": 0}, auth={"api_keys": ("k1:rw",)}, limits={"max_inflight_per_key": 1}
+    )
+    async with served(cfg) as (_engine, app, host, port):
+        gate = gate_of(app)
+        key_id = gate.keys.authenticate("Bearer k1").key_id
+        gate._inflight[key_id] = 1  # another request of k1 is in flight
+        stream = await trio.open_tcp_stream(host, port)
+        r = Reader(stream)
+        auth = b"Authorization: Bearer k1\r\n"
+        await stream.send_all(post("/v0/topics/a", {"records": [{"data": 1}]}, auth))
+        status, _, doc = await r.response()
+        assert (status, doc["error"]["code"]) == (429, "throttled")
+        assert doc["error"]["detail"]["limit"] == "max_inflight_per_key"
+        del gate._inflight[key_id]
+        await stream.send_all(post("/v0/topics/a", {"records": [{"data": 1}]}, auth))
+        status, _, doc = await r.response()
+        assert status == 201
+        assert gate._inflight == {}  # given back
+        await stream.aclose()
+
+
+def test_a_waiting_request_is_taken_without_a_wait():
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        assert _ready_bytes(a) == b""  # nothing yet: the stream's own read waits
+        b.sendall(b"GET / HTTP/1.1\r\n")
+        assert _ready_bytes(a) == b"GET / HTTP/1.1\r\n"
+        b.close()
+        assert _ready_bytes(a) == b""  # EOF: the stream's own read sees it
+    finally:
+        a.close()
+        b.close()
