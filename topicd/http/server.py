@@ -603,6 +603,11 @@ class Listener:
         timeout), "park" (silent for `PARK_AFTER_S` with the head not complete: to be
         parked in `idle` until `deadline`), or "closed" (EOF, idle past `deadline`,
         shutting down). Empty lines before a request line are dropped (RFC 9112 §2.2)."""
+        while head[:2] == b"\r\n":
+            head = head[2:]
+        end = head.find(b"\r\n\r\n")
+        if 0 <= end <= self.max_head:  # all there already: no read, no scope
+            return head, "head" if sniff_any(head) else "other"
         checked = 0  # bytes of `head` that `early_refusal` has seen
         parking = self.idle is not None and not self.idle.closed
         with trio.CancelScope() as scope:
