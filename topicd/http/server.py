@@ -496,6 +496,25 @@ class DirectExchange:
         )
 
 
+async def send_answer(stream: trio.SocketStream, data: bytes) -> None:
+    """Write a whole answer: one non-blocking `send` (usually all of it fits), the rest
+    through the stream; then one yield, as the stream's own write ends. The yield is
+    kept on purpose: while the loop serves the others, the client's next request
+    arrives, and the next read takes it without a wait (without the yield, each write
+    measured 140-153 µs of server CPU at 64 connections against 110-117)."""
+    sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
+    try:
+        sent = sock.send(data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"send: {exc}") from exc
+    if sent < len(data):
+        await stream.send_all(memoryview(data)[sent:])
+    else:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+
 def _ready_bytes(sock: socket.socket) -> bytes:
     """What the client already sent, taken without waiting (b"" when nothing is there,
     at EOF and on an error: the stream's own read then sees those). A keep-alive client
@@ -798,7 +817,7 @@ class Listener:
         # a hot endpoint, answered by the gate without an ASGI exchange
         status, headers, out = answer
         try:
-            await stream.send_all(response_head(status, headers, close=not keep) + out)
+            await send_answer(stream, response_head(status, headers, close=not keep) + out)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             keep = False
         if not keep:
