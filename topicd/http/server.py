@@ -20,7 +20,9 @@ the connection's trio socket stream.
   `limits.max_body_bytes` — is read whole (head and body) and served on the same
   keep-alive loop (`server.direct_http1`, default on): Hypercorn's per-request machinery
   (its connection task, h11 events, the spawned app task and send lock) measured about
-  half of a small request's round trip (docs/PERFORMANCE.md, "HTTP core").
+  half of a small request's round trip (docs/PERFORMANCE.md, "HTTP core"). A hot
+  endpoint (`Gate.serve_direct`: writes, diffs, queue verbs) is answered by the gate
+  without an ASGI exchange at all, and its answer written by `send_answer`.
 * While every client permit and waiter slot is taken, a client request is answered `429
   client_waiters` from a glance at its head (`_refuse_unparsed`: no h11, no scope, no
   gate task, no framework; with authentication on, the gate decides, still without
