@@ -314,17 +314,19 @@ async def _hot_answers(cfg) -> tuple[list[bytes], int]:
     try:
         async with served(cfg) as (_engine, _app, host, port):
             stream = await trio.open_tcp_stream(host, port)
+            auth = b"Authorization: Bearer k1\r\n"
             requests = [
-                post("/v0/topics/h", {"records": [{"data": 1}]}),  # 201
-                post("/v0/topics/h", {"records": [{"data": {"n": 2}}, {"data": 3}]}),
-                post("/v0/topics/h", {"records": [{"data": 4}]}, b"Idempotency-Key: k\r\n"),
-                post("/v0/topics/h", {"records": [{"data": 4}]}, b"Idempotency-Key: k\r\n"),
-                post("/v0/topics/h", {"records": "nope"}),  # 400
-                post("/v0/topics/h", {"records": []}, b"Content-Encoding: br\r\n"),  # 415
-                post("/v0/topics/h/diff", {"from_seq": 1, "limit": 2}),
-                post("/v0/topics/none/diff", {}),  # 404
-                post("/v0/topics/q/claim", {"node": "w", "max": 2}),  # 404: no such queue
-                post("/v0/topics/h", {"records": [{"data": 5}]}, b"Connection: close\r\n"),
+                post("/v0/topics/h", {"records": [{"data": 1}]}, auth),  # 201
+                post("/v0/topics/h", {"records": [{"data": {"n": 2}}, {"data": 3}]}, auth),
+                post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
+                post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
+                post("/v0/topics/h", {"records": "nope"}, auth),  # 400
+                post("/v0/topics/h", {"records": []}, auth + b"Content-Encoding: br\r\n"),  # 415
+                post("/v0/topics/h", {"records": [{"data": 1}]}),  # 401: the gate refuses
+                post("/v0/topics/h/diff", {"from_seq": 1, "limit": 2}, auth),
+                post("/v0/topics/none/diff", {}, auth),  # 404
+                post("/v0/topics/q/claim", {"node": "w", "max": 2}, auth),  # 404: no queue
+                post("/v0/topics/h", {"records": [{"data": 5}]}, auth + b"Connection: close\r\n"),
             ]
             await stream.send_all(b"".join(requests))
             r = Reader(stream)
@@ -335,7 +337,7 @@ async def _hot_answers(cfg) -> tuple[list[bytes], int]:
             assert await r.eof()
             await stream.aclose()
             stream = await trio.open_tcp_stream(host, port)  # one request that is not hot
-            await stream.send_all(b"GET /v0/topics/h HTTP/1.1\r\nHost: x\r\n\r\n")
+            await stream.send_all(b"GET /v0/topics/h HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
             status, _, _ = await Reader(stream).raw()
             assert status == 200
             await stream.aclose()
@@ -348,11 +350,11 @@ async def test_hot_endpoints_are_answered_without_an_exchange_and_alike(monkeypa
     """Writes, diffs and queue verbs on the direct path are answered by the gate itself
     (`Gate.serve_direct`: no ASGI exchange), byte for byte as the exchange answers them
     (timings, dates and the pressure value masked)."""
-    cfg = make_config(server={"port": 0})
+    cfg = make_config(server={"port": 0}, auth={"api_keys": ("k1:rw",)})
     direct, exchanges = await _hot_answers(cfg)
     assert exchanges == 1  # only the GET
     statuses = [int(a[9:12]) for a in direct]
-    assert statuses == [201, 200, 200, 200, 400, 415, 200, 404, 404, 200]
+    assert statuses == [201, 200, 200, 200, 400, 415, 401, 200, 404, 404, 200]
     assert b'"deduped":true' in direct[3]
     assert b"connection: close" in direct[-1]
 

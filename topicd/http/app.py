@@ -600,7 +600,9 @@ class Gate:
             if err is None:
                 permit, err = await self._take_permit(path)
             if err is not None:
-                answer = self._error_answer(err)
+                if self.on_error is not None:
+                    self.on_error(err)
+                answer = error_answer(err)
             else:
                 token = ClientPermits.hold(permit)
                 try:
@@ -616,7 +618,7 @@ class Gate:
                 assert answer is not None  # (`read` never finds the client gone)
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), path_template(path))
-            answer = self._error_answer(Internal("internal error (a bug; see the server log)"))
+            answer = error_answer(Internal("internal error (a bug; see the server log)"))
         finally:
             self._release(permit, key_id)
             lifecycle.request_finished()
@@ -668,8 +670,9 @@ class Gate:
             "%s %s %d %.2fms", scope.get("method"), path_template(path), status, perf_ms() - t0
         )
 
-    def _error_answer(self, err: TopicdError) -> Answer:
-        """(status, headers, body) of the canonical error answer, counted."""
+    def _handler_error(self, err: TopicdError) -> Answer:
+        """A handler's error as the canonical error answer, counted: `content-length`
+        second, as the framework lays out its answers."""
         if self.on_error is not None:
             self.on_error(err)
         status, headers, body = error_parts(err)
@@ -688,7 +691,7 @@ class Gate:
         except _ClientGone:
             return None
         except TopicdError as err:
-            return self._error_answer(err)
+            return self._handler_error(err)
         headers = [(b"content-type", b"application/json")]
         compressor = self.compressor
         if compressor is not None and len(body) >= compressor.min_bytes:
@@ -815,11 +818,18 @@ def _framing_conflict(scope: Scope) -> bool:
     return b"content-length" in names and b"transfer-encoding" in names
 
 
-async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
+def error_answer(err: TopicdError, *, close: bool = False) -> Answer:
+    """The gate's own canonical error answer (a refusal, or a bug outside a handler):
+    (status, headers, body), `content-length` after the error's headers."""
     status, headers, body = error_parts(err)
     headers.append((b"content-length", str(len(body)).encode()))
     if close:
         headers.append((b"connection", b"close"))
+    return status, headers, body
+
+
+async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
+    status, headers, body = error_answer(err, close=close)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
