@@ -517,23 +517,6 @@ async def send_answer(stream: trio.SocketStream, data: bytes) -> None:
         await trio.lowlevel.cancel_shielded_checkpoint()
 
 
-async def _receive(stream: trio.SocketStream) -> bytes:
-    """The stream's next bytes (b"" at EOF), for a caller that has just read everything
-    already there: it waits for the socket first, so a wait costs one `recv` instead of
-    `receive_some`'s failed attempt, wait and second attempt. Errors as the stream's."""
-    sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
-    while True:
-        if sock.fileno() == -1:
-            raise trio.ClosedResourceError("the connection was closed")
-        await trio.lowlevel.wait_readable(sock)
-        try:
-            return sock.recv(RECV_BYTES)
-        except BlockingIOError:
-            continue  # (a spurious wake-up)
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"recv: {exc}") from exc
-
-
 def _ready_bytes(sock: socket.socket) -> bytes:
     """What the client already sent, taken without waiting (b"" when nothing is there,
     at EOF and on an error: the stream's own read then sees those). A keep-alive client
@@ -668,7 +651,7 @@ class Listener:
                     # (each read may park: a slow drip parks between its bytes)
                     now = trio.current_time()
                     scope.deadline = min(deadline, now + PARK_AFTER_S) if parking else deadline
-                    data = await _receive(stream)
+                    data = await stream.receive_some(RECV_BYTES)
                     if not data:
                         return head, "closed"  # (with half a head: nothing to answer)
                     head += data
