@@ -18,7 +18,7 @@ import trio.lowlevel
 
 from tests.server.helpers import Reader, permits_taken, served
 from topicd.http.app import Gate, gate_of
-from topicd.http.server import DirectExchange, _ready_bytes
+from topicd.http.server import DirectExchange, _ready_bytes, send_answer
 from topicd.testing.harness import make_config
 
 MAX_BODY = 4096
@@ -402,3 +402,26 @@ def test_a_waiting_request_is_taken_without_a_wait():
     finally:
         a.close()
         b.close()
+
+
+async def test_an_answer_larger_than_the_socket_buffer_is_sent_whole():
+    """`send_answer` sends what the socket takes at once and the rest through the
+    stream, waiting for room: every byte arrives, in order."""
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    stream = trio.SocketStream(a)
+    data = bytes(range(256)) * 8192  # 2 MiB, far over the send buffer
+    got = bytearray()
+
+    async def read_all() -> None:
+        while len(got) < len(data):
+            chunk = await b.recv(65536)
+            assert chunk
+            got.extend(chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await send_answer(stream, data)
+    assert bytes(got) == data
+    await stream.aclose()
+    b.close()
