@@ -419,9 +419,10 @@ async def test_an_answer_larger_than_the_socket_buffer_is_sent_whole():
             assert chunk
             got.extend(chunk)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_all)
-        await send_answer(stream, data)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_all)
+            await send_answer(stream, data)
     assert bytes(got) == data
     await stream.aclose()
     b.close()
