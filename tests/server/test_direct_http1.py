@@ -8,6 +8,7 @@ which server path answered each request.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 
@@ -426,3 +427,17 @@ async def test_an_answer_larger_than_the_socket_buffer_is_sent_whole():
     assert bytes(got) == data
     await stream.aclose()
     b.close()
+
+
+async def test_a_hot_endpoint_on_the_direct_path_writes_its_access_log_line(caplog):
+    cfg = make_config(server={"port": 0}, logging={"access_log": True})
+    caplog.set_level(logging.INFO, logger="topicd.access")
+    async with served(cfg) as (_engine, _app, host, port):
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(post("/v0/topics/logged", {"records": [{"data": 1}]}))
+        status, _, _ = await Reader(stream).response()
+        assert status == 201
+        await stream.aclose()
+    lines = [r.getMessage() for r in caplog.records if r.name == "topicd.access"]
+    assert any(re.fullmatch(r"POST /v0/topics/:topic 201 [0-9.]+ms", line) for line in lines), lines
+    assert not any("logged" in line for line in lines)  # names never reach the log
