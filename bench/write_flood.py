@@ -35,7 +35,9 @@ import loadgen
 # charged to their caller's stage.
 STAGES: tuple[tuple[str, str], ...] = (
     ("SocketStream.send_all", "socket write (send syscall + trio)"),
+    ("send_answer", "socket write (send syscall + trio)"),
     ("SocketStream.receive_some", "socket read (recv + trio)"),
+    ("_ready_bytes", "socket read (recv + trio)"),
     ("SegmentStore.", "checkpoint thread (segment absorb, snapshot)"),
     ("(segments.py", "checkpoint thread (segment absorb, snapshot)"),
     ("(snapshot.py", "checkpoint thread (segment absorb, snapshot)"),

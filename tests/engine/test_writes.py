@@ -8,6 +8,8 @@ compare the stored bytes; then probe the limits at their edges.
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import orjson
 import pytest
@@ -46,6 +48,10 @@ def test_plain_and_general_paths_encode_identically(data):
     assert (enc, bytes(joined)) == tuple(map(bytes_of, encode_batch(b, 41, 7)))
     assert orjson.loads(enc[1]) == {"$seq": 42, "$ts": 7, "data": data}
     assert bytes(joined) == b"\x00".join(enc)
+    for one in (a, b):  # a single record (formatted on its own) as within a batch
+        one = dataclasses.replace(one, parts=one.parts[:1], sizes=one.sizes[:1])
+        single, single_joined = encode_batch(one, 42, 7)
+        assert single == enc[1:] and bytes(single_joined) == enc[1]
 
 
 def test_non_plain_shapes_fall_back_to_the_full_decoder():

@@ -8,7 +8,9 @@ which server path answered each request.
 
 from __future__ import annotations
 
+import logging
 import re
+import socket
 
 import orjson
 import pytest
@@ -16,7 +18,8 @@ import trio
 import trio.lowlevel
 
 from tests.server.helpers import Reader, permits_taken, served
-from topicd.http.app import gate_of
+from topicd.http.app import Gate, gate_of
+from topicd.http.server import DirectExchange, _ready_bytes, send_answer
 from topicd.testing.harness import make_config
 
 MAX_BODY = 4096
@@ -279,3 +282,162 @@ async def test_without_direct_http1_a_full_server_still_refuses_from_a_glance():
         assert pool.stats.rejected == 2
         assert by_path(app) == {"direct": 0, "hypercorn": 0}  # neither gate nor framework
         await stream.aclose()
+
+
+_VOLATILE = (
+    (rb"date: [^\r]*", b"date: -"),
+    (rb"x-topicd-pressure: [0-9.]+", b"x-topicd-pressure: -"),
+    (rb"content-length: \d+", b"content-length: -"),
+    (rb'"(server_total_ms|fsync_ms|wal_append_ms)":[0-9.e-]+', rb'"\1":-'),
+    (rb'"\$ts":\d+', b'"$ts":-'),
+)
+
+
+def _masked(raw: bytes) -> bytes:
+    for pattern, repl in _VOLATILE:
+        raw = re.sub(pattern, repl, raw)
+    return raw
+
+
+async def _hot_answers(cfg) -> tuple[list[bytes], int]:
+    """The raw answers to hot-endpoint requests (writes, diffs, queue verbs, their errors)
+    and to one other request, pipelined on one connection; and how many of them ran an
+    ASGI exchange."""
+    exchanges = 0
+    real_run = DirectExchange.run
+
+    async def counting_run(self, app):
+        nonlocal exchanges
+        exchanges += 1
+        return await real_run(self, app)
+
+    DirectExchange.run = counting_run
+    try:
+        async with served(cfg) as (_engine, _app, host, port):
+            stream = await trio.open_tcp_stream(host, port)
+            auth = b"Authorization: Bearer k1\r\n"
+            requests = [
+                post("/v0/topics/h", {"records": [{"data": 1}]}, auth),  # 201
+                post("/v0/topics/h", {"records": [{"data": {"n": 2}}, {"data": 3}]}, auth),
+                post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
+                post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
+                post("/v0/topics/h", {"records": "nope"}, auth),  # 400
+                post("/v0/topics/h", {"records": []}, auth + b"Content-Encoding: br\r\n"),  # 415
+                post("/v0/topics/h", {"records": [{"data": 1}]}),  # 401: the gate refuses
+                post("/v0/topics/h/diff", {"from_seq": 1, "limit": 2}, auth),
+                post("/v0/topics/none/diff", {}, auth),  # 404
+                post("/v0/topics/q/claim", {"node": "w", "max": 2}, auth),  # 404: no queue
+                post("/v0/topics/h", {"records": [{"data": 5}]}, auth + b"Connection: close\r\n"),
+            ]
+            await stream.send_all(b"".join(requests))
+            r = Reader(stream)
+            answers = []
+            for _ in requests:
+                status, head, body = await r.raw()
+                answers.append(_masked(head + b"\r\n\r\n" + body))
+            assert await r.eof()
+            await stream.aclose()
+            stream = await trio.open_tcp_stream(host, port)  # one request that is not hot
+            await stream.send_all(b"GET /v0/topics/h HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+            status, _, _ = await Reader(stream).raw()
+            assert status == 200
+            await stream.aclose()
+    finally:
+        DirectExchange.run = real_run
+    return answers, exchanges
+
+
+async def test_hot_endpoints_are_answered_without_an_exchange_and_alike(monkeypatch):
+    """Writes, diffs and queue verbs on the direct path are answered by the gate itself
+    (`Gate.serve_direct`: no ASGI exchange), byte for byte as the exchange answers them
+    (timings, dates and the pressure value masked)."""
+    cfg = make_config(server={"port": 0}, auth={"api_keys": ("k1:rw",)})
+    direct, exchanges = await _hot_answers(cfg)
+    assert exchanges == 1  # only the GET
+    statuses = [int(a[9:12]) for a in direct]
+    assert statuses == [201, 200, 200, 200, 400, 415, 401, 200, 404, 404, 200]
+    assert b'"deduped":true' in direct[3]
+    assert b"connection: close" in direct[-1]
+
+    async def not_hot(self, scope, body):
+        return None
+
+    monkeypatch.setattr(Gate, "serve_direct", not_hot)  # every request takes the exchange
+    via_exchange, exchanges = await _hot_answers(cfg)
+    assert exchanges == len(via_exchange) + 1
+    assert direct == via_exchange
+
+
+async def test_a_hot_endpoint_on_the_direct_path_keeps_the_in_flight_cap():
+    cfg = make_config(
+        server={"port": 0}, auth={"api_keys": ("k1:rw",)}, limits={"max_inflight_per_key": 1}
+    )
+    async with served(cfg) as (_engine, app, host, port):
+        gate = gate_of(app)
+        key_id = gate.keys.authenticate("Bearer k1").key_id
+        gate._inflight[key_id] = 1  # another request of k1 is in flight
+        stream = await trio.open_tcp_stream(host, port)
+        r = Reader(stream)
+        auth = b"Authorization: Bearer k1\r\n"
+        await stream.send_all(post("/v0/topics/a", {"records": [{"data": 1}]}, auth))
+        status, _, doc = await r.response()
+        assert (status, doc["error"]["code"]) == (429, "throttled")
+        assert doc["error"]["detail"]["limit"] == "max_inflight_per_key"
+        del gate._inflight[key_id]
+        await stream.send_all(post("/v0/topics/a", {"records": [{"data": 1}]}, auth))
+        status, _, doc = await r.response()
+        assert status == 201
+        assert gate._inflight == {}  # given back
+        await stream.aclose()
+
+
+def test_a_waiting_request_is_taken_without_a_wait():
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        assert _ready_bytes(a) == b""  # nothing yet: the stream's own read waits
+        b.sendall(b"GET / HTTP/1.1\r\n")
+        assert _ready_bytes(a) == b"GET / HTTP/1.1\r\n"
+        b.close()
+        assert _ready_bytes(a) == b""  # EOF: the stream's own read sees it
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_an_answer_larger_than_the_socket_buffer_is_sent_whole():
+    """`send_answer` sends what the socket takes at once and the rest through the
+    stream, waiting for room: every byte arrives, in order."""
+    a, b = trio.socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    stream = trio.SocketStream(a)
+    data = bytes(range(256)) * 8192  # 2 MiB, far over the send buffer
+    got = bytearray()
+
+    async def read_all() -> None:
+        while len(got) < len(data):
+            chunk = await b.recv(65536)
+            assert chunk
+            got.extend(chunk)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_all)
+            await send_answer(stream, data)
+    assert bytes(got) == data
+    await stream.aclose()
+    b.close()
+
+
+async def test_a_hot_endpoint_on_the_direct_path_writes_its_access_log_line(caplog):
+    cfg = make_config(server={"port": 0}, logging={"access_log": True})
+    caplog.set_level(logging.INFO, logger="topicd.access")
+    async with served(cfg) as (_engine, _app, host, port):
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(post("/v0/topics/logged", {"records": [{"data": 1}]}))
+        status, _, _ = await Reader(stream).response()
+        assert status == 201
+        await stream.aclose()
+    lines = [r.getMessage() for r in caplog.records if r.name == "topicd.access"]
+    assert any(re.fullmatch(r"POST /v0/topics/:topic 201 [0-9.]+ms", line) for line in lines), lines
+    assert not any("logged" in line for line in lines)  # names never reach the log

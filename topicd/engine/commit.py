@@ -75,14 +75,17 @@ class AppendBatch:
 
 
 class Completion:
-    """Resolves exactly once: OK, or FAILED with the error the request must return."""
+    """Resolves exactly once: OK, or FAILED with the error the request must return.
 
-    __slots__ = ("_error", "_event", "_resolved")
+    One task waits (the request that submitted the batch): resolving reschedules it
+    directly, without an event object per write."""
+
+    __slots__ = ("_error", "_resolved", "_waiter")
 
     def __init__(self) -> None:
         self._resolved = False
         self._error: TopicdError | None = None
-        self._event: trio.Event | None = None
+        self._waiter: trio.lowlevel.Task | None = None
 
     @property
     def resolved(self) -> bool:
@@ -95,15 +98,19 @@ class Completion:
     def set_ok(self) -> None:
         assert not self._resolved
         self._resolved = True
-        if self._event is not None:
-            self._event.set()
+        self._wake()
 
     def set_failed(self, error: TopicdError) -> None:
         assert not self._resolved
         self._resolved = True
         self._error = error
-        if self._event is not None:
-            self._event.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(waiter)
 
     async def wait(self) -> None:
         """Wait for the outcome; raise the failure. A checkpoint even when resolved.
@@ -111,9 +118,14 @@ class Completion:
         Cancellation abandons the wait only: the submission commits or fails on its own.
         """
         if not self._resolved:
-            if self._event is None:
-                self._event = trio.Event()
-            await self._event.wait()
+            assert self._waiter is None, "one task waits for a completion"
+            self._waiter = trio.lowlevel.current_task()
+
+            def abort(_: object) -> trio.lowlevel.Abort:
+                self._waiter = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
         else:
             await trio.lowlevel.checkpoint()
         if self._error is not None:

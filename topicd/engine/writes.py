@@ -180,13 +180,21 @@ def _field_error(index: int, field: str, what: str) -> InvalidRequest:
     return InvalidRequest(f"records[{index}].{field} is {what}", {"index": index, "field": field})
 
 
+_ONE_PLAIN: Final = b'{"$seq":%d,"$ts":%d,"data":%b}'
+_ONE: Final = b'{"$seq":%d,"$ts":%d%b'
+
+
 def encode_batch(
     prepared: PreparedWrite, first_seq: int, ts: int
-) -> tuple[list[bytes], memoryview]:
+) -> tuple[list[bytes], bytes | memoryview]:
     """Each record's stored JSON: `{"$seq":S,"$ts":T` + its tail (see module docstring),
-    and the same texts joined by NUL bytes (the WAL's Append body takes that as it is)."""
+    and the same texts joined by NUL bytes (the WAL's Append body takes that as it is).
+    A single record, the commonest write, is one `%` without the template and split."""
     parts = prepared.parts
     n = len(parts)
+    if n == 1:
+        enc = (_ONE_PLAIN if prepared.plain else _ONE) % (first_seq, ts, parts[0])
+        return [enc], enc
     head = b'{"$seq":%d,"$ts":' + b"%d" % ts
     template = head + (b',"data":%b}\x00' if prepared.plain else b"%b\x00")
     args = tuple(chain.from_iterable(zip(range(first_seq, first_seq + n), parts, strict=True)))

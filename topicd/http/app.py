@@ -82,6 +82,10 @@ ReadBody = Callable[[], Awaitable[bytes]]
 # (status, JSON body); raises `TopicdError` for the canonical error answer
 FastHandler = Callable[[Scope, ReadBody], Awaitable[tuple[int, bytes]]]
 FastRoutes = Callable[[Scope], FastHandler | None]
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # (status, headers, body)
+# a hot endpoint's whole answer from the request's scope and the body that came with its
+# head, or None when the request is not one (`Gate.serve_direct`)
+DirectAnswer = Callable[[Scope, bytes], Awaitable[Answer | None]]
 
 PROBE_PATHS: Final = frozenset({"/v0/health", "/healthz", "/v0/ready", "/readyz"})
 METRICS_PATH: Final = "/v0/metrics"
@@ -524,21 +528,10 @@ class Gate:
             ):
                 await self._answer_probe(path, t0, send_stamped)
                 return
-            if err is None and self.keys.enabled and path not in PROBE_PATHS and self.max_inflight:
-                p = scope["topicd.principal"]
-                assert isinstance(p, Principal)
-                count = self._inflight.get(p.key_id, 0)
-                if count >= self.max_inflight:
-                    err = Throttled.limit("max_inflight_per_key", self.max_inflight)
-                else:
-                    key_id = p.key_id
-                    self._inflight[key_id] = count + 1
-            if err is None and self.permits is not None and path not in self.control_paths:
-                # client work (scheduler spec R1)
-                if self.permits.full():
-                    err = self.permits.refusal()
-                else:
-                    permit = await self.permits.admit()
+            if err is None:
+                key_id, err = self._take_key(scope, path)
+            if err is None:
+                permit, err = await self._take_permit(path)
             if err is not None:
                 if self.on_error is not None:
                     self.on_error(err)
@@ -550,7 +543,21 @@ class Gate:
                     if fast is None:
                         await self.app(scope, receive, send_stamped)
                     else:
-                        await self._serve_fast(fast, scope, receive, send_stamped)
+
+                        async def read() -> bytes:
+                            return await self._read_body(scope, receive)
+
+                        answer = await self._fast_answer(fast, scope, read)
+                        if answer is not None:
+                            status, headers, body = answer
+                            await send_stamped(
+                                {
+                                    "type": "http.response.start",
+                                    "status": status,
+                                    "headers": headers,
+                                }
+                            )
+                            await send_stamped({"type": "http.response.body", "body": body})
                 finally:
                     ClientPermits.unhold(token)
         except Exception:
@@ -560,56 +567,142 @@ class Gate:
             log.exception("unhandled error on %s %s", scope.get("method"), path_template(path))
             await send_error(send_stamped, Internal("internal error (a bug; see the server log)"))
         finally:
-            if permit is not None:
-                permit.release()
-            if key_id is not None:
-                left = self._inflight[key_id] - 1
-                if left:
-                    self._inflight[key_id] = left
-                else:
-                    del self._inflight[key_id]
+            self._release(permit, key_id)
             lifecycle.request_finished()
             if self.access:
-                access_log.info(
-                    "%s %s %d %.2fms",
-                    scope.get("method"),
-                    path_template(path),
-                    status_box[0],
-                    perf_ms() - t0,
-                )
+                self._log_access(scope, path, status_box[0], t0)
 
-    async def _serve_fast(
-        self, handler: FastHandler, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        """A hot endpoint without the framework: no request/response objects, context
-        locals or app task. The answer is laid out as the framework lays it out
-        (`content-type`, `content-length`, then an error's own headers)."""
+    async def serve_direct(self, scope: Scope, body: bytes) -> Answer | None:
+        """A hot endpoint (`fast_routes`) on the direct socket path, whose body arrived
+        with its head: (status, headers, body) of the whole answer, pressure header
+        included; None when `scope` is not a hot endpoint (the caller runs the ASGI
+        exchange instead). The steps are `__call__`'s for a client request, through the
+        same helpers (lifecycle, authentication, in-flight cap, client permit, the one
+        handler and its rendering, the pressure header as the answer is made, the access
+        log), without an ASGI message, a send callback or an exchange object."""
+        fast = None if self.fast_routes is None else self.fast_routes(scope)
+        if fast is None:
+            return None
+        t0 = perf_ms()
+        scope["topicd.t0"] = t0
+        by_path = self.requests_by_path
+        by_path["direct"] = by_path.get("direct", 0) + 1
+        path = cast("str", scope["path"])
+        lifecycle = self.lifecycle
+        lifecycle.request_started()
+        key_id: str | None = None
+        permit: Permit | None = None
+        answer: Answer | None
+        try:
+            err = self._admit(scope, path)
+            if err is None:
+                key_id, err = self._take_key(scope, path)
+            if err is None:
+                permit, err = await self._take_permit(path)
+            if err is not None:
+                if self.on_error is not None:
+                    self.on_error(err)
+                answer = error_answer(err)
+            else:
+                token = ClientPermits.hold(permit)
+                try:
 
-        async def read() -> bytes:
-            return await self._read_body(scope, receive)
+                    async def read() -> bytes:
+                        if len(body) > self.max_body:
+                            raise self._too_large()
+                        return body
 
+                    answer = await self._fast_answer(fast, scope, read)
+                finally:
+                    ClientPermits.unhold(token)
+                assert answer is not None  # (`read` never finds the client gone)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), path_template(path))
+            answer = error_answer(Internal("internal error (a bug; see the server log)"))
+        finally:
+            self._release(permit, key_id)
+            lifecycle.request_finished()
+        status, headers, out = answer
+        # (the pressure as the answer is made, as `__call__`'s `send_stamped` stamps it)
+        headers.append((b"x-topicd-pressure", self.pressure_header()))
+        if self.access:
+            self._log_access(scope, path, status, t0)
+        return status, headers, out
+
+    def _take_key(self, scope: Scope, path: str) -> tuple[str | None, TopicdError | None]:
+        """An admitted request's slot under its key's in-flight cap (auth on only):
+        (the key now holding one more slot, or None; the `429` when the key is at its
+        cap)."""
+        if not (self.keys.enabled and self.max_inflight) or path in PROBE_PATHS:
+            return None, None
+        p = scope["topicd.principal"]
+        assert isinstance(p, Principal)
+        count = self._inflight.get(p.key_id, 0)
+        if count >= self.max_inflight:
+            return None, Throttled.limit("max_inflight_per_key", self.max_inflight)
+        self._inflight[p.key_id] = count + 1
+        return p.key_id, None
+
+    async def _take_permit(self, path: str) -> tuple[Permit | None, TopicdError | None]:
+        """A client permit for client work (scheduler spec R1; control work takes none):
+        (the permit, or None; the `429 client_waiters` when every permit and waiter slot
+        is taken)."""
+        permits = self.permits
+        if permits is None or path in self.control_paths:
+            return None, None
+        if permits.full():
+            return None, permits.refusal()
+        return await permits.admit(), None
+
+    def _release(self, permit: Permit | None, key_id: str | None) -> None:
+        """Give back what `_take_permit` and `_take_key` took."""
+        if permit is not None:
+            permit.release()
+        if key_id is not None:
+            left = self._inflight[key_id] - 1
+            if left:
+                self._inflight[key_id] = left
+            else:
+                del self._inflight[key_id]
+
+    def _log_access(self, scope: Scope, path: str, status: int, t0: float) -> None:
+        access_log.info(
+            "%s %s %d %.2fms", scope.get("method"), path_template(path), status, perf_ms() - t0
+        )
+
+    def _handler_error(self, err: TopicdError) -> Answer:
+        """A handler's error as the canonical error answer, counted: `content-length`
+        second, as the framework lays out its answers."""
+        if self.on_error is not None:
+            self.on_error(err)
+        status, headers, body = error_parts(err)
+        headers.insert(1, (b"content-length", b"%d" % len(body)))
+        return status, headers, body
+
+    async def _fast_answer(
+        self, handler: FastHandler, scope: Scope, read: ReadBody
+    ) -> Answer | None:
+        """A hot endpoint's answer without the framework (no request/response objects,
+        context locals or app task): (status, headers, body), laid out as the framework
+        lays it out (`content-type`, `content-length`, then an error's own headers);
+        None when the client left before its body arrived (nothing to answer)."""
         try:
             status, body = await handler(scope, read)
         except _ClientGone:
-            return
+            return None
         except TopicdError as err:
-            if self.on_error is not None:
-                self.on_error(err)
-            status, headers, body = error_parts(err)
-            headers.insert(1, (b"content-length", b"%d" % len(body)))
-        else:
-            headers = [(b"content-type", b"application/json")]
-            compressor = self.compressor
-            if compressor is not None and len(body) >= compressor.min_bytes:
-                # a large answer (a claim of many jobs, the seqs of a big write)
-                headers.append((b"vary", b"Accept-Encoding"))
-                encoded = await compressor.encode(body, _header(scope, b"accept-encoding"))
-                if encoded is not None:
-                    body = encoded
-                    headers.append((b"content-encoding", b"gzip"))
-            headers.insert(1, (b"content-length", b"%d" % len(body)))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+            return self._handler_error(err)
+        headers = [(b"content-type", b"application/json")]
+        compressor = self.compressor
+        if compressor is not None and len(body) >= compressor.min_bytes:
+            # a large answer (a claim of many jobs, the seqs of a big write)
+            headers.append((b"vary", b"Accept-Encoding"))
+            encoded = await compressor.encode(body, _header(scope, b"accept-encoding"))
+            if encoded is not None:
+                body = encoded
+                headers.append((b"content-encoding", b"gzip"))
+        headers.insert(1, (b"content-length", b"%d" % len(body)))
+        return status, headers, body
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         """The whole request body, bounded as the framework bounds it: `413` beyond
@@ -725,11 +818,18 @@ def _framing_conflict(scope: Scope) -> bool:
     return b"content-length" in names and b"transfer-encoding" in names
 
 
-async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
+def error_answer(err: TopicdError, *, close: bool = False) -> Answer:
+    """The gate's own canonical error answer (a refusal, or a bug outside a handler):
+    (status, headers, body), `content-length` after the error's headers."""
     status, headers, body = error_parts(err)
     headers.append((b"content-length", str(len(body)).encode()))
     if close:
         headers.append((b"connection", b"close"))
+    return status, headers, body
+
+
+async def send_error(send: Send, err: TopicdError, *, close: bool = False) -> None:
+    status, headers, body = error_answer(err, close=close)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

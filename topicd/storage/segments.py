@@ -45,6 +45,7 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING, Final, TypeAlias
 
 import msgspec
@@ -172,6 +173,24 @@ class Segment:
         self.lens.append(length)
         self.ts.append(ts)
         self.flags.append(0)
+
+
+def _stretch(
+    records: list[tuple[int, bytes, int, int]], k: int, room: int
+) -> list[tuple[int, bytes, int, int]]:
+    """`records[k:]`'s leading run of consecutive seqs, at most `room` (>= 1) long
+    (`records` ascend, so a run is consecutive when its ends are `len - 1` apart)."""
+    hi = min(len(records), k + room)
+    first = records[k][0]
+    if records[hi - 1][0] - first != hi - 1 - k:
+        lo = k + 1  # records[lo - 1] is in the run; find the first index past it
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if records[mid][0] - first == mid - k:
+                lo = mid + 1
+            else:
+                hi = mid
+    return records[k:hi]
 
 
 def topic_dir(root: str, topic_id: int) -> str:
@@ -659,7 +678,9 @@ class SegmentStore:
             extras = bool(work.tags or work.nodes or work.prios or work.shapes)
             single = frames.single_frame
             max_events, max_bytes = cfg.max_events, cfg.max_bytes
-            for k, (seq, enc, ts, size) in enumerate(records):
+            k = 0
+            while k < len(records):
+                seq, enc, ts, size = records[k]
                 if active is not None and (
                     seq - active.last - 1 > _MAX_PAD
                     or seq - active.first + 1 > max_events
@@ -678,6 +699,29 @@ class SegmentStore:
                     appended[active.first] = [active.last, 0, k, k, 0]
                     new_files = True
                     pending_at = 0
+                if not extras and seq == active.last + 1:
+                    # a stretch of consecutive seqs without extras, framed and indexed
+                    # in bulk up to the next seal trigger (what the record-at-a-time
+                    # steps below would do, without their per-record Python work)
+                    taken = _stretch(records, k, max_events - (seq - active.first))
+                    framed = [single(tid, s, t, e, z) for s, e, t, z in taken]
+                    offs = list(accumulate(map(len, framed), initial=active.data_len))
+                    # record k+i seals the segment first when the bytes before it
+                    # reach `max_bytes` (i = 0 was checked above)
+                    cut = bisect.bisect_left(offs, max_bytes, 1, len(framed))
+                    if cut < len(framed):
+                        del framed[cut:], offs[cut + 1 :]
+                        taken = taken[:cut]
+                    active.last = seq + cut - 1
+                    active.offsets.extend(offs[:-1])
+                    active.lens.extend(map(len, framed))
+                    active.ts.extend([t for _s, _e, t, _z in taken])
+                    active.flags.extend(bytes(cut))
+                    out.bytes += offs[-1] - active.data_len
+                    active.data_len = offs[-1]
+                    pending += framed
+                    k += cut
+                    continue
                 data = (
                     work.record(seq, enc, ts, size).frame(tid)
                     if extras and work.has_extras(seq)
@@ -694,6 +738,7 @@ class SegmentStore:
                 active.data_len += len(data)
                 pending.append(data)
                 out.bytes += len(data)
+                k += 1
             out.records += len(records)
             if active is not None:
                 self._flush(

@@ -266,6 +266,7 @@ class Shard:
         self.ewma_bytes_per_s = 0.0  # commit throughput (retry_after_ms estimate)
         self._work = trio.Event()
         self._room = trio.Event()
+        self._room_waiters = 0  # tasks in `wait_for_room`
         self.sync_due = False
         self.closing = False
         self.stopped = trio.Event()
@@ -389,11 +390,16 @@ class Shard:
                 del self.topic_pending[topic]
             self.pending -= 1
             self.pending_bytes -= n
-            self._room.set()
-            self._room = trio.Event()
+            if self._room_waiters:  # (a new event per release only when someone waits)
+                self._room.set()
+                self._room = trio.Event()
 
     async def wait_for_room(self) -> None:
-        await self._room.wait()
+        self._room_waiters += 1
+        try:
+            await self._room.wait()
+        finally:
+            self._room_waiters -= 1
 
     # ---- the committer ----------------------------------------------------------------
 
