@@ -265,6 +265,14 @@ class JetStreamConfig:
         min=1,
         max=5,
     )
+    lease_ms: int = key(
+        3000,
+        "Term of the owner lease (ms): the front holding it runs every mutation, and renews "
+        "it every third of this; a front takes it over this long after the owner stopped "
+        "renewing (docs/jetstream.md, several fronts).",
+        min=300,
+        max=600000,
+    )
 
 
 @dataclass(frozen=True)

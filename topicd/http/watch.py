@@ -77,6 +77,8 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, keys: KeyStore) -> 
         who.require("read", *req.topics)
         lenient = query_bool("lenient", False)
         engine = ref.engine
+        for name in req.topics:
+            await engine.sync_topic(name)
         session, topics = engine.create_watch(who.key_id if keys.enabled else None, req, lenient)
         out = {
             t.name: {

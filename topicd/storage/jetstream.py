@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from topicd.engine.commit import AppendBatch, CommitHooks
     from topicd.engine.router import Router
     from topicd.errors import JsonValue
+    from topicd.storage.jsfronts import Fronts
     from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.storage.jetstream")
@@ -90,6 +91,14 @@ REBUILD_RETRY_S: Final = 0.5
 FLOOR_INTERVAL_S: Final = 1.0
 
 _WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
+_WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
+PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
+LEASE_KEY: Final = "front.owner"  # {"front": id, "subject": inbox, "until_ms": wall ms}
+# the answer to a forwarded request the owner has no room to queue
+BUSY_REPLY: Final = (
+    b'{"error":{"code":"storage_unavailable","status":503,"message":'
+    b'"the owner front is busy; retry","detail":{"backend":"jetstream"}}}'
+)
 
 H_SIZE: Final = "Topicd-Size"  # the record's data+meta size (what caps count)
 H_EXTRA: Final = "Topicd-Extra"  # ASCII JSON {"t": tag, "n": node, "p": prio, "s": shape}
@@ -117,6 +126,11 @@ def not_supported(feature: str, field_name: str | None = None) -> InvalidRequest
 def tag_token(tag: str | None) -> str:
     """The subject token of a tag: `_` for none, else `x` + the hex of its UTF-8."""
     return "_" if tag is None else "x" + tag.encode().hex()
+
+
+def name_key(name: str) -> str:
+    """The registry key of a topic name's index entry (hex: any name, valid key chars)."""
+    return "name." + name.encode().hex()
 
 
 def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
@@ -165,6 +179,14 @@ class _Lane:
 
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
+    # the last record deletes, [number, before_seq, match, bound] (the registry entry
+    # carries them to the other fronts), and the entry revision this front applied
+    deletes: list[JsonValue] = field(default_factory=list)
+    deletes_applied: int = 0
+    entry_rev: int = 0
+
+    def entry(self) -> dict[str, JsonValue]:
+        return _entry(self.topic, self.deletes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +212,9 @@ class JetStreamStore:
         self.last_error: Exception | None = None  # the last connection error NATS reported
         self.closing = False
         self.connected: asyncio.Event | None = None  # set while connected (loop side)
+        self.notify = False  # publish a notice per committed write (the owner front)
+        self.requests: asyncio.Queue[Msg] | None = None  # forwarded to this front
+        self.notices: tuple[set[int], asyncio.Event] | None = None
 
     # ---- names -------------------------------------------------------------------------
 
@@ -301,14 +326,219 @@ class JetStreamStore:
     async def put_entry(self, topic_id: int, entry: dict[str, JsonValue]) -> None:
         assert self.kv is not None
         await self.kv.put(f"topic.{topic_id}", orjson.dumps(entry))
+        await self._notice(topic_id, 0)
+
+    async def probe(self, topic_id: int) -> tuple[dict[str, object] | None, int | None]:
+        """(the topic's registry entry, its stream's last seq): one round trip for both;
+        None for what is gone."""
+        import nats.js.errors
+
+        entry_task = asyncio.ensure_future(self.entry(topic_id))
+        try:
+            _, last = await self.bounds(topic_id)
+        except nats.js.errors.NotFoundError:
+            last = None
+        finally:
+            entry, _ = await entry_task
+        return entry, last
 
     async def delete_entry(self, topic_id: int) -> None:
         assert self.kv is not None
         await self.kv.purge(f"topic.{topic_id}")
+        await self._notice(topic_id, 0)
 
     async def reserve_id(self, next_id: int) -> None:
         assert self.kv is not None
         await self.kv.put("meta.next_id", str(next_id).encode())
+
+    async def entry(self, topic_id: int) -> tuple[dict[str, object] | None, int]:
+        """(the `topic.<id>` entry or None when absent, its revision or 0)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(f"topic.{topic_id}")
+        except nats.js.errors.KeyNotFoundError:  # (KeyDeletedError too)
+            return None, 0
+        if got.value is None:
+            return None, 0
+        obj = orjson.loads(got.value)
+        assert isinstance(obj, dict)
+        return obj, int(got.revision or 0)
+
+    async def entry_ids(self) -> set[int]:
+        """The ids of every `topic.<id>` entry."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return set()
+        return {int(k[6:]) for k in keys if k.startswith("topic.") and k[6:].isdigit()}
+
+    async def next_id(self) -> int:
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get("meta.next_id")
+        except nats.js.errors.KeyNotFoundError:
+            return 1
+        return int(got.value or b"1")
+
+    async def put_name(self, name: str, topic_id: int) -> None:
+        """The name index: `name.<hex of the name>` = the id of its live instance."""
+        assert self.kv is not None
+        await self.kv.put(name_key(name), str(topic_id).encode())
+
+    async def delete_name(self, name: str, topic_id: int) -> None:
+        """Drop the name index entry, if it still names `topic_id`."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(name_key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return
+        if got.value == str(topic_id).encode():
+            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+                await self.kv.delete(name_key(name), last=got.revision)
+
+    async def lookup_name(self, name: str) -> int | None:
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(name_key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return int(got.value) if got.value else None
+
+    # ---- fronts: the owner lease, forwarding, notifications ---------------------------
+
+    async def lease(self) -> tuple[dict[str, object] | None, int]:
+        """(the owner lease `front.owner`, its revision; 0 when absent)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(LEASE_KEY)
+        except nats.js.errors.KeyNotFoundError:
+            return None, 0
+        if not got.value:
+            return None, int(got.revision or 0)
+        obj = orjson.loads(got.value)
+        assert isinstance(obj, dict)
+        return obj, int(got.revision or 0)
+
+    async def write_lease(self, value: dict[str, JsonValue], last: int) -> int | None:
+        """Compare-and-set the lease (`last` 0: create it); its new revision, or None when
+        someone else changed it first."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            if last == 0:
+                return int(await self.kv.create(LEASE_KEY, orjson.dumps(value)))
+            return int(await self.kv.update(LEASE_KEY, orjson.dumps(value), last=last))
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
+            return None
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in (_WRONG_LAST_SEQUENCE_KV, _WRONG_LAST_SEQUENCE):
+                return None
+            raise
+
+    async def listen(self, subject: str, max_queued: int) -> None:
+        """Queue the requests sent to `subject` for `next_requests` (beyond `max_queued`
+        waiting, a request is answered at once with a retryable refusal)."""
+        assert self.nc is not None
+        if self.requests is not None:  # (a start retried after a failed rebuild)
+            return
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self.requests = queue
+
+        async def got(msg: Msg) -> None:
+            if msg.data == PING:  # a front asking whether this one is alive
+                await msg.respond(PING)
+            elif queue.qsize() >= max_queued:
+                await msg.respond(BUSY_REPLY)
+            else:
+                queue.put_nowait(msg)
+
+        await self.nc.subscribe(subject, cb=got)
+        await self.nc.flush(max(1, round(self.timeout)))
+
+    async def alive(self, subject: str) -> bool:
+        """Whether a front listens on `subject` (False only when the servers know of no
+        subscriber: the front's connection is gone)."""
+        import nats.errors
+
+        assert self.nc is not None
+        try:
+            await self.nc.request(subject, PING, self.timeout)
+        except nats.errors.NoRespondersError:
+            return False
+        except Exception:
+            return True  # slow or unreachable is not proof of death
+        return True
+
+    async def next_requests(self) -> list[Msg]:
+        """The requests queued so far (waits for one)."""
+        queue = self.requests
+        assert queue is not None
+        out = [await queue.get()]
+        while not queue.empty():
+            out.append(queue.get_nowait())
+        return out
+
+    async def respond(self, msg: Msg, payload: bytes) -> None:
+        await msg.respond(payload)
+
+    async def forward(self, subject: str, payload: bytes) -> bytes:
+        """One request to the owner front; its answer."""
+        assert self.nc is not None
+        reply = await self.nc.request(subject, payload, self.timeout)
+        return bytes(reply.data)
+
+    async def follow_notices(self) -> None:
+        """Collect the ids of topics the owner reports written (`next_notices`)."""
+        assert self.nc is not None
+        notified: set[int] = set()
+        wake = asyncio.Event()
+        self.notices = (notified, wake)
+
+        async def got(msg: Msg) -> None:
+            if self.notify:  # the owner: its own notices
+                return
+            token = msg.subject.rsplit(".", 1)[-1]
+            if token.isdigit():
+                notified.add(int(token))
+                wake.set()
+
+        await self.nc.subscribe(f"{self.prefix}.n.*", cb=got)
+
+    async def next_notices(self) -> set[int]:
+        """The topic ids reported written since the last call (waits for one)."""
+        assert self.notices is not None
+        notified, wake = self.notices
+        while not notified:
+            wake.clear()
+            await wake.wait()
+        out = set(notified)
+        notified.clear()
+        return out
+
+    async def stream_heads(self) -> dict[int, int]:
+        """{topic id: last seq} of every stream of this prefix (one listing)."""
+        assert self.js is not None
+        head = f"{self.prefix}_T"
+        out = {}
+        for info in await self.js.streams_info():
+            name = info.config.name or ""
+            if name.startswith(head) and name[len(head) :].isdigit():
+                out[int(name[len(head) :])] = info.state.last_seq
+        return out
 
     # ---- streams -----------------------------------------------------------------------
 
@@ -367,6 +597,7 @@ class JetStreamStore:
             subject, payload, headers = msgs[0]
             headers["Nats-Expected-Last-Sequence"] = fence
             ack = await self.js.publish(subject, payload, headers=headers)
+            await self._notice(topic_id, int(ack.seq))
             return int(ack.seq)
         batch_id = self.nc.new_inbox()[7:]  # a unique token
         last = len(msgs)
@@ -383,7 +614,16 @@ class JetStreamStore:
         resp = json.loads(reply.data)
         if "error" in resp:
             raise nats.js.errors.APIError.from_error(resp["error"])
+        await self._notice(topic_id, int(resp["seq"]))
         return int(resp["seq"])
+
+    async def _notice(self, topic_id: int, seq: int) -> None:
+        """Tell the other fronts a write committed (core NATS, buffered: no round trip;
+        a notice lost with a crash is made up for by their periodic poll)."""
+        nc = self.nc
+        if self.notify and nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.publish(f"{self.prefix}.n.{topic_id}", str(seq).encode())
 
     async def purge(self, topic_id: int, below: int, tag: str | None = None) -> None:
         """Remove the records below seq `below` (of `tag` only, when given)."""
@@ -463,9 +703,13 @@ def _encode_msgs(
     return msgs
 
 
-def _entry(topic: Topic) -> dict[str, JsonValue]:
+# the record deletes a registry entry keeps, for the other fronts to apply
+DELETES_KEPT: Final = 64
+
+
+def _entry(topic: Topic, deletes: list[JsonValue] | None = None) -> dict[str, JsonValue]:
     runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.export_evictions()]
-    return {
+    out: dict[str, JsonValue] = {
         "id": topic.topic_id,
         "name": topic.name,
         "config": topic.config.to_wire(),
@@ -473,6 +717,9 @@ def _entry(topic: Topic) -> dict[str, JsonValue]:
         "runs": runs,
         "last_write_ts": topic.last_write_ts,
     }
+    if deletes:
+        out["deletes"] = list(deletes)
+    return out
 
 
 class JetStreamBackend:
@@ -489,6 +736,7 @@ class JetStreamBackend:
         self._busy = 0  # lanes publishing
         self._idle: trio.Event | None = None  # set when the last busy lane finishes
         self.published_batches = 0  # JetStream publishes (several writes may share one)
+        self.fronts: Fronts | None = None  # this front's role (set once rebuilt)
         self.failures = 0
 
     async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
@@ -782,6 +1030,7 @@ class JetStreamBackend:
                 await self._call(partial(self.store.reserve_id, tid + 1))
                 await self._call(partial(self.store.create_stream, tid))
                 await self._call(partial(self.store.put_entry, tid, _entry(topic)))
+                await self._call(partial(self.store.put_name, topic.name, tid))
             return apply()
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
@@ -792,7 +1041,7 @@ class JetStreamBackend:
             async with lane.registry_lock:
                 # the new config with the current floor: evictions the new caps cause
                 # are redone by a rebuild until the floor task stores them
-                entry = _entry(topic) | {"config": wire}
+                entry = lane.entry() | {"config": wire}
                 await self._call(partial(self.store.put_entry, tid, entry))
                 return apply()
         if ftype == frames.TOPIC_DELETE:
@@ -801,10 +1050,12 @@ class JetStreamBackend:
                 try:
                     result = apply()
                 except BaseException:  # `if_empty` and a write landed meanwhile
-                    entry = _entry(topic)
+                    entry = lane.entry()
                     with trio.CancelScope(shield=True):
                         await self._call(partial(self.store.put_entry, tid, entry))
                     raise
+            with contextlib.suppress(TopicdError):  # a stale index entry is harmless
+                await self._call(partial(self.store.delete_name, topic.name, tid))
             self._lanes.pop(tid, None)
             assert self._nursery is not None
             self._nursery.start_soon(self._delete_stream, topic)
@@ -843,6 +1094,18 @@ class JetStreamBackend:
                     s for s, tag in list(topic.tags.items()) if s < below and tag.startswith(value)
                 ]
                 await self._call(partial(self.store.delete_msgs, tid, seqs))
+        # the other fronts apply the same delete from the registry entry (written before
+        # memory changes: a failure here is a 503 the client retries; purges are idempotent)
+        lane = self.lane(topic)
+        number = lane.deletes_applied + 1
+        async with lane.registry_lock:
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            log_after = [*lane.deletes, [number, before, match, bound]][-DELETES_KEPT:]
+            entry = _entry(topic, log_after)  # type: ignore[arg-type]
+            await self._call(partial(self.store.put_entry, tid, entry))
+            lane.deletes = log_after  # type: ignore[assignment]
+            lane.deletes_applied = number
         return apply()
 
     def status(self) -> dict[str, JsonValue] | None:
@@ -881,7 +1144,8 @@ class JetStreamBackend:
     async def write_floors(self) -> None:
         """Registry first, then purge: a floor never goes back after a restart."""
         engine = self.engine
-        if engine is None:
+        if engine is None or engine.forward is not None:  # a follower writes nothing
+            await trio.lowlevel.checkpoint()
             return
         for topic in list(engine.topics.values()):
             lane = self.lane(topic)
@@ -893,7 +1157,7 @@ class JetStreamBackend:
                 async with lane.registry_lock:
                     if engine.by_id.get(tid) is not topic:  # deleted while we waited
                         continue
-                    entry = _entry(topic)
+                    entry = lane.entry()
                     await self._call(partial(self.store.put_entry, tid, entry))
                     lane.floor_written = floor
                 await self._call(partial(self.store.purge, tid, floor))
@@ -926,50 +1190,103 @@ def _extras(headers: dict[str, str]) -> dict[str, object]:
 
 
 async def _rebuild(
-    engine: Engine, backend: JetStreamBackend, now_ms: Callable[[], int]
+    engine: Engine, backend: JetStreamBackend, now_ms: Callable[[], int], *, repair: bool = True
 ) -> tuple[int, int]:
-    """Load every registered topic and its stream into `engine`; returns (topics, records)."""
+    """Load every registered topic and its stream into `engine`; returns (topics, records).
+    With `repair` (the owner front), also remove orphan streams, create missing ones,
+    finish purges below stored floors and write the name index."""
     store = backend.store
-    await backend.bridge.call(store.open_registry)
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
-    for orphan in sorted(streams - set(entries)):
-        log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
-        await backend.bridge.call(partial(store.delete_stream, orphan))
+    if repair:
+        for orphan in sorted(streams - set(entries)):
+            log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
+            await backend.bridge.call(partial(store.delete_stream, orphan))
     engine.replaying = True
     records = 0
     for tid in sorted(entries):
-        entry = entries[tid]
-        name = entry["name"]
-        assert isinstance(name, str)
-        topic = Topic(name, tid, config_from_wire(entry["config"]), name_json=orjson.dumps(name))
-        engine.apply_create(topic)
-        if tid not in streams:
-            await backend.bridge.call(partial(store.create_stream, tid))
-        floor = entry.get("floor", 1)
-        runs = entry.get("runs", [])
-        assert isinstance(floor, int)
-        assert isinstance(runs, list)
-        if floor > 1:
-            # below the stored floor everything is evicted, whatever the stream still
-            # holds (a purge the last front did not get to): start above it
-            topic.evictions.load([(int(a), int(b), str(c)) for a, b, c in runs])
-            topic.evict_floor = floor
-            topic.skip_to(floor - 1)
-        records += await _load_topic(engine, backend, topic, now_ms, floor)
-        if floor > 1:
-            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
-        lane = backend.lane(topic)
-        lane.floor_written = floor
-        last_write = entry.get("last_write_ts")
-        if topic.last_write_ts is None and isinstance(last_write, int):
-            topic.last_write_ts = last_write
-        engine.next_topic_id = max(engine.next_topic_id, tid + 1)
+        if tid not in streams and not repair:
+            continue  # being created or deleted by the owner right now
+        _, loaded = await _install(
+            engine, backend, tid, entries[tid], repair=repair, have_stream=tid in streams
+        )
+        records += loaded
     engine.next_topic_id = max(engine.next_topic_id, next_id)
     engine.finish_replay(now_ms())
     for topic in engine.topics.values():
         engine.payloads.release(topic, topic.head_seq)
     return len(entries), records
+
+
+async def _install(
+    engine: Engine,
+    backend: JetStreamBackend,
+    tid: int,
+    entry: dict[str, object],
+    *,
+    repair: bool,
+    have_stream: bool = True,
+    live: bool = False,
+) -> tuple[Topic, int]:
+    """Create topic `tid` in `engine` from its registry entry and load its stream.
+    `live`: the engine is serving (a follower finding a topic), not rebuilding."""
+    name = entry["name"]
+    assert isinstance(name, str)
+    topic = Topic(name, tid, config_from_wire(entry["config"]), name_json=orjson.dumps(name))
+    lane = backend.lane(topic)
+    # served while it loads (live): a read's catch-up waits for the load to finish
+    lane.resync_lock.acquire_nowait()
+    try:
+        engine.apply_create(topic)
+        loaded = await _fill(engine, backend, topic, entry, repair=repair, have_stream=have_stream)
+    finally:
+        lane.resync_lock.release()
+    if live:
+        engine.enforce(topic)
+        topic.durable_head = topic.drained_to = topic.drained_strong = topic.head_seq
+        engine.payloads.release(topic, topic.head_seq)
+    return topic, loaded
+
+
+async def _fill(
+    engine: Engine,
+    backend: JetStreamBackend,
+    topic: Topic,
+    entry: dict[str, object],
+    *,
+    repair: bool,
+    have_stream: bool,
+) -> int:
+    store = backend.store
+    tid = topic.topic_id
+    if repair and not have_stream:
+        await backend.bridge.call(partial(store.create_stream, tid))
+    floor = entry.get("floor", 1)
+    runs = entry.get("runs", [])
+    assert isinstance(floor, int)
+    assert isinstance(runs, list)
+    if floor > 1:
+        # below the stored floor everything is evicted, whatever the stream still
+        # holds (a purge the last front did not get to): start above it
+        topic.evictions.load([(int(a), int(b), str(c)) for a, b, c in runs])
+        topic.evict_floor = floor
+        topic.skip_to(floor - 1)
+    loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
+    if repair:
+        if floor > 1:
+            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
+        await backend.bridge.call(partial(store.put_name, topic.name, tid))
+    lane = backend.lane(topic)
+    lane.floor_written = floor
+    deletes = entry.get("deletes") or []
+    assert isinstance(deletes, list)
+    lane.deletes = list(deletes)
+    lane.deletes_applied = int(deletes[-1][0]) if deletes else 0
+    last_write = entry.get("last_write_ts")
+    if topic.last_write_ts is None and isinstance(last_write, int):
+        topic.last_write_ts = last_write
+    engine.next_topic_id = max(engine.next_topic_id, tid + 1)
+    return loaded
 
 
 async def _load_topic(
@@ -1091,6 +1408,7 @@ async def open_jetstream_engine(
 ) -> AsyncIterator[Engine]:
     """Connect to JetStream, rebuild the engine from it, run it; drain on exit."""
     from topicd.config import record_frame_bound
+    from topicd.storage.jsfronts import Fronts
 
     if cfg.protocol.max_batch_records > BATCH_MAX:
         log.info(
@@ -1132,8 +1450,11 @@ async def open_jetstream_engine(
             engine = Engine(cfg, clock, backend)
             engine.routers = RefusingRouters(engine)
             backend.engine = engine
+            fronts = Fronts(engine, backend, clock)
             try:
-                topics, records = await _rebuild(engine, backend, clock.now_ms)
+                await bridge.call(store.open_registry)
+                owner = await fronts.start()
+                topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
                 break
             except Exception as exc:
                 if trio.current_time() + REBUILD_RETRY_S >= deadline:
@@ -1151,9 +1472,12 @@ async def open_jetstream_engine(
             ", ".join(store.servers),
             trio.current_time() - t0,
         )
+        fronts.begin()
+        backend.fronts = fronts
         async with trio.open_nursery() as nursery:
             await nursery.start(backend.run)
             await nursery.start(engine.run)
+            await nursery.start(fronts.run)
             try:
                 yield engine
             finally:

@@ -1,0 +1,304 @@
+"""Several fronts on one JetStream deployment: the owner lease, forwarding, following,
+and a takeover when the owner front is killed.
+
+Method: two or three fronts share one `storage.jetstream.prefix` of the session's
+nats-server. Most tests open them in this process (each front its own engine, asyncio
+bridge and NATS connection, as separate processes would have) and act through each
+front's HTTP app; the payload cache is 0 bytes, so every read on a front goes back to the
+stream. The takeover test runs `topicd serve` processes and kills the owner with SIGKILL
+during writes: every write a client saw acknowledged (on any front) must be readable on
+every front afterwards, at the seq it was given, once, with no seq reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from tests.crash.harness import Server
+from tests.crash.harness import client as http_client
+from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from topicd.engine import payloads
+from topicd.storage.jetstream import JetStreamBackend
+from topicd.storage.jsfronts import Fronts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
+
+
+async def _json(r, status: int | None = None) -> dict:
+    raw = await r.get_data()
+    if status is not None:
+        assert r.status_code == status, raw
+    return json.loads(raw)
+
+
+async def _write(c, topic: str, *records, headers=None, **fields) -> dict:
+    r = await c.post(
+        f"/v0/topics/{topic}", json={"records": list(records), **fields}, headers=headers
+    )
+    assert r.status_code in (200, 201), await r.get_data()
+    return await _json(r)
+
+
+async def _diff(c, topic: str, from_seq: int = 0, **req) -> dict:
+    r = await c.post(
+        f"/v0/topics/{topic}/diff",
+        json={"from_seq": from_seq, "limit": 1000, "include_tags": True, **req},
+    )
+    return await _json(r, 200)
+
+
+async def _data(c, topic: str) -> list:
+    return [r["data"] for r in (await _diff(c, topic))["records"]]
+
+
+def _fronts(h) -> Fronts:
+    backend = h.engine.commit
+    assert isinstance(backend, JetStreamBackend)
+    assert backend.fronts is not None
+    return backend.fronts
+
+
+async def test_the_first_front_owns_and_the_others_forward_to_it(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with (
+        open_jetstream_app(cfg) as a,
+        open_jetstream_app(cfg) as b,
+        open_jetstream_app(cfg) as c,
+    ):
+        assert [_fronts(h).owner for h in (a, b, c)] == [True, False, False]
+        ca, cb, cc = (h.app.test_client() for h in (a, b, c))
+        r = await cb.put("/v0/topics/t", json={"cap_records": 100})
+        assert (await _json(r, 201))["config"]["cap_records"] == 100
+        for client in (ca, cc):  # created through a follower, known everywhere
+            state = await _json(await client.get("/v0/topics/t"), 200)
+            assert (state["head_seq"], state["config"]["cap_records"]) == (0, 100)
+        w1 = await _write(cb, "t", {"data": 1}, {"data": 2, "tag": "x"})
+        w2 = await _write(ca, "t", {"data": 3})
+        w3 = await _write(cc, "t", {"data": 4})
+        assert [w["first_seq"] for w in (w1, w2, w3)] == [1, 3, 4]
+        for client in (ca, cb, cc):  # read-after-write on every front
+            assert await _data(client, "t") == [1, 2, 3, 4]
+            state = await _json(await client.get("/v0/topics/t"), 200)
+            assert (state["head_seq"], state["count"]) == (4, 4)
+        assert _fronts(b).forwarded >= 2 and _fronts(c).forwarded >= 1
+        assert _fronts(a).served >= 3
+        assert _fronts(a).forwarded == 0  # the owner runs its own
+
+
+async def test_lazy_create_and_errors_travel_back_unchanged(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        w = await _write(cb, "lazy", {"data": "x"})
+        assert (w["created"], w["first_seq"]) == (True, 1)
+        r = await cb.post("/v0/topics/nope", json={"records": [{"data": 1}], "create": False})
+        body = await _json(r, 404)
+        assert body["error"]["code"] == "topic_not_found"
+        r = await cb.put("/v0/topics/q", json={"type": "queue"})
+        body = await _json(r, 400)
+        assert body["error"]["detail"]["unsupported"] == "queue topics"
+        r = await cb.post("/v0/topics/lazy", json={"records": [{"data": 0}] * 1001})
+        assert (await _json(r, 400))["error"]["code"] == "batch_too_large"
+        r = await cb.put("/v0/topics/full", json={"cap_records": 1, "discard": "reject"})
+        await _json(r, 201)
+        await _write(ca, "full", {"data": 1})
+        r = await cb.post("/v0/topics/full", json={"records": [{"data": 2}]})
+        assert (await _json(r, 422))["error"]["code"] == "topic_full"
+        assert await _data(ca, "lazy") == ["x"]
+
+
+async def test_idempotent_retries_on_another_front_are_not_duplicated(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        key = {"Idempotency-Key": "k-1"}
+        first = await _write(cb, "i", {"data": 1}, {"data": 2}, headers=key)
+        again = await _write(ca, "i", {"data": 1}, {"data": 2}, headers=key)
+        third = await _write(cb, "i", {"data": 1}, {"data": 2}, headers=key)
+        assert first["first_seq"] == again["first_seq"] == third["first_seq"] == 1
+        assert (again["deduped"], third["deduped"]) == (True, True)
+        assert await _data(cb, "i") == [1, 2]
+
+
+async def test_config_record_deletes_and_topic_deletes_are_seen_by_every_front(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(
+            ca, "d", *({"data": i, "tag": "even" if i % 2 == 0 else "odd"} for i in range(6))
+        )
+        assert await _data(cb, "d") == [0, 1, 2, 3, 4, 5]
+        # a record delete on the owner: the follower's next read no longer has them
+        r = await ca.post("/v0/topics/d/delete", json={"match": "even"})
+        assert (await _json(r, 200))["deleted"] == 3
+        assert await _data(cb, "d") == [1, 3, 5]
+        # a record delete through the follower
+        r = await cb.post("/v0/topics/d/delete", json={"before_seq": 4})
+        body = await _json(r, 200)
+        assert (body["deleted"], body["count"]) == (1, 2)
+        assert await _data(ca, "d") == [3, 5]
+        assert await _data(cb, "d") == [3, 5]
+        # a config change on the owner: the follower's state shows it, and its caps
+        r = await ca.put("/v0/topics/d", json={"cap_records": 1})
+        await _json(r, 200)
+        state = await _json(await cb.get("/v0/topics/d"), 200)
+        assert (state["config"]["cap_records"], state["count"]) == (1, 1)
+        assert await _data(cb, "d") == [5]
+        # a topic delete through the follower: gone on both, and re-created fresh
+        r = await cb.delete("/v0/topics/d")
+        assert (await _json(r, 200))["deleted"] is True
+        for client in (ca, cb):
+            await _json(await client.get("/v0/topics/d"), 404)
+        w = await _write(ca, "d", {"data": "new"})
+        assert (w["created"], w["first_seq"]) == (True, 1)
+        assert await _data(cb, "d") == ["new"]
+
+
+async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "p", {"data": 0})
+        assert await _data(cb, "p") == [0]
+        topic_b = b.engine.topics["p"]
+        got: list[dict] = []
+
+        async def poll() -> None:
+            got.append(await _diff(cb, "p", from_seq=1, wait_ms=20_000))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            with trio.fail_after(10):
+                while not topic_b.has_waiters:  # parked (after its catch-up round trip)
+                    await trio.testing.wait_all_tasks_blocked(0.01)
+            assert got == []
+            with trio.fail_after(10):
+                await _write(ca, "p", {"data": 1})
+        assert [r["data"] for r in got[0]["records"]] == [1]
+
+
+async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _json(await ca.put("/v0/topics/listed"), 201)
+        with trio.fail_after(10):  # the owner's notice (or the follower's poll)
+            while "listed" not in b.engine.topics:
+                await trio.testing.wait_all_tasks_blocked(0.01)
+        body = await _json(await cb.get("/v0/topics"), 200)
+        assert [t["topic"] for t in body["topics"]] == ["listed"]
+
+
+async def test_a_follower_takes_over_when_the_owner_stops_renewing(nats_server):
+    """The owner's engine closes (its lease is not renewed any more): the follower takes
+    the lease once it expires, then runs writes itself at the next seqs."""
+    cfg = jetstream_config(nats_server.url)
+    js = dataclasses.replace(cfg.storage.jetstream, lease_ms=600)
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    a_up, stop_a = trio.Event(), trio.Event()
+
+    async def run_a() -> None:
+        async with open_jetstream_app(cfg) as a:
+            assert _fronts(a).owner
+            await _write(a.app.test_client(), "o", {"data": 1}, headers={"Idempotency-Key": "k"})
+            a_up.set()
+            await stop_a.wait()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run_a)
+        await a_up.wait()
+        async with open_jetstream_app(cfg) as b:
+            assert not _fronts(b).owner
+            cb = b.app.test_client()
+            assert await _data(cb, "o") == [1]
+            stop_a.set()  # the owner closes: nobody renews its lease
+            with trio.fail_after(15):
+                await _fronts(b).promoted.wait()
+            assert _fronts(b).owner
+            w = await _write(cb, "o", {"data": 1}, headers={"Idempotency-Key": "k"})
+            assert (w["first_seq"], w["deduped"]) == (1, True)
+            w = await _write(cb, "o", {"data": 2})
+            assert w["first_seq"] == 2
+            assert await _data(cb, "o") == [1, 2]
+
+
+@pytest.mark.skipif(os.environ.get("TOPICD_SKIP_PROCESS_TESTS") == "1", reason="no processes")
+async def test_kill9_of_the_owner_front_during_writes(nats_server, tmp_path):
+    """Three `topicd serve` fronts; writers on the two followers (an idempotency key per
+    write, retried on 503 or a lost connection) while the owner is killed with SIGKILL.
+    After the takeover every acknowledged write is on every front, once, at its seq."""
+    env = {
+        "TOPICD_STORAGE_BACKEND": "jetstream",
+        "TOPICD_JETSTREAM_SERVERS": nats_server.url,
+        "TOPICD_JETSTREAM_PREFIX": "fronts9",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+    }
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(3):
+            s = Server(nursery, tmp_path / f"f{i}")
+            s.extra_env = dict(env)
+            await s.start()
+            servers.append(s)
+        try:
+            owner, followers = servers[0], servers[1:]
+            assert "front" in owner.run.text
+            acked: dict[str, int] = {}  # idempotency key -> first seq
+            enough = trio.Event()
+            done = 0
+
+            async def writer(server: Server, name: str) -> None:
+                nonlocal done
+                async with http_client(server) as hc:
+                    for i in range(60):
+                        key = f"{name}-{i}"
+                        with trio.fail_after(30):
+                            while True:
+                                try:
+                                    r = await hc.post(
+                                        "/v0/topics/k",
+                                        json={"records": [{"data": key}]},
+                                        headers={"Idempotency-Key": key},
+                                    )
+                                except httpx.HTTPError:
+                                    continue
+                                if r.status_code == 503:
+                                    await trio.sleep(0.05)  # the retry's pace, not a wait
+                                    continue
+                                assert r.status_code in (200, 201), r.text
+                                break
+                        acked[key] = r.json()["first_seq"]
+                        if len(acked) >= 30:
+                            enough.set()
+                done += 1
+
+            async with trio.open_nursery() as n:
+                for j, f in enumerate(followers):
+                    n.start_soon(writer, f, f"w{j}")
+                await enough.wait()
+                await owner.kill()
+            assert done == 2
+            assert len(acked) == 120
+            assert sorted(acked.values()) == list(range(1, 121))  # no seq reused, no dup
+            for f in followers:
+                async with http_client(f) as hc:
+                    r = await hc.post("/v0/topics/k/diff", json={"from_seq": 0, "limit": 1000})
+                    records = r.json()["records"]
+                    assert {x["data"]: x["$seq"] for x in records} == acked
+            assert sum("took the owner lease" in f.run.text for f in followers) == 1
+        finally:
+            for s in servers:
+                with trio.CancelScope(shield=True):
+                    await s.close()
