@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from functools import partial
 
 import httpx
 import pytest
@@ -24,6 +25,7 @@ import trio.testing
 from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
 from topicd.storage.jetstream import JetStreamBackend
 from topicd.storage.jsfronts import Fronts
@@ -189,6 +191,32 @@ async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(nats
         assert [r["data"] for r in got[0]["records"]] == [1]
 
 
+async def test_an_sse_watch_on_a_follower_streams_writes_made_through_the_owner(
+    nats_server, nursery
+):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "w", *({"data": i} for i in range(3)))
+        wid = await watch_helpers.wid_of(cb, {"topics": {"w": {"from_seq": 1}}})
+        s = await watch_helpers.open_ok(b, nursery, wid)
+        frames = await watch_helpers.read_until_event(s, "caught-up")
+        backlog = [r["data"] for f in frames if f[0] == "record" for r in f[2]["records"]]
+        assert backlog == [1, 2]
+        with trio.fail_after(10):
+            await _write(ca, "w", {"data": "live"})
+            (event, cursors, data) = (await watch_helpers.read(s, 1))[0]
+        assert (event, cursors, [r["data"] for r in data["records"]]) == (
+            "record",
+            {"w": 4},
+            ["live"],
+        )
+        # the session lives on the front that created it
+        r = await ca.get(f"/v0/watch/{wid}")
+        assert r.status_code == 404
+        await watch_helpers.close(s)
+
+
 async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(nats_server):
     cfg = jetstream_config(nats_server.url)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
@@ -232,6 +260,38 @@ async def test_a_follower_takes_over_when_the_owner_stops_renewing(nats_server):
             w = await _write(cb, "o", {"data": 2})
             assert w["first_seq"] == 2
             assert await _data(cb, "o") == [1, 2]
+
+
+async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_server):
+    """The lease moves to `b` while `a` still believes it owns (its renewal has not run
+    yet): `a`'s next registry write fails by compare-and-set (`503`), nothing of it
+    lands; once `a` finds its lease gone it forwards to `b` like any follower."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _json(await ca.put("/v0/topics/f", json={"cap_records": 10}), 201)
+        await _write(ca, "f", {"data": 1})
+        fb = _fronts(b)
+        store = fb.store
+        _, rev = await fb.backend.bridge.call(store.lease)
+        fb.lease_rev = await fb.backend.bridge.call(
+            partial(store.write_lease, fb._lease_value(), rev)
+        )
+        await fb._promote()
+        assert fb.owner and _fronts(a).owner  # `a` has not noticed yet
+        await _json(await cb.put("/v0/topics/f", json={"cap_records": 20}), 200)
+        r = await ca.put("/v0/topics/f", json={"cap_records": 30})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        state = await _json(await cb.get("/v0/topics/f"), 200)
+        assert state["config"]["cap_records"] == 20
+        await _fronts(a)._tend_lease()  # its renewal: the lease is `b`'s now
+        assert not _fronts(a).owner
+        await _json(await ca.put("/v0/topics/f", json={"cap_records": 30}), 200)
+        state = await _json(await cb.get("/v0/topics/f"), 200)
+        assert state["config"]["cap_records"] == 30
+        w = await _write(ca, "f", {"data": 2})
+        assert w["first_seq"] == 2
+        assert await _data(ca, "f") == [1, 2]
 
 
 @pytest.mark.skipif(os.environ.get("TOPICD_SKIP_PROCESS_TESTS") == "1", reason="no processes")

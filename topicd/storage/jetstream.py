@@ -93,6 +93,7 @@ FLOOR_INTERVAL_S: Final = 1.0
 _WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
 _WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
 PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
+REV: Final = "_rev"  # (in entries read back: the key's revision, never stored)
 LEASE_KEY: Final = "front.owner"  # {"front": id, "subject": inbox, "until_ms": wall ms}
 # the answer to a forwarded request the owner has no room to queue
 BUSY_REPLY: Final = (
@@ -320,13 +321,22 @@ class JetStreamStore:
             elif k.startswith("topic."):
                 obj = orjson.loads(entry.value)
                 assert isinstance(obj, dict)
+                obj[REV] = int(entry.revision or 0)
                 entries[int(k[6:])] = obj
         return next_id, entries
 
-    async def put_entry(self, topic_id: int, entry: dict[str, JsonValue]) -> None:
+    async def put_entry(self, topic_id: int, entry: dict[str, JsonValue], last: int | None) -> int:
+        """Write `topic.<id>` by compare-and-set: created (`last` None: it must not exist)
+        or replacing revision `last`. Returns the new revision; raises when another front
+        wrote it first (a deposed owner's registry write fails, like its records)."""
         assert self.kv is not None
-        await self.kv.put(f"topic.{topic_id}", orjson.dumps(entry))
+        key, value = f"topic.{topic_id}", orjson.dumps(entry)
+        if last is None:
+            rev = await self.kv.create(key, value)
+        else:
+            rev = await self.kv.update(key, value, last=last)
         await self._notice(topic_id, 0)
+        return int(rev)
 
     async def probe(self, topic_id: int) -> tuple[dict[str, object] | None, int | None]:
         """(the topic's registry entry, its stream's last seq): one round trip for both;
@@ -364,6 +374,7 @@ class JetStreamStore:
             return None, 0
         obj = orjson.loads(got.value)
         assert isinstance(obj, dict)
+        obj[REV] = int(got.revision or 0)
         return obj, int(got.revision or 0)
 
     async def entry_ids(self) -> set[int]:
@@ -1029,7 +1040,9 @@ class JetStreamBackend:
             async with lane.registry_lock:
                 await self._call(partial(self.store.reserve_id, tid + 1))
                 await self._call(partial(self.store.create_stream, tid))
-                await self._call(partial(self.store.put_entry, tid, _entry(topic)))
+                lane.entry_rev = await self._call(
+                    partial(self.store.put_entry, tid, _entry(topic), None)
+                )
                 await self._call(partial(self.store.put_name, topic.name, tid))
             return apply()
         if ftype == frames.TOPIC_CONFIG:
@@ -1042,7 +1055,9 @@ class JetStreamBackend:
                 # the new config with the current floor: evictions the new caps cause
                 # are redone by a rebuild until the floor task stores them
                 entry = lane.entry() | {"config": wire}
-                await self._call(partial(self.store.put_entry, tid, entry))
+                lane.entry_rev = await self._call(
+                    partial(self.store.put_entry, tid, entry, lane.entry_rev)
+                )
                 return apply()
         if ftype == frames.TOPIC_DELETE:
             async with lane.registry_lock:
@@ -1052,7 +1067,9 @@ class JetStreamBackend:
                 except BaseException:  # `if_empty` and a write landed meanwhile
                     entry = lane.entry()
                     with trio.CancelScope(shield=True):
-                        await self._call(partial(self.store.put_entry, tid, entry))
+                        lane.entry_rev = await self._call(
+                            partial(self.store.put_entry, tid, entry, None)
+                        )
                     raise
             with contextlib.suppress(TopicdError):  # a stale index entry is harmless
                 await self._call(partial(self.store.delete_name, topic.name, tid))
@@ -1103,7 +1120,9 @@ class JetStreamBackend:
                 raise TopicNotFound(topic.name)
             log_after = [*lane.deletes, [number, before, match, bound]][-DELETES_KEPT:]
             entry = _entry(topic, log_after)  # type: ignore[arg-type]
-            await self._call(partial(self.store.put_entry, tid, entry))
+            lane.entry_rev = await self._call(
+                partial(self.store.put_entry, tid, entry, lane.entry_rev)
+            )
             lane.deletes = log_after  # type: ignore[assignment]
             lane.deletes_applied = number
         return apply()
@@ -1158,7 +1177,9 @@ class JetStreamBackend:
                     if engine.by_id.get(tid) is not topic:  # deleted while we waited
                         continue
                     entry = lane.entry()
-                    await self._call(partial(self.store.put_entry, tid, entry))
+                    lane.entry_rev = await self._call(
+                        partial(self.store.put_entry, tid, entry, lane.entry_rev)
+                    )
                     lane.floor_written = floor
                 await self._call(partial(self.store.purge, tid, floor))
             except Exception as exc:
@@ -1282,6 +1303,7 @@ async def _fill(
     assert isinstance(deletes, list)
     lane.deletes = list(deletes)
     lane.deletes_applied = int(deletes[-1][0]) if deletes else 0
+    lane.entry_rev = int(str(entry.get(REV, 0)))
     last_write = entry.get("last_write_ts")
     if topic.last_write_ts is None and isinstance(last_write, int):
         topic.last_write_ts = last_write
@@ -1487,6 +1509,7 @@ async def open_jetstream_engine(
                     trio.move_on_after(cfg.storage.snapshot.final_timeout_ms / 1000),
                 ):
                     await backend.drain()
+                    await fronts.release()
                 nursery.cancel_scope.cancel("storage closed")
     finally:
         with trio.CancelScope(shield=True):

@@ -50,6 +50,7 @@ from topicd.errors import (
     error_from_wire,
 )
 from topicd.storage.jetstream import (
+    REV,
     _install,
     _load_topic,
 )
@@ -150,7 +151,7 @@ class Fronts:
         call = self.backend.bridge.call
         await call(self.store.follow_notices)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._serve, nursery)
+            nursery.start_soon(self._serve)
             nursery.start_soon(self._follow_notices)
             nursery.start_soon(self._poll)
             task_status.started()
@@ -177,6 +178,17 @@ class Fronts:
         if await self.try_lease():
             await self._promote()
 
+    async def release(self) -> None:
+        """At shutdown: an owner gives its lease up (compare-and-set to an expired term),
+        so a follower takes over at its next check instead of after the term."""
+        if not self.owner:
+            await trio.lowlevel.checkpoint()
+            return
+        self.owner = False
+        value = self._lease_value() | {"until_ms": 0}
+        with contextlib.suppress(Exception):
+            await self.backend.bridge.call(partial(self.store.write_lease, value, self.lease_rev))
+
     async def _promote(self) -> None:
         """This follower took the lease: catch every topic up, then run mutations."""
         self.promoting = True
@@ -197,12 +209,13 @@ class Fronts:
 
     # ---- the owner: forwarded mutations ------------------------------------------------
 
-    async def _serve(self, nursery: trio.Nursery) -> None:
+    async def _serve(self) -> None:
         call = self.backend.bridge.call
-        while True:
-            for msg in await call(self.store.next_requests):
-                await self._limit.acquire()
-                nursery.start_soon(self._answer, msg)
+        async with trio.open_nursery() as nursery:
+            while True:
+                for msg in await call(self.store.next_requests):
+                    await self._limit.acquire()
+                    nursery.start_soon(self._answer, msg)
 
     async def _answer(self, msg: Msg) -> None:
         try:
@@ -328,11 +341,13 @@ class Fronts:
             entry, last = await backend._call(partial(self.store.probe, tid))
             if _gone(topic):  # dropped while we waited
                 return None
-            if entry is None or last is None:
+            if entry is None:
                 self._drop(topic)
                 return None
             self._apply_entry(topic, lane, entry)
-            if last > topic.head_seq and not lane.busy and not lane.pending:
+            # (no stream but an entry: a crash mid-create, which the owner's next start
+            # repairs; nothing to load meanwhile)
+            if last is not None and last > topic.head_seq and not lane.busy and not lane.pending:
                 engine = self.engine
                 await _load_topic(engine, backend, topic, engine.clock.now_ms, topic.head_seq + 1)
                 if _gone(topic):
@@ -379,6 +394,7 @@ class Fronts:
             )
             lane.deletes_applied = int(number)
         lane.deletes = list(deletes)
+        lane.entry_rev = int(str(entry.get(REV, 0)))
 
     async def _discover(self, name: str) -> None:
         """A name this front does not serve: load its live instance, if the registry
