@@ -314,7 +314,8 @@ async def test_kill9_of_the_owner_front_during_writes(nats_server, tmp_path):
             servers.append(s)
         try:
             owner, followers = servers[0], servers[1:]
-            assert "front" in owner.run.text
+            assert ": owner" in owner.run.text
+            assert all("follower of" in f.run.text for f in followers)
             acked: dict[str, int] = {}  # idempotency key -> first seq
             enough = trio.Event()
             done = 0

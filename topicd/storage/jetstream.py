@@ -185,6 +185,9 @@ class _Lane:
     deletes: list[JsonValue] = field(default_factory=list)
     deletes_applied: int = 0
     entry_rev: int = 0
+    # a follower's catch-ups of this topic: begun, and the last one finished
+    syncs_begun: int = 0
+    syncs_done: int = 0
 
     def entry(self) -> dict[str, JsonValue]:
         return _entry(self.topic, self.deletes)

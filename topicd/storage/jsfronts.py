@@ -45,6 +45,7 @@ import trio
 
 from topicd.engine.engine import DeleteResult, WriteResult
 from topicd.errors import (
+    Internal,
     StorageUnavailable,
     TopicdError,
     error_from_wire,
@@ -165,18 +166,24 @@ class Fronts:
     async def _tend_lease(self) -> None:
         if self.owner:
             call = self.backend.bridge.call
+            # (a renewal that fails for want of the cluster changes nothing: this front
+            # cannot write either then, and it steps down only once it learns another
+            # front holds the lease; the fences keep two owners apart meanwhile)
             got = await call(partial(self.store.write_lease, self._lease_value(), self.lease_rev))
             if got is not None:
                 self.lease_rev = got
                 return
-            log.warning("front %s: lost the owner lease; following", self.front_id)
-            self.owner = False
-            self.store.notify = False
-            self.engine.forward = self
+            self._step_down("another front holds its lease")
             await self.try_lease()  # learn the new owner
             return
         if await self.try_lease():
             await self._promote()
+
+    def _step_down(self, why: str) -> None:
+        log.warning("front %s: no longer the owner (%s); following", self.front_id, why)
+        self.owner = False
+        self.store.notify = False
+        self.engine.forward = self
 
     async def release(self) -> None:
         """At shutdown: an owner gives its lease up (compare-and-set to an expired term),
@@ -196,9 +203,6 @@ class Fronts:
             await self.sync_all()
             next_id = await self.backend.bridge.call(self.store.next_id)
             self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
-            for topic in list(self.engine.topics.values()):
-                lane = self.backend.lane(topic)
-                lane.floor_written = max(lane.floor_written, topic.evict_floor)
             self.owner = True
             self.store.notify = True
             self.engine.forward = None
@@ -223,9 +227,9 @@ class Fronts:
                 payload = await self._run_forwarded(bytes(msg.data))
             except TopicdError as err:
                 payload = _error_body(err)
-            except Exception as exc:
+            except Exception:
                 log.exception("a forwarded request failed")
-                payload = _error_body(StorageUnavailable(f"the owner front failed: {exc}"))
+                payload = _error_body(Internal("internal error (a bug; see the server log)"))
             with contextlib.suppress(Exception):
                 await self.backend.bridge.call(partial(self.store.respond, msg, payload))
         finally:
@@ -333,10 +337,18 @@ class Fronts:
         """Bring `topic` up to its registry entry and stream; None when it is gone."""
         backend = self.backend
         lane = backend.lane(topic)
+        ticket = lane.syncs_begun
         async with lane.resync_lock:
             if topic.deleted:
                 await trio.lowlevel.checkpoint()
                 return None
+            if lane.syncs_done > ticket:
+                # a catch-up that began after this call did has finished: it saw at
+                # least what this one would (concurrent reads share one round trip)
+                await trio.lowlevel.checkpoint()
+                return topic
+            lane.syncs_begun += 1
+            number = lane.syncs_begun
             tid = topic.topic_id
             entry, last = await backend._call(partial(self.store.probe, tid))
             if _gone(topic):  # dropped while we waited
@@ -354,6 +366,7 @@ class Fronts:
                     return None
                 engine.durable(topic, topic.head_seq)
                 backend._release(topic)
+            lane.syncs_done = number
             return topic
 
     async def _remove(self, topic: Topic) -> None:
@@ -395,6 +408,9 @@ class Fronts:
             lane.deletes_applied = int(number)
         lane.deletes = list(deletes)
         lane.entry_rev = int(str(entry.get(REV, 0)))
+        # what the entry holds: after a takeover, the floor task writes this front's own
+        # (possibly higher) floor
+        lane.floor_written = int(str(entry.get("floor", 1)))
 
     async def _discover(self, name: str) -> None:
         """A name this front does not serve: load its live instance, if the registry
