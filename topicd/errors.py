@@ -251,10 +251,12 @@ def all_error_classes() -> list[type[TopicdError]]:
     return out
 
 
-def error_from_wire(code: str, status: int, message: str, detail: Detail) -> TopicdError:
+def error_from_wire(
+    code: str, status: int, message: str, detail: Detail, retry_after_s: int | None = None
+) -> TopicdError:
     """The error another topicd process answered (`code`, `status`, `message`, `detail`
-    as its canonical body has them), rebuilt as the class that raised it, so this
-    process renders it unchanged (a forwarded request's answer)."""
+    as its canonical body has them, and its `Retry-After` seconds), rebuilt as the class
+    that raised it, so this process renders it unchanged (a forwarded request's answer)."""
     for cls in all_error_classes():
         if cls.code == code and cls.http_status == status:
             err = cls.__new__(cls)
@@ -262,6 +264,6 @@ def error_from_wire(code: str, status: int, message: str, detail: Detail) -> Top
             if isinstance(err, MethodNotAllowed):
                 err.allow = []
             if isinstance(err, _Retryable503):
-                err._retry_after_s = 1
+                err._retry_after_s = max(1, retry_after_s or 1)
             return err
     return Internal(message, dict(detail))

@@ -287,7 +287,9 @@ class Fronts:
         err = answer.get("error")
         if err is not None:
             detail = err.get("detail") or {}
-            raise error_from_wire(err["code"], int(err["status"]), err["message"], detail)
+            raise error_from_wire(
+                err["code"], int(err["status"]), err["message"], detail, err.get("retry_after")
+            )
         ok = answer["ok"]
         assert isinstance(ok, dict)
         return ok
@@ -502,4 +504,5 @@ def _error_body(err: TopicdError) -> bytes:
     inner = body["error"]
     assert isinstance(inner, dict)
     inner["status"] = err.http_status
+    inner["retry_after"] = err.retry_after_s()
     return orjson.dumps(body)
