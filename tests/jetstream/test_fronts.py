@@ -262,7 +262,7 @@ async def test_a_follower_takes_over_when_the_owner_stops_renewing(nats_server):
             assert await _data(cb, "o") == [1, 2]
 
 
-async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_server):
+async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_server, caplog):
     """The lease moves to `b` while `a` still believes it owns (its renewal has not run
     yet): `a`'s next registry write fails by compare-and-set (`503`), nothing of it
     lands; once `a` finds its lease gone it forwards to `b` like any follower."""
@@ -284,6 +284,26 @@ async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_
         assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
         state = await _json(await cb.get("/v0/topics/f"), 200)
         assert state["config"]["cap_records"] == 20
+        # topic ids come from the registry by compare-and-set: both may create, never
+        # with the same id
+        await _json(await ca.put("/v0/topics/n1"), 201)
+        await _json(await cb.put("/v0/topics/n2"), 201)
+        assert a.engine.topics["n1"].topic_id != b.engine.topics["n2"].topic_id
+        # the new owner takes in what the deposed one did (its poll, run here at once)
+        await _fronts(b).poll_once()
+        await _json(await cb.get("/v0/topics/n1"), 200)
+        # a name another front created is not created twice
+        r = await ca.put("/v0/topics/n2", json={"cap_records": 7})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        # `a` changes a config `b` has not written since: its compare-and-set succeeds;
+        # `b`'s next change of it adopts that entry, then writes its own on top
+        await _json(await ca.put("/v0/topics/n1", json={"cap_records": 7}), 200)
+        await _json(await cb.put("/v0/topics/n1", json={"cap_records": 8, "ttl_ms": 0}), 200)
+        entry, _ = await fb.backend.bridge.call(
+            partial(store.entry, b.engine.topics["n1"].topic_id)
+        )
+        assert entry["config"]["cap_records"] == 8
+        assert "adopted a registry entry another front wrote" in caplog.text
         await _fronts(a)._tend_lease()  # its renewal: the lease is `b`'s now
         assert not _fronts(a).owner
         await _json(await ca.put("/v0/topics/f", json={"cap_records": 30}), 200)

@@ -93,6 +93,7 @@ FLOOR_INTERVAL_S: Final = 1.0
 _WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
 _WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
 PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
+ID_ATTEMPTS: Final = 16  # compare-and-set rounds for one topic id
 REV: Final = "_rev"  # (in entries read back: the key's revision, never stored)
 LEASE_KEY: Final = "front.owner"  # {"front": id, "subject": inbox, "until_ms": wall ms}
 # the answer to a forwarded request the owner has no room to queue
@@ -360,9 +361,30 @@ class JetStreamStore:
         await self.kv.purge(f"topic.{topic_id}")
         await self._notice(topic_id, 0)
 
-    async def reserve_id(self, next_id: int) -> None:
+    async def allocate_id(self, at_least: int) -> int:
+        """A topic id no front was given before: `meta.next_id` (at least `at_least`),
+        advanced by compare-and-set, so two fronts never both get one (a deposed owner
+        creating a topic included)."""
+        import nats.js.errors
+
         assert self.kv is not None
-        await self.kv.put("meta.next_id", str(next_id).encode())
+        for _ in range(ID_ATTEMPTS):
+            try:
+                got = await self.kv.get("meta.next_id")
+                current, rev = int(got.value or b"1"), int(got.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                current, rev = 1, 0
+            tid = max(current, at_least)
+            value = str(tid + 1).encode()
+            try:
+                if rev == 0:
+                    await self.kv.create("meta.next_id", value)
+                else:
+                    await self.kv.update("meta.next_id", value, last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another front took one meanwhile
+            return tid
+        raise RuntimeError("no topic id after repeated conflicts on meta.next_id")
 
     async def entry(self, topic_id: int) -> tuple[dict[str, object] | None, int]:
         """(the `topic.<id>` entry or None when absent, its revision or 0)."""
@@ -400,6 +422,35 @@ class JetStreamStore:
         except nats.js.errors.KeyNotFoundError:
             return 1
         return int(got.value or b"1")
+
+    async def claim_name(self, name: str, topic_id: int) -> bool:
+        """Point the name index at `topic_id`, unless it names another instance whose
+        entry exists (a live topic of that name: False). Compare-and-set, so of two
+        fronts creating one name (a deposed owner and the new one) only one succeeds."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        key, value = name_key(name), str(topic_id).encode()
+        for _ in range(ID_ATTEMPTS):
+            try:
+                got = await self.kv.get(key)
+                current: int | None = int(got.value) if got.value else None
+                rev = int(got.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                current, rev = None, 0
+            if current is not None and current != topic_id:
+                live, _ = await self.entry(current)
+                if live is not None:
+                    return False
+            try:
+                if current is None:
+                    await self.kv.create(key, value)
+                else:
+                    await self.kv.update(key, value, last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            return True
+        raise RuntimeError(f"no claim on the name index after repeated conflicts: {name!r}")
 
     async def put_name(self, name: str, topic_id: int) -> None:
         """The name index: `name.<hex of the name>` = the id of its live instance."""
@@ -1040,13 +1091,27 @@ class JetStreamBackend:
         if ftype == frames.TOPIC_CREATE:
             config = topic.config.to_wire()
             check_config(config)
+            # the id comes from the registry (the engine's guess is its lower bound): the
+            # topic is not registered anywhere yet, so it may still change
+            got = await self._call(partial(self.store.allocate_id, tid))
+            if got != tid:
+                self._lanes.pop(tid, None)
+                topic.topic_id = tid = got
+                lane = self.lane(topic)
+                if self.engine is not None:
+                    self.engine.next_topic_id = max(self.engine.next_topic_id, tid + 1)
             async with lane.registry_lock:
-                await self._call(partial(self.store.reserve_id, tid + 1))
+                # the name first: a crash after it leaves an index entry naming an id with
+                # no entry, which the next claim of the name replaces
+                if not await self._call(partial(self.store.claim_name, topic.name, tid)):
+                    raise StorageUnavailable(
+                        f"topic {topic.name!r} was created by another front; retry",
+                        {"topic": topic.name, "backend": "jetstream"},
+                    )
                 await self._call(partial(self.store.create_stream, tid))
                 lane.entry_rev = await self._call(
                     partial(self.store.put_entry, tid, _entry(topic), None)
                 )
-                await self._call(partial(self.store.put_name, topic.name, tid))
             return apply()
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
@@ -1057,10 +1122,7 @@ class JetStreamBackend:
             async with lane.registry_lock:
                 # the new config with the current floor: evictions the new caps cause
                 # are redone by a rebuild until the floor task stores them
-                entry = lane.entry() | {"config": wire}
-                lane.entry_rev = await self._call(
-                    partial(self.store.put_entry, tid, entry, lane.entry_rev)
-                )
+                await self._put_entry(topic, lane, lambda: lane.entry() | {"config": wire})
                 return apply()
         if ftype == frames.TOPIC_DELETE:
             async with lane.registry_lock:
@@ -1084,6 +1146,34 @@ class JetStreamBackend:
             return await self._delete_records(topic, body, apply)
         await trio.lowlevel.checkpoint()
         raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
+
+    async def _put_entry(
+        self, topic: Topic, lane: _Lane, build: Callable[[], dict[str, JsonValue]]
+    ) -> None:
+        """Replace the topic's registry entry (revision `lane.entry_rev`) with `build()`.
+
+        Another front wrote it since (a deposed owner that had not noticed yet): if this
+        front still holds the lease, it adopts that write (the config, record deletes and
+        floor it carries were acknowledged to a client) and writes its own on top once;
+        otherwise the conflict stands (`503`: this front is the deposed one)."""
+        tid = topic.topic_id
+        try:
+            lane.entry_rev = await self._call(
+                partial(self.store.put_entry, tid, build(), lane.entry_rev)
+            )
+            return
+        except StorageUnavailable:
+            fronts = self.fronts
+            if fronts is None or not await fronts.holds_lease():
+                raise
+        entry, _ = await self._call(partial(self.store.entry, tid))
+        if entry is None or topic.deleted:
+            raise TopicNotFound(topic.name)
+        fronts.adopt(topic, lane, entry)
+        log.warning("topic %r: adopted a registry entry another front wrote", topic.name)
+        lane.entry_rev = await self._call(
+            partial(self.store.put_entry, tid, build(), lane.entry_rev)
+        )
 
     async def _delete_stream(self, topic: Topic) -> None:
         """A deleted topic's stream goes after the answer (its registry entry is gone, so
@@ -1117,17 +1207,20 @@ class JetStreamBackend:
         # the other fronts apply the same delete from the registry entry (written before
         # memory changes: a failure here is a 503 the client retries; purges are idempotent)
         lane = self.lane(topic)
-        number = lane.deletes_applied + 1
+        record: list[JsonValue] = [0, before, match, bound]  # type: ignore[list-item]
+        log_after: list[JsonValue] = []
+
+        def build() -> dict[str, JsonValue]:
+            record[0] = lane.deletes_applied + 1
+            log_after[:] = [*lane.deletes, record][-DELETES_KEPT:]
+            return _entry(topic, log_after)
+
         async with lane.registry_lock:
             if topic.deleted:
                 raise TopicNotFound(topic.name)
-            log_after = [*lane.deletes, [number, before, match, bound]][-DELETES_KEPT:]
-            entry = _entry(topic, log_after)  # type: ignore[arg-type]
-            lane.entry_rev = await self._call(
-                partial(self.store.put_entry, tid, entry, lane.entry_rev)
-            )
-            lane.deletes = log_after  # type: ignore[assignment]
-            lane.deletes_applied = number
+            await self._put_entry(topic, lane, build)
+            lane.deletes = log_after
+            lane.deletes_applied = int(str(record[0]))
         return apply()
 
     def status(self) -> dict[str, JsonValue] | None:
@@ -1179,10 +1272,7 @@ class JetStreamBackend:
                 async with lane.registry_lock:
                     if engine.by_id.get(tid) is not topic:  # deleted while we waited
                         continue
-                    entry = lane.entry()
-                    lane.entry_rev = await self._call(
-                        partial(self.store.put_entry, tid, entry, lane.entry_rev)
-                    )
+                    await self._put_entry(topic, lane, lane.entry)
                     lane.floor_written = floor
                 await self._call(partial(self.store.purge, tid, floor))
             except Exception as exc:

@@ -381,6 +381,20 @@ class Fronts:
             self.engine.apply_delete_topic(topic, False, self.clock.now_ms())
             self.backend._lanes.pop(topic.topic_id, None)
 
+    async def holds_lease(self) -> bool:
+        """Whether the lease in the registry is still this front's (one round trip)."""
+        value, rev = await self.backend._call(self.store.lease)
+        return (
+            self.owner
+            and value is not None
+            and value.get("front") == self.front_id
+            and rev == self.lease_rev
+        )
+
+    def adopt(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+        """Take over what another front wrote into `topic`'s entry (see `_apply_entry`)."""
+        self._apply_entry(topic, lane, entry)
+
     def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
         engine = self.engine
         now = self.clock.now_ms()
@@ -479,20 +493,34 @@ class Fronts:
     async def _poll(self) -> None:
         while True:
             await trio.sleep(POLL_S)
-            if self.owner:
-                continue
             try:
-                heads = await self.backend._call(self.store.stream_heads)
-                ids = await self.backend._call(self.store.entry_ids)
-                for topic in list(self.engine.by_id.values()):
-                    if topic.topic_id not in ids:
-                        await self._remove(topic)
-                    elif heads.get(topic.topic_id, 0) > topic.head_seq:
-                        await self.refresh(topic)
-                for tid in sorted(ids - set(self.engine.by_id)):
-                    await self._install_id(tid)
+                await self.poll_once()
             except TopicdError as exc:
                 log.warning("front %s: poll failed: %s", self.front_id, exc)
+
+    async def poll_once(self) -> None:
+        """The fallback for lost notices, and how topics created or deleted elsewhere
+        reach this front's listing: the streams' last seqs and the registry's ids.
+
+        On the owner, it finds what a deposed owner did before it noticed (a topic it
+        created, records it wrote): those were acknowledged, so they are taken in."""
+        backend = self.backend
+        engine = self.engine
+        heads = await backend._call(self.store.stream_heads)
+        ids = await backend._call(self.store.entry_ids)
+        for topic in list(engine.by_id.values()):
+            tid = topic.topic_id
+            if self.owner:
+                if heads.get(tid, 0) > topic.head_seq:
+                    await backend.resync(topic)
+            elif tid not in ids:
+                await self._remove(topic)
+            elif heads.get(tid, 0) > topic.head_seq:
+                await self.refresh(topic)
+        for tid in sorted(ids - set(engine.by_id)):
+            if self.owner and tid in backend._lanes:
+                continue  # this front is creating it right now
+            await self._install_id(tid)
 
 
 def _gone(topic: Topic) -> bool:
