@@ -5,9 +5,11 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
 (docs/jetstream.md has the design, the deltas and what is not supported yet):
 
 * **Registry** — one key-value bucket `<prefix>_registry`: `topic.<id>` holds a topic
-  instance's name, config, eviction floor and eviction runs (JSON); `meta.next_id` the next
-  topic id (ids are never reused). Writing the `topic.<id>` entry is the commit point of a
-  topic create or config change; deleting it, of a topic delete.
+  instance's name, config, eviction floor, eviction runs and last record deletes (JSON);
+  `meta.next_id` the next topic id (ids are never reused); `name.<hex>` the id of a
+  name's live instance; `front.owner` the owner front's lease. Writing the `topic.<id>`
+  entry is the commit point of a topic create or config change; deleting it, of a topic
+  delete.
 * **Records** — topic id N is the stream `<prefix>_T<N>` with the subjects
   `<prefix>.t.<N>.*`; the last token encodes the record's tag (`_` untagged, `x` + hex
   of its UTF-8 otherwise) so exact-tag deletes are filtered purges. A record's `$seq` *is*
@@ -22,6 +24,10 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
   stream by batched direct get (`read_stored_range`).
 * **Restart** — `open_jetstream_engine` rebuilds the engine from the registry and the
   streams through the same `Engine.apply_*` methods recovery uses.
+* **Several fronts** — `topicd.storage.jsfronts`: the front holding the owner lease runs
+  every mutation through this backend; the others forward theirs to it and catch topics
+  up (`_install`, `_load_topic`) before reads. Registry writes are compare-and-set, so a
+  deposed owner's fail like its fenced publishes.
 
 Every client call runs on the asyncio loop of an `AsyncioBridge` (its own thread).
 """
