@@ -314,6 +314,40 @@ async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_
         assert await _data(ca, "f") == [1, 2]
 
 
+async def test_a_lease_whose_holder_is_gone_is_taken_at_once(nats_server):
+    """The lease names a front nobody listens for (its connection closed) and runs for an
+    hour yet: a starting front asks, gets *no responders*, and takes it at once."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a:
+        fa = _fronts(a)
+        fa._tend_lease = trio.lowlevel.checkpoint  # `a` no longer looks after the lease
+        _, rev = await fa.backend.bridge.call(fa.store.lease)
+        ghost = {"front": "ghost", "subject": "nobody.listens", "until_ms": 2**53}
+        got = await fa.backend.bridge.call(partial(fa.store.write_lease, ghost, rev))
+        assert got is not None
+        fa.owner = False  # (as if `a` had lost it: it would step down at its renewal)
+        async with open_jetstream_app(cfg) as b:
+            assert _fronts(b).owner
+            await _write(b.app.test_client(), "g", {"data": 1})
+
+
+async def test_a_follower_answers_503_while_the_owner_is_unreachable(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        cb = b.app.test_client()
+        await _write(cb, "u", {"data": 1})
+        fb = _fronts(b)
+        fb.owner_subject = f"{fb.store.prefix}.fwd.gone"
+        r = await cb.post("/v0/topics/u", json={"records": [{"data": 2}]})
+        body = await _json(r, 503)
+        assert body["error"]["code"] == "storage_unavailable"
+        assert r.headers["Retry-After"] == "1"
+        await fb._tend_lease()  # its lease check finds the owner again
+        assert fb.owner_subject == _fronts(a).subject
+        w = await _write(cb, "u", {"data": 2})
+        assert w["first_seq"] == 2
+
+
 @pytest.mark.skipif(os.environ.get("TOPICD_SKIP_PROCESS_TESTS") == "1", reason="no processes")
 async def test_kill9_of_the_owner_front_during_writes(nats_server, tmp_path):
     """Three `topicd serve` fronts; writers on the two followers (an idempotency key per
