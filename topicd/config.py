@@ -265,6 +265,14 @@ class JetStreamConfig:
         min=1,
         max=5,
     )
+    shards: int = key(
+        1,
+        "Owner shards of the deployment's topics (by a hash of the name): each has its own "
+        "owner front, and fronts share them out evenly (docs/jetstream.md, several fronts). "
+        "Every front of a deployment must use the same value; the first one records it.",
+        min=1,
+        max=64,
+    )
     lease_ms: int = key(
         3000,
         "Term of the owner lease (ms): the front holding it runs every mutation, and renews "

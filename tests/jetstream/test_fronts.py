@@ -27,7 +27,7 @@ from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
-from topicd.storage.jetstream import JetStreamBackend
+from topicd.storage.jetstream import JetStreamBackend, JetStreamUnavailable
 from topicd.storage.jsfronts import Fronts
 
 pytestmark = pytest.mark.slow
@@ -274,10 +274,10 @@ async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_
         fb = _fronts(b)
         store = fb.store
         _, rev = await fb.backend.bridge.call(store.lease)
-        fb.lease_rev = await fb.backend.bridge.call(
+        fb.lease_revs[0] = await fb.backend.bridge.call(
             partial(store.write_lease, fb._lease_value(), rev)
         )
-        await fb._promote()
+        await fb._promote(0)
         assert fb.owner and _fronts(a).owner  # `a` has not noticed yet
         await _json(await cb.put("/v0/topics/f", json={"cap_records": 20}), 200)
         r = await ca.put("/v0/topics/f", json={"cap_records": 30})
@@ -325,7 +325,7 @@ async def test_a_lease_whose_holder_is_gone_is_taken_at_once(nats_server):
         ghost = {"front": "ghost", "subject": "nobody.listens", "until_ms": 2**53}
         got = await fa.backend.bridge.call(partial(fa.store.write_lease, ghost, rev))
         assert got is not None
-        fa.owner = False  # (as if `a` had lost it: it would step down at its renewal)
+        fa.owned.clear()  # (as if `a` had lost it: it would step down at its renewal)
         async with open_jetstream_app(cfg) as b:
             assert _fronts(b).owner
             await _write(b.app.test_client(), "g", {"data": 1})
@@ -337,15 +337,84 @@ async def test_a_follower_answers_503_while_the_owner_is_unreachable(nats_server
         cb = b.app.test_client()
         await _write(cb, "u", {"data": 1})
         fb = _fronts(b)
-        fb.owner_subject = f"{fb.store.prefix}.fwd.gone"
+        fb.owner_subjects[0] = f"{fb.store.prefix}.fwd.gone"
         r = await cb.post("/v0/topics/u", json={"records": [{"data": 2}]})
         body = await _json(r, 503)
         assert body["error"]["code"] == "storage_unavailable"
         assert r.headers["Retry-After"] == "1"
         await fb._tend_lease()  # its lease check finds the owner again
-        assert fb.owner_subject == _fronts(a).subject
+        assert fb.owner_subjects[0] == _fronts(a).subject
         w = await _write(cb, "u", {"data": 2})
         assert w["first_seq"] == 2
+
+
+def _sharded(url: str, shards: int):
+    cfg = jetstream_config(url)
+    # a long lease: the background checks stay out of the way; the test drives them
+    js = dataclasses.replace(cfg.storage.jetstream, shards=shards, lease_ms=60_000)
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+
+
+async def _balance(*hs) -> None:
+    for _ in range(4):
+        for h in hs:
+            await _fronts(h)._tend_lease()
+
+
+async def test_shards_spread_over_the_fronts_and_move_when_one_leaves(nats_server):
+    """`shards = 3`, three fronts: after their lease checks each owns one shard (the
+    first front took all three, then gave two up as the others joined). Writes to topics
+    of every shard through every front land once, in order, readable everywhere; when a
+    front leaves, its shard moves to another and writes go on at the next seqs."""
+    cfg = _sharded(nats_server.url, 3)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        assert (_fronts(a).owned, _fronts(b).owned) == ({0, 1, 2}, set())
+        names = {}
+        for i in range(100):
+            names.setdefault(_fronts(a).shard_of(f"s{i}"), f"s{i}")
+        assert sorted(names) == [0, 1, 2]
+        async with open_jetstream_app(cfg) as c:
+            hs = (a, b, c)
+            await _balance(*hs)
+            owned = [_fronts(h).owned for h in hs]
+            assert sorted(len(o) for o in owned) == [1, 1, 1]
+            assert set().union(*owned) == {0, 1, 2}
+            clients = [h.app.test_client() for h in hs]
+            for j, client in enumerate(clients):
+                for name in names.values():
+                    w = await _write(client, name, {"data": j})
+                    assert w["first_seq"] == j + 1
+            for client in clients:
+                for name in names.values():
+                    assert await _data(client, name) == [0, 1, 2]
+            # each front ran its own shard's writes and forwarded the others'
+            for h in hs:
+                assert _fronts(h).served > 0 and _fronts(h).forwarded > 0
+            leaving = set(_fronts(c).owned)
+        # `c` gave its shard up at shutdown: one of the two left takes it
+        await _balance(a, b)
+        assert _fronts(a).owned | _fronts(b).owned == {0, 1, 2}
+        assert not _fronts(a).owned & _fronts(b).owned
+        (k,) = leaving
+        for client in (a.app.test_client(), b.app.test_client()):
+            w = await _write(client, names[k], {"data": "after"})
+            assert w["first_seq"] in (4, 5)
+        assert await _data(a.app.test_client(), names[k]) == [0, 1, 2, "after", "after"]
+
+
+async def test_a_front_refuses_another_shard_count(nats_server):
+    cfg = _sharded(nats_server.url, 2)
+    async with open_jetstream_app(cfg):
+        other = dataclasses.replace(
+            cfg,
+            storage=dataclasses.replace(
+                cfg.storage,
+                jetstream=dataclasses.replace(cfg.storage.jetstream, shards=3),
+            ),
+        )
+        with pytest.raises(JetStreamUnavailable, match="runs 2 owner shards"):
+            async with open_jetstream_app(other):
+                pass
 
 
 @pytest.mark.skipif(os.environ.get("TOPICD_SKIP_PROCESS_TESTS") == "1", reason="no processes")

@@ -1,8 +1,8 @@
 """The forwarding seam: an engine that does not run its topics' mutations itself.
 
 On a storage backend shared by several processes (the jetstream backend's *fronts*), one
-front owns the mutations (topic create, config and delete, writes, record deletes) and
-the others hand them over. `Engine.forward` is then set: the engine passes each mutation
+front owns the mutations (topic create, config and delete, writes, record deletes) of a
+topic and the others hand them over. `Engine.forward` is then set: the engine passes each mutation
 to it whole (the owner runs it through its own engine, with its validation, seqs,
 idempotency and errors), and before a read it lets the forwarder bring the topic up to
 date (`catch_up`), so a read on any process sees every write acknowledged before it
@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
 class Forwarder(Protocol):
     """Where a non-owning engine sends its mutations (each raises the owner's error)."""
+
+    def owns(self, name: str) -> bool:
+        """Whether this process runs `name`'s mutations itself (then nothing is
+        forwarded or caught up for it)."""
+        ...
 
     async def put_topic(self, name: str, cin: TopicConfigIn | None) -> tuple[Topic, bool]:
         """`Engine.put_topic` on the owner; returns this process's (caught-up) topic."""

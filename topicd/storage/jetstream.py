@@ -40,6 +40,7 @@ import dataclasses
 import json
 import logging
 import re
+import uuid
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -101,7 +102,9 @@ _WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
 PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
 ID_ATTEMPTS: Final = 16  # compare-and-set rounds for one topic id
 REV: Final = "_rev"  # (in entries read back: the key's revision, never stored)
-LEASE_KEY: Final = "front.owner"  # {"front": id, "subject": inbox, "until_ms": wall ms}
+# `<LEASE_KEY>.<shard>`: {"front": id, "subject": its request subject, "until_ms": wall ms}
+LEASE_KEY: Final = "front.owner"
+MEMBERS_KEY: Final = "front.members"  # {front id: until ms}: the fronts alive
 # the answer to a forwarded request the owner has no room to queue
 BUSY_REPLY: Final = (
     b'{"error":{"code":"storage_unavailable","status":503,"message":'
@@ -223,7 +226,8 @@ class JetStreamStore:
         self.last_error: Exception | None = None  # the last connection error NATS reported
         self.closing = False
         self.connected: asyncio.Event | None = None  # set while connected (loop side)
-        self.notify = False  # publish a notice per committed write (the owner front)
+        self.notify = False  # publish a notice per committed write (an owner front)
+        self.ignore_notices = False  # (a front owning every shard)
         self.requests: asyncio.Queue[Msg] | None = None  # forwarded to this front
         self.notices: tuple[set[int], asyncio.Event] | None = None
 
@@ -488,13 +492,13 @@ class JetStreamStore:
 
     # ---- fronts: the owner lease, forwarding, notifications ---------------------------
 
-    async def lease(self) -> tuple[dict[str, object] | None, int]:
-        """(the owner lease `front.owner`, its revision; 0 when absent)."""
+    async def lease(self, shard: int = 0) -> tuple[dict[str, object] | None, int]:
+        """(the owner lease of `shard`, `front.owner.<shard>`, its revision; 0 when absent)."""
         import nats.js.errors
 
         assert self.kv is not None
         try:
-            got = await self.kv.get(LEASE_KEY)
+            got = await self.kv.get(f"{LEASE_KEY}.{shard}")
         except nats.js.errors.KeyNotFoundError:
             return None, 0
         if not got.value:
@@ -503,22 +507,68 @@ class JetStreamStore:
         assert isinstance(obj, dict)
         return obj, int(got.revision or 0)
 
-    async def write_lease(self, value: dict[str, JsonValue], last: int) -> int | None:
-        """Compare-and-set the lease (`last` 0: create it); its new revision, or None when
-        someone else changed it first."""
+    async def write_lease(
+        self, value: dict[str, JsonValue], last: int, shard: int = 0
+    ) -> int | None:
+        """Compare-and-set a shard's lease (`last` 0: create it); its new revision, or
+        None when someone else changed it first."""
         import nats.js.errors
 
         assert self.kv is not None
+        key = f"{LEASE_KEY}.{shard}"
         try:
             if last == 0:
-                return int(await self.kv.create(LEASE_KEY, orjson.dumps(value)))
-            return int(await self.kv.update(LEASE_KEY, orjson.dumps(value), last=last))
+                return int(await self.kv.create(key, orjson.dumps(value)))
+            return int(await self.kv.update(key, orjson.dumps(value), last=last))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
             return None
         except nats.js.errors.APIError as exc:
             if exc.err_code in (_WRONG_LAST_SEQUENCE_KV, _WRONG_LAST_SEQUENCE):
                 return None
             raise
+
+    async def check_shards(self, shards: int) -> int:
+        """The deployment's shard count (`meta.shards`): written by the first front,
+        returned as found by the others (which refuse to start on another count)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            await self.kv.create("meta.shards", str(shards).encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            got = await self.kv.get("meta.shards")
+            return int(got.value or b"1")
+        return shards
+
+    async def members(self, front: str, until_ms: int, now_ms: int, drop: str | None) -> int:
+        """Renew this front's membership (`front.members`: {front id: until ms}), drop
+        expired members (and `drop`, a front found gone), by compare-and-set; returns how
+        many fronts are members. `until_ms` 0 leaves the membership."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        for _ in range(ID_ATTEMPTS):
+            try:
+                got = await self.kv.get(MEMBERS_KEY)
+                table = orjson.loads(got.value) if got.value else {}
+                rev = int(got.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                table, rev = {}, 0
+            assert isinstance(table, dict)
+            table = {k: v for k, v in table.items() if int(v) > now_ms and k != drop}
+            if until_ms:
+                table[front] = until_ms
+            else:
+                table.pop(front, None)
+            try:
+                if rev == 0:
+                    await self.kv.create(MEMBERS_KEY, orjson.dumps(table))
+                else:
+                    await self.kv.update(MEMBERS_KEY, orjson.dumps(table), last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            return max(1, len(table))
+        raise RuntimeError("front membership: repeated conflicts")
 
     async def listen(self, subject: str, max_queued: int) -> None:
         """Queue the requests sent to `subject` for `next_requests` (beyond `max_queued`
@@ -580,7 +630,7 @@ class JetStreamStore:
         self.notices = (notified, wake)
 
         async def got(msg: Msg) -> None:
-            if self.notify:  # the owner: its own notices
+            if self.ignore_notices:  # this front owns every shard: its own notices
                 return
             token = msg.subject.rsplit(".", 1)[-1]
             if token.isdigit():
@@ -739,7 +789,8 @@ class JetStreamStore:
             )
             status = await asyncio.wait_for(done, self.timeout)
         finally:
-            await sub.unsubscribe()
+            with contextlib.suppress(Exception):  # (a draining connection at shutdown)
+                await sub.unsubscribe()
         if status not in ("204", "404"):
             raise RuntimeError(f"direct get from {self.stream(topic_id)}: status {status}")
         return out
@@ -1170,7 +1221,7 @@ class JetStreamBackend:
             return
         except StorageUnavailable:
             fronts = self.fronts
-            if fronts is None or not await fronts.holds_lease():
+            if fronts is None or not await fronts.holds_lease(topic.name):
                 raise
         entry, _ = await self._call(partial(self.store.entry, tid))
         if entry is None or topic.deleted:
@@ -1265,13 +1316,16 @@ class JetStreamBackend:
     async def write_floors(self) -> None:
         """Registry first, then purge: a floor never goes back after a restart."""
         engine = self.engine
-        if engine is None or engine.forward is not None:  # a follower writes nothing
+        fronts = self.fronts
+        if engine is None or (fronts is not None and not fronts.owned):
             await trio.lowlevel.checkpoint()
-            return
+            return  # a front that owns nothing writes nothing
         for topic in list(engine.topics.values()):
             lane = self.lane(topic)
             floor = topic.evict_floor
             if floor <= lane.floor_written or topic.deleted:
+                continue
+            if fronts is not None and not fronts.owns(topic.name):
                 continue
             tid = topic.topic_id
             try:
@@ -1566,17 +1620,20 @@ async def open_jetstream_engine(
         # a cluster electing leaders (a server just stopped) answers with timeouts for a
         # few seconds: the rebuild starts over on a fresh engine until the bound
         deadline = t0 + REBUILD_ATTEMPTS_TIMEOUTS * store.timeout
+        front_id = uuid.uuid4().hex[:12]  # (kept across attempts: its leases stay its own)
         while True:
             backend = JetStreamBackend(cfg, bridge, store)
             engine = Engine(cfg, clock, backend)
             engine.routers = RefusingRouters(engine)
             backend.engine = engine
-            fronts = Fronts(engine, backend, clock)
+            backend.fronts = fronts = Fronts(engine, backend, clock, front_id)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
                 topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
                 break
+            except JetStreamUnavailable:
+                raise
             except Exception as exc:
                 if trio.current_time() + REBUILD_RETRY_S >= deadline:
                     raise JetStreamUnavailable(
@@ -1594,7 +1651,6 @@ async def open_jetstream_engine(
             trio.current_time() - t0,
         )
         fronts.begin()
-        backend.fronts = fronts
         async with trio.open_nursery() as nursery:
             await nursery.start(backend.run)
             await nursery.start(engine.run)

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
 import msgspec
 import orjson
 import trio
+import xxhash
 
 from topicd.engine.engine import DeleteResult, WriteResult
 from topicd.errors import (
@@ -52,6 +52,7 @@ from topicd.errors import (
 )
 from topicd.storage.jetstream import (
     REV,
+    JetStreamUnavailable,
     _install,
     _load_topic,
 )
@@ -76,76 +77,134 @@ FORWARD_TASKS_MAX: Final = 1024  # forwarded requests the owner runs at once
 
 
 class Fronts:
-    """This front's role among the deployment's fronts; the engine's `Forwarder` while
-    it follows (see the module docstring)."""
+    """This front's role among the deployment's fronts; the engine's `Forwarder` unless
+    it owns every shard (see the module docstring)."""
 
-    def __init__(self, engine: Engine, backend: JetStreamBackend, clock: WallClock) -> None:
+    def __init__(
+        self, engine: Engine, backend: JetStreamBackend, clock: WallClock, front_id: str
+    ) -> None:
         self.engine = engine
         self.backend = backend
         self.store = backend.store
         self.clock = clock
-        self.front_id = uuid.uuid4().hex[:12]
+        self.front_id = front_id
         self.subject = f"{self.store.prefix}.fwd.{self.front_id}"
-        self.lease_ms = backend.cfg.storage.jetstream.lease_ms
-        self.owner = False
-        self.owner_subject: str | None = None
-        self.lease_rev = 0
-        self.promoting = False
-        self.promoted = trio.Event()  # set when this front takes the lease over
+        js_cfg = backend.cfg.storage.jetstream
+        self.lease_ms = js_cfg.lease_ms
+        self.shards = js_cfg.shards
+        self.owned: set[int] = set()  # the shards this front owns
+        self.lease_revs: dict[int, int] = {}
+        self.owner_subjects: dict[int, str] = {}  # shard -> its owner's request subject
+        self.live = 1  # fronts alive (the membership table), this one included
+        self.promoted = trio.Event()  # set when this front takes a lease over
         self.forwarded = 0  # mutations this front forwarded (tests, metrics)
         self.served = 0  # forwarded mutations this front ran as the owner
         self._limit = trio.Semaphore(FORWARD_TASKS_MAX)
         self._install_lock = trio.Lock()
 
-    # ---- the lease ---------------------------------------------------------------------
+    # ---- shards and the leases ---------------------------------------------------------
 
-    def _lease_value(self) -> dict[str, JsonValue]:
+    @property
+    def owner(self) -> bool:
+        """Whether this front owns every shard (then its engine forwards nothing)."""
+        return len(self.owned) == self.shards
+
+    def shard_of(self, name: str) -> int:
+        if self.shards == 1:
+            return 0
+        return xxhash.xxh32_intdigest(name.encode()) % self.shards
+
+    def owns(self, name: str) -> bool:
+        return self.shard_of(name) in self.owned
+
+    def _lease_value(self, until_ms: int | None = None) -> dict[str, JsonValue]:
         return {
             "front": self.front_id,
             "subject": self.subject,
-            "until_ms": self.clock.now_ms() + self.lease_ms,
+            "until_ms": self.clock.now_ms() + self.lease_ms if until_ms is None else until_ms,
         }
 
-    async def try_lease(self) -> bool:
-        """Take or renew the owner lease if it is ours, absent or expired; whether this
-        front holds it now. Follows the owner named there otherwise."""
-        call = self.backend.bridge.call
-        value, rev = await call(self.store.lease)
+    def _set_role(self) -> None:
+        self.store.notify = bool(self.owned)
+        self.store.ignore_notices = self.owner
+        self.engine.forward = None if self.owner else self
+
+    async def _membership(self, drop: str | None = None) -> int:
         now = self.clock.now_ms()
-        mine = value is not None and value.get("front") == self.front_id
-        if value is not None and not mine and int(str(value.get("until_ms", 0))) > now:
+        self.live = await self.backend.bridge.call(
+            partial(self.store.members, self.front_id, now + self.lease_ms, now, drop)
+        )
+        return self.live
+
+    def quota(self) -> int:
+        """The shards this front should own: an even share among the live fronts."""
+        return -(-self.shards // max(1, self.live))
+
+    async def _check_shard(self, k: int, *, may_take: bool) -> bool:
+        """Learn shard `k`'s owner; take its lease when it is absent, expired or its
+        holder gone (a gone holder's shard is taken even over the quota). Whether this
+        front took it."""
+        call = self.backend.bridge.call
+        value, rev = await call(partial(self.store.lease, k))
+        now = self.clock.now_ms()
+        if value is not None and value.get("front") != self.front_id:
             subject = str(value.get("subject"))
-            self.owner_subject = subject
-            if await call(partial(self.store.alive, subject)):
+            self.owner_subjects[k] = subject
+            if int(str(value.get("until_ms", 0))) > now:
+                if await call(partial(self.store.alive, subject)):
+                    return False
+                # nobody listens there any more (its connection closed: a killed front):
+                # take the lease now rather than when it runs out
+                holder = str(value.get("front"))
+                log.warning("front %s: the owner front %s is gone", self.front_id, holder)
+                await self._membership(drop=holder)
+            elif not may_take:
                 return False
-            # nobody listens there any more (its connection closed: a killed front):
-            # take the lease now rather than when it runs out
-            log.warning("front %s: the owner front %s is gone", self.front_id, value.get("front"))
-        got = await call(partial(self.store.write_lease, self._lease_value(), rev))
-        if got is None:  # someone else moved first: follow them
-            value, rev = await call(self.store.lease)
-            self.owner_subject = None if value is None else str(value.get("subject"))
+        elif not may_take:  # absent, or this front's own, given up
             return False
-        self.lease_rev = got
-        self.owner_subject = self.subject
+        got = await call(partial(self.store.write_lease, self._lease_value(), rev, k))
+        if got is None:  # someone else moved first: follow them
+            value, rev = await call(partial(self.store.lease, k))
+            if value is not None:
+                self.owner_subjects[k] = str(value.get("subject"))
+            return False
+        self.lease_revs[k] = got
+        self.owner_subjects[k] = self.subject
         return True
 
     async def start(self) -> bool:
         """At start, before the rebuild: listen for forwarded requests (they wait until
-        `run`), then take the lease if free. Returns whether this front is the owner (only
-        the owner repairs the registry while rebuilding)."""
-        await self.backend.bridge.call(partial(self.store.listen, self.subject, FORWARD_QUEUE_MAX))
-        self.owner = await self.try_lease()
-        self.store.notify = self.owner
+        `run`), join the members, take the shards free for this front. Returns whether it
+        owns every shard (only then does it repair the registry while rebuilding)."""
+        call = self.backend.bridge.call
+        found = await call(partial(self.store.check_shards, self.shards))
+        if found != self.shards:
+            raise JetStreamUnavailable(
+                f"this deployment (prefix {self.store.prefix!r}) runs "
+                f"{found} owner shards; storage.jetstream.shards is {self.shards}"
+            )
+        await call(partial(self.store.listen, self.subject, FORWARD_QUEUE_MAX))
+        await self._membership()
+        for k in self._shard_order():
+            if await self._check_shard(k, may_take=len(self.owned) < self.quota()):
+                self.owned.add(k)
+        self._set_role()
         return self.owner
 
+    def _shard_order(self) -> list[int]:
+        """Shards from a front-specific offset (fronts starting together contend less)."""
+        first = xxhash.xxh32_intdigest(self.front_id.encode()) % self.shards
+        return [(first + i) % self.shards for i in range(self.shards)]
+
     def begin(self) -> None:
-        """After the rebuild: a follower's engine forwards its mutations."""
-        self.engine.forward = None if self.owner else self
+        """After the rebuild: route the mutations of shards this front does not own."""
+        self._set_role()
         log.info(
             "front %s: %s",
             self.front_id,
-            "owner" if self.owner else f"follower of {self.owner_subject}",
+            "owner"
+            if self.owner
+            else f"owner of shards {sorted(self.owned)} of {self.shards}, follower of the rest",
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -161,55 +220,81 @@ class Fronts:
                 try:
                     await self._tend_lease()
                 except Exception as exc:
-                    log.warning("front %s: the owner lease: %s", self.front_id, exc)
+                    log.warning("front %s: the owner leases: %s", self.front_id, exc)
 
     async def _tend_lease(self) -> None:
-        if self.owner:
-            call = self.backend.bridge.call
+        """One lease check: renew the shards owned, give up those over the quota (another
+        front joined), learn the other shards' owners and take what is free for this
+        front (or whose owner is gone)."""
+        call = self.backend.bridge.call
+        await self._membership()
+        for k in sorted(self.owned):
             # (a renewal that fails for want of the cluster changes nothing: this front
             # cannot write either then, and it steps down only once it learns another
             # front holds the lease; the fences keep two owners apart meanwhile)
-            got = await call(partial(self.store.write_lease, self._lease_value(), self.lease_rev))
+            got = await call(
+                partial(self.store.write_lease, self._lease_value(), self.lease_revs[k], k)
+            )
             if got is not None:
-                self.lease_rev = got
-                return
-            self._step_down("another front holds its lease")
-            await self.try_lease()  # learn the new owner
-            return
-        if await self.try_lease():
-            await self._promote()
+                self.lease_revs[k] = got
+            else:
+                self._step_down(k, "another front holds its lease")
+        while len(self.owned) > self.quota():
+            await self._give_up(max(self.owned), f"{self.live} fronts share the shards")
+        for k in self._shard_order():
+            if k in self.owned:
+                continue
+            if await self._check_shard(k, may_take=len(self.owned) < self.quota()):
+                await self._promote(k)
 
-    def _step_down(self, why: str) -> None:
-        log.warning("front %s: no longer the owner (%s); following", self.front_id, why)
-        self.owner = False
-        self.store.notify = False
-        self.engine.forward = self
+    def _step_down(self, k: int, why: str) -> None:
+        log.warning("front %s: no longer the owner of shard %d (%s)", self.front_id, k, why)
+        self.owned.discard(k)
+        self.owner_subjects.pop(k, None)
+        self._set_role()
+
+    async def _give_up(self, k: int, why: str) -> None:
+        """Hand shard `k` over: stop running its mutations, then expire its lease so the
+        front that needs it takes it at its next check."""
+        rev = self.lease_revs.get(k, 0)
+        self._step_down(k, why)
+        with contextlib.suppress(Exception):
+            await self.backend.bridge.call(
+                partial(self.store.write_lease, self._lease_value(0), rev, k)
+            )
 
     async def release(self) -> None:
-        """At shutdown: an owner gives its lease up (compare-and-set to an expired term),
-        so a follower takes over at its next check instead of after the term."""
-        if not self.owner:
-            await trio.lowlevel.checkpoint()
-            return
-        self.owner = False
-        value = self._lease_value() | {"until_ms": 0}
+        """At shutdown: give every lease up and leave the members, so the other fronts
+        take the shards at their next check instead of after the term."""
+        for k in sorted(self.owned):
+            await self._give_up(k, "shutting down")
         with contextlib.suppress(Exception):
-            await self.backend.bridge.call(partial(self.store.write_lease, value, self.lease_rev))
+            now = self.clock.now_ms()
+            await self.backend.bridge.call(partial(self.store.members, self.front_id, 0, now, None))
 
-    async def _promote(self) -> None:
-        """This follower took the lease: catch every topic up, then run mutations."""
-        self.promoting = True
-        try:
-            await self.sync_all()
-            next_id = await self.backend.bridge.call(self.store.next_id)
-            self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
-            self.owner = True
-            self.store.notify = True
-            self.engine.forward = None
-            self.promoted.set()
-            log.warning("front %s: took the owner lease", self.front_id)
-        finally:
-            self.promoting = False
+    async def _promote(self, k: int) -> None:
+        """This front took shard `k`'s lease: catch every topic up, then run the shard's
+        mutations."""
+        await self.sync_all()
+        next_id = await self.backend.bridge.call(self.store.next_id)
+        self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
+        self.owned.add(k)
+        self._set_role()
+        self.promoted.set()
+        log.warning("front %s: took the owner lease of shard %d", self.front_id, k)
+
+    async def holds_lease(self, name: str) -> bool:
+        """Whether the lease of `name`'s shard is still this front's (one round trip)."""
+        k = self.shard_of(name)
+        if k not in self.owned:
+            await trio.lowlevel.checkpoint()
+            return False
+        value, rev = await self.backend._call(partial(self.store.lease, k))
+        return (
+            value is not None
+            and value.get("front") == self.front_id
+            and rev == self.lease_revs.get(k)
+        )
 
     # ---- the owner: forwarded mutations ------------------------------------------------
 
@@ -236,16 +321,16 @@ class Fronts:
             self._limit.release()
 
     async def _run_forwarded(self, data: bytes) -> bytes:
-        if not self.owner or self.promoting:
-            await trio.lowlevel.checkpoint()
-            raise StorageUnavailable(
-                "this front is not the owner (any more); retry",
-                {"backend": "jetstream", "front": self.front_id},
-            )
         head_raw, _, body = data.partition(b"\n")
         head = orjson.loads(head_raw)
         op = head["op"]
         name = head["topic"]
+        if not self.owns(name):
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable(
+                "this front does not own the topic's shard (any more); retry",
+                {"backend": "jetstream", "front": self.front_id},
+            )
         engine = self.engine
         self.served += 1
         if op == "append":
@@ -268,7 +353,7 @@ class Fronts:
     # ---- the follower: Forwarder -------------------------------------------------------
 
     async def _forward(self, head: dict[str, JsonValue], body: bytes) -> dict[str, object]:
-        subject = self.owner_subject
+        subject = self.owner_subjects.get(self.shard_of(str(head["topic"])))
         if subject is None or subject == self.subject:
             await trio.lowlevel.checkpoint()
             raise StorageUnavailable(
@@ -326,12 +411,17 @@ class Fronts:
         return DeleteResult(self.engine.get(name), int(str(ok["deleted"])))
 
     async def catch_up(self, name: str) -> None:
-        topic = self.engine.topics.get(name)
-        if topic is not None:
-            topic = await self.refresh(topic)
-            if topic is not None:
+        for _ in range(2):  # (a second round: the instance known here was deleted)
+            topic = self.engine.topics.get(name)
+            if topic is None:
+                await self._discover(name)
+                topic = self.engine.topics.get(name)
+                if topic is None:
+                    return
+            # (also after a discovery: another task may be loading the topic, or have
+            # loaded it before the write this read must see)
+            if await self.refresh(topic) is not None:
                 return
-        await self._discover(name)
 
     # ---- following ---------------------------------------------------------------------
 
@@ -380,16 +470,6 @@ class Fronts:
         if not topic.deleted:
             self.engine.apply_delete_topic(topic, False, self.clock.now_ms())
             self.backend._lanes.pop(topic.topic_id, None)
-
-    async def holds_lease(self) -> bool:
-        """Whether the lease in the registry is still this front's (one round trip)."""
-        value, rev = await self.backend._call(self.store.lease)
-        return (
-            self.owner
-            and value is not None
-            and value.get("front") == self.front_id
-            and rev == self.lease_rev
-        )
 
     def adopt(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
         """Take over what another front wrote into `topic`'s entry (see `_apply_entry`)."""
@@ -478,10 +558,10 @@ class Fronts:
         call = self.backend.bridge.call
         while True:
             tids = await call(self.store.next_notices)
-            if self.owner:
-                continue
             for tid in tids:
                 topic = self.engine.by_id.get(tid)
+                if topic is not None and self.owns(topic.name):
+                    continue  # (its own notice)
                 try:
                     if topic is None:
                         await self._install_id(tid)
@@ -510,7 +590,7 @@ class Fronts:
         ids = await backend._call(self.store.entry_ids)
         for topic in list(engine.by_id.values()):
             tid = topic.topic_id
-            if self.owner:
+            if self.owns(topic.name):
                 if heads.get(tid, 0) > topic.head_seq:
                     await backend.resync(topic)
             elif tid not in ids:
@@ -518,7 +598,7 @@ class Fronts:
             elif heads.get(tid, 0) > topic.head_seq:
                 await self.refresh(topic)
         for tid in sorted(ids - set(engine.by_id)):
-            if self.owner and tid in backend._lanes:
+            if tid in backend._lanes:
                 continue  # this front is creating it right now
             await self._install_id(tid)
 
