@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from functools import partial
 
 import httpx
@@ -417,17 +416,26 @@ async def test_a_front_refuses_another_shard_count(nats_server):
                 pass
 
 
-@pytest.mark.skipif(os.environ.get("TOPICD_SKIP_PROCESS_TESTS") == "1", reason="no processes")
-async def test_kill9_of_the_owner_front_during_writes(nats_server, tmp_path):
-    """Three `topicd serve` fronts; writers on the two followers (an idempotency key per
-    write, retried on 503 or a lost connection) while the owner is killed with SIGKILL.
-    After the takeover every acknowledged write is on every front, once, at its seq."""
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_kill9_of_an_owner_front_during_writes(nats_server, tmp_path, shards):
+    """Three `topicd serve` fronts; writers on the second and third front (an idempotency
+    key per write, retried on 503 or a lost connection) to one topic per shard, while the
+    first front (the owner of every shard at start; of one or more when the shards have
+    been shared out) is killed with SIGKILL. After the takeover every acknowledged write
+    is on both surviving fronts, once, at its seq, and each topic's seqs are 1..n."""
     env = {
         "TOPICD_STORAGE_BACKEND": "jetstream",
         "TOPICD_JETSTREAM_SERVERS": nats_server.url,
-        "TOPICD_JETSTREAM_PREFIX": "fronts9",
+        "TOPICD_JETSTREAM_PREFIX": f"fronts9s{shards}",
         "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+        "TOPICD_STORAGE_JETSTREAM_SHARDS": str(shards),
     }
+    shard_of = Fronts.shard_of_name
+    topics: dict[int, str] = {}
+    for i in range(200):
+        topics.setdefault(shard_of(f"k{i}", shards), f"k{i}")
+    assert len(topics) == shards
+    names = list(topics.values())
     async with trio.open_nursery() as nursery:
         servers = []
         for i in range(3):
@@ -436,23 +444,23 @@ async def test_kill9_of_the_owner_front_during_writes(nats_server, tmp_path):
             await s.start()
             servers.append(s)
         try:
-            owner, followers = servers[0], servers[1:]
+            owner, others = servers[0], servers[1:]
             assert ": owner" in owner.run.text
-            assert all("follower of" in f.run.text for f in followers)
-            acked: dict[str, int] = {}  # idempotency key -> first seq
+            acked: dict[str, tuple[str, int]] = {}  # idempotency key -> (topic, first seq)
             enough = trio.Event()
             done = 0
 
-            async def writer(server: Server, name: str) -> None:
+            async def writer(server: Server, who: str) -> None:
                 nonlocal done
                 async with http_client(server) as hc:
                     for i in range(60):
-                        key = f"{name}-{i}"
+                        key = f"{who}-{i}"
+                        topic = names[i % len(names)]
                         with trio.fail_after(30):
                             while True:
                                 try:
                                     r = await hc.post(
-                                        "/v0/topics/k",
+                                        f"/v0/topics/{topic}",
                                         json={"records": [{"data": key}]},
                                         headers={"Idempotency-Key": key},
                                     )
@@ -463,25 +471,32 @@ async def test_kill9_of_the_owner_front_during_writes(nats_server, tmp_path):
                                     continue
                                 assert r.status_code in (200, 201), r.text
                                 break
-                        acked[key] = r.json()["first_seq"]
+                        acked[key] = (topic, r.json()["first_seq"])
                         if len(acked) >= 30:
                             enough.set()
                 done += 1
 
             async with trio.open_nursery() as n:
-                for j, f in enumerate(followers):
+                for j, f in enumerate(others):
                     n.start_soon(writer, f, f"w{j}")
                 await enough.wait()
                 await owner.kill()
             assert done == 2
             assert len(acked) == 120
-            assert sorted(acked.values()) == list(range(1, 121))  # no seq reused, no dup
-            for f in followers:
+            for topic in names:  # no seq reused, none skipped, no duplicate
+                seqs = sorted(seq for t, seq in acked.values() if t == topic)
+                assert seqs == list(range(1, len(seqs) + 1)), topic
+            for f in others:
                 async with http_client(f) as hc:
-                    r = await hc.post("/v0/topics/k/diff", json={"from_seq": 0, "limit": 1000})
-                    records = r.json()["records"]
-                    assert {x["data"]: x["$seq"] for x in records} == acked
-            assert sum("took the owner lease" in f.run.text for f in followers) == 1
+                    for topic in names:
+                        r = await hc.post(
+                            f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 1000}
+                        )
+                        got = {x["data"]: x["$seq"] for x in r.json()["records"]}
+                        assert got == {k: seq for k, (t, seq) in acked.items() if t == topic}
+            if shards == 1:
+                assert sum("took the owner lease" in f.run.text for f in others) == 1
+            assert all(f.run.problems() == [] for f in others)
         finally:
             for s in servers:
                 with trio.CancelScope(shield=True):

@@ -7,7 +7,8 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
 * **Registry** — one key-value bucket `<prefix>_registry`: `topic.<id>` holds a topic
   instance's name, config, eviction floor, eviction runs and last record deletes (JSON);
   `meta.next_id` the next topic id (ids are never reused); `name.<hex>` the id of a
-  name's live instance; `front.owner` the owner front's lease. Writing the `topic.<id>`
+  name's live instance; `front.owner.<shard>` the owner leases, `front.members` the
+  live fronts, `meta.shards` the shard count. Writing the `topic.<id>`
   entry is the commit point of a topic create or config change; deleting it, of a topic
   delete.
 * **Records** — topic id N is the stream `<prefix>_T<N>` with the subjects
@@ -24,10 +25,10 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
   stream by batched direct get (`read_stored_range`).
 * **Restart** — `open_jetstream_engine` rebuilds the engine from the registry and the
   streams through the same `Engine.apply_*` methods recovery uses.
-* **Several fronts** — `topicd.storage.jsfronts`: the front holding the owner lease runs
-  every mutation through this backend; the others forward theirs to it and catch topics
-  up (`_install`, `_load_topic`) before reads. Registry writes are compare-and-set, so a
-  deposed owner's fail like its fenced publishes.
+* **Several fronts** — `topicd.storage.jsfronts`: the front holding the lease of a
+  topic's shard runs its mutations through this backend; the others forward them to it
+  and catch the topic up (`_install`, `_load_topic`) before reads. Registry writes are
+  compare-and-set, so a deposed owner's fail like its fenced publishes.
 
 Every client call runs on the asyncio loop of an `AsyncioBridge` (its own thread).
 """
@@ -1367,7 +1368,7 @@ async def _rebuild(
     engine: Engine, backend: JetStreamBackend, now_ms: Callable[[], int], *, repair: bool = True
 ) -> tuple[int, int]:
     """Load every registered topic and its stream into `engine`; returns (topics, records).
-    With `repair` (the owner front), also remove orphan streams, create missing ones,
+    With `repair` (a front owning every shard), also remove orphan streams, create missing ones,
     finish purges below stored floors and write the name index."""
     store = backend.store
     next_id, entries = await backend.bridge.call(store.registry)

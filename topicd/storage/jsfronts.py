@@ -1,18 +1,22 @@
-"""Several fronts on one JetStream deployment: the owner lease, forwarding, following.
+"""Several fronts on one JetStream deployment: owner leases, forwarding, following.
 
-Every front of a deployment (`storage.jetstream.prefix`) serves the whole `/v0` API. One
-of them, the **owner**, runs every mutation (topic create, config and delete, writes,
-record deletes) and the housekeeping that writes to JetStream (floors, purges); the
-others, **followers**, forward their mutations to it and serve reads from their own
-memory, brought up to date before each read (docs/jetstream.md, "Several fronts"):
+Every front of a deployment (`storage.jetstream.prefix`) serves the whole `/v0` API.
+Topics fall into `storage.jetstream.shards` shards by a hash of their name; each shard
+has one **owner** front, which runs its topics' mutations (topic create, config and
+delete, writes, record deletes) and the housekeeping that writes to JetStream (floors,
+purges). For those topics the other fronts are **followers**: they forward the
+mutations to the owner and serve reads from their own memory, brought up to date before
+each read (docs/jetstream.md, "Several fronts"):
 
-* **The lease.** The registry key `front.owner` holds `{"front", "subject", "until_ms"}`.
-  A front that finds it absent or expired takes it by compare-and-set on its revision
-  (create-if-absent when absent); the owner renews it the same way every third of
-  `storage.jetstream.lease_ms`. An owner whose renewal finds another revision has lost
-  it and turns follower. Safety does not rest on the lease (wall clocks may disagree):
-  every record write is fenced by the stream's expected last sequence, so a deposed
-  owner's write fails once the new owner has written, and is read back if it landed.
+* **The leases.** The registry key `front.owner.<shard>` holds `{"front", "subject",
+  "until_ms"}`. A front takes a shard's lease by compare-and-set on its revision
+  (create-if-absent when absent) when it is absent or expired and the front is under
+  its share (`ceil(shards / live fronts)`, the live fronts being `front.members`), or
+  when its holder is gone; an owner renews its leases every third of
+  `storage.jetstream.lease_ms`, gives up the ones over its share, and steps down from
+  one whose renewal finds another revision. Safety does not rest on the leases (wall
+  clocks may disagree): every record write is fenced by the stream's expected last
+  sequence and every registry write by compare-and-set.
 * **Forwarding.** A follower sends a mutation to the owner's subject as one NATS
   request: a JSON head line (`op`, the topic, the idempotency key, the admin flag) and the
   request body re-encoded. The owner runs it through its engine and answers the result,
@@ -25,8 +29,8 @@ memory, brought up to date before each read (docs/jetstream.md, "Several fronts"
   (`<prefix>.n.<id>`), on which followers catch the topic up at once, which wakes their
   long-polls and watch streams; a poll every `POLL_S` seconds makes up for lost notices
   and discovers created and deleted topics for listings.
-* **Takeover.** A follower taking the lease first catches every topic up, then runs
-  mutations itself. Idempotency keys travel with the records (the key rides on a write's
+* **Takeover.** A front taking a lease first catches every topic up, then runs the
+  shard's mutations itself. Idempotency keys travel with the records (the key rides on a write's
   first record), so a client retrying a write the dead owner acknowledged gets the
   original seqs back.
 """
@@ -110,9 +114,12 @@ class Fronts:
         return len(self.owned) == self.shards
 
     def shard_of(self, name: str) -> int:
-        if self.shards == 1:
-            return 0
-        return xxhash.xxh32_intdigest(name.encode()) % self.shards
+        return self.shard_of_name(name, self.shards)
+
+    @staticmethod
+    def shard_of_name(name: str, shards: int) -> int:
+        """The shard of topic `name` among `shards`."""
+        return 0 if shards == 1 else xxhash.xxh32_intdigest(name.encode()) % shards
 
     def owns(self, name: str) -> bool:
         return self.shard_of(name) in self.owned
@@ -275,7 +282,7 @@ class Fronts:
     async def _promote(self, k: int) -> None:
         """This front took shard `k`'s lease: catch every topic up, then run the shard's
         mutations."""
-        await self.sync_all()
+        await self.sync_all(k)
         next_id = await self.backend.bridge.call(self.store.next_id)
         self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
         self.owned.add(k)
@@ -523,11 +530,12 @@ class Fronts:
 
     async def _install_locked(self, tid: int) -> Topic | None:
         engine = self.engine
-        if tid in engine.by_id:
+        # (a lane without the topic: this front is creating it right now)
+        if tid in engine.by_id or tid in self.backend._lanes:
             await trio.lowlevel.checkpoint()
             return None
         entry, _ = await self.backend._call(partial(self.store.entry, tid))
-        if entry is None or tid in engine.by_id:
+        if entry is None or tid in engine.by_id or tid in self.backend._lanes:
             return None
         name = entry.get("name")
         if not isinstance(name, str):
@@ -542,8 +550,9 @@ class Fronts:
         topic, _ = await _install(engine, self.backend, tid, entry, repair=False, live=True)
         return topic
 
-    async def sync_all(self) -> None:
-        """Every topic: created and deleted ones, then each one's entry and records."""
+    async def sync_all(self, shard: int | None = None) -> None:
+        """Every topic (of `shard`, when given): created and deleted ones, then each one's
+        entry and records."""
         call = self.backend._call
         ids = await call(self.store.entry_ids)
         for topic in list(self.engine.by_id.values()):
@@ -552,7 +561,8 @@ class Fronts:
         for tid in sorted(ids - set(self.engine.by_id)):
             await self._install_id(tid)
         for topic in list(self.engine.by_id.values()):
-            await self.refresh(topic)
+            if shard is None or self.shard_of(topic.name) == shard:
+                await self.refresh(topic)
 
     async def _follow_notices(self) -> None:
         call = self.backend.bridge.call
@@ -598,8 +608,6 @@ class Fronts:
             elif heads.get(tid, 0) > topic.head_seq:
                 await self.refresh(topic)
         for tid in sorted(ids - set(engine.by_id)):
-            if tid in backend._lanes:
-                continue  # this front is creating it right now
             await self._install_id(tid)
 
 
