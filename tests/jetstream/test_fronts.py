@@ -71,6 +71,13 @@ def _fronts(h) -> Fronts:
     return backend.fronts
 
 
+def _sharded(url: str, shards: int):
+    cfg = jetstream_config(url)
+    # a long lease: the background checks stay out of the way; the test drives them
+    js = dataclasses.replace(cfg.storage.jetstream, shards=shards, lease_ms=60_000)
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+
+
 async def test_the_first_front_owns_and_the_others_forward_to_it(nats_server):
     cfg = jetstream_config(nats_server.url)
     async with (
@@ -265,7 +272,7 @@ async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_
     """The lease moves to `b` while `a` still believes it owns (its renewal has not run
     yet): `a`'s next registry write fails by compare-and-set (`503`), nothing of it
     lands; once `a` finds its lease gone it forwards to `b` like any follower."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = _sharded(nats_server.url, 1)  # (a long lease: the test runs the checks)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         await _json(await ca.put("/v0/topics/f", json={"cap_records": 10}), 201)
@@ -331,7 +338,7 @@ async def test_a_lease_whose_holder_is_gone_is_taken_at_once(nats_server):
 
 
 async def test_a_follower_answers_503_while_the_owner_is_unreachable(nats_server):
-    cfg = jetstream_config(nats_server.url)
+    cfg = _sharded(nats_server.url, 1)  # (a long lease: the test runs the check)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         cb = b.app.test_client()
         await _write(cb, "u", {"data": 1})
@@ -345,13 +352,6 @@ async def test_a_follower_answers_503_while_the_owner_is_unreachable(nats_server
         assert fb.owner_subjects[0] == _fronts(a).subject
         w = await _write(cb, "u", {"data": 2})
         assert w["first_seq"] == 2
-
-
-def _sharded(url: str, shards: int):
-    cfg = jetstream_config(url)
-    # a long lease: the background checks stay out of the way; the test drives them
-    js = dataclasses.replace(cfg.storage.jetstream, shards=shards, lease_ms=60_000)
-    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
 
 
 async def _balance(*hs) -> None:
