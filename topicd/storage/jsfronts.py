@@ -583,6 +583,8 @@ class Fronts:
     async def _poll(self) -> None:
         while True:
             await trio.sleep(POLL_S)
+            if self.owner and self.live == 1:
+                continue  # alone and owning everything: nobody else writes
             try:
                 await self.poll_once()
             except TopicdError as exc:
