@@ -439,6 +439,7 @@ async def test_kill9_of_an_owner_front_during_writes(nats_server, tmp_path, shar
     async with trio.open_nursery() as nursery:
         servers = []
         for i in range(3):
+            (tmp_path / f"f{i}").mkdir()
             s = Server(nursery, tmp_path / f"f{i}")
             s.extra_env = dict(env)
             await s.start()
