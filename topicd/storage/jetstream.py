@@ -255,6 +255,8 @@ class JetStreamStore:
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
                 name="topicd",
+                # a front never hears its own publishes (its notices to the others)
+                no_echo=True,
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,

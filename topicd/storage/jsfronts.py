@@ -132,7 +132,9 @@ class Fronts:
         }
 
     def _set_role(self) -> None:
-        self.store.notify = bool(self.owned)
+        # notices only when another front may listen (one joining is caught up by its
+        # reads and its poll until this front's next check sees it)
+        self.store.notify = bool(self.owned) and self.live > 1
         self.store.ignore_notices = self.owner
         self.engine.forward = None if self.owner else self
 
@@ -141,6 +143,7 @@ class Fronts:
         self.live = await self.backend.bridge.call(
             partial(self.store.members, self.front_id, now + self.lease_ms, now, drop)
         )
+        self.store.notify = bool(self.owned) and self.live > 1
         return self.live
 
     def quota(self) -> int:
