@@ -100,6 +100,7 @@ FLOOR_INTERVAL_S: Final = 1.0
 
 _WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
 _WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
+FORWARD_CHECK_S: Final = 0.25  # a forwarded request unanswered this long: is the owner alive?
 PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
 ID_ATTEMPTS: Final = 16  # compare-and-set rounds for one topic id
 REV: Final = "_rev"  # (in entries read back: the key's revision, never stored)
@@ -593,14 +594,14 @@ class JetStreamStore:
         await self.nc.subscribe(subject, cb=got)
         await self.nc.flush(max(1, round(self.timeout)))
 
-    async def alive(self, subject: str) -> bool:
+    async def alive(self, subject: str, wait_s: float | None = None) -> bool:
         """Whether a front listens on `subject` (False only when the servers know of no
         subscriber: the front's connection is gone)."""
         import nats.errors
 
         assert self.nc is not None
         try:
-            await self.nc.request(subject, PING, self.timeout)
+            await self.nc.request(subject, PING, wait_s or self.timeout)
         except nats.errors.NoRespondersError:
             return False
         except Exception:
@@ -620,10 +621,42 @@ class JetStreamStore:
         await msg.respond(payload)
 
     async def forward(self, subject: str, payload: bytes) -> bytes:
-        """One request to the owner front; its answer."""
+        """One request to the owner front; its answer. Raises on no answer within the
+        request timeout, or as soon as the owner is found gone while waiting (a request
+        sent as it was killed is lost with it: every `FORWARD_CHECK_S` without an answer,
+        a ping asks whether anyone still listens)."""
+        import nats.errors
+
         assert self.nc is not None
-        reply = await self.nc.request(subject, payload, self.timeout)
-        return bytes(reply.data)
+        nc = self.nc
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def got(msg: Msg) -> None:
+            if (msg.headers or {}).get("Status") == "503":
+                if not answer.done():
+                    answer.set_exception(nats.errors.NoRespondersError())
+            elif not answer.done():
+                answer.set_result(bytes(msg.data))
+
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=got, max_msgs=1)
+        try:
+            await nc.publish(subject, payload, reply=inbox)
+            deadline = asyncio.get_running_loop().time() + self.timeout
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise TimeoutError(f"no answer from {subject}")
+                try:
+                    return await asyncio.wait_for(
+                        asyncio.shield(answer), min(left, FORWARD_CHECK_S)
+                    )
+                except TimeoutError:
+                    if not await self.alive(subject, FORWARD_CHECK_S):
+                        raise nats.errors.NoRespondersError() from None
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def follow_notices(self) -> None:
         """Collect the ids of topics the owner reports written (`next_notices`)."""
