@@ -1,14 +1,13 @@
 """Two jetstream fronts: what forwarding a write to the owner front costs.
 
-Starts a nats-server (JetStream on, a temporary store, a random loopback port) and opens
-two fronts on one prefix in this process (each its own engine, asyncio bridge and NATS
-connection; the apps are driven through Quart's test client, so no HTTP sockets). The
-first front takes the owner lease; the second forwards its writes to it. Each round
-times `--n` sequential single-record writes (c=1) on the owner (`direct`) and the same on
-the follower (`forwarded`: the follower's bridge, one NATS request, the owner's engine
-and JetStream publish, the answer back), alternated round by round so machine load hits
-both alike; then `--reads` diff reads of one record on each (the follower's read first
-asks JetStream for the topic's entry and last seq).
+Starts a nats-server (JetStream on, a temporary store, a random loopback port) and two
+`topicd serve` processes on one prefix: the first takes the owner lease (one shard), the
+second forwards its writes to it. Each round times `--n` sequential single-record writes
+(c=1, one keep-alive HTTP/1.1 connection) sent to the owner (`direct`) and the same sent
+to the follower (`forwarded`: the follower's bridge, one NATS request, the owner's
+engine and JetStream publish, the answer back), the two sides alternated round by round
+so machine load hits both alike; then `--reads` one-record diff reads on each (a
+follower's read first asks JetStream for the topic's entry and last seq).
 
     python bench/jetstream_fronts.py --rounds 5 --n 500
 """
@@ -16,99 +15,26 @@ asks JetStream for the topic's entry and last seq).
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import http.client
+import json
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import trio
 from jetstream_bridge import start_server
-
-from topicd.clock import SystemWallClock
-from topicd.config import Config
-from topicd.http.app import create_app
-from topicd.http.auth import KeyStore
-from topicd.lifecycle import Lifecycle
-from topicd.storage.jetstream import open_jetstream_engine
+from jetstream_failover import Front
 
 
-def config(url: str) -> Config:
-    cfg = Config()
-    js = dataclasses.replace(cfg.storage.jetstream, servers=(url,), prefix="fronts")
-    storage = dataclasses.replace(cfg.storage, backend="jetstream", jetstream=js)
-    # the server's default max_payload (1 MB) holds records up to this size
-    protocol = dataclasses.replace(cfg.protocol, max_record_bytes=512 * 1024)
-    return dataclasses.replace(cfg, storage=storage, protocol=protocol)
-
-
-async def run(args: argparse.Namespace, url: str) -> None:
-    cfg = config(url)
-    body = {"records": [{"data": {"i": 1, "pad": "x" * args.size}}]}
-    results: dict[str, list[float]] = {"direct": [], "forwarded": []}
-    reads: dict[str, list[float]] = {"direct": [], "forwarded": []}
-    async with (
-        open_jetstream_engine(cfg, SystemWallClock()) as owner,
-        open_jetstream_engine(cfg, SystemWallClock()) as follower,
-    ):
-        assert owner.forward is None
-        assert follower.forward is not None
-        async with trio.open_nursery() as nursery:
-            stop = trio.Event()
-            ready = trio.Event()
-            apps = []
-            for engine in (owner, follower):
-                lifecycle = Lifecycle()
-                app = create_app(engine, engine.cfg, lifecycle, KeyStore.from_config(cfg.auth))
-                lifecycle.set_serving()
-                apps.append(app)
-
-            async def serve_apps() -> None:
-                async with apps[0].test_app(), apps[1].test_app():
-                    ready.set()
-                    await stop.wait()
-
-            nursery.start_soon(serve_apps)
-            await ready.wait()
-            clients = {"direct": apps[0].test_client(), "forwarded": apps[1].test_client()}
-
-            async def timed(name: str, topic: str) -> float:
-                client = clients[name]
-                for _ in range(50):  # warm-up
-                    await client.post(f"/v0/topics/{topic}", json=body)
-                t0 = time.perf_counter()
-                for _ in range(args.n):
-                    r = await client.post(f"/v0/topics/{topic}", json=body)
-                    assert r.status_code in (200, 201), await r.get_data()
-                return (time.perf_counter() - t0) / args.n
-
-            async def timed_reads(name: str, topic: str) -> float:
-                client = clients[name]
-                t0 = time.perf_counter()
-                for _ in range(args.reads):
-                    r = await client.post(
-                        f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 1}
-                    )
-                    assert r.status_code == 200, await r.get_data()
-                return (time.perf_counter() - t0) / args.reads
-
-            for k in range(args.rounds):
-                order = ("direct", "forwarded") if k % 2 == 0 else ("forwarded", "direct")
-                for name in order:
-                    results[name].append(await timed(name, f"{name[0]}{k}"))
-                for name in order:
-                    reads[name].append(await timed_reads(name, f"{name[0]}{k}"))
-            stop.set()
-    for title, table in (("single-record write", results), ("one-record diff read", reads)):
-        for name, per in table.items():
-            us = sorted(x * 1e6 for x in per)
-            print(
-                f"{name:10s} {title}, c=1: median {statistics.median(us):7.0f} µs "
-                f"(rounds: {', '.join(f'{x:.0f}' for x in us)})"
-            )
-        ratio = statistics.median(table["forwarded"]) / statistics.median(table["direct"])
-        print(f"{title}: follower / owner {ratio:.2f}x")
+def timed(conn: http.client.HTTPConnection, path: str, body: bytes, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        assert r.status in (200, 201), (r.status, data)
+    return (time.perf_counter() - t0) / n
 
 
 def main() -> None:
@@ -120,12 +46,50 @@ def main() -> None:
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="jsfronts-"))
     proc, url = start_server(root)
+    env = {
+        "TOPICD_STORAGE_BACKEND": "jetstream",
+        "TOPICD_JETSTREAM_SERVERS": url,
+        "TOPICD_JETSTREAM_PREFIX": "fronts",
+    }
+    fronts: list[Front] = []
     try:
-        trio.run(run, args, url)
+        for name in ("owner", "follower"):
+            front = Front(root, name, env)
+            front.wait_ready()
+            fronts.append(front)
+        assert ": owner" in fronts[0].text()
+        time.sleep(2)  # the owner's next lease checks see the follower (notices on)
+        conns = {
+            side: http.client.HTTPConnection("127.0.0.1", f.port, timeout=30)
+            for side, f in zip(("direct", "forwarded"), fronts, strict=True)
+        }
+        body = json.dumps({"records": [{"data": {"i": 1, "pad": "x" * args.size}}]}).encode()
+        writes: dict[str, list[float]] = {"direct": [], "forwarded": []}
+        reads: dict[str, list[float]] = {"direct": [], "forwarded": []}
+        for side, conn in conns.items():  # warm-up, and the topics
+            timed(conn, f"/v0/topics/{side}", body, 50)
+        diff = json.dumps({"from_seq": 0, "limit": 1}).encode()
+        for k in range(args.rounds):
+            order = ("direct", "forwarded") if k % 2 == 0 else ("forwarded", "direct")
+            for side in order:
+                writes[side].append(timed(conns[side], f"/v0/topics/{side}", body, args.n))
+            for side in order:
+                reads[side].append(timed(conns[side], f"/v0/topics/{side}/diff", diff, args.reads))
     finally:
+        for front in fronts:
+            front.stop()
         proc.terminate()
         proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+    for title, table in (("single-record write", writes), ("one-record diff read", reads)):
+        for side, per in table.items():
+            us = sorted(x * 1e6 for x in per)
+            print(
+                f"{side:10s} {title}, c=1: median {statistics.median(us):7.0f} µs "
+                f"(rounds: {', '.join(f'{x:.0f}' for x in us)})"
+            )
+        ratio = statistics.median(table["forwarded"]) / statistics.median(table["direct"])
+        print(f"{title}: follower / owner {ratio:.2f}x")
 
 
 if __name__ == "__main__":

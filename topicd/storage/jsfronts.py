@@ -573,8 +573,13 @@ class Fronts:
             tids = await call(self.store.next_notices)
             for tid in tids:
                 topic = self.engine.by_id.get(tid)
-                if topic is not None and self.owns(topic.name):
-                    continue  # (its own notice)
+                if topic is not None and (
+                    self.owns(topic.name)
+                    or not (topic.has_waiters or topic in self.engine.watch.watchers)
+                ):
+                    # its own, or nobody waits on it here: a read catches it up when
+                    # one comes (and the poll within a second), not every write
+                    continue
                 try:
                     if topic is None:
                         await self._install_id(tid)
