@@ -356,19 +356,20 @@ class JetStreamStore:
         await self._notice(topic_id, 0)
         return int(rev)
 
-    async def probe(self, topic_id: int) -> tuple[dict[str, object] | None, int | None]:
-        """(the topic's registry entry, its stream's last seq): one round trip for both;
-        None for what is gone."""
-        import nats.js.errors
-
+    async def probe(self, topic_id: int, after: int) -> tuple[dict[str, object] | None, bool]:
+        """(the topic's registry entry or None when gone, whether its stream holds a record
+        above seq `after`): one round trip for both (the entry, and a direct get of one
+        record at or above `after + 1`, in parallel)."""
         entry_task = asyncio.ensure_future(self.entry(topic_id))
         try:
-            _, last = await self.bounds(topic_id)
-        except nats.js.errors.NotFoundError:
-            last = None
-        finally:
+            newer = bool(await self.read(topic_id, after + 1, 1 << 62, 1))
+        except Exception:
             entry, _ = await entry_task
-        return entry, last
+            if entry is None:
+                return None, False  # (a deleted topic's stream is gone too)
+            raise
+        entry, _ = await entry_task
+        return entry, newer
 
     async def delete_entry(self, topic_id: int) -> None:
         assert self.kv is not None

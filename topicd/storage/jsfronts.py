@@ -452,16 +452,14 @@ class Fronts:
             lane.syncs_begun += 1
             number = lane.syncs_begun
             tid = topic.topic_id
-            entry, last = await backend._call(partial(self.store.probe, tid))
+            entry, newer = await backend._call(partial(self.store.probe, tid, topic.head_seq))
             if _gone(topic):  # dropped while we waited
                 return None
             if entry is None:
                 self._drop(topic)
                 return None
             self._apply_entry(topic, lane, entry)
-            # (no stream but an entry: a crash mid-create, which the owner's next start
-            # repairs; nothing to load meanwhile)
-            if last is not None and last > topic.head_seq and not lane.busy and not lane.pending:
+            if newer and not lane.busy and not lane.pending:
                 engine = self.engine
                 await _load_topic(engine, backend, topic, engine.clock.now_ms, topic.head_seq + 1)
                 if _gone(topic):
