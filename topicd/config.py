@@ -276,8 +276,8 @@ class JetStreamConfig:
     lease_ms: int = key(
         3000,
         "Term of an owner lease (ms): the front holding a shard's lease runs its topics' "
-        "mutations and renews it every third of this; another front takes it over this long "
-        "after the owner stopped renewing, or at once when the owner's connection is gone "
+        "mutations and renews it every third of this; a front takes it over this long after "
+        "the owner stopped renewing, or at once when the owner's connection is gone "
         "(docs/jetstream.md, several fronts).",
         min=300,
         max=600000,
