@@ -39,7 +39,9 @@ def start_server(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     if not os.access(binary, os.X_OK):
         binary = shutil.which("nats-server") or "nats-server"
     conf = root / "nats.conf"
-    conf.write_text(f'listen: "127.0.0.1:-1"\njetstream {{ store_dir: "{root / "store"}" }}\n')
+    conf.write_text(
+        f'listen: "127.0.0.1:-1"\nmax_payload: 8MB\njetstream {{ store_dir: "{root / "store"}" }}\n'
+    )
     log = root / "log"
     proc = subprocess.Popen(
         [binary, "-c", str(conf)], stdout=log.open("wb"), stderr=subprocess.STDOUT

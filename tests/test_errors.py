@@ -66,3 +66,34 @@ def test_throttled_retry_after():
     assert Throttled.pressure(1).retry_after_s() == 1
     assert Throttled.pressure(2001, cause="wal_ingest", scope="topic").retry_after_s() == 3
     assert Throttled.limit("max_topics", 5).retry_after_s() == 1
+
+
+def test_an_error_rebuilt_from_its_wire_form_renders_the_same():
+    """`error_from_wire` (a forwarded request's answer): every class comes back as
+    itself, with the same body, status and Retry-After."""
+    from topicd.errors import error_from_wire
+
+    for cls in all_error_classes():
+        if cls is Throttled:
+            err: TopicdError = Throttled.pressure(2500, cause="wal_ingest", scope="topic")
+        elif err_503(cls):
+            err = cls("why", {"topic": "t"}, retry_after_s=3)  # type: ignore[call-arg]
+        else:
+            err = cls.__new__(cls)
+            TopicdError.__init__(err, "why", {"topic": "t"})
+        body = err.body()["error"]
+        assert isinstance(body, dict)
+        detail = body.get("detail", {})
+        assert isinstance(detail, dict)
+        back = error_from_wire(
+            str(body["code"]), err.http_status, str(body["message"]), detail, err.retry_after_s()
+        )
+        assert type(back) is cls
+        assert (back.body(), back.http_status) == (err.body(), err.http_status)
+        assert back.retry_after_s() == err.retry_after_s()
+    unknown = error_from_wire("no_such_code", 418, "teapot", {})
+    assert (unknown.code, unknown.http_status) == ("internal", 500)
+
+
+def err_503(cls: type[TopicdError]) -> bool:
+    return cls.http_status == 503

@@ -265,6 +265,23 @@ class JetStreamConfig:
         min=1,
         max=5,
     )
+    shards: int = key(
+        1,
+        "Owner shards of the deployment's topics (by a hash of the name): each has its own "
+        "owner front, and fronts share them out evenly (docs/jetstream.md, several fronts). "
+        "Every front of a deployment must use the same value; the first one records it.",
+        min=1,
+        max=64,
+    )
+    lease_ms: int = key(
+        3000,
+        "Term of an owner lease (ms): the front holding a shard's lease runs its topics' "
+        "mutations and renews it every third of this; a front takes it over this long after "
+        "the owner stopped renewing, or at once when the owner's connection is gone "
+        "(docs/jetstream.md, several fronts).",
+        min=300,
+        max=600000,
+    )
 
 
 @dataclass(frozen=True)

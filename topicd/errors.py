@@ -249,3 +249,21 @@ def all_error_classes() -> list[type[TopicdError]]:
         if cls is not TopicdError and not cls.__name__.startswith("_"):
             out.append(cls)
     return out
+
+
+def error_from_wire(
+    code: str, status: int, message: str, detail: Detail, retry_after_s: int | None = None
+) -> TopicdError:
+    """The error another topicd process answered (`code`, `status`, `message`, `detail`
+    as its canonical body has them, and its `Retry-After` seconds), rebuilt as the class
+    that raised it, so this process renders it unchanged (a forwarded request's answer)."""
+    for cls in all_error_classes():
+        if cls.code == code and cls.http_status == status:
+            err = cls.__new__(cls)
+            TopicdError.__init__(err, message, dict(detail))
+            if isinstance(err, MethodNotAllowed):
+                err.allow = []
+            if isinstance(err, _Retryable503):
+                err._retry_after_s = max(1, retry_after_s or 1)
+            return err
+    return Internal(message, dict(detail))

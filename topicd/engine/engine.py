@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from topicd.clock import WallClock
     from topicd.config import Config
+    from topicd.engine.forward import Forwarder
 
 log = logging.getLogger("topicd.engine")
 
@@ -162,6 +163,8 @@ class Engine:
         self._register_queues()
         self.queues = QueueService(self)
         self.routers = RouterService(self)
+        # set on a process that hands its mutations to another (`topicd.engine.forward`)
+        self.forward: Forwarder | None = None
 
     # ------------------------------------------------------------------------------------
     # lifecycle
@@ -629,6 +632,9 @@ class Engine:
         """Create or reconfigure (api-topics §2). Returns (topic, created)."""
         check_topic_name(name)
         config = self.resolve_config(name, cin)
+        forward = self._forwarder(name)
+        if forward is not None:
+            return await forward.put_topic(name, cin)
         while True:
             await self._wait_creating(name)
             existing = self.topics.get(name)
@@ -766,6 +772,9 @@ class Engine:
         """Delete a topic instance and every router of it. Returns (deleted, the names of
         the routers removed with it)."""
         check_topic_name(name)
+        forward = self._forwarder(name)
+        if forward is not None:
+            return await forward.delete_topic(name, if_empty)
         await self._wait_creating(name)
         topic = self.topics.get(name)
         if topic is None:
@@ -812,6 +821,9 @@ class Engine:
         can_admin: bool = True,
     ) -> WriteResult:
         """Append a batch (api-topics §6), following the validation order of §6.2."""
+        forward = self._forwarder(name)
+        if forward is not None:
+            return await forward.append(name, req, header_key, can_admin)
         if req.config is not None and not can_admin and name not in self.topics:
             raise Forbidden(
                 "creating a topic with an inline config needs the admin scope", {"topic": name}
@@ -986,6 +998,9 @@ class Engine:
     async def diff(self, name: str, req: DiffIn) -> tuple[Topic, ReadResult]:
         """Read from a cursor (api-topics §7.2), with the `wait_ms` long-poll."""
         req.check()
+        forward = self._forwarder(name)
+        if forward is not None:
+            await forward.catch_up(name)
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
         self.routers.catch_up(topic)  # read-your-writes through routers
@@ -1010,6 +1025,23 @@ class Engine:
         else:
             await trio.lowlevel.checkpoint()
         return topic, res
+
+    def _forwarder(self, name: str) -> Forwarder | None:
+        """Where `name`'s mutations go when this process does not run them (else None)."""
+        forward = self.forward
+        if forward is None or forward.owns(name):
+            return None
+        return forward
+
+    async def sync_topic(self, name: str) -> None:
+        """Before a read: on a process that forwards its mutations, bring `name` up to
+        date with the shared storage (read-after-write across processes); else nothing."""
+        forward = self._forwarder(name)
+        if forward is not None:
+            check_topic_name(name)
+            await forward.catch_up(name)
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def _read_loaded(self, topic: Topic, req: DiffIn) -> ReadResult:
         """`_read`, loading the payloads it finds evicted (`topicd.engine.payloads`) from
@@ -1111,6 +1143,9 @@ class Engine:
     async def delete_records(self, name: str, req: DeleteIn) -> DeleteResult:
         """Point-in-time record delete by seq bound and/or tag (api-topics §10)."""
         req.check()
+        forward = self._forwarder(name)
+        if forward is not None:
+            return await forward.delete_records(name, req)
         topic = self.get(name)
         match = parse_match(req.match)
         if req.before_seq is None and match is None:

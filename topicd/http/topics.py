@@ -220,6 +220,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     @app.route("/v0/topics/<topic>", methods=["GET"])
     async def get_topic(topic: str) -> Response:
         principal().require("read", topic)
+        await ref.engine.sync_topic(topic)
         return json_response(ref.engine.topic_state(topic, query_bool("touch", True)))
 
     @app.route("/v0/topics", methods=["GET"])

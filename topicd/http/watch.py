@@ -12,6 +12,7 @@ which ends them with the terminal `server_shutting_down` frame.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, cast
@@ -77,6 +78,8 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, keys: KeyStore) -> 
         who.require("read", *req.topics)
         lenient = query_bool("lenient", False)
         engine = ref.engine
+        for name in req.topics:
+            await engine.sync_topic(name)
         session, topics = engine.create_watch(who.key_id if keys.enabled else None, req, lenient)
         out = {
             t.name: {
@@ -190,6 +193,11 @@ class WatchStreams:
             await send_error(send, err)
             return
         engine = self.ref.engine
+        for name in conn.session.topics:
+            # (a process that follows the topic catches it up now that it is watched;
+            # on failure the stream starts from what memory holds and catches up later)
+            with contextlib.suppress(TopicdError):
+                await engine.sync_topic(name)
         if scope.get("topicd.direct"):
             engine.watch.stats.streams_direct += 1
             writers = scope.get("topicd.direct_write")

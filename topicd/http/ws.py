@@ -470,6 +470,8 @@ class WsEndpoint:
                 {"field": "topics", "max": self.max_subs},
             )
         engine = self.ref.engine
+        for name in wanted:
+            await engine.sync_topic(name)
         chosen = _resolve(engine, wanted, req.lenient)
         proto = self.cfg.protocol
         node = req.node

@@ -5,9 +5,12 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
 (docs/jetstream.md has the design, the deltas and what is not supported yet):
 
 * **Registry** — one key-value bucket `<prefix>_registry`: `topic.<id>` holds a topic
-  instance's name, config, eviction floor and eviction runs (JSON); `meta.next_id` the next
-  topic id (ids are never reused). Writing the `topic.<id>` entry is the commit point of a
-  topic create or config change; deleting it, of a topic delete.
+  instance's name, config, eviction floor, eviction runs and last record deletes (JSON);
+  `meta.next_id` the next topic id (ids are never reused); `name.<hex>` the id of a
+  name's live instance; `front.owner.<shard>` the owner leases, `front.members` the
+  live fronts, `meta.shards` the shard count. Writing the `topic.<id>`
+  entry is the commit point of a topic create or config change; deleting it, of a topic
+  delete.
 * **Records** — topic id N is the stream `<prefix>_T<N>` with the subjects
   `<prefix>.t.<N>.*`; the last token encodes the record's tag (`_` untagged, `x` + hex
   of its UTF-8 otherwise) so exact-tag deletes are filtered purges. A record's `$seq` *is*
@@ -22,6 +25,10 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
   stream by batched direct get (`read_stored_range`).
 * **Restart** — `open_jetstream_engine` rebuilds the engine from the registry and the
   streams through the same `Engine.apply_*` methods recovery uses.
+* **Several fronts** — `topicd.storage.jsfronts`: the front holding the lease of a
+  topic's shard runs its mutations through this backend; the others forward them to it
+  and catch the topic up (`_install`, `_load_topic`) before reads. Registry writes are
+  compare-and-set, so a deposed owner's fail like its fenced publishes.
 
 Every client call runs on the asyncio loop of an `AsyncioBridge` (its own thread).
 """
@@ -34,6 +41,7 @@ import dataclasses
 import json
 import logging
 import re
+import uuid
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -70,6 +78,7 @@ if TYPE_CHECKING:
     from topicd.engine.commit import AppendBatch, CommitHooks
     from topicd.engine.router import Router
     from topicd.errors import JsonValue
+    from topicd.storage.jsfronts import Fronts
     from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.storage.jetstream")
@@ -90,6 +99,19 @@ REBUILD_RETRY_S: Final = 0.5
 FLOOR_INTERVAL_S: Final = 1.0
 
 _WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
+_WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
+FORWARD_CHECK_S: Final = 0.25  # a forwarded request unanswered this long: is the owner alive?
+PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
+ID_ATTEMPTS: Final = 16  # compare-and-set rounds for one topic id
+REV: Final = "_rev"  # (in entries read back: the key's revision, never stored)
+# `<LEASE_KEY>.<shard>`: {"front": id, "subject": its request subject, "until_ms": wall ms}
+LEASE_KEY: Final = "front.owner"
+MEMBERS_KEY: Final = "front.members"  # {front id: until ms}: the fronts alive
+# the answer to a forwarded request the owner has no room to queue
+BUSY_REPLY: Final = (
+    b'{"error":{"code":"storage_unavailable","status":503,"message":'
+    b'"the owner front is busy; retry","detail":{"backend":"jetstream"}}}'
+)
 
 H_SIZE: Final = "Topicd-Size"  # the record's data+meta size (what caps count)
 H_EXTRA: Final = "Topicd-Extra"  # ASCII JSON {"t": tag, "n": node, "p": prio, "s": shape}
@@ -117,6 +139,11 @@ def not_supported(feature: str, field_name: str | None = None) -> InvalidRequest
 def tag_token(tag: str | None) -> str:
     """The subject token of a tag: `_` for none, else `x` + the hex of its UTF-8."""
     return "_" if tag is None else "x" + tag.encode().hex()
+
+
+def name_key(name: str) -> str:
+    """The registry key of a topic name's index entry (hex: any name, valid key chars)."""
+    return "name." + name.encode().hex()
 
 
 def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
@@ -165,6 +192,17 @@ class _Lane:
 
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
+    # the last record deletes, [number, before_seq, match, bound] (the registry entry
+    # carries them to the other fronts), and the entry revision this front applied
+    deletes: list[JsonValue] = field(default_factory=list)
+    deletes_applied: int = 0
+    entry_rev: int = 0
+    # a follower's catch-ups of this topic: begun, and the last one finished
+    syncs_begun: int = 0
+    syncs_done: int = 0
+
+    def entry(self) -> dict[str, JsonValue]:
+        return _entry(self.topic, self.deletes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +228,10 @@ class JetStreamStore:
         self.last_error: Exception | None = None  # the last connection error NATS reported
         self.closing = False
         self.connected: asyncio.Event | None = None  # set while connected (loop side)
+        self.notify = False  # publish a notice per committed write (an owner front)
+        self.ignore_notices = False  # (a front owning every shard)
+        self.requests: asyncio.Queue[Msg] | None = None  # forwarded to this front
+        self.notices: tuple[set[int], asyncio.Event] | None = None
 
     # ---- names -------------------------------------------------------------------------
 
@@ -214,6 +256,8 @@ class JetStreamStore:
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
                 name="topicd",
+                # a front never hears its own publishes (its notices to the others)
+                no_echo=True,
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,
@@ -295,20 +339,364 @@ class JetStreamStore:
             elif k.startswith("topic."):
                 obj = orjson.loads(entry.value)
                 assert isinstance(obj, dict)
+                obj[REV] = int(entry.revision or 0)
                 entries[int(k[6:])] = obj
         return next_id, entries
 
-    async def put_entry(self, topic_id: int, entry: dict[str, JsonValue]) -> None:
+    async def put_entry(self, topic_id: int, entry: dict[str, JsonValue], last: int | None) -> int:
+        """Write `topic.<id>` by compare-and-set: created (`last` None: it must not exist)
+        or replacing revision `last`. Returns the new revision; raises when another front
+        wrote it first (a deposed owner's registry write fails, like its records)."""
         assert self.kv is not None
-        await self.kv.put(f"topic.{topic_id}", orjson.dumps(entry))
+        key, value = f"topic.{topic_id}", orjson.dumps(entry)
+        if last is None:
+            rev = await self.kv.create(key, value)
+        else:
+            rev = await self.kv.update(key, value, last=last)
+        await self._notice(topic_id, 0)
+        return int(rev)
+
+    async def probe(self, topic_id: int, after: int) -> tuple[dict[str, object] | None, bool]:
+        """(the topic's registry entry or None when gone, whether its stream holds a record
+        above seq `after`): one round trip for both (the entry, and a direct get of one
+        record at or above `after + 1`, in parallel)."""
+        entry_task = asyncio.ensure_future(self.entry(topic_id))
+        try:
+            newer = bool(await self.read(topic_id, after + 1, 1 << 62, 1))
+        except Exception:
+            entry, _ = await entry_task
+            if entry is None:
+                return None, False  # (a deleted topic's stream is gone too)
+            raise
+        entry, _ = await entry_task
+        return entry, newer
 
     async def delete_entry(self, topic_id: int) -> None:
         assert self.kv is not None
         await self.kv.purge(f"topic.{topic_id}")
+        await self._notice(topic_id, 0)
 
-    async def reserve_id(self, next_id: int) -> None:
+    async def allocate_id(self, at_least: int) -> int:
+        """A topic id no front was given before: `meta.next_id` (at least `at_least`),
+        advanced by compare-and-set, so two fronts never both get one (a deposed owner
+        creating a topic included)."""
+        import nats.js.errors
+
         assert self.kv is not None
-        await self.kv.put("meta.next_id", str(next_id).encode())
+        for _ in range(ID_ATTEMPTS):
+            try:
+                got = await self.kv.get("meta.next_id")
+                current, rev = int(got.value or b"1"), int(got.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                current, rev = 1, 0
+            tid = max(current, at_least)
+            value = str(tid + 1).encode()
+            try:
+                if rev == 0:
+                    await self.kv.create("meta.next_id", value)
+                else:
+                    await self.kv.update("meta.next_id", value, last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another front took one meanwhile
+            return tid
+        raise RuntimeError("no topic id after repeated conflicts on meta.next_id")
+
+    async def entry(self, topic_id: int) -> tuple[dict[str, object] | None, int]:
+        """(the `topic.<id>` entry or None when absent, its revision or 0)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(f"topic.{topic_id}")
+        except nats.js.errors.KeyNotFoundError:  # (KeyDeletedError too)
+            return None, 0
+        if got.value is None:
+            return None, 0
+        obj = orjson.loads(got.value)
+        assert isinstance(obj, dict)
+        obj[REV] = int(got.revision or 0)
+        return obj, int(got.revision or 0)
+
+    async def entry_ids(self) -> set[int]:
+        """The ids of every `topic.<id>` entry."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return set()
+        return {int(k[6:]) for k in keys if k.startswith("topic.") and k[6:].isdigit()}
+
+    async def next_id(self) -> int:
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get("meta.next_id")
+        except nats.js.errors.KeyNotFoundError:
+            return 1
+        return int(got.value or b"1")
+
+    async def claim_name(self, name: str, topic_id: int) -> bool:
+        """Point the name index at `topic_id`, unless it names another instance whose
+        entry exists (a live topic of that name: False). Compare-and-set, so of two
+        fronts creating one name (a deposed owner and the new one) only one succeeds."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        key, value = name_key(name), str(topic_id).encode()
+        for _ in range(ID_ATTEMPTS):
+            try:
+                got = await self.kv.get(key)
+                current: int | None = int(got.value) if got.value else None
+                rev = int(got.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                current, rev = None, 0
+            if current is not None and current != topic_id:
+                live, _ = await self.entry(current)
+                if live is not None:
+                    return False
+            try:
+                if current is None:
+                    await self.kv.create(key, value)
+                else:
+                    await self.kv.update(key, value, last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            return True
+        raise RuntimeError(f"no claim on the name index after repeated conflicts: {name!r}")
+
+    async def put_name(self, name: str, topic_id: int) -> None:
+        """The name index: `name.<hex of the name>` = the id of its live instance."""
+        assert self.kv is not None
+        await self.kv.put(name_key(name), str(topic_id).encode())
+
+    async def delete_name(self, name: str, topic_id: int) -> None:
+        """Drop the name index entry, if it still names `topic_id`."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(name_key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return
+        if got.value == str(topic_id).encode():
+            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+                await self.kv.delete(name_key(name), last=got.revision)
+
+    async def lookup_name(self, name: str) -> int | None:
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(name_key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return int(got.value) if got.value else None
+
+    # ---- fronts: the owner lease, forwarding, notifications ---------------------------
+
+    async def lease(self, shard: int = 0) -> tuple[dict[str, object] | None, int]:
+        """(the owner lease of `shard`, `front.owner.<shard>`, its revision; 0 when absent)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            got = await self.kv.get(f"{LEASE_KEY}.{shard}")
+        except nats.js.errors.KeyNotFoundError:
+            return None, 0
+        if not got.value:
+            return None, int(got.revision or 0)
+        obj = orjson.loads(got.value)
+        assert isinstance(obj, dict)
+        return obj, int(got.revision or 0)
+
+    async def write_lease(
+        self, value: dict[str, JsonValue], last: int, shard: int = 0
+    ) -> int | None:
+        """Compare-and-set a shard's lease (`last` 0: create it); its new revision, or
+        None when someone else changed it first."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        key = f"{LEASE_KEY}.{shard}"
+        try:
+            if last == 0:
+                return int(await self.kv.create(key, orjson.dumps(value)))
+            return int(await self.kv.update(key, orjson.dumps(value), last=last))
+        except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
+            return None
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in (_WRONG_LAST_SEQUENCE_KV, _WRONG_LAST_SEQUENCE):
+                return None
+            raise
+
+    async def check_shards(self, shards: int) -> int:
+        """The deployment's shard count (`meta.shards`): written by the first front,
+        returned as found by the others (which refuse to start on another count)."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            await self.kv.create("meta.shards", str(shards).encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            got = await self.kv.get("meta.shards")
+            return int(got.value or b"1")
+        return shards
+
+    async def members(self, front: str, until_ms: int, now_ms: int, drop: str | None) -> int:
+        """Renew this front's membership (`front.members`: {front id: until ms}), drop
+        expired members (and `drop`, a front found gone), by compare-and-set; returns how
+        many fronts are members. `until_ms` 0 leaves the membership."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        for _ in range(ID_ATTEMPTS):
+            try:
+                got = await self.kv.get(MEMBERS_KEY)
+                table = orjson.loads(got.value) if got.value else {}
+                rev = int(got.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                table, rev = {}, 0
+            assert isinstance(table, dict)
+            table = {k: v for k, v in table.items() if int(v) > now_ms and k != drop}
+            if until_ms:
+                table[front] = until_ms
+            else:
+                table.pop(front, None)
+            try:
+                if rev == 0:
+                    await self.kv.create(MEMBERS_KEY, orjson.dumps(table))
+                else:
+                    await self.kv.update(MEMBERS_KEY, orjson.dumps(table), last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            return max(1, len(table))
+        raise RuntimeError("front membership: repeated conflicts")
+
+    async def listen(self, subject: str, max_queued: int) -> None:
+        """Queue the requests sent to `subject` for `next_requests` (beyond `max_queued`
+        waiting, a request is answered at once with a retryable refusal)."""
+        assert self.nc is not None
+        if self.requests is not None:  # (a start retried after a failed rebuild)
+            return
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self.requests = queue
+
+        async def got(msg: Msg) -> None:
+            if msg.data == PING:  # a front asking whether this one is alive
+                await msg.respond(PING)
+            elif queue.qsize() >= max_queued:
+                await msg.respond(BUSY_REPLY)
+            else:
+                queue.put_nowait(msg)
+
+        await self.nc.subscribe(subject, cb=got)
+        await self.nc.flush(max(1, round(self.timeout)))
+
+    async def alive(self, subject: str, wait_s: float | None = None) -> bool:
+        """Whether a front listens on `subject` (False only when the servers know of no
+        subscriber: the front's connection is gone)."""
+        import nats.errors
+
+        assert self.nc is not None
+        try:
+            await self.nc.request(subject, PING, wait_s or self.timeout)
+        except nats.errors.NoRespondersError:
+            return False
+        except Exception:
+            return True  # slow or unreachable is not proof of death
+        return True
+
+    async def next_requests(self) -> list[Msg]:
+        """The requests queued so far (waits for one)."""
+        queue = self.requests
+        assert queue is not None
+        out = [await queue.get()]
+        while not queue.empty():
+            out.append(queue.get_nowait())
+        return out
+
+    async def respond(self, msg: Msg, payload: bytes) -> None:
+        await msg.respond(payload)
+
+    async def forward(self, subject: str, payload: bytes) -> bytes:
+        """One request to the owner front; its answer. Raises on no answer within the
+        request timeout, or as soon as the owner is found gone while waiting (a request
+        sent as it was killed is lost with it: every `FORWARD_CHECK_S` without an answer,
+        a ping asks whether anyone still listens)."""
+        import nats.errors
+
+        assert self.nc is not None
+        nc = self.nc
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def got(msg: Msg) -> None:
+            if (msg.headers or {}).get("Status") == "503":
+                if not answer.done():
+                    answer.set_exception(nats.errors.NoRespondersError())
+            elif not answer.done():
+                answer.set_result(bytes(msg.data))
+
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=got, max_msgs=1)
+        try:
+            await nc.publish(subject, payload, reply=inbox)
+            deadline = asyncio.get_running_loop().time() + self.timeout
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise TimeoutError(f"no answer from {subject}")
+                try:
+                    return await asyncio.wait_for(
+                        asyncio.shield(answer), min(left, FORWARD_CHECK_S)
+                    )
+                except TimeoutError:
+                    if not await self.alive(subject, FORWARD_CHECK_S):
+                        raise nats.errors.NoRespondersError() from None
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def follow_notices(self) -> None:
+        """Collect the ids of topics the owner reports written (`next_notices`)."""
+        assert self.nc is not None
+        notified: set[int] = set()
+        wake = asyncio.Event()
+        self.notices = (notified, wake)
+
+        async def got(msg: Msg) -> None:
+            if self.ignore_notices:  # this front owns every shard: its own notices
+                return
+            token = msg.subject.rsplit(".", 1)[-1]
+            if token.isdigit():
+                notified.add(int(token))
+                wake.set()
+
+        await self.nc.subscribe(f"{self.prefix}.n.*", cb=got)
+
+    async def next_notices(self) -> set[int]:
+        """The topic ids reported written since the last call (waits for one)."""
+        assert self.notices is not None
+        notified, wake = self.notices
+        while not notified:
+            wake.clear()
+            await wake.wait()
+        out = set(notified)
+        notified.clear()
+        return out
+
+    async def stream_heads(self) -> dict[int, int]:
+        """{topic id: last seq} of every stream of this prefix (one listing)."""
+        assert self.js is not None
+        head = f"{self.prefix}_T"
+        out = {}
+        for info in await self.js.streams_info():
+            name = info.config.name or ""
+            if name.startswith(head) and name[len(head) :].isdigit():
+                out[int(name[len(head) :])] = info.state.last_seq
+        return out
 
     # ---- streams -----------------------------------------------------------------------
 
@@ -367,6 +755,7 @@ class JetStreamStore:
             subject, payload, headers = msgs[0]
             headers["Nats-Expected-Last-Sequence"] = fence
             ack = await self.js.publish(subject, payload, headers=headers)
+            await self._notice(topic_id, int(ack.seq))
             return int(ack.seq)
         batch_id = self.nc.new_inbox()[7:]  # a unique token
         last = len(msgs)
@@ -383,7 +772,16 @@ class JetStreamStore:
         resp = json.loads(reply.data)
         if "error" in resp:
             raise nats.js.errors.APIError.from_error(resp["error"])
+        await self._notice(topic_id, int(resp["seq"]))
         return int(resp["seq"])
+
+    async def _notice(self, topic_id: int, seq: int) -> None:
+        """Tell the other fronts a write committed (core NATS, buffered: no round trip;
+        a notice lost with a crash is made up for by their periodic poll)."""
+        nc = self.nc
+        if self.notify and nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.publish(f"{self.prefix}.n.{topic_id}", str(seq).encode())
 
     async def purge(self, topic_id: int, below: int, tag: str | None = None) -> None:
         """Remove the records below seq `below` (of `tag` only, when given)."""
@@ -428,7 +826,8 @@ class JetStreamStore:
             )
             status = await asyncio.wait_for(done, self.timeout)
         finally:
-            await sub.unsubscribe()
+            with contextlib.suppress(Exception):  # (a draining connection at shutdown)
+                await sub.unsubscribe()
         if status not in ("204", "404"):
             raise RuntimeError(f"direct get from {self.stream(topic_id)}: status {status}")
         return out
@@ -463,9 +862,13 @@ def _encode_msgs(
     return msgs
 
 
-def _entry(topic: Topic) -> dict[str, JsonValue]:
+# the record deletes a registry entry keeps, for the other fronts to apply
+DELETES_KEPT: Final = 64
+
+
+def _entry(topic: Topic, deletes: list[JsonValue] | None = None) -> dict[str, JsonValue]:
     runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.export_evictions()]
-    return {
+    out: dict[str, JsonValue] = {
         "id": topic.topic_id,
         "name": topic.name,
         "config": topic.config.to_wire(),
@@ -473,6 +876,9 @@ def _entry(topic: Topic) -> dict[str, JsonValue]:
         "runs": runs,
         "last_write_ts": topic.last_write_ts,
     }
+    if deletes:
+        out["deletes"] = list(deletes)
+    return out
 
 
 class JetStreamBackend:
@@ -489,6 +895,7 @@ class JetStreamBackend:
         self._busy = 0  # lanes publishing
         self._idle: trio.Event | None = None  # set when the last busy lane finishes
         self.published_batches = 0  # JetStream publishes (several writes may share one)
+        self.fronts: Fronts | None = None  # this front's role (set once rebuilt)
         self.failures = 0
 
     async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
@@ -778,10 +1185,27 @@ class JetStreamBackend:
         if ftype == frames.TOPIC_CREATE:
             config = topic.config.to_wire()
             check_config(config)
+            # the id comes from the registry (the engine's guess is its lower bound): the
+            # topic is not registered anywhere yet, so it may still change
+            got = await self._call(partial(self.store.allocate_id, tid))
+            if got != tid:
+                self._lanes.pop(tid, None)
+                topic.topic_id = tid = got
+                lane = self.lane(topic)
+                if self.engine is not None:
+                    self.engine.next_topic_id = max(self.engine.next_topic_id, tid + 1)
             async with lane.registry_lock:
-                await self._call(partial(self.store.reserve_id, tid + 1))
+                # the name first: a crash after it leaves an index entry naming an id with
+                # no entry, which the next claim of the name replaces
+                if not await self._call(partial(self.store.claim_name, topic.name, tid)):
+                    raise StorageUnavailable(
+                        f"topic {topic.name!r} was created by another front; retry",
+                        {"topic": topic.name, "backend": "jetstream"},
+                    )
                 await self._call(partial(self.store.create_stream, tid))
-                await self._call(partial(self.store.put_entry, tid, _entry(topic)))
+                lane.entry_rev = await self._call(
+                    partial(self.store.put_entry, tid, _entry(topic), None)
+                )
             return apply()
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
@@ -792,8 +1216,7 @@ class JetStreamBackend:
             async with lane.registry_lock:
                 # the new config with the current floor: evictions the new caps cause
                 # are redone by a rebuild until the floor task stores them
-                entry = _entry(topic) | {"config": wire}
-                await self._call(partial(self.store.put_entry, tid, entry))
+                await self._put_entry(topic, lane, lambda: lane.entry() | {"config": wire})
                 return apply()
         if ftype == frames.TOPIC_DELETE:
             async with lane.registry_lock:
@@ -801,10 +1224,14 @@ class JetStreamBackend:
                 try:
                     result = apply()
                 except BaseException:  # `if_empty` and a write landed meanwhile
-                    entry = _entry(topic)
+                    entry = lane.entry()
                     with trio.CancelScope(shield=True):
-                        await self._call(partial(self.store.put_entry, tid, entry))
+                        lane.entry_rev = await self._call(
+                            partial(self.store.put_entry, tid, entry, None)
+                        )
                     raise
+            with contextlib.suppress(TopicdError):  # a stale index entry is harmless
+                await self._call(partial(self.store.delete_name, topic.name, tid))
             self._lanes.pop(tid, None)
             assert self._nursery is not None
             self._nursery.start_soon(self._delete_stream, topic)
@@ -813,6 +1240,34 @@ class JetStreamBackend:
             return await self._delete_records(topic, body, apply)
         await trio.lowlevel.checkpoint()
         raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
+
+    async def _put_entry(
+        self, topic: Topic, lane: _Lane, build: Callable[[], dict[str, JsonValue]]
+    ) -> None:
+        """Replace the topic's registry entry (revision `lane.entry_rev`) with `build()`.
+
+        Another front wrote it since (a deposed owner that had not noticed yet): if this
+        front still holds the lease, it adopts that write (the config, record deletes and
+        floor it carries were acknowledged to a client) and writes its own on top once;
+        otherwise the conflict stands (`503`: this front is the deposed one)."""
+        tid = topic.topic_id
+        try:
+            lane.entry_rev = await self._call(
+                partial(self.store.put_entry, tid, build(), lane.entry_rev)
+            )
+            return
+        except StorageUnavailable:
+            fronts = self.fronts
+            if fronts is None or not await fronts.holds_lease(topic.name):
+                raise
+        entry, _ = await self._call(partial(self.store.entry, tid))
+        if entry is None or topic.deleted:
+            raise TopicNotFound(topic.name)
+        fronts.adopt(topic, lane, entry)
+        log.warning("topic %r: adopted a registry entry another front wrote", topic.name)
+        lane.entry_rev = await self._call(
+            partial(self.store.put_entry, tid, build(), lane.entry_rev)
+        )
 
     async def _delete_stream(self, topic: Topic) -> None:
         """A deleted topic's stream goes after the answer (its registry entry is gone, so
@@ -843,6 +1298,23 @@ class JetStreamBackend:
                     s for s, tag in list(topic.tags.items()) if s < below and tag.startswith(value)
                 ]
                 await self._call(partial(self.store.delete_msgs, tid, seqs))
+        # the other fronts apply the same delete from the registry entry (written before
+        # memory changes: a failure here is a 503 the client retries; purges are idempotent)
+        lane = self.lane(topic)
+        record: list[JsonValue] = [0, before, match, bound]  # type: ignore[list-item]
+        log_after: list[JsonValue] = []
+
+        def build() -> dict[str, JsonValue]:
+            record[0] = lane.deletes_applied + 1
+            log_after[:] = [*lane.deletes, record][-DELETES_KEPT:]
+            return _entry(topic, log_after)
+
+        async with lane.registry_lock:
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            await self._put_entry(topic, lane, build)
+            lane.deletes = log_after
+            lane.deletes_applied = int(str(record[0]))
         return apply()
 
     def status(self) -> dict[str, JsonValue] | None:
@@ -881,20 +1353,23 @@ class JetStreamBackend:
     async def write_floors(self) -> None:
         """Registry first, then purge: a floor never goes back after a restart."""
         engine = self.engine
-        if engine is None:
-            return
+        fronts = self.fronts
+        if engine is None or (fronts is not None and not fronts.owned):
+            await trio.lowlevel.checkpoint()
+            return  # a front that owns nothing writes nothing
         for topic in list(engine.topics.values()):
             lane = self.lane(topic)
             floor = topic.evict_floor
             if floor <= lane.floor_written or topic.deleted:
+                continue
+            if fronts is not None and not fronts.owns(topic.name):
                 continue
             tid = topic.topic_id
             try:
                 async with lane.registry_lock:
                     if engine.by_id.get(tid) is not topic:  # deleted while we waited
                         continue
-                    entry = _entry(topic)
-                    await self._call(partial(self.store.put_entry, tid, entry))
+                    await self._put_entry(topic, lane, lane.entry)
                     lane.floor_written = floor
                 await self._call(partial(self.store.purge, tid, floor))
             except Exception as exc:
@@ -926,50 +1401,104 @@ def _extras(headers: dict[str, str]) -> dict[str, object]:
 
 
 async def _rebuild(
-    engine: Engine, backend: JetStreamBackend, now_ms: Callable[[], int]
+    engine: Engine, backend: JetStreamBackend, now_ms: Callable[[], int], *, repair: bool = True
 ) -> tuple[int, int]:
-    """Load every registered topic and its stream into `engine`; returns (topics, records)."""
+    """Load every registered topic and its stream into `engine`; returns (topics, records).
+    With `repair` (a front owning every shard), also remove orphan streams, create missing ones,
+    finish purges below stored floors and write the name index."""
     store = backend.store
-    await backend.bridge.call(store.open_registry)
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
-    for orphan in sorted(streams - set(entries)):
-        log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
-        await backend.bridge.call(partial(store.delete_stream, orphan))
+    if repair:
+        for orphan in sorted(streams - set(entries)):
+            log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
+            await backend.bridge.call(partial(store.delete_stream, orphan))
     engine.replaying = True
     records = 0
     for tid in sorted(entries):
-        entry = entries[tid]
-        name = entry["name"]
-        assert isinstance(name, str)
-        topic = Topic(name, tid, config_from_wire(entry["config"]), name_json=orjson.dumps(name))
-        engine.apply_create(topic)
-        if tid not in streams:
-            await backend.bridge.call(partial(store.create_stream, tid))
-        floor = entry.get("floor", 1)
-        runs = entry.get("runs", [])
-        assert isinstance(floor, int)
-        assert isinstance(runs, list)
-        if floor > 1:
-            # below the stored floor everything is evicted, whatever the stream still
-            # holds (a purge the last front did not get to): start above it
-            topic.evictions.load([(int(a), int(b), str(c)) for a, b, c in runs])
-            topic.evict_floor = floor
-            topic.skip_to(floor - 1)
-        records += await _load_topic(engine, backend, topic, now_ms, floor)
-        if floor > 1:
-            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
-        lane = backend.lane(topic)
-        lane.floor_written = floor
-        last_write = entry.get("last_write_ts")
-        if topic.last_write_ts is None and isinstance(last_write, int):
-            topic.last_write_ts = last_write
-        engine.next_topic_id = max(engine.next_topic_id, tid + 1)
+        if tid not in streams and not repair:
+            continue  # being created or deleted by the owner right now
+        _, loaded = await _install(
+            engine, backend, tid, entries[tid], repair=repair, have_stream=tid in streams
+        )
+        records += loaded
     engine.next_topic_id = max(engine.next_topic_id, next_id)
     engine.finish_replay(now_ms())
     for topic in engine.topics.values():
         engine.payloads.release(topic, topic.head_seq)
     return len(entries), records
+
+
+async def _install(
+    engine: Engine,
+    backend: JetStreamBackend,
+    tid: int,
+    entry: dict[str, object],
+    *,
+    repair: bool,
+    have_stream: bool = True,
+    live: bool = False,
+) -> tuple[Topic, int]:
+    """Create topic `tid` in `engine` from its registry entry and load its stream.
+    `live`: the engine is serving (a follower finding a topic), not rebuilding."""
+    name = entry["name"]
+    assert isinstance(name, str)
+    topic = Topic(name, tid, config_from_wire(entry["config"]), name_json=orjson.dumps(name))
+    lane = backend.lane(topic)
+    # served while it loads (live): a read's catch-up waits for the load to finish
+    lane.resync_lock.acquire_nowait()
+    try:
+        engine.apply_create(topic)
+        loaded = await _fill(engine, backend, topic, entry, repair=repair, have_stream=have_stream)
+    finally:
+        lane.resync_lock.release()
+    if live:
+        engine.enforce(topic)
+        topic.durable_head = topic.drained_to = topic.drained_strong = topic.head_seq
+        engine.payloads.release(topic, topic.head_seq)
+    return topic, loaded
+
+
+async def _fill(
+    engine: Engine,
+    backend: JetStreamBackend,
+    topic: Topic,
+    entry: dict[str, object],
+    *,
+    repair: bool,
+    have_stream: bool,
+) -> int:
+    store = backend.store
+    tid = topic.topic_id
+    if repair and not have_stream:
+        await backend.bridge.call(partial(store.create_stream, tid))
+    floor = entry.get("floor", 1)
+    runs = entry.get("runs", [])
+    assert isinstance(floor, int)
+    assert isinstance(runs, list)
+    if floor > 1:
+        # below the stored floor everything is evicted, whatever the stream still
+        # holds (a purge the last front did not get to): start above it
+        topic.evictions.load([(int(a), int(b), str(c)) for a, b, c in runs])
+        topic.evict_floor = floor
+        topic.skip_to(floor - 1)
+    loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
+    if repair:
+        if floor > 1:
+            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
+        await backend.bridge.call(partial(store.put_name, topic.name, tid))
+    lane = backend.lane(topic)
+    lane.floor_written = floor
+    deletes = entry.get("deletes") or []
+    assert isinstance(deletes, list)
+    lane.deletes = list(deletes)
+    lane.deletes_applied = int(deletes[-1][0]) if deletes else 0
+    lane.entry_rev = int(str(entry.get(REV, 0)))
+    last_write = entry.get("last_write_ts")
+    if topic.last_write_ts is None and isinstance(last_write, int):
+        topic.last_write_ts = last_write
+    engine.next_topic_id = max(engine.next_topic_id, tid + 1)
+    return loaded
 
 
 async def _load_topic(
@@ -1091,6 +1620,7 @@ async def open_jetstream_engine(
 ) -> AsyncIterator[Engine]:
     """Connect to JetStream, rebuild the engine from it, run it; drain on exit."""
     from topicd.config import record_frame_bound
+    from topicd.storage.jsfronts import Fronts
 
     if cfg.protocol.max_batch_records > BATCH_MAX:
         log.info(
@@ -1127,14 +1657,20 @@ async def open_jetstream_engine(
         # a cluster electing leaders (a server just stopped) answers with timeouts for a
         # few seconds: the rebuild starts over on a fresh engine until the bound
         deadline = t0 + REBUILD_ATTEMPTS_TIMEOUTS * store.timeout
+        front_id = uuid.uuid4().hex[:12]  # (kept across attempts: its leases stay its own)
         while True:
             backend = JetStreamBackend(cfg, bridge, store)
             engine = Engine(cfg, clock, backend)
             engine.routers = RefusingRouters(engine)
             backend.engine = engine
+            backend.fronts = fronts = Fronts(engine, backend, clock, front_id)
             try:
-                topics, records = await _rebuild(engine, backend, clock.now_ms)
+                await bridge.call(store.open_registry)
+                owner = await fronts.start()
+                topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
                 break
+            except JetStreamUnavailable:
+                raise
             except Exception as exc:
                 if trio.current_time() + REBUILD_RETRY_S >= deadline:
                     raise JetStreamUnavailable(
@@ -1151,9 +1687,11 @@ async def open_jetstream_engine(
             ", ".join(store.servers),
             trio.current_time() - t0,
         )
+        fronts.begin()
         async with trio.open_nursery() as nursery:
             await nursery.start(backend.run)
             await nursery.start(engine.run)
+            await nursery.start(fronts.run)
             try:
                 yield engine
             finally:
@@ -1163,6 +1701,7 @@ async def open_jetstream_engine(
                     trio.move_on_after(cfg.storage.snapshot.final_timeout_ms / 1000),
                 ):
                     await backend.drain()
+                    await fronts.release()
                 nursery.cancel_scope.cancel("storage closed")
     finally:
         with trio.CancelScope(shield=True):

@@ -1,0 +1,502 @@
+"""Several fronts on one JetStream deployment: the owner lease, forwarding, following,
+and a takeover when the owner front is killed.
+
+Method: two or three fronts share one `storage.jetstream.prefix` of the session's
+nats-server. Most tests open them in this process (each front its own engine, asyncio
+bridge and NATS connection, as separate processes would have) and act through each
+front's HTTP app; the payload cache is 0 bytes, so every read on a front goes back to the
+stream. The takeover test runs `topicd serve` processes and kills the owner with SIGKILL
+during writes: every write a client saw acknowledged (on any front) must be readable on
+every front afterwards, at the seq it was given, once, with no seq reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import partial
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from tests.crash.harness import Server
+from tests.crash.harness import client as http_client
+from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from tests.watch import helpers as watch_helpers
+from topicd.engine import payloads
+from topicd.storage.jetstream import JetStreamBackend, JetStreamUnavailable
+from topicd.storage.jsfronts import Fronts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
+
+
+async def _json(r, status: int | None = None) -> dict:
+    raw = await r.get_data()
+    if status is not None:
+        assert r.status_code == status, raw
+    return json.loads(raw)
+
+
+async def _write(c, topic: str, *records, headers=None, **fields) -> dict:
+    r = await c.post(
+        f"/v0/topics/{topic}", json={"records": list(records), **fields}, headers=headers
+    )
+    assert r.status_code in (200, 201), await r.get_data()
+    return await _json(r)
+
+
+async def _diff(c, topic: str, from_seq: int = 0, **req) -> dict:
+    r = await c.post(
+        f"/v0/topics/{topic}/diff",
+        json={"from_seq": from_seq, "limit": 1000, "include_tags": True, **req},
+    )
+    return await _json(r, 200)
+
+
+async def _data(c, topic: str) -> list:
+    return [r["data"] for r in (await _diff(c, topic))["records"]]
+
+
+def _fronts(h) -> Fronts:
+    backend = h.engine.commit
+    assert isinstance(backend, JetStreamBackend)
+    assert backend.fronts is not None
+    return backend.fronts
+
+
+def _sharded(url: str, shards: int):
+    cfg = jetstream_config(url)
+    # a long lease: the background checks stay out of the way; the test drives them
+    js = dataclasses.replace(cfg.storage.jetstream, shards=shards, lease_ms=60_000)
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+
+
+async def test_the_first_front_owns_and_the_others_forward_to_it(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with (
+        open_jetstream_app(cfg) as a,
+        open_jetstream_app(cfg) as b,
+        open_jetstream_app(cfg) as c,
+    ):
+        assert [_fronts(h).owner for h in (a, b, c)] == [True, False, False]
+        ca, cb, cc = (h.app.test_client() for h in (a, b, c))
+        r = await cb.put("/v0/topics/t", json={"cap_records": 100})
+        assert (await _json(r, 201))["config"]["cap_records"] == 100
+        for client in (ca, cc):  # created through a follower, known everywhere
+            state = await _json(await client.get("/v0/topics/t"), 200)
+            assert (state["head_seq"], state["config"]["cap_records"]) == (0, 100)
+        w1 = await _write(cb, "t", {"data": 1}, {"data": 2, "tag": "x"})
+        w2 = await _write(ca, "t", {"data": 3})
+        w3 = await _write(cc, "t", {"data": 4})
+        assert [w["first_seq"] for w in (w1, w2, w3)] == [1, 3, 4]
+        for client in (ca, cb, cc):  # read-after-write on every front
+            assert await _data(client, "t") == [1, 2, 3, 4]
+            state = await _json(await client.get("/v0/topics/t"), 200)
+            assert (state["head_seq"], state["count"]) == (4, 4)
+        assert _fronts(b).forwarded >= 2 and _fronts(c).forwarded >= 1
+        assert _fronts(a).served >= 3
+        assert _fronts(a).forwarded == 0  # the owner runs its own
+
+
+async def test_lazy_create_and_errors_travel_back_unchanged(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        w = await _write(cb, "lazy", {"data": "x"})
+        assert (w["created"], w["first_seq"]) == (True, 1)
+        r = await cb.post("/v0/topics/nope", json={"records": [{"data": 1}], "create": False})
+        body = await _json(r, 404)
+        assert body["error"]["code"] == "topic_not_found"
+        r = await cb.put("/v0/topics/q", json={"type": "queue"})
+        body = await _json(r, 400)
+        assert body["error"]["detail"]["unsupported"] == "queue topics"
+        r = await cb.post("/v0/topics/lazy", json={"records": [{"data": 0}] * 1001})
+        assert (await _json(r, 400))["error"]["code"] == "batch_too_large"
+        r = await cb.put("/v0/topics/full", json={"cap_records": 1, "discard": "reject"})
+        await _json(r, 201)
+        await _write(ca, "full", {"data": 1})
+        r = await cb.post("/v0/topics/full", json={"records": [{"data": 2}]})
+        assert (await _json(r, 422))["error"]["code"] == "topic_full"
+        assert await _data(ca, "lazy") == ["x"]
+
+
+async def test_idempotent_retries_on_another_front_are_not_duplicated(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        key = {"Idempotency-Key": "k-1"}
+        first = await _write(cb, "i", {"data": 1}, {"data": 2}, headers=key)
+        again = await _write(ca, "i", {"data": 1}, {"data": 2}, headers=key)
+        third = await _write(cb, "i", {"data": 1}, {"data": 2}, headers=key)
+        assert first["first_seq"] == again["first_seq"] == third["first_seq"] == 1
+        assert (again["deduped"], third["deduped"]) == (True, True)
+        assert await _data(cb, "i") == [1, 2]
+
+
+async def test_config_record_deletes_and_topic_deletes_are_seen_by_every_front(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(
+            ca, "d", *({"data": i, "tag": "even" if i % 2 == 0 else "odd"} for i in range(6))
+        )
+        assert await _data(cb, "d") == [0, 1, 2, 3, 4, 5]
+        # a record delete on the owner: the follower's next read no longer has them
+        r = await ca.post("/v0/topics/d/delete", json={"match": "even"})
+        assert (await _json(r, 200))["deleted"] == 3
+        assert await _data(cb, "d") == [1, 3, 5]
+        # a record delete through the follower
+        r = await cb.post("/v0/topics/d/delete", json={"before_seq": 4})
+        body = await _json(r, 200)
+        assert (body["deleted"], body["count"]) == (1, 2)
+        assert await _data(ca, "d") == [3, 5]
+        assert await _data(cb, "d") == [3, 5]
+        # a config change on the owner: the follower's state shows it, and its caps
+        r = await ca.put("/v0/topics/d", json={"cap_records": 1})
+        await _json(r, 200)
+        state = await _json(await cb.get("/v0/topics/d"), 200)
+        assert (state["config"]["cap_records"], state["count"]) == (1, 1)
+        assert await _data(cb, "d") == [5]
+        # a topic delete through the follower: gone on both, and re-created fresh
+        r = await cb.delete("/v0/topics/d")
+        assert (await _json(r, 200))["deleted"] is True
+        for client in (ca, cb):
+            await _json(await client.get("/v0/topics/d"), 404)
+        w = await _write(ca, "d", {"data": "new"})
+        assert (w["created"], w["first_seq"]) == (True, 1)
+        assert await _data(cb, "d") == ["new"]
+
+
+async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "p", {"data": 0})
+        assert await _data(cb, "p") == [0]
+        topic_b = b.engine.topics["p"]
+        got: list[dict] = []
+
+        async def poll() -> None:
+            got.append(await _diff(cb, "p", from_seq=1, wait_ms=20_000))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            with trio.fail_after(10):
+                while not topic_b.has_waiters:  # parked (after its catch-up round trip)
+                    await trio.testing.wait_all_tasks_blocked(0.01)
+            assert got == []
+            with trio.fail_after(10):
+                await _write(ca, "p", {"data": 1})
+        assert [r["data"] for r in got[0]["records"]] == [1]
+
+
+async def test_an_sse_watch_on_a_follower_streams_writes_made_through_the_owner(
+    nats_server, nursery
+):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "w", *({"data": i} for i in range(3)))
+        wid = await watch_helpers.wid_of(cb, {"topics": {"w": {"from_seq": 1}}})
+        s = await watch_helpers.open_ok(b, nursery, wid)
+        frames = await watch_helpers.read_until_event(s, "caught-up")
+        backlog = [r["data"] for f in frames if f[0] == "record" for r in f[2]["records"]]
+        assert backlog == [1, 2]
+        with trio.fail_after(10):
+            await _write(ca, "w", {"data": "live"})
+            (event, cursors, data) = (await watch_helpers.read(s, 1))[0]
+        assert (event, cursors, [r["data"] for r in data["records"]]) == (
+            "record",
+            {"w": 4},
+            ["live"],
+        )
+        # the session lives on the front that created it
+        r = await ca.get(f"/v0/watch/{wid}")
+        assert r.status_code == 404
+        await watch_helpers.close(s)
+
+
+async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(nats_server):
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _json(await ca.put("/v0/topics/listed"), 201)
+        await _fronts(b).poll_once()  # (what its poll does every second, run now)
+        body = await _json(await cb.get("/v0/topics"), 200)
+        assert [t["topic"] for t in body["topics"]] == ["listed"]
+
+
+async def test_a_follower_takes_over_when_the_owner_stops_renewing(nats_server):
+    """The owner's engine closes (its lease is not renewed any more): the follower takes
+    the lease once it expires, then runs writes itself at the next seqs."""
+    cfg = jetstream_config(nats_server.url)
+    js = dataclasses.replace(cfg.storage.jetstream, lease_ms=600)
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    a_up, stop_a = trio.Event(), trio.Event()
+
+    async def run_a() -> None:
+        async with open_jetstream_app(cfg) as a:
+            assert _fronts(a).owner
+            await _write(a.app.test_client(), "o", {"data": 1}, headers={"Idempotency-Key": "k"})
+            a_up.set()
+            await stop_a.wait()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run_a)
+        await a_up.wait()
+        async with open_jetstream_app(cfg) as b:
+            assert not _fronts(b).owner
+            cb = b.app.test_client()
+            assert await _data(cb, "o") == [1]
+            stop_a.set()  # the owner closes: nobody renews its lease
+            with trio.fail_after(15):
+                await _fronts(b).promoted.wait()
+            assert _fronts(b).owner
+            w = await _write(cb, "o", {"data": 1}, headers={"Idempotency-Key": "k"})
+            assert (w["first_seq"], w["deduped"]) == (1, True)
+            w = await _write(cb, "o", {"data": 2})
+            assert w["first_seq"] == 2
+            assert await _data(cb, "o") == [1, 2]
+
+
+async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_server, caplog):
+    """The lease moves to `b` while `a` still believes it owns (its renewal has not run
+    yet): `a`'s next registry write fails by compare-and-set (`503`), nothing of it
+    lands; once `a` finds its lease gone it forwards to `b` like any follower."""
+    cfg = _sharded(nats_server.url, 1)  # (a long lease: the test runs the checks)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _json(await ca.put("/v0/topics/f", json={"cap_records": 10}), 201)
+        await _write(ca, "f", {"data": 1})
+        fb = _fronts(b)
+        store = fb.store
+        _, rev = await fb.backend.bridge.call(store.lease)
+        fb.lease_revs[0] = await fb.backend.bridge.call(
+            partial(store.write_lease, fb._lease_value(), rev)
+        )
+        await fb._promote(0)
+        assert fb.owner and _fronts(a).owner  # `a` has not noticed yet
+        await _json(await cb.put("/v0/topics/f", json={"cap_records": 20}), 200)
+        r = await ca.put("/v0/topics/f", json={"cap_records": 30})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        state = await _json(await cb.get("/v0/topics/f"), 200)
+        assert state["config"]["cap_records"] == 20
+        # topic ids come from the registry by compare-and-set: both may create, never
+        # with the same id
+        await _json(await ca.put("/v0/topics/n1"), 201)
+        await _json(await cb.put("/v0/topics/n2"), 201)
+        assert a.engine.topics["n1"].topic_id != b.engine.topics["n2"].topic_id
+        # the new owner takes in what the deposed one did (its poll, run here at once)
+        await _fronts(b).poll_once()
+        await _json(await cb.get("/v0/topics/n1"), 200)
+        # a name another front created is not created twice
+        r = await ca.put("/v0/topics/n2", json={"cap_records": 7})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        # `a` changes a config `b` has not written since: its compare-and-set succeeds;
+        # `b`'s next change of it adopts that entry, then writes its own on top
+        await _json(await ca.put("/v0/topics/n1", json={"cap_records": 7}), 200)
+        await _json(await cb.put("/v0/topics/n1", json={"cap_records": 8, "ttl_ms": 0}), 200)
+        entry, _ = await fb.backend.bridge.call(
+            partial(store.entry, b.engine.topics["n1"].topic_id)
+        )
+        assert entry["config"]["cap_records"] == 8
+        assert "adopted a registry entry another front wrote" in caplog.text
+        await _fronts(a)._tend_lease()  # its renewal: the lease is `b`'s now
+        assert not _fronts(a).owner
+        await _json(await ca.put("/v0/topics/f", json={"cap_records": 30}), 200)
+        state = await _json(await cb.get("/v0/topics/f"), 200)
+        assert state["config"]["cap_records"] == 30
+        w = await _write(ca, "f", {"data": 2})
+        assert w["first_seq"] == 2
+        assert await _data(ca, "f") == [1, 2]
+
+
+async def test_a_lease_whose_holder_is_gone_is_taken_at_once(nats_server):
+    """The lease names a front nobody listens for (its connection closed) and runs for an
+    hour yet: a starting front asks, gets *no responders*, and takes it at once."""
+    cfg = jetstream_config(nats_server.url)
+    async with open_jetstream_app(cfg) as a:
+        fa = _fronts(a)
+        fa._tend_lease = trio.lowlevel.checkpoint  # `a` no longer looks after the lease
+        _, rev = await fa.backend.bridge.call(fa.store.lease)
+        ghost = {"front": "ghost", "subject": "nobody.listens", "until_ms": 2**53}
+        got = await fa.backend.bridge.call(partial(fa.store.write_lease, ghost, rev))
+        assert got is not None
+        fa.owned.clear()  # (as if `a` had lost it: it would step down at its renewal)
+        async with open_jetstream_app(cfg) as b:
+            assert _fronts(b).owner
+            await _write(b.app.test_client(), "g", {"data": 1})
+
+
+async def test_a_follower_answers_503_while_the_owner_is_unreachable(nats_server):
+    cfg = _sharded(nats_server.url, 1)  # (a long lease: the test runs the check)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        cb = b.app.test_client()
+        await _write(cb, "u", {"data": 1})
+        fb = _fronts(b)
+        fb.owner_subjects[0] = f"{fb.store.prefix}.fwd.gone"
+        r = await cb.post("/v0/topics/u", json={"records": [{"data": 2}]})
+        body = await _json(r, 503)
+        assert body["error"]["code"] == "storage_unavailable"
+        assert r.headers["Retry-After"] == "1"
+        await fb._tend_lease()  # its lease check finds the owner again
+        assert fb.owner_subjects[0] == _fronts(a).subject
+        w = await _write(cb, "u", {"data": 2})
+        assert w["first_seq"] == 2
+
+
+async def _balance(*hs) -> None:
+    for _ in range(4):
+        for h in hs:
+            await _fronts(h)._tend_lease()
+
+
+async def test_shards_spread_over_the_fronts_and_move_when_one_leaves(nats_server):
+    """`shards = 3`, three fronts: after their lease checks each owns one shard (the
+    first front took all three, then gave two up as the others joined). Writes to topics
+    of every shard through every front land once, in order, readable everywhere; when a
+    front leaves, its shard moves to another and writes go on at the next seqs."""
+    cfg = _sharded(nats_server.url, 3)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        assert (_fronts(a).owned, _fronts(b).owned) == ({0, 1, 2}, set())
+        names = {}
+        for i in range(100):
+            names.setdefault(_fronts(a).shard_of(f"s{i}"), f"s{i}")
+        assert sorted(names) == [0, 1, 2]
+        async with open_jetstream_app(cfg) as c:
+            hs = (a, b, c)
+            await _balance(*hs)
+            owned = [_fronts(h).owned for h in hs]
+            assert sorted(len(o) for o in owned) == [1, 1, 1]
+            assert set().union(*owned) == {0, 1, 2}
+            clients = [h.app.test_client() for h in hs]
+            for j, client in enumerate(clients):
+                for name in names.values():
+                    w = await _write(client, name, {"data": j})
+                    assert w["first_seq"] == j + 1
+            for client in clients:
+                for name in names.values():
+                    assert await _data(client, name) == [0, 1, 2]
+            # each front ran its own shard's writes and forwarded the others'
+            for h in hs:
+                assert _fronts(h).served > 0 and _fronts(h).forwarded > 0
+            leaving = set(_fronts(c).owned)
+        # `c` gave its shard up at shutdown: one of the two left takes it
+        await _balance(a, b)
+        assert _fronts(a).owned | _fronts(b).owned == {0, 1, 2}
+        assert not _fronts(a).owned & _fronts(b).owned
+        (k,) = leaving
+        for client in (a.app.test_client(), b.app.test_client()):
+            w = await _write(client, names[k], {"data": "after"})
+            assert w["first_seq"] in (4, 5)
+        assert await _data(a.app.test_client(), names[k]) == [0, 1, 2, "after", "after"]
+
+
+async def test_a_front_refuses_another_shard_count(nats_server):
+    cfg = _sharded(nats_server.url, 2)
+    async with open_jetstream_app(cfg):
+        other = dataclasses.replace(
+            cfg,
+            storage=dataclasses.replace(
+                cfg.storage,
+                jetstream=dataclasses.replace(cfg.storage.jetstream, shards=3),
+            ),
+        )
+        with pytest.raises(JetStreamUnavailable, match="runs 2 owner shards"):
+            async with open_jetstream_app(other):
+                pass
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_kill9_of_an_owner_front_during_writes(nats_server, tmp_path, shards):
+    """Three `topicd serve` fronts; writers on the second and third front (an idempotency
+    key per write, retried on 503 or a lost connection) to one topic per shard, while the
+    first front (the owner of every shard at start; of one or more when the shards have
+    been shared out) is killed with SIGKILL. After the takeover every acknowledged write
+    is on both surviving fronts, once, at its seq, and each topic's seqs are 1..n."""
+    env = {
+        "TOPICD_STORAGE_BACKEND": "jetstream",
+        "TOPICD_JETSTREAM_SERVERS": nats_server.url,
+        "TOPICD_JETSTREAM_PREFIX": f"fronts9s{shards}",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+        "TOPICD_STORAGE_JETSTREAM_SHARDS": str(shards),
+    }
+    shard_of = Fronts.shard_of_name
+    topics: dict[int, str] = {}
+    for i in range(200):
+        topics.setdefault(shard_of(f"k{i}", shards), f"k{i}")
+    assert len(topics) == shards
+    names = list(topics.values())
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(3):
+            (tmp_path / f"f{i}").mkdir()
+            s = Server(nursery, tmp_path / f"f{i}")
+            s.extra_env = dict(env)
+            await s.start()
+            servers.append(s)
+        try:
+            owner, others = servers[0], servers[1:]
+            assert ": owner" in owner.run.text
+            acked: dict[str, tuple[str, int]] = {}  # idempotency key -> (topic, first seq)
+            enough = trio.Event()
+            done = 0
+
+            async def writer(server: Server, who: str) -> None:
+                nonlocal done
+                async with http_client(server) as hc:
+                    for i in range(60):
+                        key = f"{who}-{i}"
+                        topic = names[i % len(names)]
+                        with trio.fail_after(30):
+                            while True:
+                                try:
+                                    r = await hc.post(
+                                        f"/v0/topics/{topic}",
+                                        json={"records": [{"data": key}]},
+                                        headers={"Idempotency-Key": key},
+                                    )
+                                except httpx.HTTPError:
+                                    continue
+                                if r.status_code == 503:
+                                    await trio.sleep(0.05)  # the retry's pace, not a wait
+                                    continue
+                                assert r.status_code in (200, 201), r.text
+                                break
+                        acked[key] = (topic, r.json()["first_seq"])
+                        if len(acked) >= 30:
+                            enough.set()
+                done += 1
+
+            async with trio.open_nursery() as n:
+                for j, f in enumerate(others):
+                    n.start_soon(writer, f, f"w{j}")
+                await enough.wait()
+                await owner.kill()
+            assert done == 2
+            assert len(acked) == 120
+            for topic in names:  # no seq reused, none skipped, no duplicate
+                seqs = sorted(seq for t, seq in acked.values() if t == topic)
+                assert seqs == list(range(1, len(seqs) + 1)), topic
+            for f in others:
+                async with http_client(f) as hc:
+                    for topic in names:
+                        r = await hc.post(
+                            f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 1000}
+                        )
+                        got = {x["data"]: x["$seq"] for x in r.json()["records"]}
+                        assert got == {k: seq for k, (t, seq) in acked.items() if t == topic}
+            if shards == 1:
+                assert sum("took the owner lease" in f.run.text for f in others) == 1
+            assert all(f.run.problems() == [] for f in others)
+        finally:
+            for s in servers:
+                with trio.CancelScope(shield=True):
+                    await s.close()

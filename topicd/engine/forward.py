@@ -1,0 +1,55 @@
+"""The forwarding seam: an engine that does not run its topics' mutations itself.
+
+On a storage backend shared by several processes (the jetstream backend's *fronts*), one
+front owns the mutations (topic create, config and delete, writes, record deletes) of a
+topic and the others hand them over. `Engine.forward` is then set: the engine passes each mutation
+to it whole (the owner runs it through its own engine, with its validation, seqs,
+idempotency and errors), and before a read it lets the forwarder bring the topic up to
+date (`catch_up`), so a read on any process sees every write acknowledged before it
+began. With `forward` None (the default, every single-process backend) nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from topicd.engine.engine import DeleteResult, WriteResult
+    from topicd.engine.topic import Topic
+    from topicd.wire import DeleteIn, PlainWriteIn, TopicConfigIn, WriteIn
+
+
+class Forwarder(Protocol):
+    """Where a non-owning engine sends its mutations (each raises the owner's error)."""
+
+    def owns(self, name: str) -> bool:
+        """Whether this process runs `name`'s mutations itself (then nothing is
+        forwarded or caught up for it)."""
+        ...
+
+    async def put_topic(self, name: str, cin: TopicConfigIn | None) -> tuple[Topic, bool]:
+        """`Engine.put_topic` on the owner; returns this process's (caught-up) topic."""
+        ...
+
+    async def delete_topic(self, name: str, if_empty: bool) -> tuple[bool, list[str]]:
+        """`Engine.delete_topic_cascade` on the owner."""
+        ...
+
+    async def append(
+        self,
+        name: str,
+        req: WriteIn | PlainWriteIn,
+        header_key: str | None,
+        can_admin: bool,
+    ) -> WriteResult:
+        """`Engine.append` on the owner."""
+        ...
+
+    async def delete_records(self, name: str, req: DeleteIn) -> DeleteResult:
+        """`Engine.delete_records` on the owner; the result names this process's topic."""
+        ...
+
+    async def catch_up(self, name: str) -> None:
+        """Bring `name` (its records, config, record deletes, existence) up to what the
+        shared storage held when the call began."""
+        ...

@@ -1,0 +1,632 @@
+"""Several fronts on one JetStream deployment: owner leases, forwarding, following.
+
+Every front of a deployment (`storage.jetstream.prefix`) serves the whole `/v0` API.
+Topics fall into `storage.jetstream.shards` shards by a hash of their name; each shard
+has one **owner** front, which runs its topics' mutations (topic create, config and
+delete, writes, record deletes) and the housekeeping that writes to JetStream (floors,
+purges). For those topics the other fronts are **followers**: they forward the
+mutations to the owner and serve reads from their own memory, brought up to date before
+each read (docs/jetstream.md, "Several fronts"):
+
+* **The leases.** The registry key `front.owner.<shard>` holds `{"front", "subject",
+  "until_ms"}`. A front takes a shard's lease by compare-and-set on its revision
+  (create-if-absent when absent) when it is absent or expired and the front is under
+  its share (`ceil(shards / live fronts)`, the live fronts being `front.members`), or
+  when its holder is gone; an owner renews its leases every third of
+  `storage.jetstream.lease_ms`, gives up the ones over its share, and steps down from
+  one whose renewal finds another revision. Safety does not rest on the leases (wall
+  clocks may disagree): every record write is fenced by the stream's expected last
+  sequence and every registry write by compare-and-set.
+* **Forwarding.** A follower sends a mutation to the owner's subject as one NATS
+  request: a JSON head line (`op`, the topic, the idempotency key, the admin flag) and the
+  request body re-encoded. The owner runs it through its engine and answers the result,
+  or the error's canonical body, which the follower raises as the same error.
+* **Following.** Before a read, a follower reads the topic's registry entry and its
+  stream's last sequence (one round trip), then loads the records it lacks, applies a
+  changed config and the record deletes the entry lists, or drops the topic when the
+  entry is gone; a name it does not know is looked up in the registry's name index. The
+  owner publishes a notice per committed write and per registry change
+  (`<prefix>.n.<id>`), on which followers catch the topic up at once, which wakes their
+  long-polls and watch streams; a poll every `POLL_S` seconds makes up for lost notices
+  and discovers created and deleted topics for listings.
+* **Takeover.** A front taking a lease first catches every topic up, then runs the
+  shard's mutations itself. Idempotency keys travel with the records (the key rides on a write's
+  first record), so a client retrying a write the dead owner acknowledged gets the
+  original seqs back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+import orjson
+import trio
+import xxhash
+
+from topicd.engine.engine import DeleteResult, WriteResult
+from topicd.errors import (
+    Internal,
+    StorageUnavailable,
+    TopicdError,
+    error_from_wire,
+)
+from topicd.storage.jetstream import (
+    REV,
+    JetStreamUnavailable,
+    _install,
+    _load_topic,
+)
+from topicd.storage.recovery import config_from_wire
+from topicd.wire import CONFIG_DECODER, DELETE_DECODER, decode_write
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from topicd.clock import WallClock
+    from topicd.engine.engine import Engine
+    from topicd.engine.topic import Topic
+    from topicd.errors import JsonValue
+    from topicd.storage.jetstream import JetStreamBackend, _Lane
+    from topicd.wire import DeleteIn, PlainWriteIn, TopicConfigIn, WriteIn
+
+log = logging.getLogger("topicd.storage.jsfronts")
+
+POLL_S: Final = 1.0  # followers: the fallback poll for lost notices and new/gone topics
+FORWARD_QUEUE_MAX: Final = 4096  # forwarded requests waiting on the owner, beyond: 503
+FORWARD_TASKS_MAX: Final = 1024  # forwarded requests the owner runs at once
+
+
+class Fronts:
+    """This front's role among the deployment's fronts; the engine's `Forwarder` unless
+    it owns every shard (see the module docstring)."""
+
+    def __init__(
+        self, engine: Engine, backend: JetStreamBackend, clock: WallClock, front_id: str
+    ) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.store = backend.store
+        self.clock = clock
+        self.front_id = front_id
+        self.subject = f"{self.store.prefix}.fwd.{self.front_id}"
+        js_cfg = backend.cfg.storage.jetstream
+        self.lease_ms = js_cfg.lease_ms
+        self.shards = js_cfg.shards
+        self.owned: set[int] = set()  # the shards this front owns
+        self.lease_revs: dict[int, int] = {}
+        self.owner_subjects: dict[int, str] = {}  # shard -> its owner's request subject
+        self.live = 1  # fronts alive (the membership table), this one included
+        self.promoted = trio.Event()  # set when this front takes a lease over
+        self.forwarded = 0  # mutations this front forwarded (tests, metrics)
+        self.served = 0  # forwarded mutations this front ran as the owner
+        self._limit = trio.Semaphore(FORWARD_TASKS_MAX)
+        self._install_lock = trio.Lock()
+
+    # ---- shards and the leases ---------------------------------------------------------
+
+    @property
+    def owner(self) -> bool:
+        """Whether this front owns every shard (then its engine forwards nothing)."""
+        return len(self.owned) == self.shards
+
+    def shard_of(self, name: str) -> int:
+        return self.shard_of_name(name, self.shards)
+
+    @staticmethod
+    def shard_of_name(name: str, shards: int) -> int:
+        """The shard of topic `name` among `shards`."""
+        return 0 if shards == 1 else xxhash.xxh32_intdigest(name.encode()) % shards
+
+    def owns(self, name: str) -> bool:
+        return self.shard_of(name) in self.owned
+
+    def _lease_value(self, until_ms: int | None = None) -> dict[str, JsonValue]:
+        return {
+            "front": self.front_id,
+            "subject": self.subject,
+            "until_ms": self.clock.now_ms() + self.lease_ms if until_ms is None else until_ms,
+        }
+
+    def _set_role(self) -> None:
+        # notices only when another front may listen (one joining is caught up by its
+        # reads and its poll until this front's next check sees it)
+        self.store.notify = bool(self.owned) and self.live > 1
+        self.store.ignore_notices = self.owner
+        self.engine.forward = None if self.owner else self
+
+    async def _membership(self, drop: str | None = None) -> int:
+        now = self.clock.now_ms()
+        self.live = await self.backend.bridge.call(
+            partial(self.store.members, self.front_id, now + self.lease_ms, now, drop)
+        )
+        self.store.notify = bool(self.owned) and self.live > 1
+        return self.live
+
+    def quota(self) -> int:
+        """The shards this front should own: an even share among the live fronts."""
+        return -(-self.shards // max(1, self.live))
+
+    async def _check_shard(self, k: int, *, may_take: bool) -> bool:
+        """Learn shard `k`'s owner; take its lease when it is absent, expired or its
+        holder gone (a gone holder's shard is taken even over the quota). Whether this
+        front took it."""
+        call = self.backend.bridge.call
+        value, rev = await call(partial(self.store.lease, k))
+        now = self.clock.now_ms()
+        if value is not None and value.get("front") != self.front_id:
+            subject = str(value.get("subject"))
+            self.owner_subjects[k] = subject
+            if int(str(value.get("until_ms", 0))) > now:
+                if await call(partial(self.store.alive, subject)):
+                    return False
+                # nobody listens there any more (its connection closed: a killed front):
+                # take the lease now rather than when it runs out
+                holder = str(value.get("front"))
+                log.warning("front %s: the owner front %s is gone", self.front_id, holder)
+                await self._membership(drop=holder)
+            elif not may_take:
+                return False
+        elif not may_take:  # absent, or this front's own, given up
+            return False
+        got = await call(partial(self.store.write_lease, self._lease_value(), rev, k))
+        if got is None:  # someone else moved first: follow them
+            value, rev = await call(partial(self.store.lease, k))
+            if value is not None:
+                self.owner_subjects[k] = str(value.get("subject"))
+            return False
+        self.lease_revs[k] = got
+        self.owner_subjects[k] = self.subject
+        return True
+
+    async def start(self) -> bool:
+        """At start, before the rebuild: listen for forwarded requests (they wait until
+        `run`), join the members, take the shards free for this front. Returns whether it
+        owns every shard (only then does it repair the registry while rebuilding)."""
+        call = self.backend.bridge.call
+        found = await call(partial(self.store.check_shards, self.shards))
+        if found != self.shards:
+            raise JetStreamUnavailable(
+                f"this deployment (prefix {self.store.prefix!r}) runs "
+                f"{found} owner shards; storage.jetstream.shards is {self.shards}"
+            )
+        await call(partial(self.store.listen, self.subject, FORWARD_QUEUE_MAX))
+        await self._membership()
+        for k in self._shard_order():
+            if await self._check_shard(k, may_take=len(self.owned) < self.quota()):
+                self.owned.add(k)
+        self._set_role()
+        return self.owner
+
+    def _shard_order(self) -> list[int]:
+        """Shards from a front-specific offset (fronts starting together contend less)."""
+        first = xxhash.xxh32_intdigest(self.front_id.encode()) % self.shards
+        return [(first + i) % self.shards for i in range(self.shards)]
+
+    def begin(self) -> None:
+        """After the rebuild: route the mutations of shards this front does not own."""
+        self._set_role()
+        log.info(
+            "front %s: %s",
+            self.front_id,
+            "owner"
+            if self.owner
+            else f"owner of shards {sorted(self.owned)} of {self.shards}, follower of the rest",
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        call = self.backend.bridge.call
+        await call(self.store.follow_notices)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve)
+            nursery.start_soon(self._follow_notices)
+            nursery.start_soon(self._poll)
+            task_status.started()
+            while True:
+                await trio.sleep(self.lease_ms / 3000)
+                try:
+                    await self._tend_lease()
+                except Exception as exc:
+                    log.warning("front %s: the owner leases: %s", self.front_id, exc)
+
+    async def _tend_lease(self) -> None:
+        """One lease check: renew the shards owned, give up those over the quota (another
+        front joined), learn the other shards' owners and take what is free for this
+        front (or whose owner is gone)."""
+        call = self.backend.bridge.call
+        await self._membership()
+        for k in sorted(self.owned):
+            # (a renewal that fails for want of the cluster changes nothing: this front
+            # cannot write either then, and it steps down only once it learns another
+            # front holds the lease; the fences keep two owners apart meanwhile)
+            got = await call(
+                partial(self.store.write_lease, self._lease_value(), self.lease_revs[k], k)
+            )
+            if got is not None:
+                self.lease_revs[k] = got
+            else:
+                self._step_down(k, "another front holds its lease")
+        while len(self.owned) > self.quota():
+            await self._give_up(max(self.owned), f"{self.live} fronts share the shards")
+        for k in self._shard_order():
+            if k in self.owned:
+                continue
+            if await self._check_shard(k, may_take=len(self.owned) < self.quota()):
+                await self._promote(k)
+
+    def _step_down(self, k: int, why: str) -> None:
+        log.warning("front %s: no longer the owner of shard %d (%s)", self.front_id, k, why)
+        self.owned.discard(k)
+        self.owner_subjects.pop(k, None)
+        self._set_role()
+
+    async def _give_up(self, k: int, why: str) -> None:
+        """Hand shard `k` over: stop running its mutations, then expire its lease so the
+        front that needs it takes it at its next check."""
+        rev = self.lease_revs.get(k, 0)
+        self._step_down(k, why)
+        with contextlib.suppress(Exception):
+            await self.backend.bridge.call(
+                partial(self.store.write_lease, self._lease_value(0), rev, k)
+            )
+
+    async def release(self) -> None:
+        """At shutdown: give every lease up and leave the members, so the other fronts
+        take the shards at their next check instead of after the term."""
+        for k in sorted(self.owned):
+            await self._give_up(k, "shutting down")
+        with contextlib.suppress(Exception):
+            now = self.clock.now_ms()
+            await self.backend.bridge.call(partial(self.store.members, self.front_id, 0, now, None))
+
+    async def _promote(self, k: int) -> None:
+        """This front took shard `k`'s lease: catch every topic up, then run the shard's
+        mutations."""
+        await self.sync_all(k)
+        next_id = await self.backend.bridge.call(self.store.next_id)
+        self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
+        self.owned.add(k)
+        self._set_role()
+        self.promoted.set()
+        log.warning("front %s: took the owner lease of shard %d", self.front_id, k)
+
+    async def holds_lease(self, name: str) -> bool:
+        """Whether the lease of `name`'s shard is still this front's (one round trip)."""
+        k = self.shard_of(name)
+        if k not in self.owned:
+            await trio.lowlevel.checkpoint()
+            return False
+        value, rev = await self.backend._call(partial(self.store.lease, k))
+        return (
+            value is not None
+            and value.get("front") == self.front_id
+            and rev == self.lease_revs.get(k)
+        )
+
+    # ---- the owner: forwarded mutations ------------------------------------------------
+
+    async def _serve(self) -> None:
+        call = self.backend.bridge.call
+        async with trio.open_nursery() as nursery:
+            while True:
+                for msg in await call(self.store.next_requests):
+                    await self._limit.acquire()
+                    nursery.start_soon(self._answer, msg)
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            try:
+                payload = await self._run_forwarded(bytes(msg.data))
+            except TopicdError as err:
+                payload = _error_body(err)
+            except Exception:
+                log.exception("a forwarded request failed")
+                payload = _error_body(Internal("internal error (a bug; see the server log)"))
+            with contextlib.suppress(Exception):
+                await self.backend.bridge.call(partial(self.store.respond, msg, payload))
+        finally:
+            self._limit.release()
+
+    async def _run_forwarded(self, data: bytes) -> bytes:
+        head_raw, _, body = data.partition(b"\n")
+        head = orjson.loads(head_raw)
+        op = head["op"]
+        name = head["topic"]
+        if not self.owns(name):
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable(
+                "this front does not own the topic's shard (any more); retry",
+                {"backend": "jetstream", "front": self.front_id},
+            )
+        engine = self.engine
+        self.served += 1
+        if op == "append":
+            res = await engine.append(
+                name, decode_write(body), header_key=head.get("key"), can_admin=head["admin"]
+            )
+            return orjson.dumps({"ok": msgspec.to_builtins(res)})
+        if op == "put":
+            cin = CONFIG_DECODER.decode(body) if body else None
+            _, created = await engine.put_topic(name, cin)
+            return orjson.dumps({"ok": {"created": created}})
+        if op == "delete_topic":
+            deleted, removed = await engine.delete_topic_cascade(name, bool(head["if_empty"]))
+            return orjson.dumps({"ok": {"deleted": deleted, "removed": removed}})
+        if op == "delete_records":
+            result = await engine.delete_records(name, DELETE_DECODER.decode(body))
+            return orjson.dumps({"ok": {"deleted": result.deleted}})
+        raise AssertionError(f"unknown forwarded op {op!r}")
+
+    # ---- the follower: Forwarder -------------------------------------------------------
+
+    async def _forward(self, head: dict[str, JsonValue], body: bytes) -> dict[str, object]:
+        subject = self.owner_subjects.get(self.shard_of(str(head["topic"])))
+        if subject is None or subject == self.subject:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable(
+                "no owner front holds the lease yet; retry", {"backend": "jetstream"}
+            )
+        payload = orjson.dumps(head) + b"\n" + body
+        self.forwarded += 1
+        try:
+            raw = await self.backend.bridge.call(partial(self.store.forward, subject, payload))
+        except Exception as exc:
+            raise StorageUnavailable(
+                f"the owner front did not answer ({str(exc) or type(exc).__name__}); retry",
+                {"backend": "jetstream"},
+            ) from exc
+        answer = orjson.loads(raw)
+        err = answer.get("error")
+        if err is not None:
+            detail = err.get("detail") or {}
+            raise error_from_wire(
+                err["code"], int(err["status"]), err["message"], detail, err.get("retry_after")
+            )
+        ok = answer["ok"]
+        assert isinstance(ok, dict)
+        return ok
+
+    async def append(
+        self,
+        name: str,
+        req: WriteIn | PlainWriteIn,
+        header_key: str | None,
+        can_admin: bool,
+    ) -> WriteResult:
+        ok = await self._forward(
+            {"op": "append", "topic": name, "key": header_key, "admin": can_admin},
+            msgspec.json.encode(req),
+        )
+        return msgspec.convert(ok, WriteResult)
+
+    async def put_topic(self, name: str, cin: TopicConfigIn | None) -> tuple[Topic, bool]:
+        body = b"" if cin is None else msgspec.json.encode(cin)
+        ok = await self._forward({"op": "put", "topic": name}, body)
+        await self.catch_up(name)
+        return self.engine.get(name), bool(ok["created"])
+
+    async def delete_topic(self, name: str, if_empty: bool) -> tuple[bool, list[str]]:
+        ok = await self._forward({"op": "delete_topic", "topic": name, "if_empty": if_empty}, b"")
+        await self.catch_up(name)
+        removed = ok.get("removed") or []
+        assert isinstance(removed, list)
+        return bool(ok["deleted"]), [str(r) for r in removed]
+
+    async def delete_records(self, name: str, req: DeleteIn) -> DeleteResult:
+        ok = await self._forward({"op": "delete_records", "topic": name}, msgspec.json.encode(req))
+        await self.catch_up(name)
+        return DeleteResult(self.engine.get(name), int(str(ok["deleted"])))
+
+    async def catch_up(self, name: str) -> None:
+        for _ in range(2):  # (a second round: the instance known here was deleted)
+            topic = self.engine.topics.get(name)
+            if topic is None:
+                await self._discover(name)
+                topic = self.engine.topics.get(name)
+                if topic is None:
+                    return
+            # (also after a discovery: another task may be loading the topic, or have
+            # loaded it before the write this read must see)
+            if await self.refresh(topic) is not None:
+                return
+
+    # ---- following ---------------------------------------------------------------------
+
+    async def refresh(self, topic: Topic) -> Topic | None:
+        """Bring `topic` up to its registry entry and stream; None when it is gone."""
+        backend = self.backend
+        lane = backend.lane(topic)
+        ticket = lane.syncs_begun
+        async with lane.resync_lock:
+            if topic.deleted:
+                await trio.lowlevel.checkpoint()
+                return None
+            if lane.syncs_done > ticket:
+                # a catch-up that began after this call did has finished: it saw at
+                # least what this one would (concurrent reads share one round trip)
+                await trio.lowlevel.checkpoint()
+                return topic
+            lane.syncs_begun += 1
+            number = lane.syncs_begun
+            tid = topic.topic_id
+            entry, newer = await backend._call(partial(self.store.probe, tid, topic.head_seq))
+            if _gone(topic):  # dropped while we waited
+                return None
+            if entry is None:
+                self._drop(topic)
+                return None
+            self._apply_entry(topic, lane, entry)
+            if newer and not lane.busy and not lane.pending:
+                engine = self.engine
+                await _load_topic(engine, backend, topic, engine.clock.now_ms, topic.head_seq + 1)
+                if _gone(topic):
+                    return None
+                engine.durable(topic, topic.head_seq)
+                backend._release(topic)
+            lane.syncs_done = number
+            return topic
+
+    async def _remove(self, topic: Topic) -> None:
+        """Drop a topic whose registry entry is gone (not while a catch-up loads it)."""
+        async with self.backend.lane(topic).resync_lock:
+            self._drop(topic)
+
+    def _drop(self, topic: Topic) -> None:
+        if not topic.deleted:
+            self.engine.apply_delete_topic(topic, False, self.clock.now_ms())
+            self.backend._lanes.pop(topic.topic_id, None)
+
+    def adopt(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+        """Take over what another front wrote into `topic`'s entry (see `_apply_entry`)."""
+        self._apply_entry(topic, lane, entry)
+
+    def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+        engine = self.engine
+        now = self.clock.now_ms()
+        wire = entry.get("config")
+        if isinstance(wire, dict) and wire != topic.config.to_wire():
+            engine.apply_config(topic, config_from_wire(wire), now)
+        deletes = entry.get("deletes") or []
+        assert isinstance(deletes, list)
+        for op in deletes:
+            number, before, match, bound = op
+            if int(number) <= lane.deletes_applied:
+                continue
+            if int(number) > lane.deletes_applied + 1 and lane.deletes_applied:
+                log.warning(
+                    "topic %r: record deletes %d..%d passed this front by",
+                    topic.name,
+                    lane.deletes_applied + 1,
+                    int(number) - 1,
+                )
+            engine.apply_records_delete(
+                topic,
+                None if before is None else int(before),
+                None if match is None else (str(match[0]), str(match[1])),
+                int(bound),
+                now,
+            )
+            lane.deletes_applied = int(number)
+        lane.deletes = list(deletes)
+        lane.entry_rev = int(str(entry.get(REV, 0)))
+        # what the entry holds: after a takeover, the floor task writes this front's own
+        # (possibly higher) floor
+        lane.floor_written = int(str(entry.get("floor", 1)))
+
+    async def _discover(self, name: str) -> None:
+        """A name this front does not serve: load its live instance, if the registry
+        has one."""
+        call = self.backend._call
+        tid = await call(partial(self.store.lookup_name, name))
+        if tid is None or tid in self.engine.by_id:
+            return
+        await self._install_id(tid)
+
+    async def _install_id(self, tid: int) -> Topic | None:
+        async with self._install_lock:  # one at a time: each checks what the last did
+            return await self._install_locked(tid)
+
+    async def _install_locked(self, tid: int) -> Topic | None:
+        engine = self.engine
+        # (a lane without the topic: this front is creating it right now)
+        if tid in engine.by_id or tid in self.backend._lanes:
+            await trio.lowlevel.checkpoint()
+            return None
+        entry, _ = await self.backend._call(partial(self.store.entry, tid))
+        if entry is None or tid in engine.by_id or tid in self.backend._lanes:
+            return None
+        name = entry.get("name")
+        if not isinstance(name, str):
+            return None
+        old = engine.topics.get(name)
+        if old is not None:  # a deleted instance this front has not dropped yet
+            if old.topic_id > tid:
+                return None
+            await self._remove(old)
+            if name in engine.topics or tid in engine.by_id:
+                return None
+        topic, _ = await _install(engine, self.backend, tid, entry, repair=False, live=True)
+        return topic
+
+    async def sync_all(self, shard: int | None = None) -> None:
+        """Every topic (of `shard`, when given): created and deleted ones, then each one's
+        entry and records."""
+        call = self.backend._call
+        ids = await call(self.store.entry_ids)
+        for topic in list(self.engine.by_id.values()):
+            if topic.topic_id not in ids:
+                await self._remove(topic)
+        for tid in sorted(ids - set(self.engine.by_id)):
+            await self._install_id(tid)
+        for topic in list(self.engine.by_id.values()):
+            if shard is None or self.shard_of(topic.name) == shard:
+                await self.refresh(topic)
+
+    async def _follow_notices(self) -> None:
+        call = self.backend.bridge.call
+        while True:
+            tids = await call(self.store.next_notices)
+            for tid in tids:
+                topic = self.engine.by_id.get(tid)
+                if topic is not None and (
+                    self.owns(topic.name)
+                    or not (topic.has_waiters or topic in self.engine.watch.watchers)
+                ):
+                    # its own, or nobody waits on it here: a read catches it up when
+                    # one comes (and the poll within a second), not every write
+                    continue
+                try:
+                    if topic is None:
+                        await self._install_id(tid)
+                    else:
+                        await self.refresh(topic)
+                except TopicdError as exc:
+                    log.warning("front %s: topic %d not caught up: %s", self.front_id, tid, exc)
+
+    async def _poll(self) -> None:
+        while True:
+            await trio.sleep(POLL_S)
+            if self.owner and self.live == 1:
+                continue  # alone and owning everything: nobody else writes
+            try:
+                await self.poll_once()
+            except TopicdError as exc:
+                log.warning("front %s: poll failed: %s", self.front_id, exc)
+
+    async def poll_once(self) -> None:
+        """The fallback for lost notices, and how topics created or deleted elsewhere
+        reach this front's listing: the streams' last seqs and the registry's ids.
+
+        On the owner, it finds what a deposed owner did before it noticed (a topic it
+        created, records it wrote): those were acknowledged, so they are taken in."""
+        backend = self.backend
+        engine = self.engine
+        heads = await backend._call(self.store.stream_heads)
+        ids = await backend._call(self.store.entry_ids)
+        for topic in list(engine.by_id.values()):
+            tid = topic.topic_id
+            if self.owns(topic.name):
+                if heads.get(tid, 0) > topic.head_seq:
+                    await backend.resync(topic)
+            elif tid not in ids:
+                await self._remove(topic)
+            elif heads.get(tid, 0) > topic.head_seq:
+                await self.refresh(topic)
+        for tid in sorted(ids - set(engine.by_id)):
+            await self._install_id(tid)
+
+
+def _gone(topic: Topic) -> bool:
+    return topic.deleted
+
+
+def _error_body(err: TopicdError) -> bytes:
+    body = err.body()
+    inner = body["error"]
+    assert isinstance(inner, dict)
+    inner["status"] = err.http_status
+    inner["retry_after"] = err.retry_after_s()
+    return orjson.dumps(body)
