@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from tests.sched.helpers import write_req
-from topicd.engine.watch import decode_composite_id, pump
+from topicd.engine.watch import COALESCE_BYTES, decode_composite_id, pump
 from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 from topicd.testing.sse import SseParser
@@ -311,4 +311,21 @@ async def test_the_heartbeat_counts_from_a_shared_send(autojump_clock):
         assert wire.body().count(b": hb\n\n") == hb_before
         await advance(autojump_clock, period * 0.5)
         assert wire.body().count(b": hb\n\n") == hb_before + 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_large_drain_goes_out_in_bounded_batches(autojump_clock):
+    async with open_app() as h, trio.open_nursery() as nursery:
+        engine = h.engine
+        await engine.put_topic("t", None)
+        wire = ChunkedWire()
+        session, _conn = await start(engine, nursery, wire, limit=1)
+        big = "x" * 8192
+        await engine.append("t", write_req(*[big] * 40))  # 40 frames, ≈ 330 KiB
+        await trio.testing.wait_all_tasks_blocked()
+        sizes = [len(b) for b in wire.sock.sent]
+        assert len(sizes) == 2  # COALESCE_BYTES (256 KiB) per send at most
+        assert max(sizes) <= COALESCE_BYTES + 4096  # + one frame's `id:` line and framing
+        assert record_seqs(wire) == list(range(1, 41))
+        assert session.cursors["t"] == 40
         nursery.cancel_scope.cancel()
