@@ -9,7 +9,9 @@ the direct socket path is between events (no pump runs: every frame reaches the 
 through the drain). A reader process (on the other CPU with two or more) holds the other
 ends and discards what arrives, as fast as it can. Each event is one single-record
 `append`; the time is the loop's CPU time from the append until the drain has written to
-every socket, per (watcher, event). Three ways, alternated round by round:
+every socket, per (watcher, event). The governor's coalescing is off
+(`governor.coalesce_above = 1`), so every event is drained at once, alone. Three ways,
+alternated round by round:
 
 * `batch`: the drain's shared batch, one non-blocking `send` per parked stream
   (`Conn.push` on a stream that has `sock`, as the direct path sets it);
@@ -44,9 +46,9 @@ import trio.testing
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topicd.clock import SystemWallClock
-from topicd.config import Config
 from topicd.engine.engine import open_engine
 from topicd.engine.watch import LIVE, Conn
+from topicd.testing.harness import make_config
 from topicd.wire import RecordIn, TopicConfigIn, WatchIn, WatchTopicIn, WriteIn
 
 READER = r"""
@@ -107,7 +109,9 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
     assert reader.stdout.readline().strip() == b"ready"
     out: dict[str, list[float]] = {"batch": [], "offer": [], "floor": []}
     try:
-        async with open_engine(Config(), SystemWallClock()) as engine:
+        # no coalescing: this measures one drain per event, whatever the governor reads
+        cfg = make_config(governor={"coalesce_above": 1.0})
+        async with open_engine(cfg, SystemWallClock()) as engine:
             await engine.put_topic("t", msgspec.convert({"durability": "ephemeral"}, TopicConfigIn))
             conns: list[Conn] = []
             for s in socks:
@@ -136,6 +140,9 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
                         else:
                             await engine.append("t", WriteIn(records=[RecordIn(data=payload)]))
                             await trio.testing.wait_all_tasks_blocked()
+                            topic = engine.topics["t"]
+                            if topic.drained_to != topic.head_seq:
+                                raise SystemExit("the drain did not run at once")
                     spent = time.process_time() - t0
                     for conn in conns:
                         if conn.remainder or conn.lagged:
