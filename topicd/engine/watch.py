@@ -378,6 +378,7 @@ class Conn:
         # >= 0 only while the pump is parked, idle, live at this position of `only`, not
         # lagged, with nothing pending and `sock` set: a batch starting here is sent whole
         self.ready_at = -1
+        self.batches_sent = 0  # drain batches this stream got as one `send` (or its start)
 
     def take_remainder(self) -> bytes | memoryview:
         """What a direct write left unsent (cleared): the pump sends it next, as is."""
@@ -430,6 +431,7 @@ class Conn:
             except OSError:
                 return False
             self.frames_written += 1
+            self.batches_sent += 1
             self.last_write = now
         self.pos[name] = self.enqueued_to[name] = last
         if sent == len(wire):

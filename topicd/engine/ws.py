@@ -103,6 +103,7 @@ class WsConn:
         # out in one send
         self.ready_at = -1
         self.ready_sub: Sub | None = None
+        self.batches_sent = 0  # drain batches this stream got as one `send` (or its start)
 
     # ---- the drain's side (synchronous, never waits) ---------------------------------
 
@@ -143,6 +144,7 @@ class WsConn:
             except OSError:
                 return False
             self.frames_written += 1
+            self.batches_sent += 1
         sub.pos = sub.enqueued_to = last = batch.last
         if sent == len(wire):
             self.ready_at = last
