@@ -2,6 +2,7 @@
 """What one fan-out costs the server per watcher, against the socket limit, in process.
 
     python bench/fanout_cost.py [--watchers 1000] [--events 200] [--rounds 5] [--no-pin]
+                                [--no-syscall]
 
 No HTTP: an engine (`open_engine`, an `ephemeral` topic) with N watch streams whose
 transports are real loopback TCP sockets, each parked live at the head as a stream on
@@ -24,7 +25,8 @@ alternated round by round:
 Socket send buffers are large (4 MiB), so no send is partial: a partial send would hand
 the rest to a pump that does not exist here, and the script fails instead of measuring
 it. Prints µs per (watcher, event) for each way (median of rounds) and the ratios to the
-floor.
+floor. With `--no-syscall` every socket is a stand-in whose `send` takes everything
+without a system call: what is left is the Python work per watcher.
 """
 
 from __future__ import annotations
@@ -72,7 +74,14 @@ while True:
 SNDBUF = 4 << 20
 
 
-def chunk_writer(sock: socket.socket):
+class NoSyscall:
+    """A socket stand-in that takes every byte without a system call."""
+
+    def send(self, data: bytes, /) -> int:
+        return len(data)
+
+
+def chunk_writer(sock: socket.socket | NoSyscall):
     """What the direct path's `try_write` does: frame one chunk, send without blocking."""
 
     def direct(payload: bytes) -> bytes | None:
@@ -108,13 +117,16 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
     assert reader.stdout is not None
     assert reader.stdout.readline().strip() == b"ready"
     out: dict[str, list[float]] = {"batch": [], "offer": [], "floor": []}
+    targets: list[socket.socket | NoSyscall] = (
+        [NoSyscall() for _ in socks] if args.no_syscall else list(socks)
+    )
     try:
         # no coalescing: this measures one drain per event, whatever the governor reads
         cfg = make_config(governor={"coalesce_above": 1.0})
         async with open_engine(cfg, SystemWallClock()) as engine:
             await engine.put_topic("t", msgspec.convert({"durability": "ephemeral"}, TopicConfigIn))
             conns: list[Conn] = []
-            for s in socks:
+            for s in targets:
                 req = WatchIn(topics={"t": WatchTopicIn(tail=True)})
                 session, _ = engine.create_watch(None, req, False)
                 conn = engine.watch.open_stream(session, None)
@@ -128,13 +140,13 @@ async def run(args: argparse.Namespace) -> dict[str, list[float]]:
                 ways = ["batch", "offer", "floor"]
                 shift = r % 3
                 for way in ways[shift:] + ways[:shift]:
-                    for conn, s in zip(conns, socks, strict=True):
+                    for conn, s in zip(conns, targets, strict=True):
                         conn.sock = s if way == "batch" else None
                         conn.park()  # what the pump does before it waits
                     t0 = time.process_time()
                     for _ in range(args.events):
                         if way == "floor":
-                            for s in socks:
+                            for s in targets:
                                 if s.send(chunk) != len(chunk):
                                     raise SystemExit("a partial send: raise SNDBUF")
                         else:
@@ -164,12 +176,18 @@ def main() -> int:
     p.add_argument("--events", type=int, default=200)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-pin", action="store_true", help="do not pin (this: CPU 0, reader: 1)")
+    p.add_argument(
+        "--no-syscall", action="store_true", help="sockets that take everything, no syscall"
+    )
     args = p.parse_args()
     args.pin = not args.no_pin and len(os.sched_getaffinity(0)) >= 2
     if args.pin:
         os.sched_setaffinity(0, {0})
     res = trio.run(run, args)
-    print(f"watchers {args.watchers}, events {args.events}, rounds {args.rounds}, pin {args.pin}")
+    print(
+        f"watchers {args.watchers}, events {args.events}, rounds {args.rounds}, pin {args.pin}, "
+        f"syscalls {not args.no_syscall}"
+    )
     print(f"loadavg at end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
     floor = statistics.median(res["floor"])
     for way, values in res.items():
