@@ -2,7 +2,7 @@
 """Side by side with Redis and NATS: topicd against its peers in one run, C clients on every side.
 
     python bench/peers.py [--repeat N] [--quick] [--metrics NAME,...] [--no-pin]
-                          [--profile DIR]
+                          [--profile DIR] [--baseline DIR]
 
 Needs (installs nothing): Debian packages `wrk` (HTTP load), `redis-server` (which brings
 `redis-server` and `redis-benchmark`), `nats-server`, and `gcc` (the fan-out client in
@@ -53,6 +53,10 @@ counter, `GET /v0/metrics`; a write window without one counts as an error), and 
 With `--profile DIR`, py-spy (not a project dependency) samples topicd during its windows
 and the split per stage is printed; such a run is slower, its numbers are not the
 reference.
+With `--baseline DIR` (a checkout of another commit, e.g. a `git worktree`), a second
+topicd server runs from DIR and is measured as a third system (`base`) in the same rounds,
+in the rotated order, so an old-against-new comparison shares each round's machine state;
+its own ratios to the peer are reported beside topicd's.
 Before each measurement the server under test must be idle (below 10 % of a core over
 0.5 s, waiting at most 30 s): after a write metric topicd keeps absorbing the committed
 records into its segments in the background for a while, and a fan-out measured meanwhile
@@ -284,7 +288,7 @@ def profiling(server: hc.Server, name: str, args: argparse.Namespace) -> Iterato
         yield
         return
     assert server.proc is not None
-    out = args.profile / f"{name}.txt"
+    out = args.profile / (f"{name}.txt" if server.name == "topicd" else f"{server.name}-{name}.txt")
     spy = subprocess.Popen(
         [shutil.which("py-spy") or "py-spy", "record", "--pid", str(server.proc.pid),
          "--format", "raw", "--rate", "997", "--output", str(out), "--nonblocking"],
@@ -772,6 +776,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sample topicd with py-spy (not a project dependency) during its windows into "
         "DIR/<topic>.txt and print the split per stage; the numbers of such a run are slower",
     )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="DIR",
+        help="also measure topicd run from DIR (another checkout) as system `base`, in the "
+        "same rounds",
+    )
     args = p.parse_args(argv)
     args.profiles = []
     if args.profile is not None:
@@ -864,49 +875,64 @@ def main(argv: list[str] | None = None) -> int:
             path.write_bytes(b'{"records":[' + b",".join([rec] * batch) + b"]}")
             bodies[batch] = path
         topicd = hc.topicd_server(tmpdir, REPO_DIR, data="topicd-data")
+        base: hc.Server | None = None
+        if args.baseline is not None:
+            (tmpdir / "base").mkdir()
+            base = hc.topicd_server(tmpdir / "base", args.baseline.resolve(), data="data")
+            base.name = "base"
         redis = redis_peer(tmpdir) if use_redis else None
         nats = nats_peer(tmpdir) if use_nats else None
         started: list[Any] = []
         try:
-            topicd.start(cpu=srv_cpu)
-            started.append(topicd)
-            assert topicd.proc is not None
-            print(f"topicd listening on {HOST}:{topicd.port} (pid {topicd.proc.pid})")
+            for t in (topicd, base):
+                if t is None:
+                    continue
+                t.start(cpu=srv_cpu)
+                started.append(t)
+                assert t.proc is not None
+                print(f"{t.name} listening on {HOST}:{t.port} (pid {t.proc.pid})")
             for peer in (redis, nats):
                 if peer is not None:
                     peer.start(srv_cpu)
                     started.append(peer)
                     print(f"{peer.name} listening on {HOST}:{peer.port} (pid {peer.pid})")
-            conn = loadgen.BlockingConn(HOST, topicd.port)
-            try:
-                for r in range(args.repeat):
-                    for m in metrics:
-                        durability = "ephemeral" if m.watchers else "fsync"
-                        hc.put_durability(conn, topicd.port, topic_name(m, r), durability)
-            finally:
-                conn.close()
+            for t in (topicd, base):
+                if t is None:
+                    continue
+                conn = loadgen.BlockingConn(HOST, t.port)
+                try:
+                    for r in range(args.repeat):
+                        for m in metrics:
+                            durability = "ephemeral" if m.watchers else "fsync"
+                            hc.put_durability(conn, t.port, topic_name(m, r), durability)
+                finally:
+                    conn.close()
             for r in range(args.repeat):
                 for mi, m in enumerate(metrics):
                     peer = redis if m.peer == "redis" else nats
-                    systems = ["topicd"] + ([m.peer] if peer is not None else [])
-                    if (r + mi) % 2:
-                        systems.reverse()
+                    systems = ["topicd"] + (["base"] if base is not None else [])
+                    systems += [m.peer] if peer is not None else []
+                    shift = (r + mi) % len(systems)  # each system takes each place in turn
+                    systems = systems[shift:] + systems[:shift]
                     got: dict[str, dict[str, Any]] = {}
                     for system in systems:
                         name = topic_name(m, r)
-                        srv = {"topicd": topicd, "redis": redis, "nats": nats}[system]
+                        srv = {"topicd": topicd, "base": base, "redis": redis, "nats": nats}[system]
                         assert srv is not None
                         waited = settle(srv.cpu_s)
+                        ours = system in ("topicd", "base")
                         if m.watchers:
-                            if system == "topicd":
-                                res = fanout(fan_exe, "sse", topicd.port, topicd.cpu_s, name,
-                                             m, tmpdir, args, topicd)  # fmt: skip
+                            if ours:
+                                assert isinstance(srv, hc.Server)
+                                res = fanout(fan_exe, "sse", srv.port, srv.cpu_s, name,
+                                             m, tmpdir, args, srv)  # fmt: skip
                             else:
                                 assert nats is not None
                                 res = fanout(fan_exe, "nats", nats.port, nats.cpu_s, name,
                                              m, tmpdir, args)  # fmt: skip
-                        elif system == "topicd":
-                            res = topicd_write(topicd, m, name, bodies[m.batch], args)
+                        elif ours:
+                            assert isinstance(srv, hc.Server)
+                            res = topicd_write(srv, m, name, bodies[m.batch], args)
                         else:
                             assert redis is not None
                             res = redis_write(redis, m, name.replace("-", ":"), args)
@@ -934,6 +960,14 @@ def main(argv: list[str] | None = None) -> int:
                         ratio = ratio_of(m, got["topicd"], got[m.peer])
                         if ratio is not None:
                             per_round.setdefault(m.name, []).append(ratio)
+                    if "base" in got and m.peer in got:
+                        ratio = ratio_of(m, got["base"], got[m.peer])
+                        if ratio is not None:
+                            per_round.setdefault(m.name + ":base", []).append(ratio)
+                    if "base" in got and "topicd" in got:
+                        ratio = ratio_of(m, got["topicd"], got["base"])
+                        if ratio is not None:
+                            per_round.setdefault(m.name + ":new/base", []).append(ratio)
         finally:
             for s in reversed(started):
                 s.stop()
@@ -943,6 +977,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = evaluate(summary, per_round)
     info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     print_report(info, command, settings, summary, targets, skipped)
+    if args.baseline is not None:
+        print_baseline(args.baseline, per_round)
     print_profiles(args.profiles)
     if not args.no_json:
         hc.RESULTS_DIR.mkdir(exist_ok=True)
@@ -963,6 +999,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nresults written to {out.relative_to(REPO_DIR)}")
     errors = sum(r["errors"] for per in summary.values() for r in per.values())
     return 1 if errors else 0
+
+
+def print_baseline(baseline: Path, per_round: dict[str, list[float]]) -> None:
+    """The `--baseline` checkout's own ratios to the peer, and this checkout's to it."""
+    commit = subprocess.run(
+        ["git", "-C", str(baseline), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print()
+    print(f"baseline: topicd from {baseline} at {commit or '?'} (system `base`, same rounds)")
+    for m in METRICS:
+        for key, what in ((":base", f"base/{m.peer}"), (":new/base", "topicd/base")):
+            rs = per_round.get(m.name + key)
+            if rs:
+                rounds = " ".join(f"{r:.3f}" for r in rs)
+                print(f"  {m.name:<13} {what:<12} {statistics.median(rs):.3f}  ({rounds})")
 
 
 def topic_name(m: Metric, r: int) -> str:

@@ -115,6 +115,8 @@ async def test_stalled_socket_isolated_bounded_and_lossless(server):
             )
     assert records(got, "s") == list(range(1, n + 1))
     assert conn.lagged
+    # on the direct path the drain sent it whole batches until its socket filled up
+    assert (conn.batches_sent > 0) == engine.cfg.sse.direct_write
     assert peak_frames <= CHANNEL_FRAMES
     assert peak_bytes <= CHANNEL_BYTES
     # the stalled client finally reads: retained records in order plus exact tombstones

@@ -77,6 +77,9 @@ async def test_subscribe_publish_and_live_fan_out(server):
                 seqs.extend(r["$seq"] for r in m["records"])
             assert seqs == list(range(1, 51))
     assert engine.watch.sse_connections() == 4
+    # on the direct socket path, parked subscribers got the drains' batches in one send
+    whole = sum(c.batches_sent for c in engine.watch.ws_conns)
+    assert (whole > 0) == (mode != "hypercorn")
     for c in [*subs, pub]:
         await c.close()
         with pytest.raises(WsClosed), trio.fail_after(10):

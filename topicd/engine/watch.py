@@ -22,12 +22,28 @@ The pump (`pump`) is one coroutine per connection: it waits (channel, heartbeat 
 catch-up) and writes pre-encoded `bytes` through the `write` callable it is given (the
 ASGI send, or the direct socket path's). On the direct path a connection also has a
 non-blocking `direct` writer: while the pump is parked on an empty channel, the drain
-writes live frames to the socket itself (`Conn._write_now`), and the pump finishes
-whatever the socket did not take before it writes anything else. The
-connection's stream position (`Conn.pos`) moves as frames are produced; the session's
+writes live frames to the socket itself, and the pump finishes whatever the socket did
+not take before it writes anything else.
+
+The drain hands each connection a `LiveBatch`: the frames of one drain for one options
+group, plus their bytes as one shared buffer (`wire`: for SSE one HTTP/1.1 chunk holding
+every event with its `id:` line, for WebSocket the frames back to back). A stream whose
+session watches one topic has the same `id:` line as every other such stream at the same
+position (the cursor map has one entry), so the whole batch is encoded once per drain.
+A connection whose pump is parked at exactly the batch's start (`ready_at`, set only
+while nothing else can write: single topic, live, not lagged, no terminal frame pending,
+a chunked direct socket `sock`) gets the batch with one non-blocking `sock.send` and a
+few stores (`Conn.push`); what the socket does not take becomes the pump's `remainder`
+(a view into the shared buffer) and the pump is woken to finish it. Every other
+connection gets the batch frame by frame through `Conn.offer`, which queues or writes
+each with its own `id:` line.
+
+The connection's stream position (`Conn.pos`) moves as frames are produced; the session's
 cursors follow once a write has completed, so a reconnect resumes after what was written.
 The per-connection memory bound is the channel's: at most `channel_frames` references to
-shared, immutable frame bodies totalling at most `channel_bytes` bytes.
+shared, immutable frame bodies totalling at most `channel_bytes` bytes, plus the unsent
+rest of one direct write (a view into one shared batch of at most `COALESCE_BYTES`, or
+one frame where a single frame is larger).
 """
 
 from __future__ import annotations
@@ -47,6 +63,7 @@ from topicd.errors import JsonValue, NotFound, Throttled, TopicdError, Unauthori
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from typing import Protocol
 
     from topicd.config import Config
     from topicd.engine.payloads import Hold, PayloadCache
@@ -54,6 +71,14 @@ if TYPE_CHECKING:
     from topicd.engine.ws import WsConn
 
     Watcher: TypeAlias = "Conn | WsConn"  # what a topic's drain offers frames to
+
+    class Sock(Protocol):
+        """A non-blocking socket (a test's fake in tests): `send` returns how many bytes
+        it took, raises `BlockingIOError` when none fit now, another `OSError` when the
+        connection is broken."""
+
+        def send(self, data: bytes, /) -> int: ...
+
 
 log = logging.getLogger("topicd.watch")
 
@@ -97,6 +122,59 @@ class FrameRef:
 
 
 _POKE: Final = FrameRef("", 0, 0, None, 0)
+
+
+@dataclass(eq=False, slots=True)
+class LiveBatch:
+    """The frames one drain made for one options group (`live_batches`), contiguous
+    from `first` to `last`, and their bytes as one shared buffer: `wire` is what the
+    socket of a connection parked at `first` gets, in one send (empty when the frames
+    carry no body: the range only moves the cursor)."""
+
+    topic: str
+    first: int
+    last: int
+    frames: list[FrameRef]
+    wire: bytes
+
+
+def _sse_chunk(payload: bytes) -> bytes:
+    """`payload` as one HTTP/1.1 chunk (the framing of a direct SSE stream's body)."""
+    return b"%x\r\n%b\r\n" % (len(payload), payload) if payload else b""
+
+
+def live_batches(name: str, frames: list[FrameRef], *, ws: bool) -> list[LiveBatch]:
+    """`frames` (contiguous, of topic `name`) cut into batches of at most
+    `COALESCE_BYTES` (a larger frame is a batch of its own), each with its shared `wire`.
+
+    SSE: every event gets the `id:` line a single-topic stream has after it (its cursor
+    map is `{name: to_seq}`), and the batch is one chunk. WebSocket: the frames as they
+    are (a WebSocket frame carries no cursor line)."""
+    out: list[LiveBatch] = []
+    run: list[FrameRef] = []
+    parts: list[bytes] = []
+    size = 0
+
+    def flush() -> None:
+        payload = b"".join(parts)
+        wire = payload if ws else _sse_chunk(payload)
+        out.append(LiveBatch(name, run[0].from_seq, run[-1].to_seq, run, wire))
+
+    for ref in frames:
+        if run and size + ref.nbytes > COALESCE_BYTES:
+            flush()
+            run, parts, size = [], [], 0
+        run.append(ref)
+        body = ref.body
+        if body is not None:
+            if ws:
+                parts.append(body)
+            else:
+                parts.append(b"id: " + composite_id({name: ref.to_seq}) + b"\n" + body)
+            size += ref.nbytes
+    if run:
+        flush()
+    return out
 
 
 def event(name: bytes, data: JsonValue | bytes) -> bytes:
@@ -289,14 +367,81 @@ class Conn:
         # did not take (None: the connection is broken); `raw_write` sends such a
         # remainder as is
         self.direct: Callable[[bytes], bytes | None] | None = None
-        self.raw_write: Callable[[bytes], Awaitable[None]] | None = None
+        self.raw_write: Callable[[bytes | memoryview], Awaitable[None]] | None = None
+        # the socket itself when the body is HTTP/1.1 chunks (a `LiveBatch`'s framing)
+        self.sock: Sock | None = None
         self.idle = False  # the pump waits on an empty channel: the drain may write itself
-        self.remainder = b""  # bytes a direct write left unsent: the pump writes them first
+        # bytes a direct write left unsent: the pump writes them first
+        self.remainder: bytes | memoryview = b""
+        # the single topic of the session (None: several, their `id:` lines differ)
+        self.only: str | None = session.topics[0] if len(session.topics) == 1 else None
+        # >= 0 only while the pump is parked, idle, live at this position of `only`, not
+        # lagged, with nothing pending and `sock` set: a batch starting here is sent whole
+        self.ready_at = -1
+        self.batches_sent = 0  # drain batches this stream got as one `send` (or its start)
 
-    def take_remainder(self) -> bytes:
+    def take_remainder(self) -> bytes | memoryview:
         """What a direct write left unsent (cleared): the pump sends it next, as is."""
         rest, self.remainder = self.remainder, b""
         return rest
+
+    def park(self) -> None:
+        """The pump is about to wait on its empty channel: whether the drain may write
+        to the socket meanwhile (`idle`), and whether a whole batch may go in one send
+        (`ready_at`). Called only when the receive will park: a receive that finds a frame
+        queued still yields once, and the drain must not overtake that frame."""
+        self.idle = idle = self.direct is not None and not self.pulling()
+        only = self.only
+        if (
+            idle
+            and only is not None
+            and self.sock is not None
+            and self.stop is None
+            and not self.lagged
+            and self.mode[only] == LIVE
+        ):
+            self.ready_at = self.enqueued_to[only]
+        else:
+            self.ready_at = -1
+
+    def unpark(self) -> None:
+        """The pump runs again: from here on only it writes to the socket."""
+        self.idle = False
+        self.ready_at = -1
+
+    def push(self, batch: LiveBatch, now: float) -> bool:
+        """Hand a drain's batch to this connection without ever waiting: parked at its
+        start, one non-blocking send of the shared bytes; otherwise frame by frame
+        (`offer`). `now` is the drain's Trio time (the heartbeat counts from the write).
+
+        Returns False when the connection is gone (the caller detaches it)."""
+        if self.ready_at != batch.first:
+            return all(self.offer(ref) for ref in batch.frames)
+        # the hot path of a fan-out: one send, a few stores
+        wire = batch.wire
+        last = batch.last
+        name = batch.topic
+        sent = 0
+        if wire:
+            assert self.sock is not None
+            try:
+                sent = self.sock.send(wire)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+            self.frames_written += 1
+            self.batches_sent += 1
+            self.last_write = now
+        self.pos[name] = self.enqueued_to[name] = last
+        if sent == len(wire):
+            self.ready_at = last
+            self.session.cursors[name] = last  # written: a reconnect resumes after it
+            return True
+        self.remainder = memoryview(wire)[sent:]  # shared bytes: no copy
+        self.unpark()
+        self.poke()
+        return True
 
     def opts_for(self, name: str) -> WatchOptions:
         """The frame options of this stream's topic `name` (one set per session)."""
@@ -316,6 +461,7 @@ class Conn:
 
     def mark_lagged(self) -> None:
         """The channel is full: buffer nothing more, every topic reads from the log."""
+        self.ready_at = -1
         if not self.lagged:
             self.lagged = True
             self.lagged_since = trio.current_time()
@@ -354,7 +500,10 @@ class Conn:
         return True
 
     def poke(self) -> None:
-        """Wake the pump (best effort: a full channel means the pump is busy anyway)."""
+        """Wake the pump (best effort: a full channel means the pump is busy anyway).
+        Whatever pokes changed the stream's state: no whole batch goes out until the pump
+        has looked at it."""
+        self.ready_at = -1
         with contextlib.suppress(
             trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
         ):
@@ -377,7 +526,7 @@ class Conn:
         self.last_write = trio.current_time()
         if left:
             self.remainder = left
-            self.idle = False
+            self.unpark()
             self.poke()
         elif self.session.conn is self:
             self.session.cursors.update(pos)  # written: a reconnect resumes after it
@@ -607,6 +756,7 @@ class WatchRegistry:
             return
         assert isinstance(conn, Conn)
         del self.conns[conn]
+        conn.ready_at = -1  # a drain holding the old group list must not write to it
         self._released.unpark_all()
         session = conn.session
         if session.conn is conn:
@@ -791,12 +941,13 @@ async def pump(
     recv = conn.recv_ch
     pos = conn.pos
 
-    async def emit(chunk: bytes, raw: bool = False) -> None:
+    async def emit(chunk: bytes | memoryview, raw: bool = False) -> None:
         conn.write_started = trio.current_time()
         if raw:
             assert conn.raw_write is not None
             await conn.raw_write(chunk)
         else:
+            assert isinstance(chunk, bytes)
             await write(chunk)
         conn.write_started = None
         conn.last_write = trio.current_time()
@@ -842,13 +993,8 @@ async def pump(
                 if moved:
                     continue
             ref: FrameRef | None = None
-            # idle only when this receive will park: a receive that finds a frame queued
-            # still yields once, and the drain must not overtake that frame
-            conn.idle = (
-                conn.direct is not None
-                and not conn.pulling()
-                and recv.statistics().current_buffer_used == 0
-            )
+            if recv.statistics().current_buffer_used == 0:
+                conn.park()  # this receive will park: the drain may write meanwhile
             try:
                 with trio.move_on_at(conn.last_write + heartbeat):
                     ref = await recv.receive()
@@ -857,7 +1003,7 @@ async def pump(
                     return
                 continue  # superseded: write the terminal frame
             finally:
-                conn.idle = False
+                conn.unpark()
             if ref is None:
                 if trio.current_time() < conn.last_write + heartbeat:
                     continue  # the drain wrote meanwhile: silence starts from there

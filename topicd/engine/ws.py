@@ -6,12 +6,15 @@ SSE watch's live path, not a loop per connection:
 
 * **live**: the topic's drain builds each frame once per options group — WebSocket groups
   get complete, unmasked text frames (`ws_frame`), so one encoding is written to every
-  connection — and offers it with `WsConn.offer`, which never waits. While the writer is
-  parked on an empty queue the drain writes the frame to the socket itself
-  (`direct`, non-blocking); otherwise the frame goes into the connection's outbound
-  queue, `watch.ws_outbound_queue` messages (and at most `sse.channel_bytes` bytes of
-  shared frames). A full queue marks the connection **lagged**: nothing more is queued
-  for it, every subscription switches to pull.
+  connection — and hands the drain's frames to each connection as one `LiveBatch`
+  (`WsConn.push`), which never waits. While the writer is parked on an empty queue and
+  the connection has a single live subscription at the batch's start (`ready_at`), the
+  batch's shared bytes go to the socket in one non-blocking `send`; otherwise each frame
+  is offered (`WsConn.offer`): written to the socket by the drain itself while the writer
+  is parked (`direct`), else put into the connection's outbound queue,
+  `watch.ws_outbound_queue` messages (and at most `sse.channel_bytes` bytes of shared
+  frames). A full queue marks the connection **lagged**: nothing more is queued for it,
+  every subscription switches to pull.
 * **pull**: the writer (`ws_pump`) reads the subscription from its position through the
   diff path (`build_frames`): retained records in order, a `tombstone` with the exact
   range for what cap/TTL evicted meanwhile, then `caught_up`, and — in the same
@@ -23,7 +26,8 @@ queue, so a client that stops reading stops having its commands answered: the re
 waits for room (`WsConn.reply`), which is the bound on what one connection can hold.
 The per-connection memory bound is therefore `ws_outbound_queue` references to shared
 frames or replies (at most `sse.channel_bytes` of live frames), plus one catch-up pass
-being written (about `CATCHUP_BYTES` plus `CATCHUP_FRAMES` frames of one subscription).
+being written (about `CATCHUP_BYTES` plus `CATCHUP_FRAMES` frames of one subscription),
+plus the unsent rest of one direct write (a view into one shared batch).
 """
 
 from __future__ import annotations
@@ -38,11 +42,11 @@ from topicd.engine.watch import LIVE, PULL, FrameRef, build_frames, caught_up_fr
 from topicd.errors import TopicdError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from topicd.engine.payloads import Hold, PayloadCache
     from topicd.engine.topic import Topic
-    from topicd.engine.watch import WatchOptions, WatchRegistry
+    from topicd.engine.watch import LiveBatch, Sock, WatchOptions, WatchRegistry
     from topicd.errors import JsonValue
 
 CATCHUP_FRAMES: Final = 4  # frames one catch-up pass builds per subscription
@@ -89,14 +93,66 @@ class WsConn:
         # the direct socket path (None: every frame via the writer): `direct(frame)` sends
         # without blocking and returns what the socket did not take (None: broken)
         self.direct: Callable[[bytes], bytes | None] | None = None
+        self.sock: Sock | None = None  # the same socket, for a `LiveBatch` in one send
         self.idle = False  # the writer waits on an empty queue: the drain may write itself
-        self.remainder = b""  # bytes a direct write left unsent: the writer sends them first
+        # bytes a direct write left unsent: the writer sends them first
+        self.remainder: bytes | memoryview = b""
         self.next_pass = 0  # where the next catch-up pass starts (round robin)
+        # >= 0 only while the writer is parked and the one subscription (`ready_sub`) is
+        # live at this position, not lagged, nothing pending: a batch starting here goes
+        # out in one send
+        self.ready_at = -1
+        self.ready_sub: Sub | None = None
+        self.batches_sent = 0  # drain batches this stream got as one `send` (or its start)
 
     # ---- the drain's side (synchronous, never waits) ---------------------------------
 
     def opts_for(self, name: str) -> WatchOptions:
         return self.subs[name].opts
+
+    def park(self) -> None:
+        """The writer is about to wait on its empty queue (see `Conn.park`)."""
+        self.idle = idle = self.direct is not None and not self.pulling()
+        self.ready_at = -1
+        self.ready_sub = None
+        if idle and len(self.subs) == 1 and self.sock is not None and self.stop is None:
+            (sub,) = self.subs.values()
+            if sub.mode == LIVE and not self.lagged:
+                self.ready_at = sub.enqueued_to
+                self.ready_sub = sub
+
+    def unpark(self) -> None:
+        self.idle = False
+        self.ready_at = -1
+        self.ready_sub = None
+
+    def push(self, batch: LiveBatch, now: float) -> bool:
+        """Hand a drain's batch to this connection without waiting (see `Conn.push`;
+        `now` is unused: a WebSocket has no heartbeat of its own). Returns False when the
+        connection is gone (the caller detaches it)."""
+        sub = self.ready_sub
+        if self.ready_at != batch.first or sub is None or sub.topic.name != batch.topic:
+            return all(self.offer(ref) for ref in batch.frames)
+        wire = batch.wire
+        sent = 0
+        if wire:
+            assert self.sock is not None
+            try:
+                sent = self.sock.send(wire)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+            self.frames_written += 1
+            self.batches_sent += 1
+        sub.pos = sub.enqueued_to = last = batch.last
+        if sent == len(wire):
+            self.ready_at = last
+            return True
+        self.remainder = memoryview(wire)[sent:]  # shared bytes: no copy
+        self.unpark()
+        self.poke()
+        return True
 
     def offer(self, ref: FrameRef) -> bool:
         """Hand a shared frame to this connection without waiting (architecture §7.3).
@@ -140,12 +196,13 @@ class WsConn:
         self.frames_written += 1
         if left:
             self.remainder = left
-            self.idle = False
+            self.unpark()
             self.poke()
         return True
 
     def mark_lagged(self) -> None:
         """The queue is full: queue nothing more, every subscription reads the log."""
+        self.ready_at = -1
         if not self.lagged:
             self.lagged = True
             self.lagged_since = trio.current_time()
@@ -162,7 +219,10 @@ class WsConn:
         self.poke()
 
     def poke(self) -> None:
-        """Wake the writer (best effort: a full queue means it is busy anyway)."""
+        """Wake the writer (best effort: a full queue means it is busy anyway). Whatever
+        pokes changed the connection's state: no whole batch goes out until the writer has
+        looked at it."""
+        self.ready_at = -1
         with contextlib.suppress(
             trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
         ):
@@ -198,6 +258,8 @@ class WsConn:
         sub = self.subs.pop(name, None)
         if sub is None:
             return False
+        if sub is self.ready_sub:
+            self.ready_at = -1  # nothing of it is written after the reply
         registry = self.registry
         watchers = registry.watchers.get(sub.topic)
         if watchers is not None and watchers.pop(self, 0) is None:
@@ -320,7 +382,7 @@ def catch_up(
 
 async def ws_pump(
     conn: WsConn,
-    write: Callable[[list[bytes]], Awaitable[None]],
+    write: Callable[[Sequence[bytes | memoryview]], Awaitable[None]],
     *,
     catchup: trio.CapacityLimiter,
     max_scan: int,
@@ -335,7 +397,7 @@ async def ws_pump(
     recv = conn.recv_ch
     hold: Hold | None = None
 
-    async def emit(frames: list[bytes]) -> None:
+    async def emit(frames: Sequence[bytes | memoryview]) -> None:
         if conn.remainder:
             # the rest of a frame the drain began writing: first, whatever woke the
             # writer (a reply handed over while it was parked may precede that frame)
@@ -384,19 +446,16 @@ async def ws_pump(
                     continue
                 if moved:
                     continue
-            # idle only when this receive will park: a receive that finds a message queued
-            # still yields once, and the drain must not overtake that message
-            conn.idle = (
-                conn.direct is not None
-                and not conn.pulling()
-                and recv.statistics().current_buffer_used == 0
-            )
+            # parked only when this receive will park: a receive that finds a message
+            # queued still yields once, and the drain must not overtake that message
+            if recv.statistics().current_buffer_used == 0:
+                conn.park()
             try:
                 item = await recv.receive()
             except trio.EndOfChannel:
                 return
             finally:
-                conn.idle = False
+                conn.unpark()
             out = []
             size = 0
             subs = conn.subs

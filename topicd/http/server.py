@@ -380,7 +380,7 @@ class DirectExchange:
         # the stdlib socket under trio's, for the drain's non-blocking writes (trio's own
         # send is a coroutine; the drain is synchronous)
         self._sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
-        scope["topicd.direct_write"] = (self.try_write, self.send_raw)
+        scope["topicd.direct_write"] = (self.try_write, self.send_raw, self.chunk_socket)
         scope["topicd.take_body"] = self.take_body
 
     async def run(self, app: AsgiApp) -> bool:
@@ -474,8 +474,17 @@ class DirectExchange:
             return None
         return data[sent:]
 
-    async def send_raw(self, data: bytes) -> None:
-        """Send bytes as they are (the rest of a `try_write`)."""
+    def chunk_socket(self) -> socket.socket | None:
+        """The socket itself, for bytes already framed as body chunks (the watch drain's
+        shared batches), once the answer's start is rendered with a chunked body; else
+        None. Written to only while nothing else writes: the stream's pump is parked,
+        which it first does after its first write (the head goes out with it)."""
+        if self._chunked and not (self._done or self._broken):
+            return self._sock
+        return None
+
+    async def send_raw(self, data: bytes | memoryview) -> None:
+        """Send bytes as they are (the rest of a `try_write`, or of a shared batch)."""
         if self._done or self._broken:
             return
         try:

@@ -36,6 +36,8 @@ from topicd.http.auth import stream_principal
 from topicd.wire import WATCH_DECODER, check_topic_name
 
 if TYPE_CHECKING:
+    import socket
+
     from quart import Response
     from quart_trio import QuartTrio
 
@@ -46,7 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topicd.watch")
 
-DirectWriters = tuple[Callable[[bytes], bytes | None], Callable[[bytes], Awaitable[None]]]
+DirectWriters = tuple[
+    Callable[[bytes], bytes | None],
+    Callable[[bytes | memoryview], Awaitable[None]],
+    Callable[[], "socket.socket | None"],
+]
 
 STREAM_PREFIX: Final = "/v0/watch/"
 _HEAD: Final = [
@@ -198,18 +204,22 @@ class WatchStreams:
             # on failure the stream starts from what memory holds and catches up later)
             with contextlib.suppress(TopicdError):
                 await engine.sync_topic(name)
+        chunk_socket: Callable[[], socket.socket | None] | None = None
         if scope.get("topicd.direct"):
             engine.watch.stats.streams_direct += 1
             writers = scope.get("topicd.direct_write")
             if writers is not None:
                 # the drain may write to this stream's socket itself while the pump waits
-                conn.direct, conn.raw_write = cast("DirectWriters", writers)
+                conn.direct, conn.raw_write, chunk_socket = cast("DirectWriters", writers)
         headers = list(_HEAD)
         if scope.get("http_version") in ("1.0", "1.1"):
             headers.append((b"connection", b"keep-alive"))
         ended = False
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
+            if chunk_socket is not None:
+                # the drain's shared batches are HTTP/1.1 chunks: only for a chunked body
+                conn.sock = chunk_socket()
 
             async def write(chunk: bytes) -> None:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -74,7 +74,7 @@ from topicd.wire import (
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from quart import Response
     from quart_trio import QuartTrio
@@ -192,7 +192,7 @@ class WsEndpoint:
     async def _run(
         self,
         conn: WsConn,
-        write: Callable[[list[bytes]], Awaitable[None]],
+        write: Callable[[Sequence[bytes | memoryview]], Awaitable[None]],
         read: Callable[[trio.CancelScope], Awaitable[None]],
     ) -> bool:
         """The reader and the writer, until the writer ends (a terminal message, the
@@ -274,8 +274,9 @@ class WsEndpoint:
                 ws.receive_data(rest)
             if isinstance(stream, trio.SocketStream):
                 conn.direct = _direct_writer(stream)
+                conn.sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
 
-            async def write(frames: list[bytes]) -> None:
+            async def write(frames: Sequence[bytes | memoryview]) -> None:
                 try:
                     await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -374,9 +375,9 @@ class WsEndpoint:
             try:
                 await send({"type": "websocket.accept"})
 
-                async def write(frames: list[bytes]) -> None:
+                async def write(frames: Sequence[bytes | memoryview]) -> None:
                     for frame in frames:
-                        text = ws_payload(frame).decode("utf-8")
+                        text = ws_payload(bytes(frame)).decode("utf-8")
                         await send({"type": "websocket.send", "text": text})
 
                 async def read(done: trio.CancelScope) -> None:

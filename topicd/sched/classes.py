@@ -166,6 +166,15 @@ class Budget:
         self._count += 1
         return self._count >= self.every or trio.current_time() - self._since >= self.quantum_s
 
+    def left(self) -> int:
+        """Items the count bound still allows before a yield is due (at least 1)."""
+        return max(1, self.every - self._count)
+
+    def spend(self, n: int) -> bool:
+        """Count `n` items at once, reading the clock once: whether `pause()` is due."""
+        self._count += n
+        return self._count >= self.every or trio.current_time() - self._since >= self.quantum_s
+
     async def tick(self) -> None:
         """Count one item; yield to the loop when the quantum or the item bound is used."""
         if self.due():

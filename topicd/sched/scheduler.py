@@ -14,14 +14,18 @@ topic is drained twice at once:
 * it runs the topic's `on_drain` hooks with the drained range;
 * for each group of live watchers sharing frame options it builds the frames of the
   newly published range once (through the diff path: tombstones for anything cap/TTL
-  removed before the drain got to it) and offers each to every connection of the group
-  with a non-blocking send (`Conn.offer`); a `consistency:"strong"` group is bounded by
-  the topic's durable head instead of its head;
+  removed before the drain got to it), encodes them once as shared batches
+  (`live_batches`: the bytes a parked single-topic stream's socket gets, `id:` lines
+  included) and hands each batch to every connection of the group without waiting
+  (`Conn.push`: one non-blocking `send` of the shared bytes when the stream is parked at
+  the batch's start, else a non-blocking offer of each frame); a `consistency:"strong"`
+  group is bounded by the topic's durable head instead of its head;
 * the fan-out yields to the loop every delivery quantum (`classes.quantum_base_us` × 4,
-  or `classes.quantum_items` offers; R1.2), so a drain to thousands of watchers does not
-  hold up acks, probes and heartbeats. What is published meanwhile is past the drained
-  range and requeues the topic; a stream that opens meanwhile catches up from the log and
-  refuses a frame whose range does not start at its position (`Conn.offer`);
+  or `classes.quantum_items` connections; R1.2; the clock is read once per
+  `FANOUT_STEP` connections), so a drain to thousands of watchers does not hold up acks,
+  probes and heartbeats. What is published meanwhile is past the drained range and
+  requeues the topic; a stream that opens meanwhile catches up from the log and refuses
+  a frame whose range does not start at its position (`Conn.offer`);
 * a router source then forwards its feeds (router work runs in the source's band, as
   part of its drain, under the same delivery quantum). While the governor defers, the
   drain makes no copies: it enqueues each destination one band lower (B0 stays B0), and
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
-from topicd.engine.watch import FrameRef, build_frames, caught_up_frame
+from topicd.engine.watch import FrameRef, build_frames, caught_up_frame, live_batches
 from topicd.model import shard_of
 from topicd.sched.bands import ReadySet
 from topicd.sched.classes import Budget
@@ -60,6 +64,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicd.sched")
 
 SCHED_BUCKETS_MS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 500.0, 1000.0)
+# connections a fan-out serves between two looks at the clock (a look costs about as much
+# Python as handing a batch to a parked stream)
+FANOUT_STEP: Final = 16
 
 
 @dataclass
@@ -349,13 +356,20 @@ class DeliveryScheduler:
                 frames.append(FrameRef(topic.name, last, last, body, len(body)))
             self.stats.frames_built += len(frames)
             conns = group.conns  # a group is rebuilt, never changed, when streams come and go
-            for ref in frames:
-                for conn in conns:
-                    if not conn.offer(ref):
-                        self.registry.close(conn)
-                    if budget.due():
+            n = len(conns)
+            now = trio.current_time()
+            for batch in live_batches(topic.name, frames, ws=opts.ws):
+                i = 0
+                while i < n:
+                    j = min(n, i + min(FANOUT_STEP, budget.left()))
+                    for conn in conns[i:j]:
+                        if not conn.push(batch, now):
+                            self.registry.close(conn)
+                    if budget.spend(j - i):
                         await budget.pause()
-                self.stats.frames_offered += len(conns)
+                        now = trio.current_time()
+                    i = j
+                self.stats.frames_offered += n * len(batch.frames)
             if missing is not None:
                 # bytes only in a segment (a drain far behind): each stream catches up
                 # from its own position, loading them off the loop
