@@ -12,6 +12,8 @@ cursor map after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 import trio.testing
 
@@ -31,6 +33,7 @@ class FakeSock:
         self.sent: list[bytes] = []  # every buffer handed to `send`
         self.accept: int | None = None  # bytes the next send takes (None: all)
         self.fail = False
+        self.after_send: Callable[[], None] | None = None  # runs once, after the next send
 
     def send(self, data: bytes, /) -> int:
         self.sent.append(data)
@@ -41,6 +44,9 @@ class FakeSock:
         if n == 0:
             raise BlockingIOError
         self.wire.data += data[:n]
+        hook, self.after_send = self.after_send, None
+        if hook is not None:
+            hook()
         return n
 
 
@@ -267,7 +273,9 @@ async def test_a_superseded_stream_gets_nothing_from_a_drain_that_holds_its_grou
     autojump_clock,
 ):
     """With one connection per quantum, the drain yields between streams; a stream whose
-    session is reopened meanwhile must not be written to by the rest of that drain."""
+    session is reopened meanwhile must not be written to by the rest of that drain. (The
+    reopen runs right after the drain's send to the first stream, before the drain goes
+    on: a task polling for that send would race the drain's own turn after its yield.)"""
     async with (
         open_app(make_config(classes={"quantum_items": 1})) as h,
         trio.open_nursery() as nursery,
@@ -278,16 +286,15 @@ async def test_a_superseded_stream_gets_nothing_from_a_drain_that_holds_its_grou
         await start(engine, nursery, first)
         session, old = await start(engine, nursery, doomed)
         sent_before = len(doomed.sock.sent)
+        reopened: list[object] = []
 
-        async def reopen() -> None:
-            while len(first.sock.sent) == 0:  # the drain has served the first stream
-                await trio.lowlevel.checkpoint()
-            engine.watch.open_stream(session, None)  # supersedes `old`
+        def reopen() -> None:  # supersedes `old` while the drain holds its group
+            reopened.append(engine.watch.open_stream(session, None))
 
-        async with trio.open_nursery() as inner:
-            inner.start_soon(reopen)
-            await engine.append("t", write_req("a"))
+        first.sock.after_send = reopen
+        await engine.append("t", write_req("a"))
         await trio.testing.wait_all_tasks_blocked()
+        assert reopened  # the drain did serve the first stream first
         assert len(doomed.sock.sent) == sent_before  # nothing after it was superseded
         assert old.ready_at == -1
         assert [e for e, _, _ in doomed.events()][-1] == "error"  # its terminal 409
