@@ -260,6 +260,7 @@ class Checkpointer:
                 segments=self.segments,
                 absorb=True,
                 reuse=self._encoded if self.count else None,  # (the first: everything)
+                inline_max=self.cfg.storage.segments.inline_max_bytes,
             )
             keep = self.cfg.storage.snapshot.keep
             try:

@@ -2,20 +2,23 @@
 
 A snapshot holds every topic's metadata and segment registry (records up to its
 `absorbed` mark live in the topic's segment files, `topicd.storage.segments`), the
-records segments do not hold (a router destination's, and everything in a file written
-before segments existed: as stored JSON, with their `$ts` and sizes in compact arrays and
-the sparse extras), the unexpired idempotency entries, router and durable lease state,
-and per WAL shard the position up to which the log is reflected (replay starts there).
-Checkpoints capture incrementally (`capture`): only topics that changed since the last
-one are captured again; the others' encoded entries are written as they were.
+records segments do not hold (an inline topic's — one that never outgrew a few KiB —, a
+router destination's, and everything in a file written before segments existed: as
+stored JSON, with their `$ts` and sizes in compact arrays and the sparse extras), the
+unexpired idempotency entries, router and durable lease state, and per WAL shard the
+position up to which the log is reflected (replay starts there). Checkpoints capture
+incrementally (`capture`): only topics that changed since the last one are captured
+again; the others' encoded entries are written as they were.
 
 File: `meta/snapshot-<n:020d>.bin`; a 32-byte header (magic `TOPICDSN`, version u32,
 checksum algorithm u8, 3 reserved bytes, msgpack body length u64, XXH3-64 of everything
-after the header), the msgpack body, then (version 2) the records' stored JSON: each
-run's bytes in body order, its length in the run's `blob_len`. A snapshot with a bad
-header, length or checksum is skipped in favour of the previous one
-(`storage.snapshot.keep` are kept). Version 1 files (the records inside the body) are
-still read.
+after the header), the msgpack body, then (versions 2-4) the records' stored JSON: each
+run's bytes in body order, its length in the run's `blob_len` — except an inline topic's
+(version 4: a topic that never had a segment and holds a few KiB, `inline`), whose
+records are inside its entry, so the entry is reused whole while the topic is unchanged.
+A snapshot with a bad header, length or checksum is skipped in favour of the previous
+one (`storage.snapshot.keep` are kept). Version 1 files (the records inside the body)
+are still read.
 
 Why the records trail the body: encoding runs in a thread, but one C call holds the GIL
 for its whole length, so a body that held every record (one `b"".join`, one msgpack
@@ -60,7 +63,10 @@ if TYPE_CHECKING:
     from topicd.storage.segments import SegmentStore
 
 MAGIC: Final = b"TOPICDSN"
-VERSION: Final = 3
+VERSION: Final = 4
+# a topic that never had a segment is *inline* (its records in its snapshot entry, no
+# segment file) while it has at most this many slots and `inline_max_bytes` of records
+INLINE_SLOTS: Final = 64
 CHUNK_RECORDS: Final = 16384  # records joined per piece (~1 MB of typical records)
 CHUNK_TOPICS: Final = 4096  # topic entries encoded per piece of the body
 # a snapshot is synced every this many bytes as it is written (fs.replace_file): a WAL
@@ -78,8 +84,10 @@ class RunSnap(msgspec.Struct, array_like=True, gc=False):
     lens: bytes  # u32 per slot; 0xFFFFFFFF marks a dead slot
     ts: bytes  # i64 per slot
     sizes: bytes  # u32 per slot
-    blob: bytes  # the live slots' stored JSON, concatenated (empty in the file of version 2)
-    blob_len: int = 0  # version 2: the length of this run's bytes after the body
+    # the live slots' stored JSON, concatenated: in the body for an inline topic (version
+    # 4) and in version 1 files; otherwise empty, the bytes trailing the body
+    blob: bytes
+    blob_len: int = 0  # versions 2-4: the length of this run's bytes after the body
 
 
 class LeaseSnap(msgspec.Struct, array_like=True, gc=False):
@@ -116,7 +124,8 @@ class TopicSnap(msgspec.Struct, gc=False, omit_defaults=True):
     trims: list[tuple[int, int]] = []  # router `source_trim` ranges
     queue: LeaseSnap | None = None  # lease state of a queue with durable leases
     # version 3: the segment registry; records ≤ `absorbed` live in segments (or are
-    # dead), `runs` and the extras maps hold only the records above it
+    # dead), `runs` and the extras maps hold only the records above it (version 4: an
+    # inline topic, `absorbed` 0 and no segments, has its records' bytes in `runs`)
     segments: list[SegSnap] = []
     absorbed: int = 0
 
@@ -291,6 +300,40 @@ def absorbable(engine: Engine, topic: Topic) -> bool:
     return topic.config.durability != "ephemeral" and topic not in engine.routers.by_dest
 
 
+def inline(topic: Topic, absorbed: int, max_bytes: int) -> bool:
+    """Whether a checkpoint keeps an absorbable `topic`'s records in its snapshot entry
+    instead of segment files: it never had a segment (no absorbed mark, in the store or
+    in the topic: a capture for absorbing raised `Topic.seg_tail` for good) and its
+    retained slots are few (`INLINE_SLOTS`) and small (`max_bytes` of stored JSON, 0 =
+    never inline). A topic that outgrows this moves into segments at its next
+    checkpoint, once: it never becomes inline again."""
+    if not max_bytes or absorbed or topic.seg_tail:
+        return False
+    lo, head = topic.earliest_seq, topic.head_seq
+    slots = total = 0
+    for run in topic.runs:  # (seqs between runs, skipped after a restart, hold no slot)
+        a, b = max(lo, run.base), min(head, run.end)
+        if a <= b:
+            slots += b - a + 1
+            if slots > INLINE_SLOTS:
+                return False
+            # (never evicted: nothing of the topic is absorbed, so every live slot holds bytes)
+            encs = cast("list[bytes | None]", run.encs[a - run.base : b - run.base + 1])
+            total += sum([len(enc) for enc in encs if enc is not None])
+    return total <= max_bytes
+
+
+def encode_entry(snap: TopicSnap, copies: list[RunCopy]) -> msgspec.Raw:
+    """A topic's whole entry with its records inside it (an inline topic's, or one
+    without records): reusable byte for byte while the topic does not change."""
+    for run in copies:
+        encs = run.encs
+        lens = array("I", [DEAD if e is None else len(e) for e in encs])
+        blob = b"".join([e for e in encs if e is not None])
+        snap.runs.append(RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), blob))
+    return msgspec.Raw(_ENC.encode(snap))
+
+
 def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
     """The slots of `topic` above `absorbed` (C-level slices; the records are built in
     the checkpoint's thread), copies of the sparse extras there, and the absorbed seqs
@@ -327,6 +370,7 @@ def capture(
     segments: SegmentStore | None = None,
     absorb: bool = False,
     reuse: dict[int, msgspec.Raw] | None = None,
+    inline_max: int = 0,
 ) -> Capture:
     """The engine's state and the WAL positions it reflects (one synchronous step).
 
@@ -334,7 +378,9 @@ def capture(
     to the heads, so the next start resumes exactly at head + 1 with no gap. With
     `segments`, records they hold are left out; with `absorb` too, every absorbable
     topic's records up to its head are captured for copying into segments instead
-    (`Capture.works`), and the checkpoint fills in the new registry.
+    (`Capture.works`), and the checkpoint fills in the new registry — except those of
+    inline topics (`inline`, with `inline_max` bytes: `storage.segments.inline_max_bytes`),
+    whose entries carry their records and are encoded as they are taken.
 
     With `reuse` (the previous snapshot's encoded entries: `Capture.entries` with
     `Capture.encoded` added) the capture is incremental: only the topics marked changed
@@ -346,7 +392,7 @@ def capture(
 
     `capture_stepwise` is the same cut taken in steps that yield to the loop.
     """
-    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, inline_max)
     for t in step.first_todo():
         step.take(t)
     step.take_all(step.last_todo())
@@ -363,6 +409,7 @@ async def capture_stepwise(
     segments: SegmentStore | None = None,
     absorb: bool = False,
     reuse: dict[int, msgspec.Raw] | None = None,
+    inline_max: int = 0,
 ) -> tuple[Capture, list[tuple[int, int]]]:
     """`capture`, with the per-topic work spread over loop turns (`await tick()` after
     each topic: it yields when its time quantum is used), so a checkpoint of 100,000
@@ -374,7 +421,7 @@ async def capture_stepwise(
     step together with the queues (whose lease state is not tracked), the engine-wide
     state and the WAL `positions()` — so every entry reflects the state at that instant,
     as if everything had been captured then. Returns the capture and the positions."""
-    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse)
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, inline_max)
     todo = step.first_todo(scan=False)
     if step.reuse is not None:  # topics without an entry, a slice of the ids at a time
         ids = list(engine.by_id)
@@ -412,6 +459,7 @@ class _Stepwise:
         segments: SegmentStore | None,
         absorb: bool,
         reuse: dict[int, msgspec.Raw] | None,
+        inline_max: int = 0,
     ) -> None:
         self.engine = engine
         self.created_ms = created_ms
@@ -419,8 +467,15 @@ class _Stepwise:
         self.segments = segments
         self.absorb = absorb
         self.reuse = None if final else reuse
+        self.inline_max = inline_max
         # per captured topic id: the topic, its entry, its record copies, its absorb work
         self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
+        # inline topics, taken apart: their entries are encoded at once, so what lives
+        # until the checkpoint ends is one untracked `Raw` a topic (with 100,000 topics
+        # the tuples, lists and arrays of `got` fed the collector enough to trigger full
+        # collections, ~0.4 s each, during the capture)
+        self.inline_topics: dict[int, Topic] = {}
+        self.inline_raw: dict[int, msgspec.Raw] = {}
         self.first: set[Topic] = set()  # what the first step takes
 
     def first_todo(self, *, scan: bool = True) -> list[Topic]:
@@ -486,9 +541,22 @@ class _Stepwise:
             return
         segments = self.segments
         t.changed = False
+        if self.inline_topics.pop(tid, None) is not None:
+            del self.inline_raw[tid]  # taken inline before: the newer copy wins
         absorbed = segments.absorbed(tid) if segments is not None else 0
         work: AbsorbWork | None = None
         if segments is not None and self.absorb and absorbable(engine, t):
+            if inline(t, absorbed, self.inline_max):
+                old = self.got.pop(tid, None)
+                assert old is None or old[3] is None, "a topic taken for absorbing stays so"
+                snap, copies = capture_topic(
+                    t,
+                    reserved=t.head_seq if self.final else max(t.reserved_head, t.head_seq),
+                    now_ms=self.created_ms,
+                )
+                self.inline_topics[tid] = t
+                self.inline_raw[tid] = encode_entry(snap, copies)
+                return
             work = capture_absorb(t, absorbed)
             absorbed = max(absorbed, t.head_seq)
             old = self.got.get(tid)
@@ -510,6 +578,11 @@ class _Stepwise:
         engine = self.engine
         by_id = engine.by_id
         cap = Capture(SnapshotBody(VERSION, self.created_ms, 0, 0, [], [], []), [])
+        for tid, t in self.inline_topics.items():
+            if t.deleted or by_id.get(tid) is not t:
+                continue
+            cap.captured.append(t)
+            cap.encoded[tid] = self.inline_raw[tid]
         for tid, (t, snap, copies, work) in self.got.items():
             if t.deleted or by_id.get(tid) is not t:
                 continue  # deleted after it was taken (its delete flips are moot)
@@ -525,6 +598,8 @@ class _Stepwise:
             for tid in deleted:  # deleted since the entries were made
                 entries.pop(tid, None)
             for tid in self.got:
+                entries.pop(tid, None)
+            for tid in self.inline_topics:
                 entries.pop(tid, None)
             if VERIFY_INCREMENTAL:
                 assert not entries.keys() - by_id.keys(), "a deletion was not listed"
@@ -544,7 +619,11 @@ class _Stepwise:
             for entry in engine.idem.committed()
             if (owner := by_id.get(entry[0])) is not None and owner.config.durability != "ephemeral"
         ]
-        topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values(), *cap.fresh]
+        topics: list[TopicSnap | msgspec.Raw] = [
+            *cap.entries.values(),
+            *cap.encoded.values(),
+            *cap.fresh,
+        ]
         cap.body = SnapshotBody(
             VERSION,
             self.created_ms,
@@ -572,10 +651,9 @@ def _verify_unchanged(
     )
     if segments is not None:
         snap.segments = segments.registry(t.topic_id)
-    pieces: list[bytes] = []
-    assert not _fill_runs(snap, copies, pieces), t.name  # reused entries have no records
-    fresh = _ENC.encode(snap)
-    assert bytes(entry) == fresh, f"topic {t.name!r} changed without Topic.changed set"
+    # (reused entries hold their records, if any: inline topics')
+    fresh = encode_entry(snap, copies)
+    assert bytes(entry) == bytes(fresh), f"topic {t.name!r} changed without Topic.changed set"
 
 
 # ---- encoding and files (blocking: run offloaded) ------------------------------------
@@ -668,7 +746,7 @@ def decode(data: bytes) -> SnapshotBody:
     if len(data) < HEADER.size:
         raise SnapshotError("shorter than its header")
     magic, version, alg, length, digest = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version not in (1, 2, VERSION) or alg != 1:
+    if magic != MAGIC or version not in (1, 2, 3, VERSION) or alg != 1:
         raise SnapshotError("bad magic or unsupported version")
     rest = memoryview(data)[HEADER.size :]
     if len(rest) < length or (version == 1 and len(rest) != length):
@@ -684,6 +762,8 @@ def decode(data: bytes) -> SnapshotBody:
     off = length
     for topic in body.topics:
         for run in topic.runs:
+            if run.blob and version >= 4 and not run.blob_len:
+                continue  # an inline topic's records, inside its entry
             if run.blob or run.blob_len < 0 or off + run.blob_len > len(rest):
                 raise SnapshotError(f"topic {topic.name!r}: record bytes out of bounds")
             run.blob = bytes(rest[off : off + run.blob_len])
