@@ -45,7 +45,8 @@ def entry(disk: FakeDisk, name: str) -> snapshot.TopicSnap:
 
 
 def inline_bytes(snap: snapshot.TopicSnap) -> bytes:
-    assert all(run.blob_len == 0 for run in snap.runs)
+    """The records the entry carries (their bytes trail the snapshot's body)."""
+    assert all(run.blob_len == len(run.blob) for run in snap.runs)
     return b"".join(run.blob for run in snap.runs)
 
 

@@ -513,8 +513,9 @@ class _Replayer:
         Column work only: no Python object per record."""
         pieces: list[tuple[int, list[Enc], array[int], array[int]]] = []
         count = nbytes = 0
-        state = self.segments.state(snap.id)
-        state.absorbed = snap.absorbed
+        if snap.segments or snap.absorbed:  # (an inline topic has no segment state)
+            state = self.segments.state(snap.id)
+            state.absorbed = snap.absorbed
         max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
         earliest = snap.earliest
         for reg in snap.segments:

@@ -12,11 +12,11 @@ again; the others' encoded entries are written as they were.
 
 File: `meta/snapshot-<n:020d>.bin`; a 32-byte header (magic `TOPICDSN`, version u32,
 checksum algorithm u8, 3 reserved bytes, msgpack body length u64, XXH3-64 of everything
-after the header), the msgpack body, then (versions 2-4) the records' stored JSON: each
-run's bytes in body order, its length in the run's `blob_len` — except an inline topic's
-(version 4: a topic that never had a segment and holds a few KiB, `inline`), whose
-records are inside its entry, so the entry is reused whole while the topic is unchanged.
-A snapshot with a bad header, length or checksum is skipped in favour of the previous
+after the header), the msgpack body, then (version 2) the records' stored JSON: each
+run's bytes in body order, its length in the run's `blob_len`. An inline topic's entry
+(`inline`: a topic that never outgrew a few KiB) is reused byte for byte while the topic
+does not change, and its records (the same bytes objects the topic holds, not copies)
+with it (`Capture.records`). A snapshot with a bad header, length or checksum is skipped in favour of the previous
 one (`storage.snapshot.keep` are kept). Version 1 files (the records inside the body)
 are still read.
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from topicd.storage.segments import SegmentStore
 
 MAGIC: Final = b"TOPICDSN"
-VERSION: Final = 4
+VERSION: Final = 3
 # a topic that never had a segment is *inline* (its records in its snapshot entry, no
 # segment file) while it has at most this many slots and `inline_max_bytes` of records
 INLINE_SLOTS: Final = 64
@@ -77,6 +77,8 @@ META_DIR: Final = "meta"
 _NAME: Final = re.compile(r"snapshot-([0-9]{20})\.bin")
 _LITTLE: Final = sys.byteorder == "little"
 _V = TypeVar("_V")
+# an inline topic's live records in seq order (`encode_entry`)
+Records = tuple[bytes, ...]
 
 
 class RunSnap(msgspec.Struct, array_like=True, gc=False):
@@ -84,10 +86,8 @@ class RunSnap(msgspec.Struct, array_like=True, gc=False):
     lens: bytes  # u32 per slot; 0xFFFFFFFF marks a dead slot
     ts: bytes  # i64 per slot
     sizes: bytes  # u32 per slot
-    # the live slots' stored JSON, concatenated: in the body for an inline topic (version
-    # 4) and in version 1 files; otherwise empty, the bytes trailing the body
-    blob: bytes
-    blob_len: int = 0  # versions 2-4: the length of this run's bytes after the body
+    blob: bytes  # the live slots' stored JSON, concatenated (empty in the file of version 2)
+    blob_len: int = 0  # version 2: the length of this run's bytes after the body
 
 
 class LeaseSnap(msgspec.Struct, array_like=True, gc=False):
@@ -124,8 +124,8 @@ class TopicSnap(msgspec.Struct, gc=False, omit_defaults=True):
     trims: list[tuple[int, int]] = []  # router `source_trim` ranges
     queue: LeaseSnap | None = None  # lease state of a queue with durable leases
     # version 3: the segment registry; records ≤ `absorbed` live in segments (or are
-    # dead), `runs` and the extras maps hold only the records above it (version 4: an
-    # inline topic, `absorbed` 0 and no segments, has its records' bytes in `runs`)
+    # dead), `runs` and the extras maps hold only the records above it (an inline topic:
+    # `absorbed` 0, no segments, every record in `runs`)
     segments: list[SegSnap] = []
     absorbed: int = 0
 
@@ -195,8 +195,10 @@ class Capture:
 
     `body.topics` holds a `TopicSnap` for each topic captured now and, with an
     incremental capture, the encoded entry of the previous snapshot (`msgspec.Raw`) for
-    each topic that did not change since; `runs` are the record copies of the fresh ones
-    (aligned with `fresh`)."""
+    each topic that did not change since (and for inline topics captured now); `runs`
+    are the record copies of the fresh ones (aligned with `fresh`). The records after
+    the body are first those of the encoded entries that have any (inline topics:
+    `records`, in body order), then those of the fresh ones."""
 
     body: SnapshotBody  # its fresh topics' `runs` are filled by `encode`
     runs: list[list[RunCopy]]
@@ -210,9 +212,13 @@ class Capture:
     # the engine's `deleted_ids` this capture took (given back if the checkpoint fails)
     deleted_ids: list[int] = field(default_factory=list)
     captured: list[Topic] = field(default_factory=list)  # their `changed` flags were cleared
-    # the encoded entries of fresh topics without records in the file (`encode` fills
-    # it): reusable while the topic does not change
+    # the encoded entries of inline topics captured now (the capture fills them in) and
+    # of fresh topics without records in the file (`encode` does): reusable while the
+    # topic does not change
     encoded: dict[int, msgspec.Raw] = field(default_factory=dict)
+    # the records of the inline topics among `entries` and `encoded`, reusable with
+    # their entries (in body order, they are what trails the body first)
+    records: dict[int, Records] = field(default_factory=dict)
 
 
 _DEFAULT_CONFIG: Final = TopicConfig()
@@ -323,15 +329,22 @@ def inline(topic: Topic, absorbed: int, max_bytes: int) -> bool:
     return total <= max_bytes
 
 
-def encode_entry(snap: TopicSnap, copies: list[RunCopy]) -> msgspec.Raw:
-    """A topic's whole entry with its records inside it (an inline topic's, or one
-    without records): reusable byte for byte while the topic does not change."""
+def encode_entry(snap: TopicSnap, copies: list[RunCopy]) -> tuple[msgspec.Raw, Records]:
+    """An inline topic's entry (its runs' columns, their bytes to trail the body) and its
+    records in order: references to the bytes objects the topic holds, not copies. Both
+    stay valid while the topic does not change (records are immutable)."""
+    records: list[bytes] = []
     for run in copies:
         encs = run.encs
         lens = array("I", [DEAD if e is None else len(e) for e in encs])
-        blob = b"".join([e for e in encs if e is not None])
-        snap.runs.append(RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), blob))
-    return msgspec.Raw(_ENC.encode(snap))
+        live = [e for e in encs if e is not None]
+        records += live
+        total = sum([len(e) for e in live])
+        snap.runs.append(
+            RunSnap(run.base, _u32(lens), run.ts.tobytes(), _u32(run.sizes), b"", total)
+        )
+    # (a tuple of bytes: untracked by the collector once it has seen it)
+    return msgspec.Raw(_ENC.encode(snap)), tuple(records)
 
 
 def capture_absorb(topic: Topic, absorbed: int) -> AbsorbWork:
@@ -370,6 +383,7 @@ def capture(
     segments: SegmentStore | None = None,
     absorb: bool = False,
     reuse: dict[int, msgspec.Raw] | None = None,
+    records: dict[int, Records] | None = None,
     inline_max: int = 0,
 ) -> Capture:
     """The engine's state and the WAL positions it reflects (one synchronous step).
@@ -392,7 +406,7 @@ def capture(
 
     `capture_stepwise` is the same cut taken in steps that yield to the loop.
     """
-    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, inline_max)
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, records, inline_max)
     for t in step.first_todo():
         step.take(t)
     step.take_all(step.last_todo())
@@ -409,6 +423,7 @@ async def capture_stepwise(
     segments: SegmentStore | None = None,
     absorb: bool = False,
     reuse: dict[int, msgspec.Raw] | None = None,
+    records: dict[int, Records] | None = None,
     inline_max: int = 0,
 ) -> tuple[Capture, list[tuple[int, int]]]:
     """`capture`, with the per-topic work spread over loop turns (`await tick()` after
@@ -421,7 +436,7 @@ async def capture_stepwise(
     step together with the queues (whose lease state is not tracked), the engine-wide
     state and the WAL `positions()` — so every entry reflects the state at that instant,
     as if everything had been captured then. Returns the capture and the positions."""
-    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, inline_max)
+    step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, records, inline_max)
     todo = step.first_todo(scan=False)
     if step.reuse is not None:  # topics without an entry, a slice of the ids at a time
         ids = list(engine.by_id)
@@ -459,6 +474,7 @@ class _Stepwise:
         segments: SegmentStore | None,
         absorb: bool,
         reuse: dict[int, msgspec.Raw] | None,
+        records: dict[int, Records] | None = None,
         inline_max: int = 0,
     ) -> None:
         self.engine = engine
@@ -467,15 +483,16 @@ class _Stepwise:
         self.segments = segments
         self.absorb = absorb
         self.reuse = None if final else reuse
+        self.records = records or {}  # (with `reuse`: its inline topics' records)
         self.inline_max = inline_max
         # per captured topic id: the topic, its entry, its record copies, its absorb work
         self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
         # inline topics, taken apart: their entries are encoded at once, so what lives
-        # until the checkpoint ends is one untracked `Raw` a topic (with 100,000 topics
-        # the tuples, lists and arrays of `got` fed the collector enough to trigger full
-        # collections, ~0.4 s each, during the capture)
+        # until the checkpoint ends is an untracked `Raw` and a tuple of bytes a topic
+        # (with 100,000 topics the tuples, lists and arrays of `got` fed the collector
+        # enough to trigger full collections, ~0.4 s each, during the capture)
         self.inline_topics: dict[int, Topic] = {}
-        self.inline_raw: dict[int, msgspec.Raw] = {}
+        self.inline_raw: dict[int, tuple[msgspec.Raw, Records]] = {}
         self.first: set[Topic] = set()  # what the first step takes
 
     def first_todo(self, *, scan: bool = True) -> list[Topic]:
@@ -578,11 +595,6 @@ class _Stepwise:
         engine = self.engine
         by_id = engine.by_id
         cap = Capture(SnapshotBody(VERSION, self.created_ms, 0, 0, [], [], []), [])
-        for tid, t in self.inline_topics.items():
-            if t.deleted or by_id.get(tid) is not t:
-                continue
-            cap.captured.append(t)
-            cap.encoded[tid] = self.inline_raw[tid]
         for tid, (t, snap, copies, work) in self.got.items():
             if t.deleted or by_id.get(tid) is not t:
                 continue  # deleted after it was taken (its delete flips are moot)
@@ -595,17 +607,30 @@ class _Stepwise:
         cap.deleted_ids = deleted
         if self.reuse is not None:
             entries = dict(self.reuse)
+            records = dict(self.records)
             for tid in deleted:  # deleted since the entries were made
                 entries.pop(tid, None)
+                records.pop(tid, None)
             for tid in self.got:
                 entries.pop(tid, None)
+                records.pop(tid, None)
             for tid in self.inline_topics:
                 entries.pop(tid, None)
+                records.pop(tid, None)
             if VERIFY_INCREMENTAL:
                 assert not entries.keys() - by_id.keys(), "a deletion was not listed"
+                assert not records.keys() - entries.keys()
                 for tid, entry in entries.items():
-                    _verify_unchanged(engine, by_id[tid], entry, self.created_ms, self.segments)
+                    _verify_unchanged(
+                        engine, by_id[tid], entry, records.get(tid), self.created_ms, self.segments
+                    )
             cap.entries = entries
+            cap.records = records
+        for tid, t in self.inline_topics.items():
+            if t.deleted or by_id.get(tid) is not t:
+                continue
+            cap.captured.append(t)
+            cap.encoded[tid], cap.records[tid] = self.inline_raw[tid]
         if self.segments is not None:
             if self.reuse is None:
                 cap.gone_ids = self.segments.topics.keys() - by_id.keys()
@@ -643,7 +668,12 @@ VERIFY_INCREMENTAL = False
 
 
 def _verify_unchanged(
-    engine: Engine, t: Topic, entry: msgspec.Raw, now_ms: int, segments: SegmentStore | None
+    engine: Engine,
+    t: Topic,
+    entry: msgspec.Raw,
+    records: Records | None,
+    now_ms: int,
+    segments: SegmentStore | None,
 ) -> None:
     absorbed = segments.absorbed(t.topic_id) if segments is not None else 0
     snap, copies = capture_topic(
@@ -651,9 +681,10 @@ def _verify_unchanged(
     )
     if segments is not None:
         snap.segments = segments.registry(t.topic_id)
-    # (reused entries hold their records, if any: inline topics')
-    fresh = encode_entry(snap, copies)
+    # (reused entries have records only if they are inline topics': kept with them)
+    fresh, live = encode_entry(snap, copies)
     assert bytes(entry) == bytes(fresh), f"topic {t.name!r} changed without Topic.changed set"
+    assert (records or ()) == live, f"topic {t.name!r}: its records changed unmarked"
 
 
 # ---- encoding and files (blocking: run offloaded) ------------------------------------
@@ -684,6 +715,13 @@ def encode(cap: Capture) -> list[bytes]:
     it offloaded; no piece is larger than the body or `CHUNK_RECORDS` records)."""
     body = cap.body
     pieces: list[bytes] = []
+    # first the records of the entries written as they are (inline topics), in body order
+    records = cap.records
+    trail = [records[tid] for tid in (*cap.entries, *cap.encoded) if tid in records]
+    flat = [enc for recs in trail for enc in recs]
+    for i in range(0, len(flat), CHUNK_RECORDS):
+        pieces.append(b"".join(flat[i : i + CHUNK_RECORDS]))
+    del flat
     for snap, copies in zip(cap.fresh, cap.runs, strict=True):
         if not _fill_runs(snap, copies, pieces):
             # no record bytes after the body: the entry is whole, reusable as it is
@@ -746,7 +784,7 @@ def decode(data: bytes) -> SnapshotBody:
     if len(data) < HEADER.size:
         raise SnapshotError("shorter than its header")
     magic, version, alg, length, digest = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version not in (1, 2, 3, VERSION) or alg != 1:
+    if magic != MAGIC or version not in (1, 2, VERSION) or alg != 1:
         raise SnapshotError("bad magic or unsupported version")
     rest = memoryview(data)[HEADER.size :]
     if len(rest) < length or (version == 1 and len(rest) != length):
@@ -762,8 +800,6 @@ def decode(data: bytes) -> SnapshotBody:
     off = length
     for topic in body.topics:
         for run in topic.runs:
-            if run.blob and version >= 4 and not run.blob_len:
-                continue  # an inline topic's records, inside its entry
             if run.blob or run.blob_len < 0 or off + run.blob_len > len(rest):
                 raise SnapshotError(f"topic {topic.name!r}: record bytes out of bounds")
             run.blob = bytes(rest[off : off + run.blob_len])
