@@ -16,9 +16,9 @@ after the header), the msgpack body, then (version 2) the records' stored JSON: 
 run's bytes in body order, its length in the run's `blob_len`. An inline topic's entry
 (`inline`: a topic that never outgrew a few KiB) is reused byte for byte while the topic
 does not change, and its records (the same bytes objects the topic holds, not copies)
-with it (`Capture.records`). A snapshot with a bad header, length or checksum is skipped in favour of the previous
-one (`storage.snapshot.keep` are kept). Version 1 files (the records inside the body)
-are still read.
+with it (`Capture.records`). A snapshot with a bad header, length or checksum is
+skipped in favour of the previous one (`storage.snapshot.keep` are kept). Version 1
+files (the records inside the body) are still read.
 
 Why the records trail the body: encoding runs in a thread, but one C call holds the GIL
 for its whole length, so a body that held every record (one `b"".join`, one msgpack
@@ -714,13 +714,11 @@ def encode(cap: Capture) -> list[bytes]:
     """The snapshot file's bytes, in pieces to write in order (blocking, CPU-bound: run
     it offloaded; no piece is larger than the body or `CHUNK_RECORDS` records)."""
     body = cap.body
-    pieces: list[bytes] = []
     # first the records of the entries written as they are (inline topics), in body order
     records = cap.records
     trail = [records[tid] for tid in (*cap.entries, *cap.encoded) if tid in records]
     flat = [enc for recs in trail for enc in recs]
-    for i in range(0, len(flat), CHUNK_RECORDS):
-        pieces.append(b"".join(flat[i : i + CHUNK_RECORDS]))
+    pieces = [b"".join(flat[i : i + CHUNK_RECORDS]) for i in range(0, len(flat), CHUNK_RECORDS)]
     del flat
     for snap, copies in zip(cap.fresh, cap.runs, strict=True):
         if not _fill_runs(snap, copies, pieces):
