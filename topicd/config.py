@@ -164,11 +164,11 @@ class SegmentsConfig:
         min=0,
     )
     inline_max_bytes: int = key(
-        4096,
-        "A topic that never had a segment keeps its records in the snapshot while their "
-        "stored JSON totals at most this many bytes (and at most 64 records); past that its "
-        "first checkpoint moves them into segment files. 0 = segments from the first "
-        "checkpoint on.",
+        2048,
+        "A topic that never had a segment keeps its records in the snapshot (and in "
+        "memory) while their stored JSON totals at most this many bytes and they are at "
+        "most 64; past that a checkpoint moves them into segment files, for good. 0 = "
+        "segments from the first checkpoint on.",
         min=0,
         max=1 << 20,
     )

@@ -24,7 +24,7 @@ from topicd.testing.harness import durable_config, open_durable
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "datadir-v2"
 
 
-@pytest.mark.parametrize("inline", [0, 4096])
+@pytest.mark.parametrize("inline", [0, 2048])
 async def test_a_version_2_directory_opens_and_migrates_at_the_first_checkpoint(tmp_path, inline):
     root = tmp_path / "data"
     shutil.copytree(FIXTURE, root)

@@ -45,12 +45,12 @@ class HookBudget:
         await trio.lowlevel.checkpoint()
 
 
-@pytest.mark.parametrize("inline", [0, 4096])
+@pytest.mark.parametrize("inline", [0, 2048])
 @pytest.mark.parametrize("sync_topics", [256, 3])
 async def test_topics_changing_between_the_steps_of_a_capture_are_captured_as_of_its_end(
     monkeypatch, sync_topics, inline
 ):
-    """`inline` 0: every topic's records go into segments; 4096 (the default): they stay
+    """`inline` 0: every topic's records go into segments; 2048 (the default): they stay
     in the snapshot entries (inline topics)."""
     monkeypatch.setattr(snapshot, "_SYNC_TOPICS", sync_topics)  # 3: a second chunked pass
     monkeypatch.setattr(checkpoint, "_INSTALL_TOPICS", sync_topics)  # 3: installs in steps
