@@ -113,10 +113,43 @@ class Ticker:
             last, last_cpu = now, cpu
 
 
+class GcClock:
+    """Time spent in garbage collections (`gc.callbacks`) since `reset`: the total, the
+    longest one, and the number of full (generation 2) ones."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def reset(self) -> None:
+        self.total = self.longest = 0.0
+        self.full = 0
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        took = time.perf_counter() - self._t0
+        self.total += took
+        self.longest = max(self.longest, took)
+        self.full += info["generation"] == 2
+
+    def __str__(self) -> str:
+        return (
+            f"GC {self.total * 1000:.0f} ms in all, longest {self.longest * 1000:.1f} ms, "
+            f"{self.full} full"
+        )
+
+
+GC = GcClock()
+
+
 async def timed_checkpoint(engine: Engine, ticker: Ticker) -> tuple[float, float, float]:
     cp = engine.checkpointer
     assert isinstance(cp, Checkpointer)
     ticker.start()
+    GC.reset()
     t0 = time.perf_counter()
     assert await cp.checkpoint()
     took = time.perf_counter() - t0
@@ -162,10 +195,11 @@ async def fill(args: argparse.Namespace, data_dir: str) -> None:
                 tracemalloc.start()
                 snap0 = tracemalloc.take_snapshot()
             t0 = time.perf_counter()
+            GC.reset()
             for i in range(n):
                 await engine.append(f"t{i}", req)
             took_fill = time.perf_counter() - t0
-            print(f"{n} topics x 3 records: filled in {took_fill:.1f} s")
+            print(f"{n} topics x 3 records: filled in {took_fill:.1f} s; {GC}")
             if args.sites:
                 snap1 = tracemalloc.take_snapshot()
                 total = sum(s.size for s in snap1.statistics("filename")) - sum(
@@ -177,7 +211,7 @@ async def fill(args: argparse.Namespace, data_dir: str) -> None:
             took, gap, cpu = await timed_checkpoint(engine, ticker)
             print(
                 f"checkpoint 1 (all changed): {took:.0f} ms, longest loop gap {gap:.1f} ms "
-                f"({cpu:.1f} ms of it on the loop's CPU)"
+                f"({cpu:.1f} ms of it on the loop's CPU); {GC}"
             )
             if args.sites:
                 snap2 = tracemalloc.take_snapshot()
@@ -193,7 +227,7 @@ async def fill(args: argparse.Namespace, data_dir: str) -> None:
             took, gap, cpu = await timed_checkpoint(engine, ticker)
             print(
                 f"checkpoint 2 (a write to each): {took:.0f} ms, longest loop gap {gap:.1f} ms "
-                f"({cpu:.1f} ms of it on the loop's CPU)"
+                f"({cpu:.1f} ms of it on the loop's CPU); {GC}"
             )
             report_rss("after checkpoint 2", rss0, n)
             files = sum(len(f) for _, _, f in os.walk(data_dir))
@@ -210,18 +244,19 @@ async def restart(args: argparse.Namespace, data_dir: str) -> None:
     rss0 = rss_mib()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker.run)
+        GC.reset()
         t0 = time.perf_counter()
         async with open_engine(cfg) as engine:
             settle_gc(cfg)
             ready = time.perf_counter() - t0
-            print(f"restart to ready ({len(engine.topics)} topics): {ready:.2f} s")
+            print(f"restart to ready ({len(engine.topics)} topics): {ready:.2f} s; {GC}")
             report_rss("after the restart", rss0, n)
             for i in range(n):
                 await engine.append(f"t{i}", one)
             took, gap, cpu = await timed_checkpoint(engine, ticker)
             print(
                 f"checkpoint 3 (after the restart, a write to each): {took:.0f} ms, longest "
-                f"loop gap {gap:.1f} ms ({cpu:.1f} ms of it on the loop's CPU)"
+                f"loop gap {gap:.1f} ms ({cpu:.1f} ms of it on the loop's CPU); {GC}"
             )
             report_rss("after checkpoint 3", rss0, n)
         nursery.cancel_scope.cancel()
