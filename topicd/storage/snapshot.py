@@ -492,7 +492,8 @@ class _Stepwise:
         # (with 100,000 topics the tuples, lists and arrays of `got` fed the collector
         # enough to trigger full collections, ~0.4 s each, during the capture)
         self.inline_topics: dict[int, Topic] = {}
-        self.inline_raw: dict[int, tuple[msgspec.Raw, Records]] = {}
+        self.inline_raw: dict[int, msgspec.Raw] = {}
+        self.inline_records: dict[int, Records] = {}
         self.first: set[Topic] = set()  # what the first step takes
 
     def first_todo(self, *, scan: bool = True) -> list[Topic]:
@@ -560,6 +561,7 @@ class _Stepwise:
         t.changed = False
         if self.inline_topics.pop(tid, None) is not None:
             del self.inline_raw[tid]  # taken inline before: the newer copy wins
+            del self.inline_records[tid]
         absorbed = segments.absorbed(tid) if segments is not None else 0
         work: AbsorbWork | None = None
         if segments is not None and self.absorb and absorbable(engine, t):
@@ -572,7 +574,7 @@ class _Stepwise:
                     now_ms=self.created_ms,
                 )
                 self.inline_topics[tid] = t
-                self.inline_raw[tid] = encode_entry(snap, copies)
+                self.inline_raw[tid], self.inline_records[tid] = encode_entry(snap, copies)
                 return
             work = capture_absorb(t, absorbed)
             absorbed = max(absorbed, t.head_seq)
@@ -630,7 +632,8 @@ class _Stepwise:
             if t.deleted or by_id.get(tid) is not t:
                 continue
             cap.captured.append(t)
-            cap.encoded[tid], cap.records[tid] = self.inline_raw[tid]
+            cap.encoded[tid] = self.inline_raw[tid]
+            cap.records[tid] = self.inline_records[tid]
         if self.segments is not None:
             if self.reuse is None:
                 cap.gone_ids = self.segments.topics.keys() - by_id.keys()
