@@ -55,7 +55,7 @@ from topicd.storage.fs import replace_file
 from topicd.storage.segments import AbsorbSlice, AbsorbWork, SegSnap
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable, Iterator
 
     from topicd.engine.engine import Engine
     from topicd.engine.topic import Topic
@@ -141,11 +141,26 @@ class SnapshotBody(msgspec.Struct, gc=False):
     routers: list[dict[str, object]] = []  # definitions, bases, cursors and floors
 
 
+class _LazyBody(msgspec.Struct, gc=False):
+    """`SnapshotBody` with its topic entries left encoded (`decode_lazily`)."""
+
+    version: int
+    created_ms: int
+    next_topic_id: int
+    shard_count: int
+    positions: list[tuple[int, int]]
+    topics: list[msgspec.Raw]
+    idempotency: list[tuple[int, str, int, int, int, int]]
+    routers: list[dict[str, object]] = []
+
+
 _ENC: Final = msgspec.msgpack.Encoder()
 # stands in for the topics array while the rest of a body is encoded (a 16-byte bin of
 # random bytes: it cannot occur elsewhere in the body by chance)
 _TOPICS_MARK: Final = msgspec.Raw(b"\xc4\x10" + os.urandom(16))
 _DEC: Final = msgspec.msgpack.Decoder(SnapshotBody)
+_DEC_LAZY: Final = msgspec.msgpack.Decoder(_LazyBody)
+_DEC_TOPIC: Final = msgspec.msgpack.Decoder(TopicSnap)
 DEAD: Final = 0xFFFFFFFF
 
 
@@ -782,16 +797,9 @@ def _encode_body(body: SnapshotBody) -> list[bytes]:
 
 
 def decode(data: bytes) -> SnapshotBody:
-    if len(data) < HEADER.size:
-        raise SnapshotError("shorter than its header")
-    magic, version, alg, length, digest = HEADER.unpack_from(data, 0)
-    if magic != MAGIC or version not in (1, 2, VERSION) or alg != 1:
-        raise SnapshotError("bad magic or unsupported version")
+    length = _check(data)
+    version = HEADER.unpack_from(data, 0)[1]
     rest = memoryview(data)[HEADER.size :]
-    if len(rest) < length or (version == 1 and len(rest) != length):
-        raise SnapshotError(f"length {len(rest)} != {length}")
-    if xxhash.xxh3_64_intdigest(rest) != digest:
-        raise SnapshotError("checksum mismatch")
     try:
         body = _DEC.decode(rest[:length])
     except msgspec.DecodeError as exc:
@@ -808,6 +816,78 @@ def decode(data: bytes) -> SnapshotBody:
     if off != len(rest):
         raise SnapshotError(f"{len(rest) - off} bytes after the last run")
     return body
+
+
+def decode_lazily(data: bytes) -> tuple[SnapshotBody, Callable[[], Iterator[TopicSnap]]]:
+    """`decode`, with the topics handed out one at a time: the body (its `topics` empty)
+    and a function that yields each topic's entry, its records' bytes attached, decoding
+    it only then. Recovery builds each topic from its entry before the next is decoded,
+    so the entries' objects (a dozen per topic) are freed as it goes instead of all
+    living until the end, interleaved in memory with the topics built meanwhile (which
+    kept the allocator's arenas from being reused: at 10,000 topics the process
+    held ~1.5 KiB a topic more after a restart than its live objects needed).
+
+    The whole file is still checked first (checksum, every entry decodable, the record
+    bytes exactly used), so a damaged snapshot is refused here — the caller falls back
+    to the previous one — never halfway through the topics."""
+    if len(data) < HEADER.size:
+        raise SnapshotError("shorter than its header")
+    version = HEADER.unpack_from(data, 0)[1]
+    if version == 1:  # (records inside the body: small files, decoded at once)
+        body = decode(data)
+        old, body.topics = body.topics, []
+        return body, lambda: iter(old)
+    length = _check(data)
+    rest = memoryview(data)[HEADER.size :]
+    try:
+        lazy = _DEC_LAZY.decode(rest[:length])
+        off = length
+        for raw in lazy.topics:  # (each decoded and dropped: nothing kept)
+            for run in _DEC_TOPIC.decode(raw).runs:
+                if run.blob or run.blob_len < 0 or off + run.blob_len > len(rest):
+                    raise SnapshotError("record bytes out of bounds")
+                off += run.blob_len
+    except msgspec.DecodeError as exc:
+        raise SnapshotError(f"undecodable body: {exc}") from None
+    if off != len(rest):
+        raise SnapshotError(f"{len(rest) - off} bytes after the last run")
+    raws = lazy.topics
+    body = SnapshotBody(
+        lazy.version,
+        lazy.created_ms,
+        lazy.next_topic_id,
+        lazy.shard_count,
+        lazy.positions,
+        [],
+        lazy.idempotency,
+        lazy.routers,
+    )
+
+    def topics() -> Iterator[TopicSnap]:
+        off = length
+        for raw in raws:
+            topic = _DEC_TOPIC.decode(raw)
+            for run in topic.runs:
+                run.blob = bytes(rest[off : off + run.blob_len])
+                off += run.blob_len
+            yield topic
+
+    return body, topics
+
+
+def _check(data: bytes) -> int:
+    """Check a snapshot's header, length and checksum; returns the body's length."""
+    if len(data) < HEADER.size:
+        raise SnapshotError("shorter than its header")
+    magic, version, alg, length, digest = HEADER.unpack_from(data, 0)
+    if magic != MAGIC or version not in (1, 2, VERSION) or alg != 1:
+        raise SnapshotError("bad magic or unsupported version")
+    rest = memoryview(data)[HEADER.size :]
+    if len(rest) < length or (version == 1 and len(rest) != length):
+        raise SnapshotError(f"length {len(rest)} != {length}")
+    if xxhash.xxh3_64_intdigest(rest) != digest:
+        raise SnapshotError("checksum mismatch")
+    return int(length)
 
 
 def write_snapshot(fs: Fs, root: str, number: int, data: list[bytes], keep: int) -> str:
