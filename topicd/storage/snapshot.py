@@ -499,6 +499,10 @@ class _Stepwise:
         self.absorb = absorb
         self.reuse = None if final else reuse
         self.records = records or {}  # (with `reuse`: its inline topics' records)
+        # the entries (and inline records) to reuse: copies that each step drops the
+        # topics it takes from, so the last, synchronous one has only deletions to drop
+        self.entries: dict[int, msgspec.Raw] = {} if self.reuse is None else dict(self.reuse)
+        self.records_left: dict[int, Records] = {} if self.reuse is None else dict(self.records)
         self.inline_max = inline_max
         # per captured topic id: the topic, its entry, its record copies, its absorb work
         self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
@@ -574,6 +578,8 @@ class _Stepwise:
             return
         segments = self.segments
         t.changed = False
+        self.entries.pop(tid, None)
+        self.records_left.pop(tid, None)
         if self.inline_topics.pop(tid, None) is not None:
             del self.inline_raw[tid]  # taken inline before: the newer copy wins
             del self.inline_records[tid]
@@ -633,18 +639,12 @@ class _Stepwise:
         if VERIFY_INCREMENTAL:
             assert all(not t.deleted and by_id.get(i) is t for i, t in inline_topics.items())
         if self.reuse is not None:
-            entries = dict(self.reuse)
-            records = dict(self.records)
+            entries, records = self.entries, self.records_left  # (taken ones dropped)
             for tid in deleted:  # deleted since the entries were made
                 entries.pop(tid, None)
                 records.pop(tid, None)
-            for tid in self.got:
-                entries.pop(tid, None)
-                records.pop(tid, None)
-            for tid in self.inline_topics:
-                entries.pop(tid, None)
-                records.pop(tid, None)
             if VERIFY_INCREMENTAL:
+                assert not entries.keys() & (self.got.keys() | inline_topics.keys())
                 assert not entries.keys() - by_id.keys(), "a deletion was not listed"
                 assert not records.keys() - entries.keys()
                 for tid, entry in entries.items():
