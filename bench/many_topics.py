@@ -1,20 +1,28 @@
 #!/usr/bin/env python
-"""Many small topics in one process: memory per topic and the checkpoint's loop stall.
+"""Many small topics: RSS, the checkpoint's loop stall, restart to ready.
 
     python bench/many_topics.py [--topics 100000] [--dir DIR] [--sites 0]
 
-An engine on the real file system (a fresh data directory under `--dir`, default the
-system temp dir) with the daemon's thread offload gets `--topics` topics of 3 records
-of about 100 bytes (one write each, which creates the topic). Reported: the Python heap
-per topic (`tracemalloc`, only with `--sites N`, which also lists the N largest
-allocation sites per topic; it slows the run), the RSS growth per topic, and for two
-checkpoints — the first after the fill (every topic changed) and one after a write to
-every topic — the checkpoint's duration and the longest gap a ticker task on the loop
-saw meanwhile (it sleeps 1 ms in a loop: a gap is how long the loop was unavailable),
-with the loop thread's CPU time in that gap (work on the loop, as opposed to waiting for
-the GIL or, on a busy machine, for a core).
-Then the topics' state is reopened from the directory (recovery: snapshot decode,
-segment loads, topic construction), timed.
+Two fresh processes on one data directory (under `--dir`, default the system temp dir),
+each an engine on the real file system with the daemon's thread offload and, like the
+daemon, its start-up objects `gc.freeze()`-d and generation 0 at
+`engine.gc_threshold0`:
+
+1. **fill**: `--topics` topics get 3 records of about 100 bytes (one write each, which
+   creates the topic). Reported: the RSS after the fill and after the first checkpoint
+   (every topic changed) — absolute and growth per topic —, the Python heap per topic
+   (`tracemalloc`, only with `--sites N`, which also lists the N largest allocation
+   sites per topic; it slows the run), and the checkpoint's duration and the longest
+   gap a ticker task on the loop saw meanwhile (it sleeps 1 ms in a loop: a gap is how
+   long the loop was unavailable), with the loop thread's CPU time in that gap (work on
+   the loop, as opposed to waiting for the GIL or, on a busy machine, for a core), and
+   the time spent in garbage collections. Then the process ends with `os._exit` — no
+   final checkpoint, as after a `kill -9`.
+2. **restart**: the directory is opened again the daemon's way (recovery in a worker
+   thread with the collector off, then `gc.collect()` and `gc.freeze()`): restart to
+   ready, timed, and the RSS then (still 3 records a topic). Then twice a write to every
+   topic and a checkpoint, timed as above: the first after a start captures everything,
+   the second is incremental (every topic changed).
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ import dataclasses
 import faulthandler
 import gc
 import linecache
+import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,10 +115,43 @@ class Ticker:
             last, last_cpu = now, cpu
 
 
+class GcClock:
+    """Time spent in garbage collections (`gc.callbacks`) since `reset`: the total, the
+    longest one, and the number of full (generation 2) ones."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def reset(self) -> None:
+        self.total = self.longest = 0.0
+        self.full = 0
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        took = time.perf_counter() - self._t0
+        self.total += took
+        self.longest = max(self.longest, took)
+        self.full += info["generation"] == 2
+
+    def __str__(self) -> str:
+        return (
+            f"GC {self.total * 1000:.0f} ms in all, longest {self.longest * 1000:.1f} ms, "
+            f"{self.full} full"
+        )
+
+
+GC = GcClock()
+
+
 async def timed_checkpoint(engine: Engine, ticker: Ticker) -> tuple[float, float, float]:
     cp = engine.checkpointer
     assert isinstance(cp, Checkpointer)
     ticker.start()
+    GC.reset()
     t0 = time.perf_counter()
     assert await cp.checkpoint()
     took = time.perf_counter() - t0
@@ -125,27 +168,41 @@ def show_sites(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, n: int
         print(f"  {d.size_diff / n:7.0f} B {d.count_diff / n:5.2f} allocs  {where:24} {line}")
 
 
-async def run(args: argparse.Namespace, data_dir: str) -> None:
+def settle_gc(cfg: Config) -> None:
+    """What the daemon does once recovery is done (`topicd.daemon`; it turned automatic
+    collections off before recovery)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(cfg.engine.gc_threshold0, 20, 20)
+    gc.enable()
+
+
+def report_rss(what: str, rss0: float, n: int) -> None:
+    rss = rss_mib()
+    print(f"RSS {what}: {rss:.0f} MiB (+{(rss - rss0) * (1 << 20) / n:.0f} B per topic)")
+
+
+async def fill(args: argparse.Namespace, data_dir: str) -> None:
     n = args.topics
     req = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"x" * 98 + b'"'))] * 3)
-    one = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"y" * 98 + b'"'))])
     cfg = config(data_dir, n)
     ticker = Ticker(args.dump_stalls_ms / 1000)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker.run)
         async with open_engine(cfg) as engine:
+            settle_gc(cfg)
             await engine.append("warm", req)
-            gc.collect()
             rss0 = rss_mib()
+            print(f"RSS idle (engine open, no topics): {rss0:.0f} MiB")
             if args.sites:
                 tracemalloc.start()
                 snap0 = tracemalloc.take_snapshot()
             t0 = time.perf_counter()
+            GC.reset()
             for i in range(n):
                 await engine.append(f"t{i}", req)
-            fill = time.perf_counter() - t0
-            gc.collect()
-            print(f"{n} topics x 3 records: filled in {fill:.1f} s")
+            took_fill = time.perf_counter() - t0
+            print(f"{n} topics x 3 records: filled in {took_fill:.1f} s; {GC}")
             if args.sites:
                 snap1 = tracemalloc.take_snapshot()
                 total = sum(s.size for s in snap1.statistics("filename")) - sum(
@@ -153,12 +210,11 @@ async def run(args: argparse.Namespace, data_dir: str) -> None:
                 )
                 print(f"python heap: {total / n:.0f} B per topic before the first checkpoint")
                 show_sites(snap0, snap1, n, args.sites)
-            print(f"RSS: +{(rss_mib() - rss0) * (1 << 20) / n:.0f} B per topic")
+            report_rss("after the fill", rss0, n)
             took, gap, cpu = await timed_checkpoint(engine, ticker)
-            gc.collect()
             print(
                 f"checkpoint 1 (all changed): {took:.0f} ms, longest loop gap {gap:.1f} ms "
-                f"({cpu:.1f} ms of it on the loop's CPU)"
+                f"({cpu:.1f} ms of it on the loop's CPU); {GC}"
             )
             if args.sites:
                 snap2 = tracemalloc.take_snapshot()
@@ -168,22 +224,38 @@ async def run(args: argparse.Namespace, data_dir: str) -> None:
                 )
                 print(f"python heap: {total / n:.0f} B per topic after it")
                 show_sites(snap0, snap2, n, args.sites)
-            print(f"RSS: +{(rss_mib() - rss0) * (1 << 20) / n:.0f} B per topic")
-            for i in range(n):
-                await engine.append(f"t{i}", one)
-            took, gap, cpu = await timed_checkpoint(engine, ticker)
-            print(
-                f"checkpoint 2 (a write to each): {took:.0f} ms, longest loop gap {gap:.1f} ms "
-                f"({cpu:.1f} ms of it on the loop's CPU)"
-            )
-            ticker.on = True
-        ticker.on = False
-        gc.collect()
+            report_rss("after checkpoint 1", rss0, n)
+            files = sum(len(f) for _, _, f in os.walk(data_dir))
+            print(f"files in the data directory: {files}")
+            sys.stdout.flush()
+            os._exit(0)  # no final checkpoint: what a kill -9 leaves
+
+
+async def restart(args: argparse.Namespace, data_dir: str) -> None:
+    n = args.topics
+    one = WriteIn(records=[RecordIn(data=msgspec.Raw(b'"' + b"z" * 98 + b'"'))])
+    cfg = config(data_dir, n)
+    ticker = Ticker(args.dump_stalls_ms / 1000)
+    rss0 = rss_mib()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker.run)
+        GC.reset()
         t0 = time.perf_counter()
+        gc.disable()
         async with open_engine(cfg) as engine:
-            print(
-                f"reopen (recovery, {len(engine.topics)} topics): {time.perf_counter() - t0:.1f} s"
-            )
+            settle_gc(cfg)
+            ready = time.perf_counter() - t0
+            print(f"restart to ready ({len(engine.topics)} topics): {ready:.2f} s; {GC}")
+            report_rss("after the restart", rss0, n)
+            for k, what in ((2, "the first after the start"), (3, "incremental")):
+                for i in range(n):
+                    await engine.append(f"t{i}", one)
+                took, gap, cpu = await timed_checkpoint(engine, ticker)
+                print(
+                    f"checkpoint {k} ({what}, a write to each): {took:.0f} ms, longest "
+                    f"loop gap {gap:.1f} ms ({cpu:.1f} ms of it on the loop's CPU); {GC}"
+                )
+            report_rss(f"after checkpoint {k}", rss0, n)
         nursery.cancel_scope.cancel()
 
 
@@ -195,9 +267,22 @@ def main() -> int:
     ap.add_argument(
         "--dump-stalls-ms", type=float, default=0, help="dump stacks at loop gaps this long"
     )
+    ap.add_argument("--phase", choices=("fill", "restart"), help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.phase == "fill":
+        trio.run(fill, args, args.data)
+        return 0
+    if args.phase == "restart":
+        trio.run(restart, args, args.data)
+        return 0
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        trio.run(run, args, tmp)
+        data = str(Path(tmp) / "data")
+        rest = list(sys.argv[1:])
+        for phase in ("fill", "restart"):
+            cmd = [sys.executable, __file__, *rest, "--phase", phase, "--data", data]
+            if subprocess.run(cmd, check=False).returncode:
+                return 1
     return 0
 
 

@@ -163,6 +163,15 @@ class SegmentsConfig:
         env=_env2("SEGMENT_MAX_AGE_MS"),
         min=0,
     )
+    inline_max_bytes: int = key(
+        2048,
+        "A topic that never had a segment keeps its records in the snapshot (and in "
+        "memory) while their stored JSON totals at most this many bytes and they are at "
+        "most 64; past that a checkpoint moves them into segment files, for good. 0 = "
+        "segments from the first checkpoint on.",
+        min=0,
+        max=1 << 20,
+    )
 
 
 @dataclass(frozen=True)

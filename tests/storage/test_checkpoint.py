@@ -150,9 +150,13 @@ async def test_unreadable_newest_snapshot_falls_back_to_the_previous_one():
         assert got == live
 
 
-async def test_crash_at_every_step_of_a_checkpoint_keeps_the_state(autojump_clock):
+@pytest.mark.parametrize("inline", [0, 2048])
+async def test_crash_at_every_step_of_a_checkpoint_keeps_the_state(autojump_clock, inline):
+    """`inline` 0: every topic in segments; 2048 (the default): the small topics stay in
+    the snapshot (tests/storage/test_inline_topics.py sweeps the checkpoint in which a
+    topic outgrows it)."""
     disk = FakeDisk()
-    cfg = durable_config(wal={"file_bytes": 4096})
+    cfg = durable_config(wal={"file_bytes": 4096}, segments={"inline_max_bytes": inline})
     async with open_durable(disk, cfg) as engine:
         await populate(engine)
         for i in range(50):

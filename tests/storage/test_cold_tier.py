@@ -64,7 +64,7 @@ def config(
     max_events: int = 4,
     cache_bytes: int = 0,
 ) -> Config:
-    cfg = durable_config()
+    cfg = durable_config(segments={"inline_max_bytes": 0})
     seg = dataclasses.replace(cfg.storage.segments, max_events=max_events)
     storage = dataclasses.replace(
         cfg.storage,

@@ -42,7 +42,7 @@ def small_chunks(monkeypatch):
 
 
 def config(cache_bytes: int = 1 << 28, max_events: int = 8) -> Config:
-    cfg = durable_config()
+    cfg = durable_config(segments={"inline_max_bytes": 0})
     seg = dataclasses.replace(cfg.storage.segments, max_events=max_events)
     storage = dataclasses.replace(cfg.storage, segments=seg, payload_cache_bytes=cache_bytes)
     return dataclasses.replace(cfg, storage=storage)

@@ -33,7 +33,7 @@ from topicd.wire import DeleteIn, DiffIn, TopicConfigIn
 
 
 def seg_config(max_events: int = 4, max_bytes: int = 1 << 20, **wal: int) -> Config:
-    cfg = durable_config(wal={"file_bytes": 4096, **wal})
+    cfg = durable_config(wal={"file_bytes": 4096, **wal}, segments={"inline_max_bytes": 0})
     seg = dataclasses.replace(cfg.storage.segments, max_events=max_events, max_bytes=max_bytes)
     return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, segments=seg))
 

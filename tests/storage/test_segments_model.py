@@ -8,7 +8,9 @@ all happen within a few steps. The engine runs on `FakeDisk`; a restart is eithe
 (final checkpoint) or a process crash (`sync_all` then a power cut: what `kill -9`
 leaves, written bytes kept). The model applies each acknowledged operation to a dict of
 live `seq → (data, tag)` per topic. After every restart, and at the end, every topic's
-readable records (seq and data) must equal the model's.
+readable records (seq and data) must equal the model's. The plain run also draws
+whether topics start inline (`storage.segments.inline_max_bytes` 1000: records in the
+snapshot until about three records, then moved into segments once).
 
 At every restart and at the end, recovery from the segments' `.meta` side files must
 rebuild exactly the state (runs, extras, counts, segment indexes) that decoding every
@@ -64,8 +66,8 @@ ops = st.lists(
 )
 
 
-def config(cache_bytes: int = 1 << 28, retain: int | None = None):
-    cfg = durable_config(wal={"file_bytes": 4096})
+def config(cache_bytes: int = 1 << 28, retain: int | None = None, inline: int = 0):
+    cfg = durable_config(wal={"file_bytes": 4096}, segments={"inline_max_bytes": inline})
     seg = dataclasses.replace(cfg.storage.segments, max_events=3)
     storage = dataclasses.replace(cfg.storage, segments=seg, payload_cache_bytes=cache_bytes)
     if retain is not None:  # a cold tier keeping `retain` sealed segments per topic hot
@@ -155,13 +157,16 @@ def check_meta_like_frames(disk: FakeDisk, cfg: object) -> None:
 
 
 async def run(
-    operations: list[tuple[object, ...]], cache_bytes: int = 1 << 28, retain: int | None = None
+    operations: list[tuple[object, ...]],
+    cache_bytes: int = 1 << 28,
+    retain: int | None = None,
+    inline: int = 0,
 ) -> int:
     """Run `operations` against the model; returns the payload cache misses it took (with
     `retain`: the cold-tier segment reads)."""
     disk = FakeDisk()
     misses = 0
-    cfg = config(cache_bytes, retain)
+    cfg = config(cache_bytes, retain, inline)
     model: dict[str, dict[int, tuple[bytes, str]]] = {t: {} for t in TOPICS}
     heads = dict.fromkeys(TOPICS, 0)
     counter = 0
@@ -246,7 +251,7 @@ async def run(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops)
+@given(ops, st.sampled_from([0, 1000]))
 @example(  # a delete that must outlive the trimming of the WAL file that held it
     [
         ("write", "plain", 4, "a"),
@@ -257,10 +262,29 @@ async def run(
         *[("write", "plain", 4, "a")] * 10,
         ("checkpoint",),
         ("restart", False),
-    ]
+    ],
+    0,
 )
-def test_interleavings_read_back_like_the_model(operations):
-    trio.run(run, operations)
+@example(  # inline topics (~3 records) that outgrow it, across deletes and a crash
+    [
+        ("write", "plain", 2, "a"),
+        ("write", "capped", 2, "b"),
+        ("checkpoint",),
+        ("del_tag", "plain", "a"),
+        ("write", "plain", 4, "b"),
+        ("restart", False),
+        ("write", "capped", 4, "a"),
+        ("checkpoint",),
+        ("del_before", "capped", 2),
+        ("restart", False),
+        ("checkpoint",),
+    ],
+    1000,
+)
+def test_interleavings_read_back_like_the_model(operations, inline):
+    """`inline` 1000: a topic keeps its records in the snapshot until they pass ~3
+    records, then moves into segments (`storage.segments.inline_max_bytes`)."""
+    trio.run(run, operations, 1 << 28, None, inline)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

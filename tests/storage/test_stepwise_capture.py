@@ -45,14 +45,17 @@ class HookBudget:
         await trio.lowlevel.checkpoint()
 
 
+@pytest.mark.parametrize("inline", [0, 2048])
 @pytest.mark.parametrize("sync_topics", [256, 3])
 async def test_topics_changing_between_the_steps_of_a_capture_are_captured_as_of_its_end(
-    monkeypatch, sync_topics
+    monkeypatch, sync_topics, inline
 ):
+    """`inline` 0: every topic's records go into segments; 2048 (the default): they stay
+    in the snapshot entries (inline topics)."""
     monkeypatch.setattr(snapshot, "_SYNC_TOPICS", sync_topics)  # 3: a second chunked pass
     monkeypatch.setattr(checkpoint, "_INSTALL_TOPICS", sync_topics)  # 3: installs in steps
     disk = FakeDisk()
-    cfg = durable_config()
+    cfg = durable_config(segments={"inline_max_bytes": inline})
     async with open_durable(disk, cfg) as engine:
         for i in range(40):
             await write(engine, f"t{i}", b"%d" % i, b"1")
@@ -105,7 +108,7 @@ async def test_a_deletion_a_failed_checkpoint_missed_is_taken_by_the_next():
     entry and the segment directory."""
     disk = FakeDisk()
     fs = FaultFs(disk)
-    cfg = durable_config()
+    cfg = durable_config(segments={"inline_max_bytes": 0})
     async with open_durable(fs, cfg) as engine:
         await write(engine, "a", b"1")
         await write(engine, "b", b"1")

@@ -139,6 +139,9 @@ class Checkpointer:
         # the newest snapshot's entry of each topic that has not changed since (reused as
         # is: a checkpoint re-captures only what changed)
         self._encoded: dict[int, msgspec.Raw] = {}
+        # the records of the inline topics among them, reused with their entries (the
+        # topics' own bytes objects)
+        self._records: dict[int, snapshot.Records] = {}
         # the backlog bound: a write flood faster than absorbing (in Python, slower than
         # writes can arrive) would pin ever more records in memory; at the bound durable
         # writes wait for a checkpoint to commit (`429 wal_ingest` once they waited
@@ -235,6 +238,7 @@ class Checkpointer:
             cap.entries.update(encoded[i : i + _INSTALL_TOPICS * 8])
             await budget.pause()
         self._encoded = cap.entries
+        self._records = cap.records
         return doomed
 
     async def checkpoint(self, *, final: bool = False) -> bool:
@@ -260,6 +264,8 @@ class Checkpointer:
                 segments=self.segments,
                 absorb=True,
                 reuse=self._encoded if self.count else None,  # (the first: everything)
+                records=self._records,
+                inline_max=self.cfg.storage.segments.inline_max_bytes,
             )
             keep = self.cfg.storage.snapshot.keep
             try:

@@ -51,7 +51,7 @@ from topicd.storage.fs import replace_file
 from topicd.storage.wal import ShardFiles
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from topicd.clock import WallClock
     from topicd.config import Config
@@ -228,6 +228,8 @@ class _Replayer:
         # routers: each topic's head as the snapshot left it, the seq ranges of replayed
         # direct writes, and gaps between them only router copies can explain
         self.snap_heads: dict[int, int] = {}
+        # per topic with segments, the registry its snapshot entry names
+        self.registered: dict[int, list[segs.SegSnap]] = {}
         self.direct: dict[int, list[tuple[int, int]]] = {}
         self.gaps: list[tuple[int, int, int]] = []
         self.report = ReplayReport(log_every_ms=1000.0)
@@ -436,10 +438,16 @@ class _Replayer:
 
     # ---- snapshot -------------------------------------------------------------------
 
-    def load_snapshot(self, body: snapshot.SnapshotBody) -> None:
+    def load_snapshot(
+        self, body: snapshot.SnapshotBody, topics: Iterable[snapshot.TopicSnap] | None = None
+    ) -> None:
+        """Build the engine's topics from `topics` (default `body.topics`)."""
         engine = self.engine
         engine.next_topic_id = max(engine.next_topic_id, body.next_topic_id)
-        for snap in body.topics:
+        registered = self.registered
+        for snap in body.topics if topics is None else topics:
+            if snap.segments:
+                registered[snap.id] = snap.segments
             topic = Topic(
                 snap.name, snap.id, config_from_wire(snap.config), name_json=orjson.dumps(snap.name)
             )
@@ -513,8 +521,9 @@ class _Replayer:
         Column work only: no Python object per record."""
         pieces: list[tuple[int, list[Enc], array[int], array[int]]] = []
         count = nbytes = 0
-        state = self.segments.state(snap.id)
-        state.absorbed = snap.absorbed
+        if snap.segments or snap.absorbed:  # (an inline topic has no segment state)
+            state = self.segments.state(snap.id)
+            state.absorbed = snap.absorbed
         max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
         earliest = snap.earliest
         for reg in snap.segments:
@@ -886,7 +895,7 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
     result.segments = r.segments
     result.segment_truncate = r.seg_truncate
     result.segment_metas = r.seg_metas
-    registered = {t.id: t.segments for t in snap.topics} if snap is not None else {}
+    registered = r.registered  # (a topic without segments: any file of it is an orphan)
     cold = {tid: {s.first for s in st.segments if s.cold} for tid, st in r.segments.topics.items()}
     hot = {
         tid: [s for s in regs if s.first not in cold.get(tid, ())]
@@ -986,12 +995,12 @@ def _load_snapshot(fs: Fs, root: str, r: _Replayer) -> tuple[snapshot.SnapshotBo
     """The newest valid snapshot (older ones are fallbacks), loaded into the replayer."""
     for number, path in snapshot.list_snapshots(fs, root):
         try:
-            body = snapshot.decode(fs.read(path))
+            body, topics = snapshot.decode_lazily(fs.read(path))
         except snapshot.SnapshotError as exc:
             log.error("%s: unusable (%s); trying the previous snapshot", path, exc)
             continue
         try:
-            r.load_snapshot(body)
+            r.load_snapshot(body, topics())
         except (snapshot.SnapshotError, frames.FrameError, KeyError, TypeError) as exc:
             raise RecoveryRefused(
                 f"{posixpath.relpath(path, root)}: inconsistent snapshot ({exc}); restore a backup."

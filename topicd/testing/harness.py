@@ -68,13 +68,19 @@ def durable_config(
     shards: int = 2,
     *,
     wal: dict[str, int] | None = None,
+    segments: dict[str, int] | None = None,
     **sections: dict[str, object],
 ) -> Config:
     """A config for durable tests on a `FakeDisk`: 1 MiB WAL files, a fixed shard count;
-    `wal` replaces `[storage.wal]` fields, `sections` whole-section fields."""
+    `wal` replaces `[storage.wal]` fields, `segments` `[storage.segments]` fields (tests
+    about segment files pass `inline_max_bytes=0`, so that small topics get them too),
+    `sections` whole-section fields."""
     cfg = make_config(**sections)
     wal_cfg = dataclasses.replace(cfg.storage.wal, **({"file_bytes": 1 << 20} | (wal or {})))
-    storage = dataclasses.replace(cfg.storage, data_dir=data_dir, wal_shards=shards, wal=wal_cfg)
+    seg_cfg = dataclasses.replace(cfg.storage.segments, **(segments or {}))
+    storage = dataclasses.replace(
+        cfg.storage, data_dir=data_dir, wal_shards=shards, wal=wal_cfg, segments=seg_cfg
+    )
     return dataclasses.replace(cfg, storage=storage)
 
 
