@@ -341,6 +341,17 @@ def build_frames(
     return out, cursor, None
 
 
+def send_nowait(sock: Sock, data: bytes) -> int:
+    """One non-blocking `send` of a drain's shared bytes: how many the socket took (0
+    when its buffer is full), or -1 when the connection is gone."""
+    try:
+        return sock.send(data)
+    except BlockingIOError:
+        return 0
+    except OSError:
+        return -1
+
+
 class Conn:
     """One open stream of a session (architecture §7.1)."""
 
@@ -424,11 +435,8 @@ class Conn:
         sent = 0
         if wire:
             assert self.sock is not None
-            try:
-                sent = self.sock.send(wire)
-            except BlockingIOError:
-                pass
-            except OSError:
+            sent = send_nowait(self.sock, wire)
+            if sent < 0:
                 return False
             self.frames_written += 1
             self.batches_sent += 1

@@ -38,7 +38,15 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from topicd.engine.watch import LIVE, PULL, FrameRef, build_frames, caught_up_frame, ws_message
+from topicd.engine.watch import (
+    LIVE,
+    PULL,
+    FrameRef,
+    build_frames,
+    caught_up_frame,
+    send_nowait,
+    ws_message,
+)
 from topicd.errors import TopicdError
 
 if TYPE_CHECKING:
@@ -137,11 +145,8 @@ class WsConn:
         sent = 0
         if wire:
             assert self.sock is not None
-            try:
-                sent = self.sock.send(wire)
-            except BlockingIOError:
-                pass
-            except OSError:
+            sent = send_nowait(self.sock, wire)
+            if sent < 0:
                 return False
             self.frames_written += 1
             self.batches_sent += 1
