@@ -26,7 +26,7 @@ from topicd.errors import (
     TopicNotEmpty,
     TopicNotFound,
 )
-from topicd.testing.fake_clock import FakeWallClock
+from topicd.testing.fake_clock import FakeWallClock, advance
 from topicd.testing.harness import make_config
 from topicd.wire import DeleteIn, DiffIn, RecordIn, TopicConfigIn, WriteIn
 
@@ -176,10 +176,10 @@ async def test_ttl_expiry_is_strictly_greater_and_driven_by_the_clock(autojump_c
         await put(engine, "t", ttl_ms=1000)
         t0 = trio.current_time()
         await write(engine, "t", 2)
-        await trio.sleep(1.0)  # now - ts == ttl: not yet expired
+        await advance(autojump_clock, 1.0)  # now - ts == ttl: not yet expired
         assert engine.get("t").count == 2
         assert trio.current_time() - t0 == 1.0
-        await trio.sleep(0.001)
+        await advance(autojump_clock, 0.001)
         res = await read(engine, "t", from_seq=0)
         assert res.tombstone is not None and res.tombstone.reason == "ttl"
         assert (res.tombstone.gap_from, res.tombstone.gap_to) == (1, 2)

@@ -10,6 +10,8 @@ to the `429` rung through the real signals.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 import pytest
 import trio
@@ -208,6 +210,19 @@ def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
     fake.refused += 1
     off.sample(1.1)
     assert off.signals["admission"] == 0.0
+
+
+def on_every_sample(gov: Governor, fn: Callable[[float], None]) -> None:
+    """Run `fn(now)` after each governor sample (chained to the sources' own hook), so a
+    test observes every step instead of polling on a timer of its own."""
+    prev = gov.src.on_sample
+
+    def hook(now: float) -> None:
+        if prev is not None:
+            prev(now)
+        fn(now)
+
+    gov.src.on_sample = hook
 
 
 async def ten_samples(clock: trio.testing.MockClock) -> None:
@@ -442,26 +457,29 @@ async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):
                     cause = exc.detail.get("cause", "pressure")
                     seen[str(cause)] += 1
                     hints.append(exc.retry_after_s())
-                    await trio.sleep(0.01)
+                    await trio.sleep(0.01)  # the simulated client backs off (load, not a wait)
 
-        async def watch() -> None:
-            while not stop.is_set():
-                now = trio.current_time()
-                if gov.coalesce_ms > 0:
-                    firsts.setdefault("coalesce", now)
-                if wal.shards[0].commit_window_ms > CFG.commit_window_min_ms:
-                    firsts.setdefault("widen", now)
-                if gov.defer_active:
-                    firsts.setdefault("defer", now)
-                if seen["pressure"]:
-                    firsts.setdefault("throttle", now)
-                await trio.sleep(0.05)
+        climbed = trio.Event()  # every rung seen, the commit window at its widest
 
+        def watch(now: float) -> None:  # at every governor sample
+            if gov.coalesce_ms > 0:
+                firsts.setdefault("coalesce", now)
+            if wal.shards[0].commit_window_ms > CFG.commit_window_min_ms:
+                firsts.setdefault("widen", now)
+            if gov.defer_active:
+                firsts.setdefault("defer", now)
+            if seen["pressure"]:
+                firsts.setdefault("throttle", now)
+            at_max = wal.shards[0].commit_window_ms >= CFG.commit_window_max_ms * 0.95
+            if len(firsts) == 4 and at_max and gov.pressure > 0.98:
+                climbed.set()
+
+        on_every_sample(gov, watch)
         async with trio.open_nursery() as n:
-            n.start_soon(watch)
             for _ in range(60):
                 n.start_soon(writer)
-            await trio.sleep(5.0)
+            with trio.fail_after(30):  # virtual seconds: the ladder climbs within ~2
+                await climbed.wait()
             stop.set()
         assert gov.signals["pool"] > 0.9
         assert gov.pressure > 0.98
@@ -490,18 +508,16 @@ async def test_a_long_checkpoint_does_not_read_as_pool_pressure(autojump_clock):
         slow["snapshot"] = 3.0  # every checkpoint step on that thread: 3 virtual seconds
         peak = {"pool": 0.0, "pressure": 0.0}
 
-        async def watch() -> None:
-            while True:
-                peak["pool"] = max(peak["pool"], gov.signals["pool"])
-                peak["pressure"] = max(peak["pressure"], gov.pressure)
-                await trio.sleep(0.1)
+        def watch(_now: float) -> None:  # at every governor sample
+            peak["pool"] = max(peak["pool"], gov.signals["pool"])
+            peak["pressure"] = max(peak["pressure"], gov.pressure)
 
-        async with trio.open_nursery() as n:
-            n.start_soon(watch)
-            t0 = trio.current_time()
-            assert await engine.commit.checkpoint()
-            assert trio.current_time() - t0 >= 3.0  # the governor sampled throughout
-            n.cancel_scope.cancel()
+        on_every_sample(gov, watch)
+        samples = gov.stats.samples
+        t0 = trio.current_time()
+        assert await engine.commit.checkpoint()
+        assert trio.current_time() - t0 >= 3.0
+        assert gov.stats.samples - samples >= 20  # the governor sampled throughout
         assert peak == {"pool": 0.0, "pressure": 0.0}
         # the WAL's threads still count: a slow sync reads as pool pressure
         slow["wal"] = 2.0
