@@ -13,12 +13,16 @@ import base64
 import json
 import math
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import trio
+import trio.testing
 
+from topicd.engine.watch import pump
 from topicd.testing.sse import AsgiStream, Frame, open_stream
+from topicd.wire import WatchIn
 
 WID_RE = re.compile(r"wid_[A-Za-z0-9_-]{22}")
 B64URL_RE = re.compile(r"[A-Za-z0-9_-]+")
@@ -272,3 +276,33 @@ async def state(client: Any, topic: str) -> dict[str, Any]:
 
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
+
+
+async def start_pumped(
+    engine: Any,
+    nursery: trio.Nursery,
+    req: WatchIn,
+    write: Callable[[bytes], Awaitable[None]],
+    **transport: Any,
+) -> tuple[Any, Any]:
+    """Create a watch session for `req`, open its stream with a scripted transport (the
+    direct path's `direct`, `raw_write` and `sock` given in `transport`), start its pump
+    writing through `write`, and let it park: (session, conn)."""
+    session, _ = engine.create_watch(None, req, False)
+    conn = engine.watch.open_stream(session, None)
+    for name, value in transport.items():
+        setattr(conn, name, value)
+    nursery.start_soon(
+        lambda: pump(
+            conn,
+            engine.watch,
+            write,
+            retry_ms=2000,
+            max_scan=10000,
+            now_ms=engine.clock.now_ms,
+            enforce=engine.enforce,
+            payloads=engine.payloads,
+        )
+    )
+    await trio.testing.wait_all_tasks_blocked()
+    return session, conn

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from tests.sched.helpers import write_req
-from topicd.engine.watch import pump
+from tests.watch.helpers import start_pumped
 from topicd.testing.fake_clock import advance
 from topicd.testing.harness import open_app
 from topicd.testing.sse import SseParser
@@ -58,23 +58,9 @@ class Wire:
 
 async def start(engine, nursery, wire: Wire):
     req = WatchIn(topics={"t": WatchTopicIn(tail=True)})
-    session, _ = engine.create_watch(None, req, False)
-    conn = engine.watch.open_stream(session, None)
-    conn.direct, conn.raw_write = wire.direct, wire.write
-    nursery.start_soon(
-        lambda: pump(
-            conn,
-            engine.watch,
-            wire.write,
-            retry_ms=2000,
-            max_scan=10000,
-            now_ms=engine.clock.now_ms,
-            enforce=engine.enforce,
-            payloads=engine.payloads,
-        )
+    return await start_pumped(
+        engine, nursery, req, wire.write, direct=wire.direct, raw_write=wire.write
     )
-    await trio.testing.wait_all_tasks_blocked()
-    return session, conn
 
 
 def record_seqs(data: bytes) -> list[int]:

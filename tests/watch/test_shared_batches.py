@@ -18,7 +18,8 @@ import trio
 import trio.testing
 
 from tests.sched.helpers import write_req
-from topicd.engine.watch import COALESCE_BYTES, decode_composite_id, pump
+from tests.watch.helpers import start_pumped
+from topicd.engine.watch import COALESCE_BYTES, decode_composite_id
 from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 from topicd.testing.sse import SseParser
@@ -122,23 +123,15 @@ async def start(engine, nursery, wire: ChunkedWire, *names: str, **opts: object)
         topics={n: WatchTopicIn(tail=True) for n in names or ("t",)},
         **opts,  # type: ignore[arg-type]
     )
-    session, _ = engine.create_watch(None, req, False)
-    conn = engine.watch.open_stream(session, None)
-    conn.direct, conn.raw_write, conn.sock = wire.direct, wire.raw_write, wire.sock
-    nursery.start_soon(
-        lambda: pump(
-            conn,
-            engine.watch,
-            wire.write,
-            retry_ms=2000,
-            max_scan=10000,
-            now_ms=engine.clock.now_ms,
-            enforce=engine.enforce,
-            payloads=engine.payloads,
-        )
+    return await start_pumped(
+        engine,
+        nursery,
+        req,
+        wire.write,
+        direct=wire.direct,
+        raw_write=wire.raw_write,
+        sock=wire.sock,
     )
-    await trio.testing.wait_all_tasks_blocked()
-    return session, conn
 
 
 async def test_parked_streams_get_each_drain_in_one_send_of_one_shared_buffer(autojump_clock):
