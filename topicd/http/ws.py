@@ -60,7 +60,7 @@ from topicd.errors import (
     TopicNotFound,
 )
 from topicd.http.app import WS_PATH, error_parts
-from topicd.http.server import RECV_BYTES, close_quietly, linger, refusal_bytes
+from topicd.http.server import RECV_BYTES, close_quietly, linger, raw_socket, refusal_bytes
 from topicd.http.topics import write_records
 from topicd.sched.classes import ClientPermits
 from topicd.wire import (
@@ -73,7 +73,6 @@ from topicd.wire import (
 )
 
 if TYPE_CHECKING:
-    import socket
     from collections.abc import Awaitable, Callable, Sequence
 
     from quart import Response
@@ -274,7 +273,7 @@ class WsEndpoint:
                 ws.receive_data(rest)
             if isinstance(stream, trio.SocketStream):
                 conn.direct = _direct_writer(stream)
-                conn.sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
+                conn.sock = raw_socket(stream)
 
             async def write(frames: Sequence[bytes | memoryview]) -> None:
                 try:
@@ -599,7 +598,7 @@ def _resolve(
 def _direct_writer(stream: trio.SocketStream) -> Callable[[bytes], bytes | None]:
     """A non-blocking write of a complete frame to the socket (for the drain, which is
     synchronous): returns what the socket did not take, None when it is broken."""
-    sock = cast("socket.socket", getattr(stream.socket, "_sock"))  # noqa: B009
+    sock = raw_socket(stream)
 
     def try_send(data: bytes) -> bytes | None:
         try:
