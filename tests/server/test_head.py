@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topicd.http.head import Head, Refusal, early_refusal, parse_head
+from topicd.http.head import (
+    HEAD_CACHE_ENTRIES,
+    HEAD_CACHE_MAX_BYTES,
+    Head,
+    HeadCache,
+    Refusal,
+    early_refusal,
+    parse_head,
+)
 
 H = b"Host: x\r\n"
 SETTINGS = settings(
@@ -281,3 +289,45 @@ def test_a_bad_byte_anywhere_is_refused_by_the_first_piece_holding_it(raw, at, b
     assert isinstance(early_refusal(broken[:stop], 0), Refusal), broken[:stop]
     assert isinstance(early_refusal(broken[:stop], at), Refusal), broken[:stop]
     assert isinstance(parse_head(broken[:-4]), Refusal), broken
+
+
+def _fields(head: Head | Refusal) -> tuple[object, ...]:
+    assert isinstance(head, Head)
+    return (head.method, head.target, head.version, head.headers, head.length, head.close)
+
+
+def test_the_head_cache_answers_a_repeated_head_as_the_parser_does_and_stays_bounded():
+    cache = HeadCache()
+    raw = b"POST /v0/topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 12"
+    first = cache.parse(raw)
+    assert cache.parse(bytes(raw)) is first  # equal bytes: the same parsed head
+    assert _fields(first) == _fields(parse_head(raw))
+    # a refused head is refused every time and never remembered
+    bad = b"POST /v0/topics/t HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2"
+    assert isinstance(cache.parse(bad), Refusal)
+    assert isinstance(cache.parse(bad), Refusal)
+    assert len(cache) == 1
+    # a head over the size bound is parsed, not remembered
+    big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * HEAD_CACHE_MAX_BYTES
+    assert isinstance(cache.parse(big), Head)
+    assert len(cache) == 1
+    # at most HEAD_CACHE_ENTRIES heads; the oldest goes first
+    for i in range(HEAD_CACHE_ENTRIES + 10):
+        cache.parse(b"GET /%d HTTP/1.1\r\nHost: x" % i)
+    assert len(cache) == HEAD_CACHE_ENTRIES
+    assert cache.parse(raw) is not first  # pushed out: parsed again
+    assert _fields(cache.parse(raw)) == _fields(first)
+
+
+def test_a_scope_gets_its_own_header_list_from_a_remembered_head():
+    from topicd.http.server import head_scope
+
+    head = HeadCache().parse(b"GET / HTTP/1.1\r\nHost: x")
+    assert isinstance(head, Head)
+    addrs = (("127.0.0.1", 1), ("127.0.0.1", 2))
+    scope = head_scope(head, addrs)
+    headers = scope["headers"]
+    assert isinstance(headers, list)
+    headers.append((b"x-added", b"1"))  # (what a later stage might do to its scope)
+    assert head.headers == [(b"host", b"x")]
+    assert head_scope(head, addrs)["headers"] == [(b"host", b"x")]

@@ -10,6 +10,11 @@ module what it is:
 * `parse_head(head)`: a complete head (without its final blank line) becomes a `Head`
   (served directly, or `handoff` to Hypercorn when it is valid but unusual), or a
   `Refusal` (`400`, then the connection closes).
+* `HeadCache.parse(head)`: `parse_head`, remembering the last `HEAD_CACHE_ENTRIES` heads it
+  accepted. A keep-alive client sends the same head again and again (same target, same
+  fields, same `content-length` for records of one size), and a repeated head is then a
+  dictionary lookup instead of a parse. Only the exact bytes of a head accepted before
+  hit, so the answer is the parser's; a `Head` is never changed after it is made.
 
 What the direct path accepts (RFC 9112 / RFC 9110 syntax, checked strictly):
 
@@ -90,6 +95,36 @@ class Refusal:
 
     def __repr__(self) -> str:
         return f"Refusal({self.reason!r})"
+
+
+HEAD_CACHE_ENTRIES: Final = 256  # heads remembered (the oldest goes first)
+HEAD_CACHE_MAX_BYTES: Final = 2048  # a longer head is parsed every time
+
+
+class HeadCache:
+    """`parse_head` with a bounded memory of the heads it accepted (module docstring).
+    At most `HEAD_CACHE_ENTRIES` heads of at most `HEAD_CACHE_MAX_BYTES` bytes each; a
+    refused head is never remembered (its connection closes)."""
+
+    __slots__ = ("_heads",)
+
+    def __init__(self) -> None:
+        self._heads: dict[bytes, Head] = {}
+
+    def parse(self, head: bytes) -> Head | Refusal:
+        heads = self._heads
+        hit = heads.get(head)
+        if hit is not None:
+            return hit
+        parsed = parse_head(head)
+        if isinstance(parsed, Head) and len(head) <= HEAD_CACHE_MAX_BYTES:
+            if len(heads) >= HEAD_CACHE_ENTRIES:
+                del heads[next(iter(heads))]  # the oldest (insertion order)
+            heads[head] = parsed
+        return parsed
+
+    def __len__(self) -> int:
+        return len(self._heads)
 
 
 def early_refusal(buf: bytes, start: int = 0) -> Refusal | None:

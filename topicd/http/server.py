@@ -66,7 +66,7 @@ from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wra
 from topicd.clock import SystemWallClock
 from topicd.errors import Internal, InvalidRequest, RequestHeadTooLarge
 from topicd.http.app import CONTROL_PATHS, PROBE_PATHS, error_parts, gate_of
-from topicd.http.head import Head, Refusal, early_refusal, parse_head
+from topicd.http.head import Head, HeadCache, Refusal, early_refusal
 from topicd.http.idle import AVAILABLE as IDLE_AVAILABLE
 from topicd.http.idle import PARK_AFTER_S, IdleConnections
 
@@ -343,7 +343,7 @@ def head_scope(head: Head, addrs: Addrs) -> Scope:
         "raw_path": raw_path,
         "query_string": query,
         "root_path": "",
-        "headers": head.headers,
+        "headers": list(head.headers),  # (its own: a `Head` may serve many requests)
         "client": addrs[0],
         "server": addrs[1],
         "extensions": {},
@@ -582,6 +582,7 @@ class Listener:
         self.all_http1 = all_http1  # every plain HTTP/1.x request, not only streams/probes
         self.max_body = max_body
         self.max_head = config.h11_max_incomplete_size
+        self.heads = HeadCache()  # the heads parsed lately (a repeated one is not parsed again)
         self.sniffing: set[trio.CancelScope] = set()
         self.closing = False
         # silent connections wait here without a task (None: each keeps its task)
@@ -720,7 +721,7 @@ class Listener:
             if verdict == "other":
                 break
             end = head.index(b"\r\n\r\n")
-            parsed = parse_head(head[:end])
+            parsed = self.heads.parse(head[:end])
             if isinstance(parsed, Refusal):
                 await self._refuse_head(stream, InvalidRequest(parsed.reason))
                 return False
