@@ -293,8 +293,9 @@ class JobQueue:
             self._live_delta(0, n)
         self.changed()
 
-    def dropped(self, seq: int, prio: int) -> None:
-        """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired)."""
+    def dropped(self, seq: int, prio: int, notify: bool = True) -> None:
+        """The record `seq` (priority `prio`) is gone (acked, deleted, evicted, expired).
+        Then `changed()`, unless not `notify`: a caller dropping many calls it once."""
         # only a job that was claimable can leave an entry behind in its level: a leased,
         # delayed or held one was taken out of the level already (counting those too made
         # a busy level compact every 64 acks, at a cost of the level's size)
@@ -310,7 +311,8 @@ class JobQueue:
             level.dead += 1
             if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
                 self._compact(level)
-        self.changed()
+        if notify:
+            self.changed()
 
     def _compact(self, level: _Level) -> None:
         """Drop a level's entries of dead jobs (a starved level is never reached, so lazy

@@ -760,8 +760,9 @@ class Topic:
 
     # ---- deletes ----------------------------------------------------------------------
 
-    def _kill(self, seq: int, run: Run) -> int:
-        """Remove the live record `seq` held by `run`; return its size."""
+    def _kill(self, seq: int, run: Run, notify: bool = True) -> int:
+        """Remove the live record `seq` held by `run`; return its size. A queue's
+        `changed()` runs for it unless not `notify` (a caller killing many calls it once)."""
         i = seq - run.base
         assert run.encs[i] is not None
         run.encs[i] = None
@@ -784,7 +785,7 @@ class Topic:
         if self.hops:
             self.hops.pop(seq, None)
         if self.queue is not None:
-            self.queue.dropped(seq, prio)
+            self.queue.dropped(seq, prio, notify)
         return size
 
     def _advance_earliest(self) -> None:
@@ -863,9 +864,11 @@ class Topic:
             run = self._run(seq)
             if run is None or run.encs[seq - run.base] is None:
                 continue
-            freed += self._kill(seq, run)
+            freed += self._kill(seq, run, False)
             deleted += 1
         if deleted:
+            if self.queue is not None:
+                self.queue.changed()  # (once for the whole delete, not once per job)
             self._advance_earliest()
             self._tidy_tag_index()
         return deleted, freed

@@ -120,7 +120,8 @@ def response_head(
     """An HTTP/1.1 response head: status line, `headers`, `date`, then either
     `transfer-encoding: chunked` or (with `close`) `connection: close`."""
     lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Status"))]
-    lines.extend(key + b": " + value + b"\r\n" for key, value in headers)
+    for key, value in headers:  # (pieces, no generator: this runs for every answer)
+        lines += (key, b": ", value, b"\r\n")
     lines.append(_date_line())
     if chunked:
         lines.append(b"transfer-encoding: chunked\r\n")

@@ -196,15 +196,35 @@ class Submission:
     t0: float = 0.0
     result: object = None
     error: TopicdError | None = None
-    done: trio.Event | None = None  # control submissions only
     abandoned: Callable[[], None] | None = None  # control: run if it fails (see control)
+    resolved: bool = False
+    waiter: trio.lowlevel.Task | None = None  # control: the task in `wait`
 
     def resolve(self, error: TopicdError | None = None) -> None:
         self.error = error
+        self.resolved = True
         if error is not None and self.abandoned is not None:
             self.abandoned()
-        if self.done is not None:
-            self.done.set()
+        waiter = self.waiter
+        if waiter is not None:  # (rescheduled directly: no event object per submission)
+            self.waiter = None
+            trio.lowlevel.reschedule(waiter)
+
+    async def wait(self) -> None:
+        """Wait until `resolve` ran (a checkpoint even when it already had). One task
+        waits (the control call that queued it); a cancelled wait abandons the wait
+        only: the submission commits or fails on its own."""
+        if self.resolved:
+            await trio.lowlevel.checkpoint()
+            return
+        assert self.waiter is None, "one task waits for a submission"
+        self.waiter = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self.waiter = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 @dataclass
@@ -984,10 +1004,9 @@ class WalCommitPath:
                 raise
         sub = Submission(topic, frame or b"", None, apply, sync=sync and frame is not None)
         sub.abandoned = abandoned
-        sub.done = done = trio.Event()
         shard.enqueue(sub, front=True)
         give_back()  # the request only waits for the WAL from here: free its client permit
-        await done.wait()
+        await sub.wait()
         if sub.error is not None:
             raise sub.error
         return sub.result  # type: ignore[return-value]
