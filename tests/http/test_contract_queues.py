@@ -332,6 +332,23 @@ async def test_bad_lease_op_bodies_are_400(client, verb, body):
     await fail(await client.post(f"/v0/topics/q/{verb}", json=body), 400, "invalid_request")
 
 
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"seqs": [1, 2**64]}, "seqs[1]"),
+        ({"seqs": [1, 2], "lease_ids": ["lease_1", "lease_2,lease_3"]}, "lease_ids[1]"),
+        ({"seqs": [1, 2], "lease_ids": ["lease_1,", "lease_2"]}, "lease_ids[0]"),
+        ({"seqs": [1, 2, 3], "lease_ids": ["", "lease_a", "lease_B"]}, "lease_ids[2]"),
+    ],
+)
+async def test_a_bad_seq_or_fence_is_named_in_the_400(client, extra, field):
+    # (all seqs and fences are checked at once; the error still names the first bad one)
+    await make_queue(client)
+    body = {"node": "w", "lease_ms": 1000, **extra}
+    err = await fail(await client.post("/v0/topics/q/ack", json=body), 400, "invalid_request")
+    assert err["detail"] == {"field": field}
+
+
 async def test_ack_on_an_ephemeral_queue(client):
     await make_queue(client, durability="ephemeral")
     await produce(client, "q", 1)

@@ -557,7 +557,7 @@ class JobQueue:
         lease = self.leases.get(seq)
         if lease is None or lease.node != node:
             return None
-        if fence and fence != lease_token(lease.lease_id):
+        if fence and fence != f"lease_{lease.lease_id:x}":  # (`lease_token`, inlined)
             return None
         return lease
 
