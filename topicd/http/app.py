@@ -197,6 +197,8 @@ _JSON_CT: Final = re.compile(r"\s*application/json\s*(;.*)?$", re.IGNORECASE)
 
 
 def _is_json(content_type: str | None) -> bool:
+    if content_type == JSON:  # (what nearly every client sends: no pattern match)
+        return True
     return content_type is not None and _JSON_CT.match(content_type) is not None
 
 
