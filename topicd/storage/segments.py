@@ -2,21 +2,27 @@
 
 Layout (docs/storage.md)::
 
-    <data_dir>/topics/<topic_id:016x>/seg-<first_seq:020d>.data   frames, one per record
+    <data_dir>/topics/<topic_id:016x>/seg-<first_seq:020d>.data   frames
                                       seg-<first_seq:020d>.idx    20 bytes per seq, at seal
+                                      seg-<first_seq:020d>.meta   index columns per absorb
 
-A `.data` file is a sequence of single-record Append frames in the WAL's frame format
-(`topicd.storage.frame`): checksummed, self-delimiting, and with the `tail` byte outside
-the checksum. The tail is the record's delete flag: `0xD5` = deleted, anything else live.
-Flipping it is one single-byte write, so a crash leaves the record live or deleted, never
-malformed. The WAL itself holds one frame per *write* (many records); the checkpointer
-re-frames them per record here, so each record can carry its own flag and checksum.
+A `.data` file is a sequence of frames in the WAL's frame format (`topicd.storage.frame`):
+checksummed and self-delimiting. Storage format 2 writes *run frames* (`encode_run`): up
+to `RUN_MAX_RECORDS` consecutive records under one checksum, followed by one delete flag
+per record outside the checksum, record k's at the frame's last byte minus k. Format 1
+wrote one-record Append frames, whose `tail` byte is the same flag (k = 0); both are
+read (`read_seg_frame`). A flag is `0xD5` = deleted, anything else live; flipping it is
+one single-byte write, so a crash leaves the record live or deleted, never malformed.
+The absorb frames runs straight from the captured slices of the log (C-level joins and
+column copies), so it does no Python work per record.
 
 A segment covers consecutive seqs `first .. last`. A seq whose record was already dead
 when it was absorbed has no frame (`ABSENT` in the index). The active (unsealed) segment
 is appended to; it is sealed on `storage.segments.max_events` slots, `max_bytes` data
 bytes or `max_age_ms` of age, and then gets its `.idx`: per seq `offset u32, len u32,
-ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent).
+ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent). Every index (in memory,
+`.meta`, `.idx`) gives a seq its frame's offset and length, shared by a run's records
+(`slot_frame` finds a record's place in its run).
 
 With `storage.cold_dir` set, sealed segments past the topic's hot-retention bound live
 under the same layout in the cold root instead (`cold` in the registry; relocation is a
