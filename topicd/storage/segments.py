@@ -318,7 +318,7 @@ def decode_record(frame: frames.Frame) -> AbsorbRecord:
 
 RUN: Final = 14  # the frame type (segments only; the WAL never holds one)
 RUN_MAX_RECORDS: Final = 512  # records per run frame, at most (a format limit)
-RUN_MAX_BYTES: Final = 64 << 10  # record text per run frame, about (a record may end past it)
+RUN_MAX_BYTES: Final = 128 << 10  # record text per run frame, about (a record may end past it)
 _RUN_HEAD: Final = struct.Struct("<IBBHQQQIII")  # a frame head + the body's extras_len
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
@@ -334,14 +334,17 @@ def encode_run(
     ts: array[int],
     sizes: array[int],
     extras: frames.Extras = _NO_EXTRAS,
+    joined: bytes | None = None,
 ) -> bytes | None:
     """The run frame of `len(encs)` (1 ..= `RUN_MAX_RECORDS`) consecutive records from
     `first_seq` on (every flag live), or None if a record holds a raw NUL byte (the
-    caller frames those records one by one). Extras are indexed from 0 in the run."""
+    caller frames those records one by one). Extras are indexed from 0 in the run.
+    `joined`, if given, must be `b"\\x00".join(encs)`."""
     n = len(encs)
     assert 0 < n <= RUN_MAX_RECORDS
     assert len(ts) == len(sizes) == n
-    joined = b"\x00".join(encs)
+    if joined is None:
+        joined = b"\x00".join(encs)
     if joined.count(0) != n - 1:
         return None
     blob = b"" if extras == _NO_EXTRAS else _FRAME_EXTRAS_ENC.encode(extras)
@@ -548,10 +551,6 @@ class AbsorbWork:
     nodes: dict[int, str] = field(default_factory=dict)
     prios: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-    def live(self) -> int:
-        """How many live records the slices hold (C-level counts)."""
-        return sum(len(sl.encs) - sl.encs.count(None) for sl in self.slices)
 
     def has_extras(self) -> bool:
         return bool(self.tags or self.nodes or self.prios or self.shapes)
@@ -773,8 +772,8 @@ class SegmentStore:
             and now_ms - segs[-1].created_ms >= cfg.max_age_ms
         )
         below = bool(segs) and segs[0].sealed and segs[0].last < work.earliest
-        live = work.live()
-        if not (live or work.flips or aged or below):
+        slots = any(sl.encs for sl in work.slices)
+        if not (slots or work.flips or aged or below):
             return result  # nothing to do: most topics at most checkpoints
         tdir = topic_dir(self.root, tid)
         if not fs.exists(tdir):
@@ -826,93 +825,98 @@ class SegmentStore:
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
-                elif live:
+                elif slots:
                     fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
                     appended[active.first] = _Appended(active.last, active.data_len)
             pending: list[bytes] = []
             pending_at = active.data_len if active is not None else 0
             sparse = _Sparse(work) if work.has_extras() else None
             max_events, max_bytes = cfg.max_events, cfg.max_bytes
+            live = 0
             for sl in work.slices:
                 encs, n = sl.encs, len(sl.encs)
                 pos = 0
-                while pos < n:
+                while pos < n:  # a run frame at a time
                     if encs[pos] is None:  # dead before the checkpoint: no frame
                         pos += 1
                         continue
-                    try:
-                        stop = encs.index(None, pos)
-                    except ValueError:
-                        stop = n
-                    while pos < stop:  # a stretch of live records, a run frame at a time
-                        seq = sl.base + pos
-                        if active is not None and (
-                            seq - active.last - 1 > _MAX_PAD
-                            or seq - active.first + 1 > max_events
-                            or active.data_len >= max_bytes
-                        ):
-                            self._flush(handle(active), pending, pending_at, appended[active.first])
-                            pending = []
-                            self._seal(active, tid)
-                            result.sealed += 1
-                            active = None
-                        if active is None:
-                            active = Segment(seq, seq - 1, 0, False, now_ms, meta_len=0)
-                            segs.append(active)
-                            owned.add(active.first)
-                            fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
-                            appended[active.first] = _Appended(active.last, 0)
-                            new_files = True
-                            pending_at = 0
-                        mark = appended[active.first]
-                        gap = seq - active.last - 1
-                        if gap:  # absent slots (records dead before the checkpoint)
-                            active.offsets.extend(_ABSENT_SLOT * gap)
-                            active.lens.extend(array("I", bytes(4 * gap)))
-                            active.ts.extend(array("q", [sl.ts[pos]]) * gap)
-                            active.flags.extend(bytes(gap))
-                            mark.sizes.extend(array("I", bytes(4 * gap)))
-                        room = min(stop - pos, max_events - (seq - active.first), RUN_MAX_RECORDS)
-                        take = cast("list[bytes]", encs[pos : pos + room])
-                        if room > 1:  # the record reaching the byte budget ends the run
-                            budget = min(RUN_MAX_BYTES, max_bytes - active.data_len)
-                            cut = bisect.bisect_left(list(accumulate(map(len, take))), budget) + 1
-                            if cut < room:
-                                del take[cut:]
-                        cut = len(take)
-                        ts, sizes = sl.ts[pos : pos + cut], sl.sizes[pos : pos + cut]
-                        extras = _NO_EXTRAS if sparse is None else sparse.window(seq, seq + cut)
-                        frame = encode_run(tid, seq, take, ts, sizes, extras)
-                        if frame is not None:
-                            at = active.data_len
-                            active.offsets.extend(array("I", [at]) * cut)
-                            active.lens.extend(array("I", [len(frame)]) * cut)
-                            active.data_len += len(frame)
-                            out.bytes += len(frame)
-                            pending.append(frame)
-                        else:  # a record holds a raw NUL: one-record frames
-                            for k, enc in enumerate(take):
-                                shape = extras.shapes.get(k)
-                                data = AbsorbRecord(
-                                    seq + k,
-                                    ts[k],
-                                    enc,
-                                    sizes[k],
-                                    extras.tags.get(k),
-                                    extras.nodes.get(k),
-                                    extras.prios.get(k, 0),
-                                    None if shape is None else (shape[0], shape[1]),
-                                ).frame(tid)
-                                active.offsets.append(active.data_len)
-                                active.lens.append(len(data))
-                                active.data_len += len(data)
-                                out.bytes += len(data)
-                                pending.append(data)
-                        active.last = seq + cut - 1
-                        active.ts.extend(ts)
-                        active.flags.extend(bytes(cut))
-                        mark.sizes.extend(sizes)
-                        pos += cut
+                    seq = sl.base + pos
+                    if active is not None and (
+                        seq - active.last - 1 > _MAX_PAD
+                        or seq - active.first + 1 > max_events
+                        or active.data_len >= max_bytes
+                    ):
+                        self._flush(handle(active), pending, pending_at, appended[active.first])
+                        pending = []
+                        self._seal(active, tid)
+                        result.sealed += 1
+                        active = None
+                    if active is None:
+                        active = Segment(seq, seq - 1, 0, False, now_ms, meta_len=0)
+                        segs.append(active)
+                        owned.add(active.first)
+                        fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
+                        appended[active.first] = _Appended(active.last, 0)
+                        new_files = True
+                        pending_at = 0
+                    mark = appended[active.first]
+                    gap = seq - active.last - 1
+                    if gap:  # absent slots (records dead before the checkpoint)
+                        active.offsets.extend(_ABSENT_SLOT * gap)
+                        active.lens.extend(array("I", bytes(4 * gap)))
+                        active.ts.extend(array("q", [sl.ts[pos]]) * gap)
+                        active.flags.extend(bytes(gap))
+                        mark.sizes.extend(array("I", bytes(4 * gap)))
+                    room = min(n - pos, max_events - (seq - active.first), RUN_MAX_RECORDS)
+                    take = cast("list[bytes]", encs[pos : pos + room])
+                    try:  # (no scan for dead slots unless the join meets one)
+                        joined = b"\x00".join(take)
+                    except TypeError:  # the run ends before the first dead slot
+                        del take[take.index(cast("bytes", None)) :]
+                        joined = b"\x00".join(take)
+                    budget = min(RUN_MAX_BYTES, max_bytes - active.data_len)
+                    if len(take) > 1 and len(joined) - len(take) + 1 >= budget:
+                        # the record whose text reaches the budget ends the run
+                        ends = list(accumulate(map(len, take)))
+                        cut = bisect.bisect_left(ends, budget) + 1
+                        if cut < len(take):
+                            del take[cut:]
+                            joined = joined[: ends[cut - 1] + cut - 1]
+                    cut = len(take)
+                    ts, sizes = sl.ts[pos : pos + cut], sl.sizes[pos : pos + cut]
+                    extras = _NO_EXTRAS if sparse is None else sparse.window(seq, seq + cut)
+                    frame = encode_run(tid, seq, take, ts, sizes, extras, joined)
+                    if frame is not None:
+                        at = active.data_len
+                        active.offsets.extend(array("I", [at]) * cut)
+                        active.lens.extend(array("I", [len(frame)]) * cut)
+                        active.data_len += len(frame)
+                        out.bytes += len(frame)
+                        pending.append(frame)
+                    else:  # a record holds a raw NUL: one-record frames
+                        for k, enc in enumerate(take):
+                            shape = extras.shapes.get(k)
+                            data = AbsorbRecord(
+                                seq + k,
+                                ts[k],
+                                enc,
+                                sizes[k],
+                                extras.tags.get(k),
+                                extras.nodes.get(k),
+                                extras.prios.get(k, 0),
+                                None if shape is None else (shape[0], shape[1]),
+                            ).frame(tid)
+                            active.offsets.append(active.data_len)
+                            active.lens.append(len(data))
+                            active.data_len += len(data)
+                            out.bytes += len(data)
+                            pending.append(data)
+                    active.last = seq + cut - 1
+                    active.ts.extend(ts)
+                    active.flags.extend(bytes(cut))
+                    mark.sizes.extend(sizes)
+                    live += cut
+                    pos += cut
             out.records += live
             if active is not None:
                 self._flush(handle(active), pending, pending_at, appended.get(active.first))
