@@ -1373,9 +1373,9 @@ def _verify_data(
     fs: Fs, root: str, topic_id: int, seg: Segment, checks: list[tuple[int, int, int]]
 ) -> None:
     """Check every byte of the segment's data against its chunks' digests: one read and
-    one C-level hash per chunk, the tail bytes of deleted records (delete flags, outside
-    every checksum, flipped since the chunk was written) cleared first, as they were when
-    the digest was taken. A mismatch makes the `.meta` unusable: decoding the frames then
+    one C-level hash per chunk, the delete flags of deleted records (outside every
+    checksum, flipped since the chunk was written) cleared first, as they were when the
+    digest was taken. A mismatch makes the `.meta` unusable: decoding the frames then
     names the damaged frame (and refuses the start), or re-makes a damaged `.meta`."""
     if not checks:
         return
@@ -1389,18 +1389,21 @@ def _verify_data(
         fs.close(fd)
     if len(data) != hi - lo:
         raise _MetaUnusable(f"data shorter than its chunks ({lo + len(data)} < {hi})")
-    # only a deleted record's tail differs from what was hashed (a flip the `.meta` does
+    # only a deleted record's flag differs from what was hashed (a flip the `.meta` does
     # not know yet, from a checkpoint that never committed, fails the digest: the frames
-    # are decoded then, whose checksums leave the tails out)
+    # are decoded then, whose checksums leave the flags out)
     buf: bytes | bytearray = data
     i = seg.flags.find(1)
     if i >= 0:
         buf = bytearray(data)
+        last_off, first = -1, 0
         while i >= 0:
-            if seg.offsets[i] != ABSENT:
-                off, length, k = slot_frame(seg, i)
+            off = seg.offsets[i]
+            if off != ABSENT:
+                if off != last_off:  # (the deleted records of one run share its search)
+                    last_off, first = off, i - slot_frame(seg, i)[2]
                 if lo <= off < hi:
-                    buf[off + length - 1 - k - lo] = 0
+                    buf[off + seg.lens[i] - 1 - (i - first) - lo] = 0
             i = seg.flags.find(1, i + 1)
     view = memoryview(buf)
     for start, stop, digest in checks:
