@@ -47,7 +47,9 @@ stragglers. Every metric runs `--repeat` (3) rounds, the two systems back to bac
 first one alternating round after round; medians are reported, and the ratio is the
 median of the rounds' own ratios (each round's is printed too). Also reported: server CPU
 per record (from /proc), the clients' CPU (% of their core), the CPU used by anything else
-on the (shared) machine during each window, topicd's records per `fdatasync` (its own
+on the (shared) machine during each window, topicd's server CPU per record from the
+window's start until it is idle again (what the checkpoint's background absorb of those
+records costs included), topicd's records per `fdatasync` (its own
 counter, `GET /v0/metrics`; a write window without one counts as an error), and an
 `fdatasync` probe of the temporary directory's file system at the start and the end.
 With `--profile DIR`, py-spy (not a project dependency) samples topicd during its windows
@@ -389,6 +391,11 @@ def topicd_write(
             wall = time.monotonic() - t0  # wrk's whole life, for the CPU shares
             srv_cpu, sys1 = server.cpu_s() - cpu0, hc.system_cpu()
         fsyncs = durable.wal_fsyncs(conn, server.port) - fsyncs0
+        # what the window's records cost in all: the checkpoint keeps absorbing them into
+        # segments in the background after the load stops (and steals that CPU from
+        # whatever runs next)
+        settle(server.cpu_s)
+        drained_cpu = server.cpu_s() - cpu0
     finally:
         conn.close()
     window = res["duration_us"] / 1e6  # wrk's own window, for the rates
@@ -407,6 +414,7 @@ def topicd_write(
         "records_per_fsync": n * metric.batch / fsyncs if fsyncs else math.nan,
         "server_cpu_pct": 100 * srv_cpu / wall,
         "server_cpu_us_per_record": 1e6 * srv_cpu / max(1, n * metric.batch),
+        "server_cpu_us_per_record_drained": 1e6 * drained_cpu / max(1, n * metric.batch),
         "client_cpu_pct": 100 * cli_cpu / wall,
         "errors": errors,
         "error_detail": res["errors"] if errors else None,
@@ -716,6 +724,17 @@ def print_report(
     ]
     if per_sync:
         p("topicd records per fdatasync (its own counter): " + ", ".join(per_sync))
+    drained = [
+        f"{m.name} {system} {r['server_cpu_us_per_record_drained']:.2f}"
+        for m in METRICS
+        for system, r in summary.get(m.name, {}).items()
+        if "server_cpu_us_per_record_drained" in r
+    ]
+    if drained:
+        p(
+            "server CPU µs per record from the window's start until idle again (the "
+            "background absorb included): " + ", ".join(drained)
+        )
     p("other% = CPU used by anything but the server and its clients during the window (% of")
     p("one core; the machine is shared): high values mean noise.")
     fan = [m for m in METRICS if m.watchers and m.name in summary]

@@ -1,12 +1,16 @@
 """The checkpoint's bulk absorb builds exactly what a record-at-a-time absorb builds.
 
-`SegmentStore.absorb` frames the live records in one pass (`frames.single_frame`,
-`AbsorbRecord.frame` only for records with extras) and indexes them inline. The
-reference here is the record-at-a-time definition: every live record's
-`AbsorbRecord.frame`, indexed with `Segment.add`, a new segment whenever a gap exceeds
-the padding bound, the segment holds `max_events` slots or `max_bytes` data bytes.
-Hypothesis drives random live sets (dead slots, long gaps), extras and triggers, and the
-segments (index columns, data files, registry) must be equal, byte for byte.
+`SegmentStore.absorb` frames the live records straight from the captured slices, a run
+frame (`segments.encode_run`) per stretch of consecutive live seqs, cut at the run caps
+and the seal triggers, and indexes them in bulk. The reference here walks the records
+one at a time: a run ends at a gap or a slice's end, at `RUN_MAX_RECORDS`, when its
+text reaches the byte budget it started with, or when its segment is full; a new
+segment starts whenever a gap exceeds the padding bound, the segment holds
+`max_events` slots or `max_bytes` data bytes. Hypothesis drives random live sets (dead
+slots, long gaps), extras and triggers, and the segments (index columns, data files,
+registry) must be equal, byte for byte. Every frame written must also decode back
+(`read_seg_frame`) to exactly the records drawn, extras included, and a record holding
+a raw NUL gets a one-record frame.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topicd.config import SegmentsConfig
+from topicd.storage import frame as frames
 from topicd.storage import segments as sg
 from topicd.testing.fake_fs import FakeDisk
 
@@ -80,30 +85,86 @@ def _works(draw: st.DrawFn) -> tuple[sg.AbsorbWork, list[sg.AbsorbRecord], Segme
     return work, records, cfg
 
 
-def _reference(records: list[sg.AbsorbRecord], cfg: SegmentsConfig) -> list[tuple]:
-    """(segment index, data bytes) of a record-at-a-time absorb into an empty topic."""
+def _reference(
+    records: list[sg.AbsorbRecord], cfg: SegmentsConfig, starts: frozenset[int] = frozenset()
+) -> list[tuple]:
+    """(segment index, data bytes) of a record-at-a-time absorb into an empty topic
+    (`starts`: the first seqs of the captured slices, where runs end too)."""
     segs: list[tuple[sg.Segment, bytearray]] = []
+    run: list[sg.AbsorbRecord] = []
+    budget = 0
+
+    def close() -> None:
+        seg, data = segs[-1]
+        first = run[0].seq
+        ex = frames.Extras(
+            None,
+            {r.seq - first: r.tag for r in run if r.tag is not None},
+            {r.seq - first: r.node for r in run if r.node is not None},
+            {r.seq - first: r.prio for r in run if r.prio},
+            {r.seq - first: r.shape for r in run if r.shape is not None},
+        )
+        frame = sg.encode_run(
+            TID,
+            first,
+            [r.enc for r in run],
+            array("q", [r.ts for r in run]),
+            array("I", [r.size for r in run]),
+            ex,
+        )
+        assert frame is not None
+        for r in run:
+            seg.add(r.seq, seg.data_len, len(frame), r.ts)
+        seg.data_len += len(frame)
+        data.extend(frame)
+        run.clear()
+
     for rec in records:
-        seg = segs[-1][0] if segs else None
-        if seg is not None and (
-            rec.seq - seg.last - 1 > sg._MAX_PAD
-            or rec.seq - seg.first + 1 > cfg.max_events
-            or seg.data_len >= cfg.max_bytes
-        ):
-            seg.sealed = True
-            seg = None
-        if seg is None:
-            seg = sg.Segment(rec.seq, rec.seq - 1, 0, False, NOW)
-            segs.append((seg, bytearray()))
-        data = rec.frame(TID)
-        seg.add(rec.seq, seg.data_len, len(data), rec.ts)
-        seg.data_len += len(data)
-        segs[-1][1].extend(data)
+        if run:
+            seg = segs[-1][0]
+            if (
+                rec.seq != run[-1].seq + 1
+                or rec.seq in starts
+                or len(run) == sg.RUN_MAX_RECORDS
+                or sum(len(r.enc) for r in run) >= budget
+                or rec.seq - seg.first + 1 > cfg.max_events
+            ):
+                close()
+        if not run:
+            seg = segs[-1][0] if segs else None
+            if seg is not None and (
+                rec.seq - seg.last - 1 > sg._MAX_PAD
+                or rec.seq - seg.first + 1 > cfg.max_events
+                or seg.data_len >= cfg.max_bytes
+            ):
+                seg.sealed = True
+                seg = None
+            if seg is None:
+                seg = sg.Segment(rec.seq, rec.seq - 1, 0, False, NOW)
+                segs.append((seg, bytearray()))
+            budget = min(sg.RUN_MAX_BYTES, cfg.max_bytes - seg.data_len)
+        run.append(rec)
+    if run:
+        close()
     if segs:
         last = segs[-1][0]
         if last.slots >= cfg.max_events or last.data_len >= cfg.max_bytes:
             last.sealed = True
     return [_shape(seg, bytes(data)) for seg, data in segs]
+
+
+def _decoded(disk: FakeDisk, segments: list[sg.Segment]) -> list[sg.AbsorbRecord]:
+    """Every record of the segments' frames, decoded (and verified)."""
+    out: list[sg.AbsorbRecord] = []
+    for seg in segments:
+        data = disk.read(sg.data_path("/d", TID, seg.first))
+        pos = 0
+        while pos < seg.data_len:
+            frame = sg.read_seg_frame(data, pos, seg.data_len)
+            assert frame is not None
+            out += frame.records()
+            pos = frame.end
+    return out
 
 
 def _shape(seg: sg.Segment, data: bytes) -> tuple:
@@ -116,7 +177,7 @@ def _shape(seg: sg.Segment, data: bytes) -> tuple:
 @given(_works())
 def test_bulk_absorb_equals_the_record_at_a_time_absorb(case):
     work, records, cfg = case
-    want = _reference(records, cfg)
+    want = _reference(records, cfg, frozenset(sl.base for sl in work.slices))
     disk = FakeDisk()
     store = sg.SegmentStore(disk, "/d", cfg, write_idx=False)
     disk.mkdir("/d")
@@ -125,17 +186,17 @@ def test_bulk_absorb_equals_the_record_at_a_time_absorb(case):
     got = [_shape(s, disk.read(sg.data_path("/d", TID, s.first))[: s.data_len]) for s in got_segs]
     assert got == want
     assert outcome.records == len(records)
-    assert outcome.bytes == sum(len(r.frame(TID)) for r in records)
+    assert outcome.bytes == sum(s.data_len for s in got_segs)
+    assert _decoded(disk, got_segs) == records
 
 
-def test_a_segment_seals_when_its_bytes_reach_max_bytes_exactly():
-    """Equal records whose frames fill `max_bytes` to the byte: the record after them
-    starts the next segment (the bound is reached, not only exceeded)."""
+def test_a_segment_seals_when_its_bytes_reach_max_bytes():
+    """A run ends with the record whose text reaches the segment's byte budget, and the
+    segment (its data now at `max_bytes` or past it) seals before the next record."""
     n = 7
     encs: list[bytes | None] = [_enc(seq, NOW, b"abc") for seq in range(1, n + 1)]
     records = [sg.AbsorbRecord(seq, NOW, enc, 5) for seq, enc in enumerate(encs, 1) if enc]
-    frame_len = len(records[0].frame(TID))
-    cfg = SegmentsConfig(max_events=100, max_bytes=2 * frame_len, max_age_ms=0)
+    cfg = SegmentsConfig(max_events=100, max_bytes=2 * len(encs[0] or b""), max_age_ms=0)
     work = sg.AbsorbWork(
         TID, [sg.AbsorbSlice(1, encs, array("q", [NOW] * n), array("I", [5] * n))], [], 1, n
     )
@@ -144,5 +205,53 @@ def test_a_segment_seals_when_its_bytes_reach_max_bytes_exactly():
     disk.mkdir("/d")
     segs = store.absorb([work], set(), NOW).topics[TID].state.segments
     assert [(s.first, s.last) for s in segs] == [(1, 2), (3, 4), (5, 6), (7, 7)]
+    assert all(s.sealed for s in segs)  # (each holds max_bytes of data or more)
     got = [_shape(s, disk.read(sg.data_path("/d", TID, s.first))[: s.data_len]) for s in segs]
     assert got == _reference(records, cfg)
+
+
+def test_a_record_holding_a_raw_nul_gets_one_record_frames():
+    """A run whose text holds a NUL byte (never from the HTTP path) cannot be NUL-joined:
+    its records are framed one by one, as one-record Append frames. A segment then holds
+    both kinds; delete flags flip in both, reads serve both, and loading the segment from
+    its `.meta` gives what decoding its frames gives."""
+    encs: list[bytes | None] = [b'"a"', b'"b\x00c"', b'"d"']
+    more: list[bytes | None] = [b'"e"', b'"f"', b'"g"']
+    n = len(encs)
+    cfg = SegmentsConfig(max_events=100, max_age_ms=0)
+    stamps, sizes = array("q", [NOW] * n), array("I", [3] * n)
+    slices = [sg.AbsorbSlice(1, encs, stamps, sizes), sg.AbsorbSlice(4, more, stamps, sizes)]
+    work = sg.AbsorbWork(TID, slices, [], 1, 6)
+    work.tags = {2: "t", 5: "u"}
+    assert sg.encode_run(TID, 1, list(encs), stamps, sizes) is None
+    disk = FakeDisk()
+    store = sg.SegmentStore(disk, "/d", cfg, write_idx=False)
+    disk.mkdir("/d")
+    outcome = store.absorb([work], set(), NOW)
+    [seg] = outcome.topics[TID].state.segments
+    assert len(set(seg.offsets)) == 4  # three one-record frames, then a run
+    got = _decoded(disk, [seg])
+    assert [r.enc for r in got] == encs + more
+    assert [r.tag for r in got] == [None, "t", None, None, "u", None]
+    store.install(outcome)
+    store.install(store.absorb([sg.AbsorbWork(TID, [], [2, 5], 1, 6)], set(), NOW))
+    path = sg.data_path("/d", TID, 1)
+    assert sg.flagged_seqs(disk.read(path), seg.data_len) == [2, 5]
+    assert store.read_record(TID, 2) is None
+    rec = store.read_record(TID, 6)
+    assert rec is not None and rec.enc == b'"g"'
+    assert store.read_range(TID, 1, 6, 1 << 20) == {1: b'"a"', 3: b'"d"', 4: b'"e"', 6: b'"g"'}
+    [seg] = store.topics[TID].segments
+    from_meta = sg.load_segment(disk, "/d", TID, seg.snap(), max_frame=1 << 24)
+    assert from_meta.rewrite is None
+    disk.unlink(sg.meta_path("/d", TID, 1))
+    from_frames = sg.load_segment(disk, "/d", TID, seg.snap(), max_frame=1 << 24)
+    assert from_frames.rewrite is not None
+    for loaded in (from_meta, from_frames):
+        got_seg = loaded.segment
+        assert (got_seg.offsets, got_seg.lens, got_seg.flags) == (
+            seg.offsets,
+            seg.lens,
+            seg.flags,
+        )
+        assert loaded.extras[0] == {2: "t", 5: "u"}

@@ -23,7 +23,6 @@ import pytest
 from tests.storage.test_checkpoint import cp, state, write
 from tests.storage.test_segments import newest_body
 from topicd.engine.engine import Engine
-from topicd.storage import frame as frames
 from topicd.storage import segments as segs
 from topicd.storage import snapshot
 from topicd.testing.fake_fs import FakeDisk, FaultFs, PowerLoss
@@ -52,7 +51,7 @@ def inline_bytes(snap: snapshot.TopicSnap) -> bytes:
 
 
 def segment_seqs(disk: FakeDisk, engine: Engine, name: str) -> list[int]:
-    """The seqs of the frames in the topic's segment files (in file order), checking that
+    """The seqs of the records in the topic's segment files (in file order), checking that
     the directory holds only the files the registry names."""
     tid = engine.get(name).topic_id
     store = cp(engine).segments
@@ -71,9 +70,9 @@ def segment_seqs(disk: FakeDisk, engine: Engine, name: str) -> list[int]:
         data = disk.pending_bytes(segs.data_path("/data", tid, seg.first)) or b""
         pos = 0
         while pos < seg.data_len:
-            frame = frames.read_frame(data, pos, seg.data_len, 1 << 24)
+            frame = segs.read_seg_frame(data, pos, seg.data_len)
             assert frame is not None
-            out.append(frame.seq)
+            out += range(frame.seq, frame.seq + frame.count)
             pos = frame.end
     return out
 

@@ -21,8 +21,9 @@ import pytest
 from tests.storage.test_checkpoint import cp, state, write
 from tests.storage.test_segments import _flip, newest_body, seg_config
 from topicd.config import Config
+from topicd.storage import segments as segs
 from topicd.storage.fs import Fs, RealFs
-from topicd.storage.recovery import RecoveryRefused, recover
+from topicd.storage.recovery import FORMAT_BODY, RecoveryRefused, recover
 from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.fake_fs import FakeDisk, PowerLoss
 from topicd.testing.harness import open_durable
@@ -145,3 +146,67 @@ async def test_a_directory_without_meta_files_opens_and_gets_them(tmp_path):
     assert _recover(fs, cfg) == []
     async with open_durable(fs, cfg, boot_id="fixture-boot") as engine:
         assert await state(engine) == expected
+
+
+async def test_a_format_1_directory_upgrades_and_reads_both_frame_kinds(tmp_path):
+    """The fixture's FORMAT says 1 and its segments hold one-record frames. After the
+    start FORMAT says 2; new records are absorbed in run frames, where deletes flip
+    their flags; the old frames' flags still read; restarts read everything back from
+    the `.meta` files and, with those removed, by decoding the frames. (One segment
+    holding both kinds is in `test_absorb_bulk`.)"""
+    root = tmp_path / "data"
+    shutil.copytree(FIXTURE, root)
+    (root / "README.md").unlink()
+    assert b'"storage_format":1' in (root / "FORMAT").read_bytes()
+    base = seg_config(max_events=100)
+    cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, data_dir=str(root)))
+    fs = RealFs()
+
+    def kinds(tid: int, seg: segs.Segment) -> list[str]:
+        data = fs.read(segs.data_path(str(root), tid, seg.first))
+        out, pos = [], 0
+        while pos < seg.data_len:
+            frame = segs.read_seg_frame(data, pos, seg.data_len)
+            assert frame is not None
+            out.append("append" if frame.legacy is not None else f"run of {frame.count}")
+            pos = frame.end
+        return out
+
+    async with open_durable(fs, cfg, boot_id="fixture-boot") as engine:
+        assert (root / "FORMAT").read_bytes() == FORMAT_BODY
+        assert b'"storage_format":2' in FORMAT_BODY
+        for i in range(6):
+            await write(engine, "bulk", b'"new%d"' % i, tag=f"n{i % 2}")
+        assert await cp(engine).checkpoint()
+        tid = engine.get("bulk").topic_id
+        old, *_, new = cp(engine).segments.topics[tid].segments
+        assert kinds(tid, old) == ["append"] * 4
+        assert kinds(tid, new) == ["run of 6"]
+        await engine.delete_records("bulk", DeleteIn(match="n1"))  # in the run
+        assert await cp(engine).checkpoint()
+        data = fs.read(segs.data_path(str(root), tid, old.first))
+        assert segs.flagged_seqs(data, old.data_len) == [2, 3]  # (the old release's)
+        data = fs.read(segs.data_path(str(root), tid, new.first))
+        assert segs.flagged_seqs(data, new.data_len) == [new.first + k for k in (1, 3, 5)]
+        expected = await state(engine)
+        new_left = [b'"new0"}', b'"new2"}', b'"new4"}']
+        bulk = [bytes(r).split(b'"data":')[1] for r in expected["bulk"][0]]  # type: ignore[index]
+        assert bulk == [b'"0"}', b'"3"}', b'"6"}', b'"9"}', b'"tail"}', *new_left]
+    assert _recover(fs, cfg) == []
+    async with open_durable(fs, cfg, boot_id="fixture-boot") as engine:
+        assert await state(engine) == expected
+    for meta in root.rglob("*.meta"):
+        meta.unlink()
+    assert _recover(fs, cfg)  # (decoded, and re-made)
+    async with open_durable(fs, cfg, boot_id="fixture-boot") as engine:
+        assert await state(engine) == expected
+
+
+async def test_a_directory_of_a_newer_format_is_refused(tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(FIXTURE, root)
+    (root / "FORMAT").write_bytes(b'{"storage_format":3,"checksum":"xxh3_64"}\n')
+    base = seg_config()
+    cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, data_dir=str(root)))
+    with pytest.raises(RecoveryRefused, match="unsupported storage format"):
+        _recover(RealFs(), cfg)

@@ -452,36 +452,6 @@ def decode_append(frame: Frame) -> AppendBody:
     return AppendBody([blob[a:b] for a, b in pairwise(offs)], sizes, extras)
 
 
-_SINGLE_HEAD: Final = struct.Struct("<IBBHQQQIIIIII")  # a frame head + a one-record body head
-_TRAILER: Final = struct.Struct("<QB")
-
-
-def single_frame(topic_id: int, seq: int, ts_ms: int, enc: bytes, size: int) -> bytes:
-    """The one-record Append frame of a record without extras: what `encode_append`
-    makes of it (`fsync_class` false), in one pack, one concatenation and one hash (the
-    checkpoint's absorb makes one per record)."""
-    n = len(enc)
-    pre = (
-        _SINGLE_HEAD.pack(
-            FRAME_HEAD_LEN + 16 + n + FRAME_TRAILER_LEN - 4,
-            APPEND,
-            0,
-            0,
-            topic_id,
-            seq,
-            ts_ms,
-            1,
-            16 + n,
-            1,
-            0,
-            n,
-            size,
-        )
-        + enc
-    )
-    return pre + _TRAILER.pack(xxhash.xxh3_64_intdigest(memoryview(pre)[4:]), 0)
-
-
 def single_enc(frame: Frame) -> bytes:
     """The stored JSON of a one-record Append frame, without decoding its extras (a
     segment read that only needs the bytes). Raises `FrameError` like `decode_append`."""

@@ -62,7 +62,12 @@ log = logging.getLogger("topicd.recovery")
 FORMAT_FILE: Final = "FORMAT"
 BOOT_FILE: Final = "BOOT_ID"
 LOCK_FILE: Final = ".topicd.lock"
-FORMAT_BODY: Final = b'{"storage_format":1,"checksum":"xxh3_64"}\n'
+# 2: segments hold run frames (`topicd.storage.segments`); 1 (one-record frames only) is
+# read as well and upgraded to 2 once recovery succeeded (an older topicd then refuses the
+# directory by its FORMAT instead of misreading a run frame as damage)
+STORAGE_FORMAT: Final = 2
+READABLE_FORMATS: Final = frozenset({1, 2})
+FORMAT_BODY: Final = b'{"storage_format":2,"checksum":"xxh3_64"}\n'
 _WAL_NAME: Final = re.compile(r"wal-([0-9a-f]{16})\.log")
 _SHARD_NAME: Final = re.compile(r"shard-([0-9]{2})")
 _CONFIG_FIELDS: Final = frozenset(TopicConfig.__dataclass_fields__)
@@ -849,7 +854,7 @@ def _recover(r: _Replayer, cfg: Config, fs: Fs, root: str, boot_id: str | None) 
             info = orjson.loads(fs.read(fmt))
         except orjson.JSONDecodeError:
             info = None
-        if not isinstance(info, dict) or info.get("storage_format") != 1:
+        if not isinstance(info, dict) or info.get("storage_format") not in READABLE_FORMATS:
             raise RecoveryRefused(
                 f"{fmt}: unsupported storage format {info!r}; run the topicd version that "
                 "wrote this directory."
@@ -1016,14 +1021,17 @@ def _cpus() -> int:
 
 
 def prepare_data_dir(fs: Fs, root: str) -> None:
-    """After a successful recovery: make sure FORMAT exists, then `wal/` (durably: each new
-    directory entry is followed by a sync of its parent). FORMAT comes first, so a crash
-    at any point leaves a directory recovery still reads as fresh or as formatted."""
+    """After a successful recovery: make sure FORMAT exists and names the current format
+    (an older directory is upgraded: its files are all still read, and checkpoints may now
+    write what an older topicd cannot read), then `wal/` (durably: each new directory
+    entry is followed by a sync of its parent). FORMAT comes first, so a crash at any
+    point leaves a directory recovery still reads as fresh or as formatted."""
     if not fs.exists(root):
         fs.mkdir(root)
         fs.fsync_dir(posixpath.dirname(posixpath.abspath(root)) or "/")
-    if not fs.exists(posixpath.join(root, FORMAT_FILE)):
-        replace_file(fs, posixpath.join(root, FORMAT_FILE), FORMAT_BODY)
+    fmt = posixpath.join(root, FORMAT_FILE)
+    if not fs.exists(fmt) or fs.read(fmt) != FORMAT_BODY:
+        replace_file(fs, fmt, FORMAT_BODY)
     wal = posixpath.join(root, "wal")
     if not fs.exists(wal):
         fs.mkdir(wal)

@@ -2,21 +2,27 @@
 
 Layout (docs/storage.md)::
 
-    <data_dir>/topics/<topic_id:016x>/seg-<first_seq:020d>.data   frames, one per record
+    <data_dir>/topics/<topic_id:016x>/seg-<first_seq:020d>.data   frames
                                       seg-<first_seq:020d>.idx    20 bytes per seq, at seal
+                                      seg-<first_seq:020d>.meta   index columns per absorb
 
-A `.data` file is a sequence of single-record Append frames in the WAL's frame format
-(`topicd.storage.frame`): checksummed, self-delimiting, and with the `tail` byte outside
-the checksum. The tail is the record's delete flag: `0xD5` = deleted, anything else live.
-Flipping it is one single-byte write, so a crash leaves the record live or deleted, never
-malformed. The WAL itself holds one frame per *write* (many records); the checkpointer
-re-frames them per record here, so each record can carry its own flag and checksum.
+A `.data` file is a sequence of frames in the WAL's frame format (`topicd.storage.frame`):
+checksummed and self-delimiting. Storage format 2 writes *run frames* (`encode_run`): up
+to `RUN_MAX_RECORDS` consecutive records under one checksum, followed by one delete flag
+per record outside the checksum, record k's at the frame's last byte minus k. Format 1
+wrote one-record Append frames, whose `tail` byte is the same flag (k = 0); both are
+read (`read_seg_frame`). A flag is `0xD5` = deleted, anything else live; flipping it is
+one single-byte write, so a crash leaves the record live or deleted, never malformed.
+The absorb frames runs straight from the captured slices of the log (C-level joins and
+column copies), so it does no Python work per record.
 
 A segment covers consecutive seqs `first .. last`. A seq whose record was already dead
 when it was absorbed has no frame (`ABSENT` in the index). The active (unsealed) segment
 is appended to; it is sealed on `storage.segments.max_events` slots, `max_bytes` data
 bytes or `max_age_ms` of age, and then gets its `.idx`: per seq `offset u32, len u32,
-ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent).
+ts i64, flags u8, 3 zero bytes` (flags: 1 deleted, 2 absent). Every index (in memory,
+`.meta`, `.idx`) gives a seq its frame's offset and length, shared by a run's records
+(`slot_frame` finds a record's place in its run).
 
 With `storage.cold_dir` set, sealed segments past the topic's hot-retention bound live
 under the same layout in the cold root instead (`cold` in the registry; relocation is a
@@ -46,7 +52,7 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias, TypeVar, cast
 
 import msgspec
 import xxhash
@@ -69,6 +75,7 @@ ABSENT: Final = 0xFFFFFFFF
 IDX: Final = struct.Struct("<IIqB3x")  # 20 bytes per seq
 IDX_DELETED: Final = 1
 IDX_ABSENT: Final = 2
+_ABSENT_SLOT: Final = array("I", [ABSENT])
 _SEG: Final = re.compile(r"seg-([0-9]{20})\.(data|idx|meta)")
 _TOPIC_DIR: Final = re.compile(r"[0-9a-f]{16}")
 # a run of absent seqs longer than this starts a new segment instead of padding the index
@@ -173,24 +180,6 @@ class Segment:
         self.lens.append(length)
         self.ts.append(ts)
         self.flags.append(0)
-
-
-def _stretch(
-    records: list[tuple[int, bytes, int, int]], k: int, room: int
-) -> list[tuple[int, bytes, int, int]]:
-    """`records[k:]`'s leading run of consecutive seqs, at most `room` (>= 1) long
-    (`records` ascend, so a run is consecutive when its ends are `len - 1` apart)."""
-    hi = min(len(records), k + room)
-    first = records[k][0]
-    if records[hi - 1][0] - first != hi - 1 - k:
-        lo = k + 1  # records[lo - 1] is in the run; find the first index past it
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if records[mid][0] - first == mid - k:
-                lo = mid + 1
-            else:
-                hi = mid
-    return records[k:hi]
 
 
 def topic_dir(root: str, topic_id: int) -> str:
@@ -314,42 +303,208 @@ def decode_record(frame: frames.Frame) -> AbsorbRecord:
     )
 
 
-def _chunk_of(
-    seg: Segment, work: AbsorbWork, appended: list[int] | None, flips: list[int]
-) -> bytes:
-    """The `.meta` chunk of one absorb into `seg` (b"" if it changed nothing there).
-    `appended`: the segment's `last` and `data_len` before, the index range of its new
-    records in `work.records`, their bytes' digest."""
-    if appended is not None and appended[0] == seg.last:
-        appended = None  # (sealed before anything was appended to it)
-    if appended is None and not flips:
+# ---- run frames -----------------------------------------------------------------------
+#
+# A run frame holds consecutive records of one topic in one checksummed frame: the WAL's
+# frame head (type `RUN`, `seq` = the first record's, `ts_ms` = its `$ts`, `count` = n),
+# then the body
+#
+#     u32 extras_len | n × i64 ts | n × u32 size | extras | enc_0 0x00 enc_1 .. enc_{n-1}
+#
+# then the XXH3-64 of bytes [4, 40 + body_len) and n delete flags, record k's at the
+# frame's last byte minus k (so a one-record Append frame's `tail` is its k = 0 flag:
+# one formula for both kinds). The flags sit outside the checksum: flipping one is a
+# one-byte write, as before. `frame_len` = 36 + body_len + 8 + n.
+
+RUN: Final = 14  # the frame type (segments only; the WAL never holds one)
+RUN_MAX_RECORDS: Final = 512  # records per run frame, at most (a format limit)
+RUN_MAX_BYTES: Final = 128 << 10  # record text per run frame, about (a record may end past it)
+_RUN_HEAD: Final = struct.Struct("<IBBHQQQIII")  # a frame head + the body's extras_len
+_U32: Final = struct.Struct("<I")
+_U64: Final = struct.Struct("<Q")
+_FRAME_EXTRAS_ENC: Final = msgspec.msgpack.Encoder()
+_FRAME_EXTRAS_DEC: Final = msgspec.msgpack.Decoder(frames.Extras)
+_NO_EXTRAS: Final = frames.Extras()
+
+
+def encode_run(
+    topic_id: int,
+    first_seq: int,
+    encs: list[bytes],
+    ts: array[int],
+    sizes: array[int],
+    extras: frames.Extras = _NO_EXTRAS,
+    joined: bytes | None = None,
+) -> bytes | None:
+    """The run frame of `len(encs)` (1 ..= `RUN_MAX_RECORDS`) consecutive records from
+    `first_seq` on (every flag live), or None if a record holds a raw NUL byte (the
+    caller frames those records one by one). Extras are indexed from 0 in the run.
+    `joined`, if given, must be `b"\\x00".join(encs)`."""
+    n = len(encs)
+    assert 0 < n <= RUN_MAX_RECORDS
+    assert len(ts) == len(sizes) == n
+    if joined is None:
+        joined = b"\x00".join(encs)
+    if joined.count(0) != n - 1:
+        return None
+    blob = b"" if extras == _NO_EXTRAS else _FRAME_EXTRAS_ENC.encode(extras)
+    ts_b, sizes_b = _le(ts), _le(sizes)
+    body_len = 4 + 12 * n + len(blob) + len(joined)
+    head = _RUN_HEAD.pack(
+        36 + body_len + 8 + n, RUN, 0, 0, topic_id, first_seq, ts[0], n, body_len, len(blob)
+    )
+    digest = xxhash.xxh3_64(memoryview(head)[4:])
+    digest.update(ts_b)
+    digest.update(sizes_b)
+    digest.update(blob)
+    digest.update(joined)
+    return b"".join((head, ts_b, sizes_b, blob, joined, _U64.pack(digest.intdigest()), bytes(n)))
+
+
+@dataclass(slots=True)
+class SegFrame:
+    """A checksum-valid segment frame: a one-record Append (`legacy`) or a run."""
+
+    seq: int  # the first record's
+    count: int
+    end: int  # offset past its last flag byte
+    legacy: frames.Frame | None  # the one-record Append frame
+    body: memoryview  # a run's body (empty for a legacy frame)
+
+    def encs(self) -> list[bytes]:
+        """Every record's stored JSON, in order (raises `FrameError` on a bad body)."""
+        if self.legacy is not None:
+            return [frames.single_enc(self.legacy)]
+        body, n = self.body, self.count
+        (elen,) = _U32.unpack_from(body, 0)
+        at = 4 + 12 * n + elen
+        if at > len(body):
+            raise frames.FrameError("run body too short for its columns")
+        encs = bytes(body[at:]).split(b"\x00")
+        if len(encs) != n:
+            raise frames.FrameError("run record count does not match its separators")
+        return encs
+
+    def records(self) -> list[AbsorbRecord]:
+        """Every record with its `$ts`, size and extras (raises `FrameError`)."""
+        if self.legacy is not None:
+            return [decode_record(self.legacy)]
+        body, n = self.body, self.count
+        encs = self.encs()
+        (elen,) = _U32.unpack_from(body, 0)
+        ts = _column("q", body[4 : 4 + 8 * n])
+        sizes = _column("I", body[4 + 8 * n : 4 + 12 * n])
+        ex = _NO_EXTRAS
+        if elen:
+            try:
+                ex = _FRAME_EXTRAS_DEC.decode(body[4 + 12 * n : 4 + 12 * n + elen])
+            except msgspec.DecodeError as exc:
+                raise frames.FrameError(f"run extras: {exc}") from None
+        out = [
+            AbsorbRecord(self.seq + k, t, e, z)
+            for k, (e, t, z) in enumerate(zip(encs, ts, sizes, strict=True))
+        ]
+        for k, tag in ex.tags.items():
+            out[k].tag = tag
+        for k, node in ex.nodes.items():
+            out[k].node = node
+        for k, prio in ex.prios.items():
+            out[k].prio = prio
+        for k, shape in ex.shapes.items():
+            out[k].shape = (shape[0], shape[1])
+        return out
+
+
+def read_seg_frame(buf: bytes | memoryview, offset: int, limit: int) -> SegFrame | None:
+    """The valid segment frame at `offset` (within `buf[:limit]`), or None if the bytes
+    there are not one (checksum mismatch, lengths that do not add up, cut short). Raises
+    `FrameError` for a checksum-valid frame that a segment cannot hold."""
+    if offset + frames.FRAME_HEAD_LEN > limit:
+        return None
+    frame_len, ftype, _flags, reserved, _tid, seq, _ts, count, body_len = (
+        frames.FRAME_HEAD.unpack_from(buf, offset)
+    )
+    if ftype != RUN:
+        frame = frames.read_frame(buf, offset, limit, frames.LEGACY_MAX_FRAME)
+        if frame is None:
+            return None
+        if frame.ftype != frames.APPEND or frame.count != 1:
+            raise frames.FrameError("a segment frame must be a one-record Append or a run")
+        return SegFrame(frame.seq, 1, frame.end, frame, memoryview(b""))
+    end = offset + 4 + frame_len
+    if (
+        reserved
+        or not 0 < count <= RUN_MAX_RECORDS
+        or frame_len != 36 + body_len + 8 + count
+        or body_len < 4 + 12 * count
+        or end > limit
+    ):
+        return None
+    view = memoryview(buf)
+    body_end = offset + frames.FRAME_HEAD_LEN + body_len
+    (expected,) = _U64.unpack_from(buf, body_end)
+    if xxhash.xxh3_64_intdigest(view[offset + 4 : body_end]) != expected:
+        return None
+    return SegFrame(seq, count, end, None, view[offset + frames.FRAME_HEAD_LEN : body_end])
+
+
+def flagged_seqs(data: bytes, limit: int) -> list[int]:
+    """The seqs whose delete flag is set in the frames of `data[:limit]` (a segment's
+    bytes; raises `FrameError` where a frame does not verify)."""
+    out: list[int] = []
+    pos = 0
+    while pos < limit:
+        frame = read_seg_frame(data, pos, limit)
+        if frame is None:
+            raise frames.FrameError(f"no valid frame at {pos}")
+        out += [frame.seq + k for k in range(frame.count) if data[frame.end - 1 - k] == DELETED]
+        pos = frame.end
+    return out
+
+
+def slot_frame(seg: Segment, i: int) -> tuple[int, int, int]:
+    """Slot `i`'s frame (offset, length) and the record's index k in it: the slots of
+    one frame are consecutive and share its offset (the first of them is at most
+    `RUN_MAX_RECORDS - 1` slots back; C-level search)."""
+    off = seg.offsets[i]
+    assert off != ABSENT
+    return off, seg.lens[i], i - seg.offsets.index(off, max(0, i - RUN_MAX_RECORDS + 1), i + 1)
+
+
+@dataclass(slots=True)
+class _Appended:
+    """What one absorb appended to one segment, for its `.meta` chunk."""
+
+    before: int  # the segment's `last` before
+    start: int  # its `data_len` before
+    sizes: array[int] = field(default_factory=lambda: array("I"))  # per slot appended
+    digest: int = 0  # XXH3-64 of the bytes appended (every flag 0x00)
+
+
+def _chunk_of(seg: Segment, work: AbsorbWork, mark: _Appended | None, flips: list[int]) -> bytes:
+    """The `.meta` chunk of one absorb into `seg` (b"" if it changed nothing there)."""
+    if mark is not None and mark.before == seg.last:
+        mark = None  # (sealed before anything was appended to it)
+    if mark is None and not flips:
         return b""
-    if appended is None:
+    if mark is None:
         empty_i, empty_q = array("I"), array("q")
         return encode_chunk(
             0, empty_i, empty_i, empty_q, empty_i, b"", flips, ({}, {}, {}, {}), (0, 0, 0)
         )
-    before, start, a, b, digest = appended
-    i = before - seg.first + 1
-    n = seg.last - before
-    base = before + 1
-    recs = work.records[a:b]
-    if len(recs) == n:  # (no absent slot among them)
-        sizes = array("I", [size for _, _, _, size in recs])
-    else:
-        sizes = array("I", bytes(4 * n))
-        for seq, _, _, size in recs:
-            sizes[seq - base] = size
+    i = mark.before - seg.first + 1
+    base = mark.before + 1
+    assert len(mark.sizes) == seg.last - mark.before
     return encode_chunk(
         base,
         seg.offsets[i:],
         seg.lens[i:],
         seg.ts[i:],
-        sizes,
+        mark.sizes,
         seg.flags[i:],
         flips,
         work.extras_between(base, seg.last),
-        (start, seg.data_len, digest),
+        (mark.start, seg.data_len, mark.digest),
     )
 
 
@@ -384,8 +539,8 @@ class AbsorbSlice:
 @dataclass(slots=True)
 class AbsorbWork:
     """What one checkpoint does to one topic's segments. Captured on the loop as slices
-    of the log and copies of the sparse extras; `materialize` turns them into records in
-    the checkpoint's thread, so the loop does no per-record Python work."""
+    of the log and copies of the sparse extras; the checkpoint's thread frames them
+    straight from the slices, so neither side does per-record Python work."""
 
     topic_id: int
     slices: list[AbsorbSlice]  # the slots above the registered `absorbed`, ascending
@@ -396,39 +551,9 @@ class AbsorbWork:
     nodes: dict[int, str] = field(default_factory=dict)
     prios: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
-    # (seq, stored JSON, $ts, size) of the live records, ascending (`materialize`)
-    records: list[tuple[int, bytes, int, int]] = field(default_factory=list)
 
-    def materialize(self) -> None:
-        """Build `records` from the captured slices (blocking work: run offloaded)."""
-        records: list[tuple[int, bytes, int, int]] = []
-        for sl in self.slices:
-            records += [
-                (seq, enc, ts, size)
-                for seq, enc, ts, size in zip(
-                    range(sl.base, sl.base + len(sl.encs)), sl.encs, sl.ts, sl.sizes, strict=True
-                )
-                if enc is not None
-            ]
-        self.records = records
-        self.slices = []
-
-    def has_extras(self, seq: int) -> bool:
-        return seq in self.tags or seq in self.nodes or seq in self.prios or seq in self.shapes
-
-    def record(self, seq: int, enc: bytes, ts: int, size: int) -> AbsorbRecord:
-        """A record with its extras (for one that has some)."""
-        shape = self.shapes.get(seq)
-        return AbsorbRecord(
-            seq,
-            ts,
-            enc,
-            size,
-            self.tags.get(seq),
-            self.nodes.get(seq),
-            self.prios.get(seq, 0),
-            None if shape is None else (shape[0], shape[1]),
-        )
+    def has_extras(self) -> bool:
+        return bool(self.tags or self.nodes or self.prios or self.shapes)
 
     def extras_between(self, lo: int, hi: int) -> Extras:
         """The sparse extras of the seqs `lo ..= hi`."""
@@ -437,6 +562,37 @@ class AbsorbWork:
             if src:
                 dst.update({seq: v for seq, v in src.items() if lo <= seq <= hi})  # type: ignore[attr-defined]
         return out
+
+
+class _Sparse:
+    """A work's sparse extras, windowed per run frame (sorted keys: a bisect per run)."""
+
+    def __init__(self, work: AbsorbWork) -> None:
+        self.tags = (sorted(work.tags), work.tags)
+        self.nodes = (sorted(work.nodes), work.nodes)
+        self.prios = (sorted(work.prios), work.prios)
+        self.shapes = (sorted(work.shapes), work.shapes)
+
+    def window(self, lo: int, hi: int) -> frames.Extras:
+        """The extras of the seqs `lo .. hi - 1`, indexed from 0 at `lo`."""
+        return frames.Extras(
+            None,
+            _window(self.tags, lo, hi),
+            _window(self.nodes, lo, hi),
+            _window(self.prios, lo, hi),
+            _window(self.shapes, lo, hi),
+        )
+
+
+_V = TypeVar("_V")
+
+
+def _window(sparse: tuple[list[int], dict[int, _V]], lo: int, hi: int) -> dict[int, _V]:
+    keys, values = sparse
+    if not keys:
+        return {}
+    a, b = bisect.bisect_left(keys, lo), bisect.bisect_left(keys, hi)
+    return {keys[j] - lo: values[keys[j]] for j in range(a, b)}
 
 
 @dataclass(slots=True)
@@ -576,7 +732,6 @@ class SegmentStore:
             self.fs.mkdir(topics_root)
             self.fs.fsync_dir(self.root)
         for work in works:
-            work.materialize()
             res = out.topics[work.topic_id] = self._absorb_topic(work, now_ms, out)
             if self.cold_root and self.tiering is not None:
                 self._relocate(res, out)
@@ -617,7 +772,8 @@ class SegmentStore:
             and now_ms - segs[-1].created_ms >= cfg.max_age_ms
         )
         below = bool(segs) and segs[0].sealed and segs[0].last < work.earliest
-        if not (work.records or work.flips or aged or below):
+        slots = any(sl.encs for sl in work.slices)
+        if not (slots or work.flips or aged or below):
             return result  # nothing to do: most topics at most checkpoints
         tdir = topic_dir(self.root, tid)
         if not fs.exists(tdir):
@@ -640,13 +796,11 @@ class SegmentStore:
                 touched[seg.first] = fd
             return fd
 
-        # what each touched segment's `.meta` chunk records: the slots appended (the
-        # segment's `last` and `data_len` before, the records' index range in
-        # `work.records`, the digest of the bytes written) and the seqs flipped
-        appended: dict[int, list[int]] = {}
+        # what each touched segment's `.meta` chunk records: the slots appended and the
+        # seqs flipped
+        appended: dict[int, _Appended] = {}
         flipped: dict[int, list[int]] = {}
         metas: dict[int, int] = {}  # segment first → open `.meta` handle
-        records = work.records
         try:
             # 1. delete flags of records killed since the last checkpoint
             firsts = [sg.first for sg in segs]
@@ -658,11 +812,12 @@ class SegmentStore:
                 if segs[i].flags[j] or segs[i].offsets[j] == ABSENT:
                     continue
                 seg = own(i)
-                fs.pwrite(handle(seg), bytes([DELETED]), seg.offsets[j] + seg.lens[j] - 1)
+                off, length, k = slot_frame(seg, j)
+                fs.pwrite(handle(seg), bytes([DELETED]), off + length - 1 - k)
                 seg.flags[j] = 1
                 flipped.setdefault(seg.first, []).append(seq)
                 result.flipped += 1
-            # 2. append to the active segment, sealing on the triggers
+            # 2. append to the active segment in run frames, sealing on the triggers
             active: Segment | None = None
             if segs and not segs[-1].sealed:
                 active = own(len(segs) - 1)
@@ -670,80 +825,101 @@ class SegmentStore:
                     self._seal(active, tid)
                     result.sealed += 1
                     active = None
-                elif records:
+                elif slots:
                     fs.ftruncate(handle(active), active.data_len)  # a failed attempt's bytes
-                    appended[active.first] = [active.last, active.data_len, 0, 0, 0]
+                    appended[active.first] = _Appended(active.last, active.data_len)
             pending: list[bytes] = []
             pending_at = active.data_len if active is not None else 0
-            extras = bool(work.tags or work.nodes or work.prios or work.shapes)
-            single = frames.single_frame
+            sparse = _Sparse(work) if work.has_extras() else None
             max_events, max_bytes = cfg.max_events, cfg.max_bytes
-            k = 0
-            while k < len(records):
-                seq, enc, ts, size = records[k]
-                if active is not None and (
-                    seq - active.last - 1 > _MAX_PAD
-                    or seq - active.first + 1 > max_events
-                    or active.data_len >= max_bytes
-                ):
-                    self._flush(handle(active), pending, pending_at, appended[active.first], k)
-                    pending = []
-                    self._seal(active, tid)
-                    result.sealed += 1
-                    active = None
-                if active is None:
-                    active = Segment(seq, seq - 1, 0, False, now_ms, meta_len=0)
-                    segs.append(active)
-                    owned.add(active.first)
-                    fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
-                    appended[active.first] = [active.last, 0, k, k, 0]
-                    new_files = True
-                    pending_at = 0
-                if not extras and seq == active.last + 1:
-                    # a stretch of consecutive seqs without extras, framed and indexed
-                    # in bulk up to the next seal trigger (what the record-at-a-time
-                    # steps below would do, without their per-record Python work)
-                    taken = _stretch(records, k, max_events - (seq - active.first))
-                    framed = [single(tid, s, t, e, z) for s, e, t, z in taken]
-                    offs = list(accumulate(map(len, framed), initial=active.data_len))
-                    # record k+i seals the segment first when the bytes before it
-                    # reach `max_bytes` (i = 0 was checked above)
-                    cut = bisect.bisect_left(offs, max_bytes, 1, len(framed))
-                    if cut < len(framed):
-                        del framed[cut:], offs[cut + 1 :]
-                        taken = taken[:cut]
+            live = 0
+            for sl in work.slices:
+                encs, n = sl.encs, len(sl.encs)
+                pos = 0
+                while pos < n:  # a run frame at a time
+                    if encs[pos] is None:  # dead before the checkpoint: no frame
+                        pos += 1
+                        continue
+                    seq = sl.base + pos
+                    if active is not None and (
+                        seq - active.last - 1 > _MAX_PAD
+                        or seq - active.first + 1 > max_events
+                        or active.data_len >= max_bytes
+                    ):
+                        self._flush(handle(active), pending, pending_at, appended[active.first])
+                        pending = []
+                        self._seal(active, tid)
+                        result.sealed += 1
+                        active = None
+                    if active is None:
+                        active = Segment(seq, seq - 1, 0, False, now_ms, meta_len=0)
+                        segs.append(active)
+                        owned.add(active.first)
+                        fs.ftruncate(handle(active, create=True), 0)  # an uncommitted attempt's
+                        appended[active.first] = _Appended(active.last, 0)
+                        new_files = True
+                        pending_at = 0
+                    mark = appended[active.first]
+                    gap = seq - active.last - 1
+                    if gap:  # absent slots (records dead before the checkpoint)
+                        active.offsets.extend(_ABSENT_SLOT * gap)
+                        active.lens.extend(array("I", bytes(4 * gap)))
+                        active.ts.extend(array("q", [sl.ts[pos]]) * gap)
+                        active.flags.extend(bytes(gap))
+                        mark.sizes.extend(array("I", bytes(4 * gap)))
+                    room = min(n - pos, max_events - (seq - active.first), RUN_MAX_RECORDS)
+                    take = cast("list[bytes]", encs[pos : pos + room])
+                    try:  # (no scan for dead slots unless the join meets one)
+                        joined = b"\x00".join(take)
+                    except TypeError:  # the run ends before the first dead slot
+                        del take[take.index(cast("bytes", None)) :]
+                        joined = b"\x00".join(take)
+                    budget = min(RUN_MAX_BYTES, max_bytes - active.data_len)
+                    if len(take) > 1 and len(joined) - len(take) + 1 >= budget:
+                        # the record whose text reaches the budget ends the run
+                        ends = list(accumulate(map(len, take)))
+                        cut = bisect.bisect_left(ends, budget) + 1
+                        if cut < len(take):
+                            del take[cut:]
+                            joined = joined[: ends[cut - 1] + cut - 1]
+                    cut = len(take)
+                    ts, sizes = sl.ts[pos : pos + cut], sl.sizes[pos : pos + cut]
+                    extras = _NO_EXTRAS if sparse is None else sparse.window(seq, seq + cut)
+                    frame = encode_run(tid, seq, take, ts, sizes, extras, joined)
+                    if frame is not None:
+                        at = active.data_len
+                        active.offsets.extend(array("I", [at]) * cut)
+                        active.lens.extend(array("I", [len(frame)]) * cut)
+                        active.data_len += len(frame)
+                        out.bytes += len(frame)
+                        pending.append(frame)
+                    else:  # a record holds a raw NUL: one-record frames
+                        for k, enc in enumerate(take):
+                            shape = extras.shapes.get(k)
+                            data = AbsorbRecord(
+                                seq + k,
+                                ts[k],
+                                enc,
+                                sizes[k],
+                                extras.tags.get(k),
+                                extras.nodes.get(k),
+                                extras.prios.get(k, 0),
+                                None if shape is None else (shape[0], shape[1]),
+                            ).frame(tid)
+                            active.offsets.append(active.data_len)
+                            active.lens.append(len(data))
+                            active.data_len += len(data)
+                            out.bytes += len(data)
+                            pending.append(data)
                     active.last = seq + cut - 1
-                    active.offsets.extend(offs[:-1])
-                    active.lens.extend(map(len, framed))
-                    active.ts.extend([t for _s, _e, t, _z in taken])
+                    active.ts.extend(ts)
                     active.flags.extend(bytes(cut))
-                    out.bytes += offs[-1] - active.data_len
-                    active.data_len = offs[-1]
-                    pending += framed
-                    k += cut
-                    continue
-                data = (
-                    work.record(seq, enc, ts, size).frame(tid)
-                    if extras and work.has_extras(seq)
-                    else single(tid, seq, ts, enc, size)
-                )
-                if seq == active.last + 1:
-                    active.last = seq
-                    active.offsets.append(active.data_len)
-                    active.lens.append(len(data))
-                    active.ts.append(ts)
-                    active.flags.append(0)
-                else:
-                    active.add(seq, active.data_len, len(data), ts)
-                active.data_len += len(data)
-                pending.append(data)
-                out.bytes += len(data)
-                k += 1
-            out.records += len(records)
+                    mark.sizes.extend(sizes)
+                    live += cut
+                    pos += cut
+            out.records += live
             if active is not None:
-                self._flush(
-                    handle(active), pending, pending_at, appended.get(active.first), len(records)
-                )
+                self._flush(handle(active), pending, pending_at, appended.get(active.first))
                 if active.slots >= cfg.max_events or active.data_len >= cfg.max_bytes:
                     self._seal(active, tid)
                     result.sealed += 1
@@ -790,26 +966,20 @@ class SegmentStore:
         state.segments = keep
         return result
 
-    def _flush(
-        self, fd: int, pending: list[bytes], at: int, mark: list[int] | None, k: int
-    ) -> None:
-        """Write the frames appended to a segment; note in `mark` (its `.meta` chunk's
-        notes) the index in `work.records` they end at, and their bytes' digest."""
+    def _flush(self, fd: int, pending: list[bytes], at: int, mark: _Appended | None) -> None:
+        """Write the frames appended to a segment; note their bytes' digest in `mark`
+        (its `.meta` chunk's notes)."""
         blob = b"".join(pending)
         if blob:
             write_all(self.fs, fd, blob, at)
         if mark is not None:
-            mark[3] = k
-            mark[4] = xxhash.xxh3_64_intdigest(blob)
+            mark.digest = xxhash.xxh3_64_intdigest(blob)
 
     def _seal(self, seg: Segment, tid: int) -> None:
         seg.sealed = True  # (its `ts` column goes once the `.meta` chunk is written)
         if not self.write_idx:
             return
-        entries = bytearray()
-        for off, length, ts, flag in zip(seg.offsets, seg.lens, seg.ts, seg.flags, strict=True):
-            flags = IDX_ABSENT if off == ABSENT else (IDX_DELETED if flag else 0)
-            entries += IDX.pack(0 if off == ABSENT else off, length, ts, flags)
+        entries = encode_idx(seg)
         path = idx_path(self.root, tid, seg.first)
         ifd = self.fs.open(path, create=True)
         try:
@@ -956,38 +1126,41 @@ class SegmentStore:
         if seg is None:
             return None
         i = seq - seg.first
-        off = seg.offsets[i]
-        if off == ABSENT or seg.flags[i]:
+        if seg.offsets[i] == ABSENT or seg.flags[i]:
             return None
+        off, length, k = slot_frame(seg, i)
         fd, path, cold = self._open(topic_id, seg)
         try:
-            data = self.fs.pread(fd, seg.lens[i], off)
+            data = self.fs.pread(fd, length, off)
         finally:
             self.fs.close(fd)
         if cold:
             self.cold_reads += 1
         try:
-            frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
-            if frame is None or frame.seq != seq or frame.end != len(data):
+            frame = read_seg_frame(data, 0, len(data))
+            if frame is None or frame.seq != seq - k or frame.count <= k or frame.end != length:
                 raise frames.FrameError("checksum mismatch or bad frame")
-            rec = decode_record(frame)
+            rec = frame.records()[k]
         except frames.FrameError as exc:
-            self.corruptions += 1
-            rel = posixpath.relpath(path, self.cold_root if cold else self.root)
-            log.error(
-                "segment corruption: %s offset %d: %s (record %d not served)", rel, off, exc, seq
-            )
-            raise SegmentCorruption(rel, off, str(exc)) from None
-        if data[-1] == DELETED:
+            raise self._corrupt(topic_id, path, cold, off, seq, exc) from None
+        if data[length - 1 - k] == DELETED:
             return None
         return rec
 
+    def _corrupt(
+        self, topic_id: int, path: str, cold: bool, off: int, seq: int, exc: Exception
+    ) -> SegmentCorruption:
+        self.corruptions += 1
+        rel = posixpath.relpath(path, self.cold_root if cold else self.root)
+        log.error("segment corruption: %s offset %d: %s (record %d not served)", rel, off, exc, seq)
+        return SegmentCorruption(rel, off, str(exc))
+
     def read_range(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> StoredRange:
         """The stored JSON of the live records `lo ..= hi` (blocking: run offloaded), in
-        seq order, stopping after the record that reaches `max_bytes` of frames. One
-        `pread` per segment; every frame is verified. Raises `SegmentCorruption` (and
-        counts it) when one fails its checksum. `cold` of the result: how many of the
-        segments read are in the cold tier."""
+        seq order, stopping after the record that reaches `max_bytes` of frames (a run
+        frame counts once). One `pread` per segment; every frame read is verified.
+        Raises `SegmentCorruption` (and counts it) when one fails its checksum. `cold`
+        of the result: how many of the segments read are in the cold tier."""
         st = self.topics.get(topic_id)
         out = StoredRange()
         if st is None:
@@ -997,17 +1170,29 @@ class SegmentStore:
             if seg.last < lo or seg.first > hi or total >= max_bytes:
                 continue
             want: list[int] = []  # slot indexes to read, ascending
+            offsets, lens, flags = seg.offsets, seg.lens, seg.flags
+            last_off = -1
             for i in range(max(lo, seg.first) - seg.first, min(hi, seg.last) - seg.first + 1):
-                if seg.offsets[i] == ABSENT or seg.flags[i]:
+                off = offsets[i]
+                if off == ABSENT or flags[i]:
                     continue
                 want.append(i)
-                total += seg.lens[i]
-                if total >= max_bytes:
-                    break
+                if off != last_off:
+                    last_off = off
+                    total += lens[i]
+                    if total >= max_bytes:
+                        # (the rest of this frame's wanted records come at no extra read)
+                        end = off
+                        for j in range(i + 1, min(hi, seg.last) - seg.first + 1):
+                            if offsets[j] != end:
+                                break
+                            if not flags[j]:
+                                want.append(j)
+                        break
             if not want:
                 continue
-            start = seg.offsets[want[0]]
-            stop = seg.offsets[want[-1]] + seg.lens[want[-1]]
+            start = offsets[want[0]]
+            stop = offsets[want[-1]] + lens[want[-1]]
             fd, path, cold = self._open(topic_id, seg)
             try:
                 data = self.fs.pread(fd, stop - start, start)
@@ -1016,27 +1201,28 @@ class SegmentStore:
             if cold:
                 out.cold += 1
                 self.cold_reads += 1
+            frame: SegFrame | None = None
+            frame_off = -1
+            encs: list[bytes] = []
             for i in want:
-                at = seg.offsets[i] - start
                 seq = seg.first + i
+                off = offsets[i]
                 try:
-                    frame = frames.read_frame(data, at, at + seg.lens[i], frames.LEGACY_MAX_FRAME)
-                    if frame is None or frame.seq != seq or frame.end != at + seg.lens[i]:
+                    if off != frame_off:
+                        at = off - start
+                        frame = read_seg_frame(data, at, at + lens[i])
+                        if frame is None or frame.end != at + lens[i] or frame.seq > seq:
+                            raise frames.FrameError("checksum mismatch or bad frame")
+                        encs = frame.encs()
+                        frame_off = off
+                    assert frame is not None
+                    k = seq - frame.seq
+                    if k >= frame.count:
                         raise frames.FrameError("checksum mismatch or bad frame")
-                    enc = frames.single_enc(frame)
                 except frames.FrameError as exc:
-                    self.corruptions += 1
-                    rel = posixpath.relpath(path, self.cold_root if cold else self.root)
-                    log.error(
-                        "segment corruption: %s offset %d: %s (record %d not served)",
-                        rel,
-                        seg.offsets[i],
-                        exc,
-                        seq,
-                    )
-                    raise SegmentCorruption(rel, seg.offsets[i], str(exc)) from None
-                if data[frame.end - 1] != DELETED:
-                    out[seq] = enc
+                    raise self._corrupt(topic_id, path, cold, off, seq, exc) from None
+                if data[frame.end - 1 - k] != DELETED:
+                    out[seq] = encs[k]
         return out
 
 
@@ -1142,7 +1328,7 @@ def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> Loa
             prios.update(p)
             shapes.update(sh)
         pos = end
-    if seg.last > reg.last or sum(seg.lens) != reg.data_len:
+    if seg.last > reg.last or not _tiles(checks, reg.data_len) or not _ends_at(seg, reg.data_len):
         raise _MetaUnusable("does not match the registry")
     while seg.last < reg.last:  # trailing absent slots
         seg.last += 1
@@ -1163,13 +1349,33 @@ def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> Loa
     return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
 
 
+def _tiles(checks: list[tuple[int, int, int]], data_len: int) -> bool:
+    """Whether the chunks' data ranges cover `0 .. data_len` exactly, in order (each
+    absorb appends where the previous one ended)."""
+    end = 0
+    for start, stop, _ in checks:
+        if start != end:
+            return False
+        end = stop
+    return end == data_len
+
+
+def _ends_at(seg: Segment, data_len: int) -> bool:
+    """Whether the last frame the index names ends at `data_len` (or none is named and
+    the segment holds no bytes)."""
+    i = len(seg.offsets) - 1
+    while i >= 0 and seg.offsets[i] == ABSENT:
+        i -= 1
+    return seg.offsets[i] + seg.lens[i] == data_len if i >= 0 else data_len == 0
+
+
 def _verify_data(
     fs: Fs, root: str, topic_id: int, seg: Segment, checks: list[tuple[int, int, int]]
 ) -> None:
     """Check every byte of the segment's data against its chunks' digests: one read and
-    one C-level hash per chunk, the tail bytes of deleted records (delete flags, outside
-    every checksum, flipped since the chunk was written) cleared first, as they were when
-    the digest was taken. A mismatch makes the `.meta` unusable: decoding the frames then
+    one C-level hash per chunk, the delete flags of deleted records (outside every
+    checksum, flipped since the chunk was written) cleared first, as they were when the
+    digest was taken. A mismatch makes the `.meta` unusable: decoding the frames then
     names the damaged frame (and refuses the start), or re-makes a damaged `.meta`."""
     if not checks:
         return
@@ -1183,17 +1389,21 @@ def _verify_data(
         fs.close(fd)
     if len(data) != hi - lo:
         raise _MetaUnusable(f"data shorter than its chunks ({lo + len(data)} < {hi})")
-    # only a deleted record's tail differs from what was hashed (a flip the `.meta` does
+    # only a deleted record's flag differs from what was hashed (a flip the `.meta` does
     # not know yet, from a checkpoint that never committed, fails the digest: the frames
-    # are decoded then, whose checksums leave the tails out)
+    # are decoded then, whose checksums leave the flags out)
     buf: bytes | bytearray = data
     i = seg.flags.find(1)
     if i >= 0:
         buf = bytearray(data)
+        last_off, first = -1, 0
         while i >= 0:
             off = seg.offsets[i]
-            if off != ABSENT and lo <= off < hi:
-                buf[off + seg.lens[i] - 1 - lo] = 0
+            if off != ABSENT:
+                if off != last_off:  # (the deleted records of one run share its search)
+                    last_off, first = off, i - slot_frame(seg, i)[2]
+                if lo <= off < hi:
+                    buf[off + seg.lens[i] - 1 - (i - first) - lo] = 0
             i = seg.flags.find(1, i + 1)
     view = memoryview(buf)
     for start, stop, digest in checks:
@@ -1217,10 +1427,10 @@ def _verify_tail(fs: Fs, root: str, topic_id: int, seg: Segment) -> None:
     finally:
         fs.close(fd)
     try:
-        frame = frames.read_frame(data, 0, len(data), frames.LEGACY_MAX_FRAME)
+        frame = read_seg_frame(data, 0, len(data))
     except frames.FrameError:
         frame = None
-    if frame is None or frame.seq != seg.first + i or frame.end != length:
+    if frame is None or frame.seq + frame.count - 1 != seg.first + i or frame.end != length:
         raise _MetaUnusable(f"the last frame (offset {off}) does not match")
 
 
@@ -1244,18 +1454,19 @@ def _load_frames(
         elif pos >= reg.data_len:
             break
         try:
-            frame = frames.read_frame(data, pos, reg.data_len, max_frame)
+            frame = read_seg_frame(data, pos, reg.data_len)
             if frame is None:
                 raise frames.FrameError("checksum mismatch or invalid frame")
-            rec = decode_record(frame)
+            recs = frame.records()
         except frames.FrameError as exc:
             raise SegmentCorruption(rel, pos, str(exc)) from None
-        if rec.seq <= seg.last or rec.seq > reg.last:
-            raise SegmentCorruption(rel, pos, f"seq {rec.seq} out of order")
-        seg.add(rec.seq, pos, frame.end - pos, rec.ts)
-        if data[frame.end - 1] == DELETED:
-            seg.flags[-1] = 1
-        records.append(rec)
+        if frame.seq <= seg.last or frame.seq + frame.count - 1 > reg.last:
+            raise SegmentCorruption(rel, pos, f"seq {frame.seq} out of order")
+        for j, rec in enumerate(recs):
+            seg.add(rec.seq, pos, frame.end - pos, rec.ts)
+            if data[frame.end - 1 - j] == DELETED:
+                seg.flags[-1] = 1
+        records += recs
         pos = frame.end
     if entries is None and pos != reg.data_len:
         raise SegmentCorruption(rel, pos, "frames do not end at the registered length")
@@ -1283,7 +1494,8 @@ def _load_frames(
     buf = bytearray(data[: reg.data_len])
     for i, flag in enumerate(seg.flags):
         if flag:
-            buf[seg.offsets[i] + seg.lens[i] - 1] = 0
+            off, length, k = slot_frame(seg, i)
+            buf[off + length - 1 - k] = 0
     rewrite = encode_chunk(
         seg.first,
         seg.offsets,
@@ -1315,8 +1527,8 @@ def _idx_offsets(fs: Fs, root: str, topic_id: int, reg: SegSnap, data: bytes) ->
     out: list[int] = []
     end = 0
     for off, length, _ts, flags in IDX.iter_unpack(raw):
-        if flags & IDX_ABSENT:
-            continue
+        if flags & IDX_ABSENT or (out and off == out[-1] and off + length == end):
+            continue  # (absent, or the next record of the same run frame)
         if off != end or off + length > reg.data_len:
             log.warning("%s: inconsistent entry; scanning the segment", path)
             return None
@@ -1325,6 +1537,30 @@ def _idx_offsets(fs: Fs, root: str, topic_id: int, reg: SegSnap, data: bytes) ->
     if end != reg.data_len:
         return None
     return out
+
+
+def encode_idx(seg: Segment) -> bytes:
+    """The `.idx` of a segment: per slot `IDX` (offset and length of the record's frame,
+    `$ts`, flags), built column by column with strided copies (no per-slot Python)."""
+    n = seg.slots
+    offsets = seg.offsets
+    flags = bytearray(seg.flags)  # 1 = deleted = IDX_DELETED
+    absent = offsets.count(ABSENT)
+    if absent:
+        offsets = array("I", offsets)
+        i = offsets.index(ABSENT)
+        while absent:
+            offsets[i] = 0
+            flags[i] = IDX_ABSENT
+            absent -= 1
+            if absent:
+                i = offsets.index(ABSENT, i + 1)
+    cols = ((0, 4, _le(offsets)), (4, 4, _le(seg.lens)), (8, 8, _le(seg.ts)), (16, 1, flags))
+    out = bytearray(IDX.size * n)
+    for at, width, col in cols:
+        for b in range(width):
+            out[at + b :: IDX.size] = col[b::width]
+    return bytes(out)
 
 
 def decode_idx(raw: bytes) -> list[tuple[int, int, int, int]]:
