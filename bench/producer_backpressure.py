@@ -5,7 +5,8 @@ overloaded server.
     python bench/producer_backpressure.py [--quick] [--pin] [--producers N] [--clients N]
                                           [--rounds N] [--window S] [--warmup S]
                                           [--batch N] [--overload X] [--bounds auto|N]
-                                          [--json PATH] [--chart PATH | --no-chart]
+                                          [--waiters-per-permit K] [--json PATH [--trace]]
+                                          [--chart PATH | --no-chart]
 
 Each window starts `python -m topicd serve --port 0` on a fresh data directory
 (bench/http_core.py's `Server`; no window pays for the data an earlier one left) and
@@ -21,7 +22,8 @@ Method:
    then become C* (never above 32): the defaults (32 and 4096) are sized to a bigger
    machine, and 32 producers never reach them here. The best ramp rate is the saturation
    rate S. `--bounds N` sets both to N instead (S from `2N` closed-loop producers);
-   `--bounds 0` keeps the defaults.
+   `--bounds 0` keeps the defaults. `--waiters-per-permit K` makes the waiters K × the
+   permits (default 1), and the producers twice what the gate then holds.
 2. **Overload, delay law off and on.** `--producers` tasks (4 × the scaled bounds: twice
    what the admission gate holds, as bench/overload.py's 4 × C*), each with its own client
    by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
@@ -40,9 +42,14 @@ after the window, write latency p50/p99 (one `write_batch` call: delay law, retr
 waits included), the server's health latency p99 (`GET /v0/health` every 20 ms from a
 thread of the parent, on its own connection), the pressure the producers read, their
 mean delay, and the CPU seconds per second of the producers and of topicd. The targets
-(issue 17) are printed; so is a note when topicd used under 0.85 CPU s/s at saturation
+(issue 17) are printed, with the server's own `429` count by cause
+(`topicd_throttled_total`, warm-up included); so is a note when topicd used under 0.85
+CPU s/s at saturation
 (something else was the bottleneck) or no law-off window got a `429`. A chart of the
 medians, each round a dot, goes to `--chart` (`docs/producer_backpressure.png`).
+With `--trace`, the `--json` file also holds, per overload window, every answer the
+producers got (time in the window, status, pressure header, producer) and every
+delay-law decision (time, zone, delay ms, pressure read, producer).
 """
 
 from __future__ import annotations
