@@ -5,7 +5,8 @@ overloaded server.
     python bench/producer_backpressure.py [--quick] [--pin] [--producers N] [--clients N]
                                           [--rounds N] [--window S] [--warmup S]
                                           [--batch N] [--overload X] [--bounds auto|N]
-                                          [--json PATH] [--chart PATH | --no-chart]
+                                          [--waiters-per-permit K] [--json PATH [--trace]]
+                                          [--chart PATH | --no-chart]
 
 Each window starts `python -m topicd serve --port 0` on a fresh data directory
 (bench/http_core.py's `Server`; no window pays for the data an earlier one left) and
@@ -21,7 +22,8 @@ Method:
    then become C* (never above 32): the defaults (32 and 4096) are sized to a bigger
    machine, and 32 producers never reach them here. The best ramp rate is the saturation
    rate S. `--bounds N` sets both to N instead (S from `2N` closed-loop producers);
-   `--bounds 0` keeps the defaults.
+   `--bounds 0` keeps the defaults. `--waiters-per-permit K` makes the waiters K × the
+   permits (default 1), and the producers twice what the gate then holds.
 2. **Overload, delay law off and on.** `--producers` tasks (4 × the scaled bounds: twice
    what the admission gate holds, as bench/overload.py's 4 × C*), each with its own client
    by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
@@ -40,15 +42,21 @@ after the window, write latency p50/p99 (one `write_batch` call: delay law, retr
 waits included), the server's health latency p99 (`GET /v0/health` every 20 ms from a
 thread of the parent, on its own connection), the pressure the producers read, their
 mean delay, and the CPU seconds per second of the producers and of topicd. The targets
-(issue 17) are printed; so is a note when topicd used under 0.85 CPU s/s at saturation
+(issue 17) are printed, with the server's own `429` count by cause
+(`topicd_throttled_total`, warm-up included); so is a note when topicd used under 0.85
+CPU s/s at saturation
 (something else was the bottleneck) or no law-off window got a `429`. A chart of the
 medians, each round a dot, goes to `--chart` (`docs/producer_backpressure.png`).
+With `--trace`, the `--json` file also holds, per overload window, every answer the
+producers got (time in the window, status, pressure header, producer) and every
+delay-law decision (time, zone, delay ms, pressure read, producer).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -89,19 +97,31 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
             self.measuring = False
             self.statuses: dict[int, int] = {}
             self.pressure: list[float] = []
+            # with --trace: (time since the window began, status, pressure header) of
+            # every answer, and (time, zone, delay ms, pressure read) of every decision
+            self.answers: list[tuple[float, int, float | None, int]] | None = None
+            self.decisions: list[tuple[float, str, float, float | None, int]] | None = None
+            self.begin = 0.0
 
     class Counting(httpx.AsyncHTTPTransport):
-        def __init__(self, tally: Tally, connections: int) -> None:
+        def __init__(self, tally: Tally, connections: int, index: int) -> None:
             super().__init__(limits=httpx.Limits(max_connections=connections))
             self.tally = tally
+            self.index = index  # the client's, in traces
 
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
             resp = await super().handle_async_request(request)
             t = self.tally
             if t.measuring:
                 t.statuses[resp.status_code] = t.statuses.get(resp.status_code, 0) + 1
+                p: float | None = None
                 with contextlib.suppress(KeyError, ValueError):
-                    t.pressure.append(float(resp.headers["x-topicd-pressure"]))
+                    p = float(resp.headers["x-topicd-pressure"])
+                    t.pressure.append(p)
+                if t.answers is not None:
+                    t.answers.append(
+                        (trio.current_time() - t.begin, resp.status_code, p, self.index)
+                    )
             return resp
 
     records = [{"data": {"i": i, "pad": "x" * 40}} for i in range(job["batch"])]
@@ -109,6 +129,8 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
 
     async def run() -> dict[str, Any]:
         transport = Tally()
+        if job.get("trace"):
+            transport.answers, transport.decisions = [], []
         policy = BackpressurePolicy(enabled=job["policy"])
         latencies: list[float] = []
         accepted = 0
@@ -117,12 +139,17 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
         zones = {"green": 0, "amber": 0, "red": 0}
         delayed_ms = 0.0
 
-        def on_zone(report: ZoneReport) -> None:
+        def on_zone(report: ZoneReport, index: int) -> None:
             nonlocal delayed_ms
             # one report per batch decision (a pause reports again at each poll)
             if transport.measuring and report.zone != "red":
                 zones[report.zone] += 1
                 delayed_ms += report.delay_ms
+            if transport.measuring and transport.decisions is not None:
+                t = trio.current_time() - transport.begin
+                transport.decisions.append(
+                    (t, report.zone, report.delay_ms, report.pressure, index)
+                )
 
         n_clients = min(job["clients"], job["producers"])
         per_client = -(-job["producers"] // n_clients)  # producers per client, rounded up
@@ -132,14 +159,15 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
                     Client(
                         job["url"],
                         policy=policy,
-                        transport=Counting(transport, per_client + 2),
-                        on_zone=on_zone,
+                        transport=Counting(transport, per_client + 2, i),
+                        on_zone=functools.partial(on_zone, index=i),
                     )
                 )
-                for _ in range(n_clients)
+                for i in range(n_clients)
             ]
             start = trio.current_time()
             begin = start + job["warmup"]  # the measured window: [begin, end)
+            transport.begin = begin
             end = begin + job["window"]
             marks: dict[str, float] = {}
 
@@ -198,6 +226,11 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
             "zones": zones,
             "delay_mean_ms": delayed_ms / batches if batches else None,
             "wall": (marks["wall0"], marks["wall1"]),
+            "trace": (
+                {"answers": transport.answers, "decisions": transport.decisions}
+                if transport.answers is not None
+                else None
+            ),
         }
 
     return trio.run(run)
@@ -316,12 +349,26 @@ def start_server(tmp: Path, args: argparse.Namespace, bounds: int) -> hc.Server:
         # below the producer count, so an overloaded server refuses (`429
         # client_waiters`) instead of queueing every producer
         server.env["TOPICD_CLASSES_CLIENT_PERMITS"] = str(bounds)
-        server.env["TOPICD_CLASSES_CLIENT_WAITERS"] = str(bounds)
+        server.env["TOPICD_CLASSES_CLIENT_WAITERS"] = str(bounds * args.waiters_per_permit)
     server.start(cpu=SERVER_CPU if args.pin else None)
     with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as http:
         for i in range(args.topics):
             http.put(f"/v0/topics/bp-{i}", json={"durability": "disk"}).raise_for_status()
     return server
+
+
+def refusals(url: str) -> dict[str, float]:
+    """The server's `429`s so far by cause (`topicd_throttled_total`), warm-up included."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        text = http.get("/v0/metrics").text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("topicd_throttled_total{"):
+            labels, _, value = line.rpartition(" ")
+            cause = labels.partition('cause="')[2].partition('"')[0]
+            if float(value):
+                out[cause] = float(value)
+    return out
 
 
 def fresh_window(job: dict[str, Any], args: argparse.Namespace, bounds: int) -> dict[str, Any]:
@@ -334,6 +381,7 @@ def fresh_window(job: dict[str, Any], args: argparse.Namespace, bounds: int) -> 
             cpu0, t0 = server.cpu_s(), time.monotonic()
             out = window(job | {"url": url}, url, args.pin)
             out["server_cpu_per_s"] = (server.cpu_s() - cpu0) / (time.monotonic() - t0)
+            out["refused_by_cause"] = refusals(url)
         finally:
             server.stop()
     out["n429"] = out["statuses"].get("429", 0)
@@ -404,11 +452,23 @@ def main() -> int:
         "rather than refuse",
     )
     ap.add_argument(
+        "--waiters-per-permit",
+        type=int,
+        default=1,
+        help="client waiters per scaled permit (default 1)",
+    )
+    ap.add_argument(
         "--ramp-window", type=float, default=3.0, help="seconds per ramp step (default 3)"
     )
     ap.add_argument("--chart", default=str(REPO / "docs" / "producer_backpressure.png"))
     ap.add_argument("--no-chart", action="store_true")
     ap.add_argument("--json", help="write every window's numbers to this file")
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --json: every answer's (time, status, pressure header) and every "
+        "delay-law decision's (time, zone, delay, pressure) in each overload window",
+    )
     args = ap.parse_args()
     if args.child:
         sys.stdout.write(json.dumps(child_main(json.loads(args.child))))
@@ -443,13 +503,15 @@ def main() -> int:
     else:
         bounds = int(args.bounds)
         # closed loop with as many producers as the bounds admit without refusing
-        sat_producers = 2 * bounds if bounds else args.producers or 32
+        sat_producers = bounds * (1 + args.waiters_per_permit) if bounds else args.producers or 32
         job = base | {"producers": sat_producers, "policy": False, "batches_per_s": 0}
         sat = fresh_window(job, args, bounds)
         sat_label = f"{sat_producers} closed-loop producers"
-    producers = args.producers or (4 * bounds if bounds else 32)
+    # twice what the admission gate holds (permits and waiters)
+    producers = args.producers or (2 * bounds * (1 + args.waiters_per_permit) if bounds else 32)
     offered = args.overload * sat["accepted_rps"]
     paced = base | {"producers": producers, "batches_per_s": offered / args.batch}
+    paced["trace"] = args.trace
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for r in range(rounds):
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
@@ -458,14 +520,15 @@ def main() -> int:
             print(
                 f"round {r + 1} policy {mode:<3}: {out['accepted_rps']:>9,.0f} records/s, "
                 f"{out['n429']:>5} 429s, health p99 {fmt(out['health_p99_ms'])} ms, "
-                f"zones {out['zones']}",
+                f"zones {out['zones']}, refused by cause {out['refused_by_cause']}",
                 flush=True,
             )
     load1 = os.getloadavg()
     off, on = median_of(runs["off"]), median_of(runs["on"])
     print(
         f"window {win:g} s, {rounds} rounds, {producers} producers, {args.batch}-record "
-        f"batches, bounds {bounds or 'default'}, pin={'yes' if args.pin else 'no'}, "
+        f"batches, bounds {bounds or 'default'} (waiters × {args.waiters_per_permit}), "
+        f"pin={'yes' if args.pin else 'no'}, "
         f"load average {load0[0]:.1f} -> {load1[0]:.1f}"
     )
     print(

@@ -147,6 +147,29 @@ async def test_pause_rereads_every_hard_poll_until_the_signal_drops(autojump_clo
     assert [r.zone for r in reports] == ["red", "red", "red", "green"]
 
 
+async def test_a_pause_that_ends_in_the_amber_band_still_waits_its_delay(autojump_clock):
+    """Paused producers read the drop below hard at the same poll; the law's delay for
+    the value they read still applies, so they do not all send at once."""
+    reports = []
+    polls = []
+    signals = None
+
+    async def refresh(topic):
+        polls.append(trio.current_time())
+        signals.observe_pressure("0.95" if len(polls) < 2 else "0.75")  # 250 ms
+        await trio.lowlevel.checkpoint()
+
+    signals, bp = _gate(refresh=refresh, reports=reports)
+    signals.observe_pressure("1.0")
+    t0 = trio.current_time()
+    waited = await bp.wait("t")
+    assert [round(p - t0, 6) for p in polls] == [0.1, 0.2]
+    assert trio.current_time() - t0 == pytest.approx(0.2 + 0.25)
+    assert waited == pytest.approx(450)
+    assert [r.zone for r in reports] == ["red", "red", "amber"]
+    assert reports[-1].delay_ms == pytest.approx(250)
+
+
 async def test_pause_ends_when_the_signal_goes_stale(autojump_clock):
     """A dead server stops answering: its last pressure must not freeze the producer."""
     signals, bp = _gate()

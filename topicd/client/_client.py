@@ -198,9 +198,11 @@ class Client:
         params: Mapping[str, str | int] | None = None,
         safe: bool,
         retries: bool = True,
+        before_retry: Callable[[], Awaitable[None]] | None = None,
     ) -> httpx.Response:
         """Send one request, retrying as the module docstring says; returns a 2xx answer
-        or raises the typed error."""
+        or raises the typed error. `before_retry` runs after the server's hint, before a
+        retry of a pressure refusal (a write's delay law)."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"content-type": "application/json"} if content is not None else None
         attempt = 0
@@ -237,6 +239,8 @@ class Client:
                 else self.backoff_s(attempt)
             )
             await self.clock.sleep(wait)
+            if before_retry is not None and resp.status_code == 429:
+                await before_retry()
             attempt += 1
 
     @staticmethod
@@ -256,9 +260,16 @@ class Client:
         params: Mapping[str, str | int] | None = None,
         safe: bool,
         retries: bool = True,
+        before_retry: Callable[[], Awaitable[None]] | None = None,
     ) -> JsonObject:
         resp = await self._request(
-            method, path, body=body, params=params, safe=safe, retries=retries
+            method,
+            path,
+            body=body,
+            params=params,
+            safe=safe,
+            retries=retries,
+            before_retry=before_retry,
         )
         try:
             return _json_obj(msgspec.json.decode(resp.content), f"{method} {path}")
@@ -446,9 +457,20 @@ class Client:
             body["config"] = dict(config)
         if disable_backpressure:
             body["disable_backpressure"] = True
+        law: Callable[[], Awaitable[None]] | None = None
         if not disable_backpressure:
             await self._before_write(topic)
-        res = await self._json("POST", f"/v0/topics/{topic}", body=body, safe=key is not None)
+
+            async def again() -> None:
+                # a pressure `429` (its header reads the refusal) sends the retry through
+                # the delay law again, after the server's hint: into a gate that is
+                # still full it would only be refused again
+                await self._before_write(topic)
+
+            law = again
+        res = await self._json(
+            "POST", f"/v0/topics/{topic}", body=body, safe=key is not None, before_retry=law
+        )
         if res.get("created") is True:
             self._kinds.pop(topic, None)
         seqs = res.get("seqs")

@@ -13,7 +13,8 @@ delay: a dead worker must not also freeze its producers. Per signal `x` with thr
 `soft < hard`, `delay_ms(x)` is 0 up to `soft`, rises linearly to `soft_delay_max_ms` just
 below `hard`, and is `PAUSE` from `hard` on. The larger of the two delays applies once per
 batch, before it is sent. A pause re-reads the signals every `hard_poll_ms` until they drop
-below `hard` or go stale, and gives up with `BackpressureTimeout` after `max_pause_ms`.
+below `hard` or go stale (then the delay for the value read applies, as before any batch),
+and gives up with `BackpressureTimeout` after `max_pause_ms`.
 
 Time comes from a `Clock` (the event loop's clock by default, so Trio's `MockClock`
 drives every wait in tests); every wait is a checkpoint, so cancelling the producer stops
@@ -266,7 +267,11 @@ class Backpressure:
             await self.refresh(topic)
             d, pressure, in_flight = self.decide(topic)
             if not isinstance(d, _Pause):
-                waited_ms = (self.clock.now() - start) * 1000
+                # below hard again: the law's delay for the signal as it reads now still
+                # applies (paused producers see the drop at the same poll, and would
+                # otherwise all send at once into a queue that is still filling)
                 zone: Zone = "green" if d == 0 else "amber"
-                self._report(ZoneReport(topic, zone, waited_ms, pressure, in_flight))
-                return waited_ms
+                self._report(ZoneReport(topic, zone, d, pressure, in_flight))
+                if d > 0:
+                    await self.clock.sleep(d / 1000)
+                return (self.clock.now() - start) * 1000

@@ -1,22 +1,25 @@
 """Work classes: client permits, maintenance permits and yield budgets (scheduler spec R1).
 
 Client work — REST handlers: writes, reads, claims, control-plane changes — runs only
-while it holds one of `classes.client_permits` permits (a request taking a free one runs
-from the next loop batch on, so the others ready in the same batch wait), so at most
-that many client requests are runnable at once and one pass of the event loop stays
-short: probes,
+while it holds one of `classes.client_permits` permits, so at most that many client
+requests are runnable at once and one pass of the event loop stays short: probes,
 metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
-which take no permit) are served within one batch however many clients push. At most
-`classes.client_waiters` requests wait for a permit; beyond that a request gets `429
+which take no permit) are served within one batch however many clients push. The gate
+holds `client_permits + client_waiters` requests in its **backlog** — running, waiting
+for a permit, waiting for work they submitted after giving their permit back, or (on
+the direct HTTP path) with a body still arriving; beyond that a request gets `429
 throttled` with `cause:"client_waiters"` before its body is parsed (the direct HTTP path
 answers from a glance at the head and reads the body off the socket unparsed, so the
-connection stays usable; see `http/server.py`).
+connection stays usable; see `http/server.py`). `load()` says how near that refusal the
+backlog is, for the `X-Topicd-Pressure` header.
 
 A request gives its permit back as soon as it only waits — for a long-poll's wake-up, a
 WAL completion (an append's, or a control frame's: an ack's synced delete), room at a full
 ingest — with `give_back()`: a parked task costs no loop
 time, and holding permits while parked would let 32 long-polls starve every writer. It
-does not take one again: what is left (rendering the answer) is short and bounded.
+does not take one again: what is left (rendering the answer) is short and bounded. A
+request waiting for work it submitted stays in the backlog; a long-poll parked for data
+(`give_back(parked=True)`) leaves it.
 
 Long loops on the loop thread (the drain's fan-out, the retention sweep) yield with a
 `Budget`: `await budget.tick()` checkpoints once a class quantum of time has passed since
@@ -55,33 +58,85 @@ class PermitStats:
 
 
 class Permit:
-    """One admitted request's hold on a permit."""
+    """One admitted request's hold on a permit, and its place in the gate's backlog."""
 
-    __slots__ = ("held", "pool")
+    __slots__ = ("counted", "held", "pool")
 
     def __init__(self, pool: ClientPermits) -> None:
         self.pool = pool
         self.held = True
+        self.counted = True  # still part of `pool.backlog`
 
-    def release(self) -> None:
+    def lend(self) -> None:
+        """Give the permit back while the request stays in the backlog: it waits for
+        work it submitted (a WAL completion, room at a full ingest)."""
         if self.held:
             self.held = False
             self.pool.release()
+
+    def release(self) -> None:
+        """The request is answered, or parked until data arrives (a long-poll, which
+        costs the server nothing meanwhile): give the permit back and leave the backlog.
+        Idempotent."""
+        self.lend()
+        if self.counted:
+            self.counted = False
+            self.pool.backlog -= 1
 
 
 _HELD: ContextVar[Permit | None] = ContextVar("topicd_client_permit", default=None)
 
 
 class ClientPermits:
-    def __init__(self, permits: int, max_waiters: int, retry_hint_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        permits: int,
+        max_waiters: int,
+        retry_hint_ms: Callable[[], int],
+        *,
+        saturated_at: float = 0.6,
+    ) -> None:
         self._sem = trio.Semaphore(permits)
+        self.permits = permits
         self.max_waiters = max_waiters
+        self.saturated_at = saturated_at  # `load()` with a backlog of exactly `permits`
         self.retry_hint_ms = retry_hint_ms
         self.stats = PermitStats(capacity=permits)
+        # admitted client requests not answered yet, long-polls parked for data excluded:
+        # running, waiting for a permit, or waiting for work they submitted (their WAL
+        # commit, room at a full ingest) after giving their permit back
+        self.backlog = 0
+        # requests whose head has arrived and whose body is still being read (the direct
+        # HTTP path counts them): not admitted yet, but part of the backlog all the same
+        self.reading = 0
+        self.bound = max(1, permits + max_waiters)
+
+    def note_reading(self, delta: int) -> None:
+        self.reading += delta
 
     def full(self) -> bool:
-        """Whether a request arriving now would be refused (no permit, waiters full)."""
-        return self._sem.value == 0 and self.stats.waiting >= self.max_waiters
+        """Whether a request arriving now would be refused: the backlog holds as many
+        requests as there are permits and waiter slots (so no permit is free and every
+        waiter slot is taken, or requests that gave their permit back still wait for
+        the work they submitted)."""
+        return self.backlog + self.reading >= self.bound
+
+    def load(self, exclude: int = 0) -> float:
+        """How close the backlog (bodies being read included) is to a refusal, in [0, 1],
+        read live (the bound fills within milliseconds): linear up to `saturated_at` at
+        a backlog of `permits` (every permit busy, nobody queued: a saturated server,
+        which reads as the client library's soft threshold, as the governor's capped
+        latency signal does), then linear in the waiter slots taken up to 1.0 at the
+        bound, where the next request is refused. So a client sees the queue fill —
+        its delay grows, then it pauses — before the first refusal. `exclude`: requests
+        counted that are being answered (no longer in hand)."""
+        n = self.backlog + self.reading - exclude
+        if n >= self.bound:
+            return 1.0
+        permits = max(1, self.permits)
+        if n <= permits:
+            return self.saturated_at * n / permits
+        return self.saturated_at + (1 - self.saturated_at) * (n - permits) / self.max_waiters
 
     def waited_area(self, now: float) -> float:
         """Request-seconds spent waiting for a permit since start, up to `now`."""
@@ -102,16 +157,21 @@ class ClientPermits:
         stats = self.stats
         if self._sem.value > 0:
             self._sem.acquire_nowait()
+            self.backlog += 1
         else:
-            if stats.waiting >= self.max_waiters:
+            if stats.waiting >= self.max_waiters or self.full():
                 raise self.refusal()
             t0 = trio.current_time()
             self.waited_area(t0)
             stats.waiting += 1
             stats.waited += 1
             stats.peak_waiting = max(stats.peak_waiting, stats.waiting)
+            self.backlog += 1
             try:
                 await self._sem.acquire()
+            except BaseException:
+                self.backlog -= 1
+                raise
             finally:
                 t1 = trio.current_time()
                 self.waited_area(t1)
@@ -135,11 +195,16 @@ class ClientPermits:
         _HELD.reset(token)
 
 
-def give_back() -> None:
-    """The current request only waits from here on: free its permit (see module doc)."""
+def give_back(*, parked: bool = False) -> None:
+    """The current request only waits from here on: free its permit (see module doc).
+    `parked`: it waits for data (a long-poll), not for work it submitted, so it leaves
+    the backlog too."""
     permit = _HELD.get()
     if permit is not None:
-        permit.release()
+        if parked:
+            permit.release()
+        else:
+            permit.lend()
 
 
 WEIGHTS: dict[str, int] = {"control": 8, "delivery": 4, "client": 2, "maintenance": 1}
