@@ -241,8 +241,17 @@ class Checkpointer:
             some = ids[i : i + _INSTALL_TOPICS * 8]
             cap.entries.update(zip(some, map(encoded.__getitem__, some), strict=True))
             await budget.pause()
+        old = (self._encoded, self._records)
         self._encoded = cap.entries
         self._records = cap.records
+        # the previous entries and records are dropped a slice at a time: what they alone
+        # held (every changed topic's old entry and record tuple) is freed as they go, and
+        # at 100,000 changed topics that was ~19 ms in one loop turn
+        for previous in old:
+            while previous:
+                for _ in range(min(len(previous), _INSTALL_TOPICS * 8)):
+                    previous.popitem()
+                await budget.pause()
         return doomed
 
     async def checkpoint(self, *, final: bool = False) -> bool:
