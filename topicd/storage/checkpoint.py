@@ -308,6 +308,10 @@ class Checkpointer:
                         topic.seg_killed = work.flips + (topic.seg_killed or [])
                 for topic in cap.captured:  # captured again next time
                     topic.mark_changed()
+                for tid in cap.captured_inline:
+                    topic = self.engine.by_id.get(tid)
+                    if topic is not None:
+                        topic.mark_changed()
                 self.engine.deleted_ids[:0] = cap.deleted_ids
                 self.failures += 1
                 log.error("checkpoint failed (the WAL keeps its files): %s", exc)
@@ -344,14 +348,14 @@ class Checkpointer:
             self._last_at = trio.current_time()
             self.last_duration_ms = (self._last_at - t0) * 1000
             self.last_bytes = sum(len(piece) for piece in data)
-            self.last_captured = len(cap.captured)
+            self.last_captured = len(cap.captured) + len(cap.captured_inline)
             moved = sum(res.relocated for res in outcome.topics.values())
             log.info(
                 "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
                 "%.1f ms%s%s",
                 number,
                 len(cap.body.topics),
-                len(cap.captured),
+                self.last_captured,
                 outcome.records,
                 self.last_bytes,
                 self.last_duration_ms,
