@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Many small topics: RSS, the checkpoint's loop stall, restart to ready.
 
-    python bench/many_topics.py [--topics 100000] [--dir DIR] [--sites 0]
+    python bench/many_topics.py [--topics 100000] [--dir DIR] [--sites 0] [--long-steps-ms 0]
 
 Two fresh processes on one data directory (under `--dir`, default the system temp dir),
 each an engine on the real file system with the daemon's thread offload and, like the
-daemon, its start-up objects `gc.freeze()`-d and generation 0 at
-`engine.gc_threshold0`:
+daemon, its start-up objects `gc.freeze()`-d and the daemon's collector thresholds
+(`topicd.daemon.settle_gc`). `--long-steps-ms N` lists each checkpoint's loop steps of
+at least N ms (wall time, the loop thread's CPU, collections, where the task ran):
 
 1. **fill**: `--topics` topics get 3 records of about 100 bytes (one write each, which
    creates the topic). Reported: the RSS after the fill and after the first checkpoint
