@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Many small topics: RSS, the checkpoint's loop stall, restart to ready.
 
-    python bench/many_topics.py [--topics 100000] [--dir DIR] [--sites 0]
+    python bench/many_topics.py [--topics 100000] [--dir DIR] [--sites 0] [--long-steps-ms 0]
 
 Two fresh processes on one data directory (under `--dir`, default the system temp dir),
 each an engine on the real file system with the daemon's thread offload and, like the
-daemon, its start-up objects `gc.freeze()`-d and generation 0 at
-`engine.gc_threshold0`:
+daemon, its start-up objects `gc.freeze()`-d and the daemon's collector thresholds
+(`topicd.daemon.settle_gc`). `--long-steps-ms N` lists each checkpoint's loop steps of
+at least N ms (wall time, the loop thread's CPU, collections, where the task ran):
 
 1. **fill**: `--topics` topics get 3 records of about 100 bytes (one write each, which
    creates the topic). Reported: the RSS after the fill and after the first checkpoint
@@ -47,6 +48,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from topicd import daemon
 from topicd.clock import SystemWallClock
 from topicd.config import Config  # noqa: TC001 - used at run time by dataclasses
 from topicd.engine.engine import Engine  # noqa: TC001
@@ -121,30 +123,88 @@ class GcClock:
 
     def __init__(self) -> None:
         self.reset()
-        self._t0 = 0.0
+        self._t0 = self._cpu0 = 0.0
         gc.callbacks.append(self._on)
 
     def reset(self) -> None:
         self.total = self.longest = 0.0
         self.full = 0
+        self.by_gen = [0, 0, 0]
+        self.longest_gen = 0
+        self.longest_cpu = 0.0
 
     def _on(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._t0 = time.perf_counter()
+            self._t0, self._cpu0 = time.perf_counter(), time.thread_time()
             return
         took = time.perf_counter() - self._t0
         self.total += took
-        self.longest = max(self.longest, took)
+        if took > self.longest:
+            self.longest, self.longest_gen = took, info["generation"]
+            self.longest_cpu = time.thread_time() - self._cpu0
         self.full += info["generation"] == 2
+        self.by_gen[info["generation"]] += 1
 
     def __str__(self) -> str:
         return (
-            f"GC {self.total * 1000:.0f} ms in all, longest {self.longest * 1000:.1f} ms, "
-            f"{self.full} full"
+            f"GC {self.total * 1000:.0f} ms in all ({'/'.join(map(str, self.by_gen))} "
+            f"collections of generation 0/1/2), longest {self.longest * 1000:.1f} ms "
+            f"(generation {self.longest_gen}, {self.longest_cpu * 1000:.1f} ms CPU)"
         )
 
 
 GC = GcClock()
+
+
+def _where(task: trio.lowlevel.Task) -> str:
+    """The code locations a task is suspended at (outermost first, last three)."""
+    out: list[str] = []
+    coro: object = task.coro
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None and "/trio/" not in frame.f_code.co_filename:
+            out.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return " > ".join(out[-3:])
+
+
+class LongSteps(trio.abc.Instrument):
+    """While `on`, the loop steps longer than `min_s`: which task ran, for how long, how
+    much of it was garbage collection, and where the task suspended after the step (the
+    await that ended it: the step ran the code before it)."""
+
+    def __init__(self, min_s: float) -> None:
+        self.min_s = min_s
+        self.on = False
+        self.steps: list[tuple[float, float, float, str, str, str]] = []
+        self._t0 = self._gc0 = self._cpu0 = 0.0
+        self._before = ""
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._t0, self._gc0, self._cpu0 = time.perf_counter(), GC.total, time.thread_time()
+        if self.on:
+            self._before = _where(task)
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self.on and self._before:
+            took = time.perf_counter() - self._t0
+            if took >= self.min_s:
+                gc_s, cpu = GC.total - self._gc0, time.thread_time() - self._cpu0
+                self.steps.append((took, cpu, gc_s, task.name, self._before, _where(task)))
+        self._before = ""
+
+    def report(self) -> None:
+        for took, cpu, gc_s, name, before, after in sorted(self.steps, reverse=True)[:6]:
+            print(
+                f"  step {took * 1000:6.1f} ms ({cpu * 1000:5.1f} ms CPU, GC {gc_s * 1000:5.1f}) "
+                f"{name}"
+            )
+            print(f"      from {before}")
+            print(f"      to   {after}")
+        self.steps.clear()
+
+
+STEPS = LongSteps(1.0)
 
 
 async def timed_checkpoint(engine: Engine, ticker: Ticker) -> tuple[float, float, float]:
@@ -153,7 +213,9 @@ async def timed_checkpoint(engine: Engine, ticker: Ticker) -> tuple[float, float
     ticker.start()
     GC.reset()
     t0 = time.perf_counter()
+    STEPS.on = True
     assert await cp.checkpoint()
+    STEPS.on = False
     took = time.perf_counter() - t0
     ticker.on = False
     return took * 1000, ticker.max_gap * 1000, ticker.max_gap_cpu * 1000
@@ -171,10 +233,7 @@ def show_sites(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, n: int
 def settle_gc(cfg: Config) -> None:
     """What the daemon does once recovery is done (`topicd.daemon`; it turned automatic
     collections off before recovery)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(cfg.engine.gc_threshold0, 20, 20)
-    gc.enable()
+    daemon.settle_gc(cfg.engine.gc_threshold0)
 
 
 def report_rss(what: str, rss0: float, n: int) -> None:
@@ -224,6 +283,7 @@ async def fill(args: argparse.Namespace, data_dir: str) -> None:
                 )
                 print(f"python heap: {total / n:.0f} B per topic after it")
                 show_sites(snap0, snap2, n, args.sites)
+            STEPS.report()
             report_rss("after checkpoint 1", rss0, n)
             files = sum(len(f) for _, _, f in os.walk(data_dir))
             print(f"files in the data directory: {files}")
@@ -255,6 +315,7 @@ async def restart(args: argparse.Namespace, data_dir: str) -> None:
                     f"checkpoint {k} ({what}, a write to each): {took:.0f} ms, longest "
                     f"loop gap {gap:.1f} ms ({cpu:.1f} ms of it on the loop's CPU); {GC}"
                 )
+                STEPS.report()
             report_rss(f"after checkpoint {k}", rss0, n)
         nursery.cancel_scope.cancel()
 
@@ -267,14 +328,24 @@ def main() -> int:
     ap.add_argument(
         "--dump-stalls-ms", type=float, default=0, help="dump stacks at loop gaps this long"
     )
+    ap.add_argument(
+        "--long-steps-ms",
+        type=float,
+        default=0,
+        help="list the checkpoints' loop steps at least this long (task, GC, where)",
+    )
     ap.add_argument("--phase", choices=("fill", "restart"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    instruments = []
+    if args.long_steps_ms:
+        STEPS.min_s = args.long_steps_ms / 1000
+        instruments.append(STEPS)
     if args.phase == "fill":
-        trio.run(fill, args, args.data)
+        trio.run(fill, args, args.data, instruments=instruments)
         return 0
     if args.phase == "restart":
-        trio.run(restart, args, args.data)
+        trio.run(restart, args, args.data, instruments=instruments)
         return 0
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         data = str(Path(tmp) / "data")

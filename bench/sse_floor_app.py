@@ -26,8 +26,8 @@ per write + one non-blocking channel send per watcher + one ASGI send per frame"
   not meant for stalled watchers), then answers like topicd's write.
 
 Hypercorn settings, start-up and the "listening on" line come from bench/floor_app.py
-(its `_serve`, given this app); as in topicd's daemon, the GC threshold is raised to
-(50000, 20, 20) and the start-up objects are `gc.freeze()`-d.
+(its `_serve`, given this app); as in topicd's daemon, the GC thresholds are set to
+(10000, 2, 1000) and the start-up objects are `gc.freeze()`-d.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import floor_app  # a sibling module: Hypercorn settings and start-up shared wit
 STREAM_PREFIX = "/v0/watch/"
 CHANNEL_FRAMES = 1024  # topicd's sse.channel_frames
 COALESCE_FRAMES = 64  # topicd's pump joins at most this many queued frames per write
-GC_THRESHOLD0 = 50_000  # topicd's engine.gc_threshold0
+GC_THRESHOLDS = (10_000, 2, 1000)  # topicd's engine.gc_threshold0, daemon.GC_THRESHOLD1/2
 SSE_HEAD = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -235,7 +235,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     app = FloorApp()
     floor_app.create_app = lambda _diff_body: app  # floor_app._serve serves this app
-    gc.set_threshold(GC_THRESHOLD0, 20, 20)  # kept through _serve's gc.collect() + freeze()
+    gc.set_threshold(*GC_THRESHOLDS)  # kept through _serve's gc.collect() + freeze()
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(floor_app._serve, args.port, args.port_file, b"")
 

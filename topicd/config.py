@@ -830,7 +830,7 @@ class EngineConfig:
         max=60000,
     )
     gc_threshold0: int = key(
-        50000,
+        10000,
         "Generation-0 GC threshold after start-up (start-up objects are gc.freeze()-d).",
         min=100,
     )
