@@ -183,6 +183,7 @@ def check(w: Writes, fronts: list[Front], cap: int) -> dict[str, int]:
             else:
                 assert tomb is None, (topic, tomb)
             seen_views.append((top, seqs[0] if seqs else None, json.dumps(tomb, sort_keys=True)))
+        assert seen_views, "no front is alive"
         assert len(set(seen_views)) == 1, f"{topic}: fronts disagree: {seen_views}"
         heads[topic] = seen_views[0][0]
     return heads
@@ -193,8 +194,12 @@ def read_all(port: int, topic: str) -> tuple[list[dict], dict | None]:
     records: list[dict] = []
     tomb = None
     cursor = 0
+    give_up = time.perf_counter() + 60
     while True:
         status, body = post(port, f"/v0/topics/{topic}/diff", {"from_seq": cursor, "limit": 1000})
+        if status == 503 and time.perf_counter() < give_up:
+            time.sleep(0.1)  # (the cluster settling after the fault; a client retries)
+            continue
         assert status == 200, body
         if cursor == 0:
             tomb = body.get("tombstone")
@@ -233,6 +238,7 @@ def one_run(
         "TOPICD_STORAGE_JETSTREAM_REPLICAS": "3",
         "TOPICD_STORAGE_JETSTREAM_SHARDS": "3",
         "TOPICD_STORAGE_JETSTREAM_LEASE_MS": str(args.lease_ms),
+        "TOPICD_STORAGE_JETSTREAM_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms),
         "TOPICD_JETSTREAM_PREFIX": prefix,
     }
     fronts: list[Front] = []
@@ -312,6 +318,9 @@ def main() -> None:
     p.add_argument("--cap", type=int, default=1500, help="cap_records of each topic")
     p.add_argument("--stop-s", type=float, default=30.0, help="the `stop` fault's length")
     p.add_argument("--lease-ms", type=int, default=3000)
+    p.add_argument(
+        "--request-timeout-ms", type=int, default=5000, help="the fronts' request timeout"
+    )
     args = p.parse_args()
     binary, why = nats_server_binary()
     if binary is None:
@@ -319,6 +328,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="jschaos-"))
     servers = start_cluster(binary, root)
     times = []
+    ok = False
     try:
         wait_placeable([s.url for s in servers], 3)
         for k in range(args.runs):
@@ -332,9 +342,13 @@ def main() -> None:
                 f"{res['refusals']}, heads {res['heads']}; checks passed",
                 flush=True,
             )
+        ok = True
     finally:
         stop_all(servers)
-        shutil.rmtree(root, ignore_errors=True)
+        if ok:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"failed: the fronts' and servers' logs are in {root}", flush=True)
     print(
         f"{args.scenario}: {len(times)} runs in a row passed; failover to the first "
         f"acknowledged write: median {statistics.median(times):.0f} ms, "

@@ -1553,7 +1553,7 @@ async def _fill(
     store = backend.store
     tid = topic.topic_id
     if repair and not have_stream:
-        await backend.bridge.call(partial(store.create_stream, tid))
+        await backend._call(partial(store.create_stream, tid))
     floor = entry.get("floor", 1)
     runs = entry.get("runs", [])
     assert isinstance(floor, int)
@@ -1567,8 +1567,8 @@ async def _fill(
     loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
     if repair:
         if floor > 1:
-            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
-        await backend.bridge.call(partial(store.put_name, topic.name, tid))
+            await backend._call(partial(store.purge, tid, floor))  # finish that purge
+        await backend._call(partial(store.put_name, topic.name, tid))
     lane = backend.lane(topic)
     lane.floor_written = floor
     deletes = entry.get("deletes") or []
@@ -1594,13 +1594,13 @@ async def _load_topic(
     stream seqs (memory holds nothing at or above `from_seq`)."""
     store = backend.store
     tid = topic.topic_id
-    first, last = await backend.bridge.call(partial(store.bounds, tid))
+    first, last = await backend._call(partial(store.bounds, tid))
     loaded = 0
     seq = max(first, from_seq)
     keys: list[tuple[str, int, int, int]] = []  # (idempotency key, first seq, count, $ts)
     # a write's records, grouped back: (first seq, ts, key, count)
     while last and seq <= last:
-        msgs = await backend.bridge.call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
+        msgs = await backend._call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
         if not msgs:
             break
         i = 0

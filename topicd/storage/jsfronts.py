@@ -587,7 +587,7 @@ class Fronts:
     async def _follow_notices(self) -> None:
         call = self.backend.bridge.call
         while True:
-            tids = await call(self.store.next_notices)
+            tids = await call(self.store.next_notices)  # (a local queue: it never fails)
             for tid in tids:
                 topic = self.engine.by_id.get(tid)
                 if topic is not None and (
@@ -602,7 +602,7 @@ class Fronts:
                         await self._install_id(tid)
                     else:
                         await self.refresh(topic)
-                except TopicdError as exc:
+                except Exception as exc:  # (a background loop: it must outlive any failure)
                     log.warning("front %s: topic %d not caught up: %s", self.front_id, tid, exc)
 
     async def _poll(self) -> None:
@@ -612,7 +612,7 @@ class Fronts:
                 continue  # alone and owning everything: nobody else writes
             try:
                 await self.poll_once()
-            except TopicdError as exc:
+            except Exception as exc:  # (a background loop: it must outlive any failure)
                 log.warning("front %s: poll failed: %s", self.front_id, exc)
 
     async def catch_up_all(self) -> None:
