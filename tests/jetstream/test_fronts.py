@@ -497,3 +497,41 @@ async def test_kill9_of_an_owner_front_during_writes(cluster, tmp_path, shards):
             for s in servers:
                 with trio.CancelScope(shield=True):
                     await s.close()
+
+
+async def test_a_client_failure_in_a_followers_catch_up_is_a_503_not_its_end(cluster):
+    """A read-back that fails inside a follower's catch-up (a timeout while a server is
+    stopped) is a `503` to the read that needed it, and the follower's notice loop,
+    which catches up topics someone waits on, goes on: the front stays up."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "f", {"data": 0})
+        assert await _data(cb, "f") == [0]
+        store = _fronts(b).store
+        real = store.read
+
+        async def timing_out(*args):
+            raise TimeoutError  # (what nats-py raises: an OSError, empty message)
+
+        store.read = timing_out  # type: ignore[method-assign]
+        topic_b = b.engine.topics["f"]
+        got: list[dict] = []
+
+        async def poll() -> None:
+            r = await cb.post("/v0/topics/f/diff", json={"from_seq": 1, "wait_ms": 20_000})
+            got.append(await _json(r))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            with trio.fail_after(10):
+                while not topic_b.has_waiters:  # parked: the notice loop catches it up
+                    await trio.testing.wait_all_tasks_blocked(0.01)
+            await _write(ca, "f", {"data": 1})  # the notice's catch-up fails to read
+            r = await cb.post("/v0/topics/f/diff", json={"from_seq": 1})
+            err = (await _json(r, 503))["error"]
+            assert err["code"] == "storage_unavailable"
+            store.read = real  # type: ignore[method-assign]
+            await _write(ca, "f", {"data": 2})  # the next notice catches it up
+        assert [x["data"] for x in got[0]["records"]] == [1, 2]
+        assert await _data(cb, "f") == [0, 1, 2]
