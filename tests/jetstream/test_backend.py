@@ -75,8 +75,8 @@ def _backend(h) -> JetStreamBackend:
     return backend
 
 
-async def test_records_and_extras_survive_a_restart(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_records_and_extras_survive_a_restart(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         one = await _write(c, "a", {"data": {"x": [1, 2.50, "é"]}, "meta": {"m": 1}, "tag": "t1"})
@@ -106,8 +106,8 @@ async def test_records_and_extras_survive_a_restart(nats_server):
         assert (await _write(c, "a", {"data": 5}))["first_seq"] == 5
 
 
-async def test_caps_tombstones_and_floor_purge_survive_a_restart(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_caps_tombstones_and_floor_purge_survive_a_restart(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         r = await c.put("/v0/topics/capped", json={"cap_records": 5})
@@ -130,10 +130,10 @@ async def test_caps_tombstones_and_floor_purge_survive_a_restart(nats_server):
         assert (state["head_seq"], state["earliest_seq"], state["count"]) == (13, 9, 5)
 
 
-async def test_a_floor_not_yet_stored_is_redone_by_the_rebuild(nats_server):
+async def test_a_floor_not_yet_stored_is_redone_by_the_rebuild(cluster):
     """Evictions reach the registry in the background: a restart before that re-applies
     the caps to the stream's records and finds the same floor."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await c.put("/v0/topics/capped", json={"cap_records": 3})
@@ -147,11 +147,11 @@ async def test_a_floor_not_yet_stored_is_redone_by_the_rebuild(nats_server):
         assert again["records"] == first["records"]
 
 
-async def test_a_stored_floor_holds_even_if_its_purge_never_ran(nats_server):
+async def test_a_stored_floor_holds_even_if_its_purge_never_ran(cluster):
     """The floor reached the registry but the purge did not happen, then the cap was
     loosened: a restart must not bring the evicted records back (the stream still holds
     them), and finishes the purge."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await c.put("/v0/topics/capped", json={"cap_records": 5})
@@ -182,8 +182,8 @@ async def _nothing() -> None:
     await trio.lowlevel.checkpoint()
 
 
-async def test_record_deletes_survive_a_restart(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_record_deletes_survive_a_restart(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(
@@ -212,8 +212,8 @@ async def test_record_deletes_survive_a_restart(nats_server):
         assert (state["head_seq"], state["count"]) == (8, 3)
 
 
-async def test_idempotency_survives_a_restart(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_idempotency_survives_a_restart(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(c, "i", {"data": 0})
@@ -229,10 +229,10 @@ async def test_idempotency_survives_a_restart(nats_server):
         assert (await _json(await c.get("/v0/topics/i"), 200))["head_seq"] == 3
 
 
-async def test_idempotency_of_writes_read_back_in_several_pages(nats_server):
+async def test_idempotency_of_writes_read_back_in_several_pages(cluster):
     """A rebuild reads a stream 1000 records at a time: a keyed write straddling two
     pages is still remembered whole."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     big = [{"data": i} for i in range(700)]
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
@@ -250,8 +250,8 @@ async def test_idempotency_of_writes_read_back_in_several_pages(nats_server):
             }
 
 
-async def test_topic_config_delete_and_recreate_survive_a_restart(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_topic_config_delete_and_recreate_survive_a_restart(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(c, "keep", {"data": 1})
@@ -284,8 +284,8 @@ async def test_topic_config_delete_and_recreate_survive_a_restart(nats_server):
         assert sorted(streams) == sorted([*ids.values(), h.engine.topics["fresh"].topic_id])
 
 
-async def test_orphan_streams_are_removed_at_start(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_orphan_streams_are_removed_at_start(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         backend = _backend(h)
         await backend.bridge.call(partial(backend.store.create_stream, 77))  # no entry
@@ -295,12 +295,12 @@ async def test_orphan_streams_are_removed_at_start(nats_server):
         assert 77 not in await backend.bridge.call(backend.store.stream_ids)
 
 
-async def test_a_foreign_publish_fences_the_front_off(nats_server):
+async def test_a_foreign_publish_fences_the_front_off(cluster):
     """A message the front did not write moves the stream's head: the next write's
     expected-last-sequence fails, the write is refused (503), memory never holds a seq
     the stream gave to someone else, and writes resume once the front has read the
     stream back (which a refused write starts)."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(c, "f", {"data": 1})
@@ -322,11 +322,11 @@ async def test_a_foreign_publish_fences_the_front_off(nats_server):
         assert [x["data"] for x in (await _diff(c, "f"))["records"]] == [1, "x", 3]
 
 
-async def test_a_write_whose_answer_is_lost_is_settled_from_the_stream(nats_server):
+async def test_a_write_whose_answer_is_lost_is_settled_from_the_stream(cluster):
     """The publish lands but its answer never arrives (here: the call raises after
     the publish): the front reads the target seq back, finds its own bytes and
     acknowledges the write; no seq is skipped or reused."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(c, "l", {"data": 1})
@@ -352,8 +352,8 @@ async def test_a_write_whose_answer_is_lost_is_settled_from_the_stream(nats_serv
         assert [x["data"] for x in (await _diff(c, "l"))["records"]] == [1, 2, 3, 4]
 
 
-async def test_concurrent_writes_keep_seq_order(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_concurrent_writes_keep_seq_order(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         results: list[dict] = []
@@ -374,8 +374,8 @@ async def test_concurrent_writes_keep_seq_order(nats_server):
         assert (await _diff(h.app.test_client(), "cc"))["records"] == before["records"]
 
 
-async def test_refusals_are_canonical_errors(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_refusals_are_canonical_errors(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         r = await c.put("/v0/topics/q", json={"type": "queue"})
@@ -416,13 +416,12 @@ async def test_an_unreachable_cluster_refuses_the_start():
             pass
 
 
-async def test_topicd_serve_as_a_front_kill9_and_an_empty_data_dir(nats_server, tmp_path):
+async def test_topicd_serve_as_a_front_kill9_and_an_empty_data_dir(cluster, tmp_path):
     """`topicd serve` on the jetstream backend, killed with SIGKILL while writes are in
     flight, then started on a new, empty data directory: every acknowledged write is
     there, and seqs continue (none reused)."""
     env = {
-        "TOPICD_STORAGE_BACKEND": "jetstream",
-        "TOPICD_JETSTREAM_SERVERS": nats_server.url,
+        **cluster.env(),
         "TOPICD_JETSTREAM_PREFIX": "serve1",
     }
     acked: dict[int, int] = {}
@@ -468,10 +467,10 @@ async def test_topicd_serve_as_a_front_kill9_and_an_empty_data_dir(nats_server, 
         assert server.run.problems() == []
 
 
-async def test_sse_watch_backlog_from_the_stream_then_live(nats_server, nursery):
+async def test_sse_watch_backlog_from_the_stream_then_live(cluster, nursery):
     """A watch stream's backlog is loaded back from the stream (nothing is in memory),
     then live records follow, as on the embedded backend."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(c, "w", *({"data": i} for i in range(5)))
@@ -492,8 +491,8 @@ async def test_sse_watch_backlog_from_the_stream_then_live(nats_server, nursery)
         await watch_helpers.close(s)
 
 
-async def test_long_poll_wakes_on_a_write(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_long_poll_wakes_on_a_write(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         await _write(c, "p", {"data": 0})
@@ -511,8 +510,8 @@ async def test_long_poll_wakes_on_a_write(nats_server):
         assert [r["data"] for r in got[0]["records"]] == [1]
 
 
-async def test_ready_metrics_and_dashboard_feed_on_the_backend(nats_server):
-    async with open_jetstream_app(jetstream_config(nats_server.url)) as h:
+async def test_ready_metrics_and_dashboard_feed_on_the_backend(cluster):
+    async with open_jetstream_app(jetstream_config(cluster)) as h:
         c = h.app.test_client()
         await _write(c, "m", {"data": 1})
         await _diff(c, "m")
@@ -526,11 +525,11 @@ async def test_ready_metrics_and_dashboard_feed_on_the_backend(nats_server):
         assert r.status_code == 200
 
 
-async def test_the_topic_ingest_bound_at_its_edge(nats_server):
+async def test_the_topic_ingest_bound_at_its_edge(cluster):
     """`storage.wal.max_pending_per_topic` bounds a topic's accepted, unpublished writes
     on this backend too: at the bound a write is `429 wal_ingest` (scope `topic`), a
     `disable_backpressure` write waits for room instead, and nothing is lost."""
-    base = jetstream_config(nats_server.url)
+    base = jetstream_config(cluster)
     wal = dataclasses.replace(base.storage.wal, max_pending_per_topic=2)
     cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, wal=wal))
     async with open_jetstream_app(cfg) as h:
@@ -583,8 +582,8 @@ async def test_the_topic_ingest_bound_at_its_edge(nats_server):
         ]
 
 
-async def test_a_failing_cluster_is_503_and_changes_nothing(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_a_failing_cluster_is_503_and_changes_nothing(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
         store = _backend(h).store
@@ -621,11 +620,11 @@ async def test_a_failing_cluster_is_503_and_changes_nothing(nats_server):
         assert calls == ["abandoned"]
 
 
-async def test_ttl_evictions_and_their_reason_survive_a_restart(nats_server):
+async def test_ttl_evictions_and_their_reason_survive_a_restart(cluster):
     """Records past their TTL are evicted (a `ttl` tombstone); once the floor reached the
     registry, a restart at an earlier wall-clock time still serves the same tombstone and
     none of the expired records."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     clock = FakeWallClock()
     async with open_jetstream_app(cfg, clock) as h:
         c = h.app.test_client()
@@ -727,3 +726,44 @@ async def test_r3_streams_on_a_three_node_cluster_survive_a_node_stopping(tmp_pa
         for s in servers:
             if s.proc is not None and s.proc.poll() is None:
                 s.stop()
+
+
+async def test_a_direct_get_answered_short_is_checked_with_the_leader(cluster):
+    """A direct get may be answered by a replica that lags behind the leader: an answer
+    that ends below the seq asked for, its server reporting nothing after it, is checked
+    with the leader and retried while the leader holds more; a short answer the leader
+    confirms (records deleted at the tail) is taken as it is."""
+    async with open_jetstream_app(jetstream_config(cluster)) as h:
+        c = h.app.test_client()
+        await _write(c, "lag", *({"data": i} for i in range(4)))
+        backend = _backend(h)
+        store = backend.store
+        tid = h.engine.topics["lag"].topic_id
+        real = store._read_once
+        answers: list[int] = []
+
+        async def lagging_once(topic_id, lo, hi, max_bytes):
+            out, more = await real(topic_id, lo, hi, max_bytes)
+            if not answers:  # the first answer: a replica two records behind
+                out, more = [m for m in out if m.seq <= 2], False
+            answers.append(len(out))
+            return out, more
+
+        store._read_once = lagging_once  # type: ignore[method-assign]
+        got = await backend.bridge.call(partial(store.read, tid, 1, 4, 1 << 20))
+        assert [m.seq for m in got] == [1, 2, 3, 4]
+        assert answers == [2, 4]
+        # the tail deleted: the leader has nothing there either, one answer is enough
+        store._read_once = real  # type: ignore[method-assign]
+        await backend.bridge.call(partial(store.delete_msgs, tid, [3, 4]))
+        leader_checks: list[int] = []
+        real_leader = store._leader_has
+
+        async def counted(topic_id, lo, hi):
+            leader_checks.append(lo)
+            return await real_leader(topic_id, lo, hi)
+
+        store._leader_has = counted  # type: ignore[method-assign]
+        got = await backend.bridge.call(partial(store.read, tid, 1, 4, 1 << 20))
+        assert [m.seq for m in got] == [1, 2]
+        assert leader_checks == [3]

@@ -23,7 +23,7 @@ import trio.testing
 
 from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
-from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from tests.jetstream.conftest import Deployment, jetstream_config, open_jetstream_app
 from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
 from topicd.storage.jetstream import JetStreamBackend, JetStreamUnavailable
@@ -71,15 +71,15 @@ def _fronts(h) -> Fronts:
     return backend.fronts
 
 
-def _sharded(url: str, shards: int):
-    cfg = jetstream_config(url)
+def _sharded(cluster: Deployment, shards: int):
+    cfg = jetstream_config(cluster)
     # a long lease: the background checks stay out of the way; the test drives them
     js = dataclasses.replace(cfg.storage.jetstream, shards=shards, lease_ms=60_000)
     return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
 
 
-async def test_the_first_front_owns_and_the_others_forward_to_it(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_the_first_front_owns_and_the_others_forward_to_it(cluster):
+    cfg = jetstream_config(cluster)
     async with (
         open_jetstream_app(cfg) as a,
         open_jetstream_app(cfg) as b,
@@ -105,8 +105,8 @@ async def test_the_first_front_owns_and_the_others_forward_to_it(nats_server):
         assert _fronts(a).forwarded == 0  # the owner runs its own
 
 
-async def test_lazy_create_and_errors_travel_back_unchanged(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_lazy_create_and_errors_travel_back_unchanged(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         w = await _write(cb, "lazy", {"data": "x"})
@@ -127,8 +127,8 @@ async def test_lazy_create_and_errors_travel_back_unchanged(nats_server):
         assert await _data(ca, "lazy") == ["x"]
 
 
-async def test_idempotent_retries_on_another_front_are_not_duplicated(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_idempotent_retries_on_another_front_are_not_duplicated(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         key = {"Idempotency-Key": "k-1"}
@@ -140,8 +140,8 @@ async def test_idempotent_retries_on_another_front_are_not_duplicated(nats_serve
         assert await _data(cb, "i") == [1, 2]
 
 
-async def test_config_record_deletes_and_topic_deletes_are_seen_by_every_front(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_config_record_deletes_and_topic_deletes_are_seen_by_every_front(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         await _write(
@@ -174,8 +174,8 @@ async def test_config_record_deletes_and_topic_deletes_are_seen_by_every_front(n
         assert await _data(cb, "d") == ["new"]
 
 
-async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         await _write(ca, "p", {"data": 0})
@@ -197,10 +197,8 @@ async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(nats
         assert [r["data"] for r in got[0]["records"]] == [1]
 
 
-async def test_an_sse_watch_on_a_follower_streams_writes_made_through_the_owner(
-    nats_server, nursery
-):
-    cfg = jetstream_config(nats_server.url)
+async def test_an_sse_watch_on_a_follower_streams_writes_made_through_the_owner(cluster, nursery):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         await _write(ca, "w", *({"data": i} for i in range(3)))
@@ -223,8 +221,8 @@ async def test_an_sse_watch_on_a_follower_streams_writes_made_through_the_owner(
         await watch_helpers.close(s)
 
 
-async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(nats_server):
-    cfg = jetstream_config(nats_server.url)
+async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(cluster):
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         await _json(await ca.put("/v0/topics/listed"), 201)
@@ -233,10 +231,10 @@ async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(nats_server)
         assert [t["topic"] for t in body["topics"]] == ["listed"]
 
 
-async def test_a_follower_takes_over_when_the_owner_stops_renewing(nats_server):
+async def test_a_follower_takes_over_when_the_owner_stops_renewing(cluster):
     """The owner's engine closes (its lease is not renewed any more): the follower takes
     the lease once it expires, then runs writes itself at the next seqs."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     js = dataclasses.replace(cfg.storage.jetstream, lease_ms=600)
     cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
     a_up, stop_a = trio.Event(), trio.Event()
@@ -266,11 +264,11 @@ async def test_a_follower_takes_over_when_the_owner_stops_renewing(nats_server):
             assert await _data(cb, "o") == [1, 2]
 
 
-async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_server, caplog):
+async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(cluster, caplog):
     """The lease moves to `b` while `a` still believes it owns (its renewal has not run
     yet): `a`'s next registry write fails by compare-and-set (`503`), nothing of it
     lands; once `a` finds its lease gone it forwards to `b` like any follower."""
-    cfg = _sharded(nats_server.url, 1)  # (a long lease: the test runs the checks)
+    cfg = _sharded(cluster, 1)  # (a long lease: the test runs the checks)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
         await _json(await ca.put("/v0/topics/f", json={"cap_records": 10}), 201)
@@ -318,10 +316,10 @@ async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(nats_
         assert await _data(ca, "f") == [1, 2]
 
 
-async def test_a_lease_whose_holder_is_gone_is_taken_at_once(nats_server):
+async def test_a_lease_whose_holder_is_gone_is_taken_at_once(cluster):
     """The lease names a front nobody listens for (its connection closed) and runs for an
     hour yet: a starting front asks, gets *no responders*, and takes it at once."""
-    cfg = jetstream_config(nats_server.url)
+    cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as a:
         fa = _fronts(a)
         fa._tend_lease = trio.lowlevel.checkpoint  # `a` no longer looks after the lease
@@ -335,8 +333,8 @@ async def test_a_lease_whose_holder_is_gone_is_taken_at_once(nats_server):
             await _write(b.app.test_client(), "g", {"data": 1})
 
 
-async def test_a_follower_answers_503_while_the_owner_is_unreachable(nats_server):
-    cfg = _sharded(nats_server.url, 1)  # (a long lease: the test runs the check)
+async def test_a_follower_answers_503_while_the_owner_is_unreachable(cluster):
+    cfg = _sharded(cluster, 1)  # (a long lease: the test runs the check)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         cb = b.app.test_client()
         await _write(cb, "u", {"data": 1})
@@ -358,12 +356,12 @@ async def _balance(*hs) -> None:
             await _fronts(h)._tend_lease()
 
 
-async def test_shards_spread_over_the_fronts_and_move_when_one_leaves(nats_server):
+async def test_shards_spread_over_the_fronts_and_move_when_one_leaves(cluster):
     """`shards = 3`, three fronts: after their lease checks each owns one shard (the
     first front took all three, then gave two up as the others joined). Writes to topics
     of every shard through every front land once, in order, readable everywhere; when a
     front leaves, its shard moves to another and writes go on at the next seqs."""
-    cfg = _sharded(nats_server.url, 3)
+    cfg = _sharded(cluster, 3)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         assert (_fronts(a).owned, _fronts(b).owned) == ({0, 1, 2}, set())
         names = {}
@@ -399,8 +397,8 @@ async def test_shards_spread_over_the_fronts_and_move_when_one_leaves(nats_serve
         assert await _data(a.app.test_client(), names[k]) == [0, 1, 2, "after", "after"]
 
 
-async def test_a_front_refuses_another_shard_count(nats_server):
-    cfg = _sharded(nats_server.url, 2)
+async def test_a_front_refuses_another_shard_count(cluster):
+    cfg = _sharded(cluster, 2)
     async with open_jetstream_app(cfg):
         other = dataclasses.replace(
             cfg,
@@ -415,15 +413,14 @@ async def test_a_front_refuses_another_shard_count(nats_server):
 
 
 @pytest.mark.parametrize("shards", [1, 3])
-async def test_kill9_of_an_owner_front_during_writes(nats_server, tmp_path, shards):
+async def test_kill9_of_an_owner_front_during_writes(cluster, tmp_path, shards):
     """Three `topicd serve` fronts; writers on the second and third front (an idempotency
     key per write, retried on 503 or a lost connection) to one topic per shard, while the
     first front (the owner of every shard at start; of one or more when the shards have
     been shared out) is killed with SIGKILL. After the takeover every acknowledged write
     is on both surviving fronts, once, at its seq, and each topic's seqs are 1..n."""
     env = {
-        "TOPICD_STORAGE_BACKEND": "jetstream",
-        "TOPICD_JETSTREAM_SERVERS": nats_server.url,
+        **cluster.env(),
         "TOPICD_JETSTREAM_PREFIX": f"fronts9s{shards}",
         "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
         "TOPICD_STORAGE_JETSTREAM_SHARDS": str(shards),
@@ -500,3 +497,41 @@ async def test_kill9_of_an_owner_front_during_writes(nats_server, tmp_path, shar
             for s in servers:
                 with trio.CancelScope(shield=True):
                     await s.close()
+
+
+async def test_a_client_failure_in_a_followers_catch_up_is_a_503_not_its_end(cluster):
+    """A read-back that fails inside a follower's catch-up (a timeout while a server is
+    stopped) is a `503` to the read that needed it, and the follower's notice loop,
+    which catches up topics someone waits on, goes on: the front stays up."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "f", {"data": 0})
+        assert await _data(cb, "f") == [0]
+        store = _fronts(b).store
+        real = store.read
+
+        async def timing_out(*args):
+            raise TimeoutError  # (what nats-py raises: an OSError, empty message)
+
+        store.read = timing_out  # type: ignore[method-assign]
+        topic_b = b.engine.topics["f"]
+        got: list[dict] = []
+
+        async def poll() -> None:
+            r = await cb.post("/v0/topics/f/diff", json={"from_seq": 1, "wait_ms": 20_000})
+            got.append(await _json(r))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(poll)
+            with trio.fail_after(10):
+                while not topic_b.has_waiters:  # parked: the notice loop catches it up
+                    await trio.testing.wait_all_tasks_blocked(0.01)
+            await _write(ca, "f", {"data": 1})  # the notice's catch-up fails to read
+            r = await cb.post("/v0/topics/f/diff", json={"from_seq": 1})
+            err = (await _json(r, 503))["error"]
+            assert err["code"] == "storage_unavailable"
+            store.read = real  # type: ignore[method-assign]
+            await _write(ca, "f", {"data": 2})  # the next notice catches it up
+        assert [x["data"] for x in got[0]["records"]] == [1, 2]
+        assert await _data(cb, "f") == [0, 1, 2]

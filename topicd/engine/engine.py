@@ -294,6 +294,12 @@ class Engine:
         """Apply TTL and caps now (before a delivery reads the topic)."""
         self._enforce(topic, self.clock.now_ms())
 
+    def apply_floor(self, topic: Topic, floor: int, runs: list[tuple[int, int, str]]) -> None:
+        """Another process's eviction floor for `topic` (`Topic.raise_floor`)."""
+        freed = topic.raise_floor(floor, runs)
+        if freed:
+            self.total_bytes -= freed
+
     def _enforce(self, topic: Topic, now_ms: int) -> None:
         freed = topic.enforce(now_ms)
         if freed:
@@ -1040,6 +1046,15 @@ class Engine:
         if forward is not None:
             check_topic_name(name)
             await forward.catch_up(name)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def sync_listing(self) -> None:
+        """Before a listing: on a process that forwards its mutations, learn the topics
+        created and deleted through the others and catch up those whose records moved;
+        else nothing."""
+        if self.forward is not None:
+            await self.forward.catch_up_all()
         else:
             await trio.lowlevel.checkpoint()
 

@@ -49,6 +49,11 @@ class Forwarder(Protocol):
         """`Engine.delete_records` on the owner; the result names this process's topic."""
         ...
 
+    async def catch_up_all(self) -> None:
+        """Before a listing: learn the topics created and deleted elsewhere, and catch up
+        those whose records moved."""
+        ...
+
     async def catch_up(self, name: str) -> None:
         """Bring `name` (its records, config, record deletes, existence) up to what the
         shared storage held when the call began."""

@@ -744,6 +744,24 @@ class Topic:
             self._tidy_tag_index()
         return freed
 
+    def raise_floor(self, floor: int, runs: list[tuple[int, int, str]]) -> int:
+        """Take another process's eviction floor (a follower front, from the owner's
+        registry entry): every live record below `floor` is evicted and `runs` become
+        the eviction runs (the reasons of its tombstones). Returns the payload bytes
+        freed; nothing changes when this topic's floor is already as high."""
+        if floor <= self.evict_floor:
+            return 0
+        freed = 0
+        while self.count and self.earliest_seq < floor:
+            freed += self._evict_front("cap")  # (its run is replaced by `runs` below)
+        self.evictions.load(runs)
+        self.evict_floor = floor
+        self.skip_to(floor - 1)
+        if freed:
+            self._tidy_tag_index()
+        self.mark_changed()
+        return freed
+
     def _evict_front(self, reason: str) -> int:
         seq = self.earliest_seq
         self.mark_changed()

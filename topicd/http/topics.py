@@ -229,6 +229,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
         p.require("read")
         cursor = request.args.get("cursor") or None
         after = decode_list_cursor(cursor) if cursor is not None else None
+        await ref.engine.sync_listing()
         items, last = ref.engine.list_topics(
             request.args.get("prefix", ""),
             after,

@@ -98,6 +98,13 @@ REBUILD_RETRY_S: Final = 0.5
 # how often cap/TTL floors reach the registry and the streams (seconds)
 FLOOR_INTERVAL_S: Final = 1.0
 
+# the connection's keepalive: a ping every request timeout / this, the server left after
+# this many unanswered (about 8 s at the default 5 s timeout)
+PING_DIVISOR: Final = 2.5
+PINGS_OUTSTANDING: Final = 3
+# a direct get that a lagging replica answered short is retried this often, this far apart
+READ_ATTEMPTS: Final = 20
+READ_RETRY_S: Final = 0.05
 _WRONG_LAST_SEQUENCE: Final = 10071  # JetStream's error code for a failed sequence fence
 _WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
 FORWARD_CHECK_S: Final = 0.25  # a forwarded request unanswered this long: is the owner alive?
@@ -258,6 +265,10 @@ class JetStreamStore:
                 name="topicd",
                 # a front never hears its own publishes (its notices to the others)
                 no_echo=True,
+                # a server that stops answering (stopped, partitioned) is left for another
+                # within a few pings rather than after nats-py's default of minutes
+                ping_interval=max(0.5, self.timeout / PING_DIVISOR),
+                max_outstanding_pings=PINGS_OUTSTANDING,
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,
@@ -272,14 +283,23 @@ class JetStreamStore:
     async def open_registry(self) -> None:
         """Open the registry bucket, creating it on a cluster that has none."""
         import nats.js.errors
+        from nats.js.kv import KeyValue
 
         assert self.js is not None
         try:
-            self.kv = await self.js.key_value(self.bucket)
+            await self.js.key_value(self.bucket)
         except nats.js.errors.BucketNotFoundError:
-            self.kv = await self.js.create_key_value(
-                bucket=self.bucket, history=1, replicas=self.replicas
-            )
+            await self.js.create_key_value(bucket=self.bucket, history=1, replicas=self.replicas)
+        # reads of keys go to the bucket stream's leader: a direct get may be answered by
+        # any replica, and a replica may not hold yet a write the leader acknowledged (a
+        # follower front would then miss a config change, a record delete or a delete)
+        self.kv = KeyValue(
+            name=self.bucket,
+            stream=f"KV_{self.bucket}",
+            pre=f"$KV.{self.bucket}.",
+            js=self.js,
+            direct=False,
+        )
 
     async def _on_error(self, exc: Exception) -> None:
         if str(exc) != str(self.last_error):  # one line per distinct error, no traceback
@@ -358,11 +378,12 @@ class JetStreamStore:
 
     async def probe(self, topic_id: int, after: int) -> tuple[dict[str, object] | None, bool]:
         """(the topic's registry entry or None when gone, whether its stream holds a record
-        above seq `after`): one round trip for both (the entry, and a direct get of one
-        record at or above `after + 1`, in parallel)."""
+        above seq `after`): one round trip for both (the entry, and the stream's last seq
+        from its leader, in parallel)."""
         entry_task = asyncio.ensure_future(self.entry(topic_id))
         try:
-            newer = bool(await self.read(topic_id, after + 1, 1 << 62, 1))
+            _, last = await self.bounds(topic_id)
+            newer = last > after
         except Exception:
             entry, _ = await entry_task
             if entry is None:
@@ -372,8 +393,12 @@ class JetStreamStore:
         return entry, newer
 
     async def delete_entry(self, topic_id: int) -> None:
-        assert self.kv is not None
-        await self.kv.purge(f"topic.{topic_id}")
+        """Remove `topic.<id>` with every message of its key (no delete marker left), so
+        the key listing of `entry_ids` no longer names it."""
+        assert self.js is not None
+        await self.js.purge_stream(
+            f"KV_{self.bucket}", subject=f"$KV.{self.bucket}.topic.{topic_id}"
+        )
         await self._notice(topic_id, 0)
 
     async def allocate_id(self, at_least: int) -> int:
@@ -418,15 +443,23 @@ class JetStreamStore:
         return obj, int(got.revision or 0)
 
     async def entry_ids(self) -> set[int]:
-        """The ids of every `topic.<id>` entry."""
-        import nats.js.errors
-
-        assert self.kv is not None
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return set()
-        return {int(k[6:]) for k in keys if k.startswith("topic.") and k[6:].isdigit()}
+        """The ids of every `topic.<id>` key: the bucket stream's subjects, listed by its
+        leader (a key listing through a consumer may be a lagging replica's). A key
+        deleted by an older version may still hold its delete marker: its id is listed,
+        and reading its entry finds none."""
+        assert self.nc is not None
+        pre = f"$KV.{self.bucket}.topic."
+        msg = await self.nc.request(
+            f"$JS.API.STREAM.INFO.KV_{self.bucket}",
+            orjson.dumps({"subjects_filter": pre + "*"}),
+            timeout=self.timeout,
+        )
+        resp = orjson.loads(msg.data)
+        if "error" in resp:
+            raise RuntimeError(f"listing the registry: {resp['error']}")
+        subjects = resp.get("state", {}).get("subjects") or {}
+        tail = len(pre)
+        return {int(s[tail:]) for s in subjects if s[tail:].isdigit()}
 
     async def next_id(self) -> int:
         import nats.js.errors
@@ -688,15 +721,28 @@ class JetStreamStore:
         return out
 
     async def stream_heads(self) -> dict[int, int]:
-        """{topic id: last seq} of every stream of this prefix (one listing)."""
-        assert self.js is not None
+        """{topic id: last seq} of every stream of this prefix (a listing by the metadata
+        leader: current, unlike a replica's; one request per 256 streams)."""
+        assert self.nc is not None
         head = f"{self.prefix}_T"
-        out = {}
-        for info in await self.js.streams_info():
-            name = info.config.name or ""
-            if name.startswith(head) and name[len(head) :].isdigit():
-                out[int(name[len(head) :])] = info.state.last_seq
-        return out
+        out: dict[int, int] = {}
+        offset = 0
+        while True:
+            req = {"offset": offset, "subject": f"{self.prefix}.t.>"}
+            msg = await self.nc.request(
+                "$JS.API.STREAM.LIST", orjson.dumps(req), timeout=self.timeout
+            )
+            resp = orjson.loads(msg.data)
+            if "error" in resp:
+                raise RuntimeError(f"listing the streams: {resp['error']}")
+            streams = resp.get("streams") or []
+            for info in streams:
+                name = str(info["config"]["name"])
+                if name.startswith(head) and name[len(head) :].isdigit():
+                    out[int(name[len(head) :])] = int(info["state"]["last_seq"])
+            offset += len(streams)
+            if not streams or offset >= int(resp.get("total", 0)):
+                return out
 
     # ---- streams -----------------------------------------------------------------------
 
@@ -726,14 +772,7 @@ class JetStreamStore:
 
     async def stream_ids(self) -> list[int]:
         """The topic ids of every stream of this prefix."""
-        assert self.js is not None
-        head = f"{self.prefix}_T"
-        out = []
-        for info in await self.js.streams_info():
-            name = info.config.name or ""
-            if name.startswith(head) and name[len(head) :].isdigit():
-                out.append(int(name[len(head) :]))
-        return out
+        return sorted(await self.stream_heads())
 
     async def bounds(self, topic_id: int) -> tuple[int, int]:
         """(first seq, last seq) of the topic's stream."""
@@ -800,10 +839,44 @@ class JetStreamStore:
 
     async def read(self, topic_id: int, lo: int, hi: int, max_bytes: int) -> list[StoredMsg]:
         """The stored messages of seqs `lo ..= hi` (a batched direct get: at most
-        `READ_PAGE` records and about `max_bytes`; at least one if any exists)."""
+        `READ_PAGE` records and about `max_bytes`; at least one if any exists).
+
+        A direct get is answered by any replica, and a replica may lag behind the leader.
+        An answer that ends below `hi` with nothing more on its server is checked with the
+        leader (one message get of the next stored seq): if the leader holds a record
+        there, the answer was a lagging replica's and the read is retried."""
+        for _ in range(READ_ATTEMPTS):
+            out, more = await self._read_once(topic_id, lo, hi, max_bytes)
+            if more or hi >= 1 << 62:
+                return out
+            after = out[-1].seq + 1 if out else lo
+            if after > hi or not await self._leader_has(topic_id, after, hi):
+                return out
+            await asyncio.sleep(READ_RETRY_S)  # (another replica, or this one caught up)
+        raise RuntimeError(f"direct gets from {self.stream(topic_id)} stay behind its leader")
+
+    async def _leader_has(self, topic_id: int, lo: int, hi: int) -> bool:
+        """Whether the stream's leader holds a record in `lo ..= hi`."""
+        import nats.js.errors
+
+        assert self.js is not None
+        try:
+            msg = await self.js.get_msg(
+                self.stream(topic_id), seq=lo, subject=f"{self.prefix}.t.{topic_id}.*", next=True
+            )
+        except nats.js.errors.NotFoundError:
+            return False
+        return msg.seq is not None and int(msg.seq) <= hi
+
+    async def _read_once(
+        self, topic_id: int, lo: int, hi: int, max_bytes: int
+    ) -> tuple[list[StoredMsg], bool]:
+        """One batched direct get: (the messages of `lo ..= hi` it returned, whether its
+        server holds more after them: a limit ended the batch, not the stream)."""
         assert self.nc is not None
         nc = self.nc
         out: list[StoredMsg] = []
+        pending = [0]  # the server's messages after the last one returned
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         async def collect(msg: Msg) -> None:
@@ -814,8 +887,11 @@ class JetStreamStore:
                     done.set_result(status)
                 return
             seq = int(headers["Nats-Sequence"])
+            pending[0] = int(headers.get("Nats-Num-Pending", 0))
             if seq <= hi:
                 out.append(StoredMsg(seq, msg.data, headers))
+            else:
+                pending[0] += 1  # (a record past `hi`: the stream reaches past it)
 
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox, cb=collect)
@@ -830,7 +906,7 @@ class JetStreamStore:
                 await sub.unsubscribe()
         if status not in ("204", "404"):
             raise RuntimeError(f"direct get from {self.stream(topic_id)}: status {status}")
-        return out
+        return out, status == "204" and pending[0] > 0
 
 
 def _encode_msgs(
@@ -1409,6 +1485,12 @@ async def _rebuild(
     store = backend.store
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
+    for tid in sorted(streams - set(entries)):
+        # (the key listing is a consumer's, which a lagging replica may serve: the
+        # leader says whether the entry exists before its stream is called an orphan)
+        entry, _ = await backend.bridge.call(partial(store.entry, tid))
+        if entry is not None:
+            entries[tid] = entry
     if repair:
         for orphan in sorted(streams - set(entries)):
             log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
@@ -1471,7 +1553,7 @@ async def _fill(
     store = backend.store
     tid = topic.topic_id
     if repair and not have_stream:
-        await backend.bridge.call(partial(store.create_stream, tid))
+        await backend._call(partial(store.create_stream, tid))
     floor = entry.get("floor", 1)
     runs = entry.get("runs", [])
     assert isinstance(floor, int)
@@ -1485,8 +1567,8 @@ async def _fill(
     loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
     if repair:
         if floor > 1:
-            await backend.bridge.call(partial(store.purge, tid, floor))  # finish that purge
-        await backend.bridge.call(partial(store.put_name, topic.name, tid))
+            await backend._call(partial(store.purge, tid, floor))  # finish that purge
+        await backend._call(partial(store.put_name, topic.name, tid))
     lane = backend.lane(topic)
     lane.floor_written = floor
     deletes = entry.get("deletes") or []
@@ -1512,13 +1594,13 @@ async def _load_topic(
     stream seqs (memory holds nothing at or above `from_seq`)."""
     store = backend.store
     tid = topic.topic_id
-    first, last = await backend.bridge.call(partial(store.bounds, tid))
+    first, last = await backend._call(partial(store.bounds, tid))
     loaded = 0
     seq = max(first, from_seq)
     keys: list[tuple[str, int, int, int]] = []  # (idempotency key, first seq, count, $ts)
     # a write's records, grouped back: (first seq, ts, key, count)
     while last and seq <= last:
-        msgs = await backend.bridge.call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
+        msgs = await backend._call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
         if not msgs:
             break
         i = 0

@@ -105,6 +105,8 @@ class Fronts:
         self.served = 0  # forwarded mutations this front ran as the owner
         self._limit = trio.Semaphore(FORWARD_TASKS_MAX)
         self._install_lock = trio.Lock()
+        self._poll_lock = trio.Lock()  # (listings' catch-ups, one at a time)
+        self._polls_begun = self._polls_done = 0
 
     # ---- shards and the leases ---------------------------------------------------------
 
@@ -363,12 +365,22 @@ class Fronts:
     # ---- the follower: Forwarder -------------------------------------------------------
 
     async def _forward(self, head: dict[str, JsonValue], body: bytes) -> dict[str, object]:
-        subject = self.owner_subjects.get(self.shard_of(str(head["topic"])))
+        k = self.shard_of(str(head["topic"]))
+        subject = self.owner_subjects.get(k)
         if subject is None or subject == self.subject:
-            await trio.lowlevel.checkpoint()
-            raise StorageUnavailable(
-                "no owner front holds the lease yet; retry", {"backend": "jetstream"}
-            )
+            # (this front gave the shard up, or has not learned its owner since: ask the
+            # lease now rather than answer 503 until the next check)
+            value, _ = await self.backend._call(partial(self.store.lease, k))
+            if (
+                value is None
+                or value.get("front") == self.front_id
+                or int(str(value.get("until_ms", 0))) <= self.clock.now_ms()
+            ):
+                raise StorageUnavailable(
+                    "no owner front holds the lease yet; retry", {"backend": "jetstream"}
+                )
+            subject = str(value.get("subject"))
+            self.owner_subjects[k] = subject
         payload = orjson.dumps(head) + b"\n" + body
         self.forwarded += 1
         try:
@@ -489,6 +501,12 @@ class Fronts:
         wire = entry.get("config")
         if isinstance(wire, dict) and wire != topic.config.to_wire():
             engine.apply_config(topic, config_from_wire(wire), now)
+        floor = entry.get("floor", 1)
+        runs = entry.get("runs") or []
+        if isinstance(floor, int) and floor > topic.evict_floor and isinstance(runs, list):
+            # the owner's evictions so far: a record delete it ran after them purged
+            # the stream, so the records left here would no longer add up to them
+            engine.apply_floor(topic, floor, [(int(a), int(b), str(c)) for a, b, c in runs])
         deletes = entry.get("deletes") or []
         assert isinstance(deletes, list)
         for op in deletes:
@@ -555,11 +573,12 @@ class Fronts:
         """Every topic (of `shard`, when given): created and deleted ones, then each one's
         entry and records."""
         call = self.backend._call
+        streams = set(await call(self.store.stream_heads))
         ids = await call(self.store.entry_ids)
         for topic in list(self.engine.by_id.values()):
             if topic.topic_id not in ids:
                 await self._remove(topic)
-        for tid in sorted(ids - set(self.engine.by_id)):
+        for tid in sorted((ids | streams) - set(self.engine.by_id)):
             await self._install_id(tid)
         for topic in list(self.engine.by_id.values()):
             if shard is None or self.shard_of(topic.name) == shard:
@@ -568,7 +587,7 @@ class Fronts:
     async def _follow_notices(self) -> None:
         call = self.backend.bridge.call
         while True:
-            tids = await call(self.store.next_notices)
+            tids = await call(self.store.next_notices)  # (a local queue: it never fails)
             for tid in tids:
                 topic = self.engine.by_id.get(tid)
                 if topic is not None and (
@@ -583,7 +602,7 @@ class Fronts:
                         await self._install_id(tid)
                     else:
                         await self.refresh(topic)
-                except TopicdError as exc:
+                except Exception as exc:  # (a background loop: it must outlive any failure)
                     log.warning("front %s: topic %d not caught up: %s", self.front_id, tid, exc)
 
     async def _poll(self) -> None:
@@ -593,12 +612,29 @@ class Fronts:
                 continue  # alone and owning everything: nobody else writes
             try:
                 await self.poll_once()
-            except TopicdError as exc:
+            except Exception as exc:  # (a background loop: it must outlive any failure)
                 log.warning("front %s: poll failed: %s", self.front_id, exc)
+
+    async def catch_up_all(self) -> None:
+        """Before a listing on this front: the poll's catch-up, now (concurrent listings
+        share one)."""
+        ticket = self._polls_begun
+        async with self._poll_lock:
+            if self._polls_done > ticket:
+                await trio.lowlevel.checkpoint()
+                return  # one that began after this call did has finished
+            self._polls_begun += 1
+            number = self._polls_begun
+            await self.poll_once()
+            self._polls_done = number
 
     async def poll_once(self) -> None:
         """The fallback for lost notices, and how topics created or deleted elsewhere
         reach this front's listing: the streams' last seqs and the registry's ids.
+
+        Both listings are their leader's (current). Topics are dropped when their entry
+        is gone; new ids come from both (a stream is created before its entry), and each
+        is read from the registry's leader before it is installed.
 
         On the owner, it finds what a deposed owner did before it noticed (a topic it
         created, records it wrote): those were acknowledged, so they are taken in."""
@@ -615,7 +651,7 @@ class Fronts:
                 await self._remove(topic)
             elif heads.get(tid, 0) > topic.head_seq:
                 await self.refresh(topic)
-        for tid in sorted(ids - set(engine.by_id)):
+        for tid in sorted((ids | set(heads)) - set(engine.by_id)):
             await self._install_id(tid)
 
 

@@ -1,0 +1,360 @@
+"""Chaos runs of three jetstream fronts on a three-node JetStream cluster (loopback).
+
+Each run starts a fresh deployment (a new `storage.jetstream.prefix`, R3 streams, three
+owner shards) of three `topicd serve` fronts on one three-node cluster, and four writers
+(threads), each sending idempotent batch writes (`--batch` records, one idempotency key
+per write) to two topics through all three fronts in turn, retrying a write with the same
+key on `503`, on a lost connection or on a timeout. The topics are capped
+(`cap_records`), so writes evict and tombstones appear. Mid-run, one fault:
+
+* `leader` — the JetStream leader of a written topic's stream is killed with SIGKILL
+  (during batch writes), then restarted on its store after the writes;
+* `stop` — one NATS node (the leader of a written topic's stream) gets SIGSTOP for
+  `--stop-s` seconds (30) under the writes, then SIGCONT;
+* `front` — the front owning a written topic is killed with SIGKILL during the retried
+  idempotent writes (it stays down; its shards move to the others).
+
+After the writers finish, on every live front and for each topic: every acknowledged
+write is there once (its records at `first_seq ..` in order; no retried write stored
+twice), no seq is used by two writes, the seqs left are exactly the last `cap_records`
+of `1 .. head` with none missing, and the tombstone is exact (`cap`, from 1 to the seq
+below the earliest record, the same on every front). Failover: from the fault to the
+first acknowledgement of a write to the faulted topic that was first sent after it.
+Queues are not on the jetstream backend yet, so no job-lease run exists.
+
+    python bench/jetstream_chaos.py --scenario leader --runs 10
+    python bench/jetstream_chaos.py --scenario stop --runs 10
+    python bench/jetstream_chaos.py --scenario front --runs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from jetstream_failover import Front
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import itertools
+
+from tests.jetstream.conftest import (
+    NatsServer,
+    nats_server_binary,
+    start_cluster,
+    start_nats,
+    stop_all,
+    wait_placeable,
+)
+from topicd.storage.jetstream import name_key
+from topicd.storage.jsfronts import Fronts
+
+TOPICS = ("ca", "cb")  # (names whose shards differ for 3 shards)
+WRITERS = 4
+HTTP_TIMEOUT_S = 20.0
+
+
+def post(port: int, path: str, body: dict, headers: dict[str, str] | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+    try:
+        conn.request(
+            "POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})}
+        )
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def put(port: int, path: str, body: dict) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+    try:
+        conn.request("PUT", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+class Writes:
+    """The writers' shared record: acknowledged writes, and what the fault is timed by."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # key -> (topic, first seq, records, first sent at, acknowledged at)
+        self.acked: dict[str, tuple[str, int, int, float, float]] = {}
+        self.retries = 0
+        self.refusals: dict[int, int] = {}
+
+    def write(self, fronts: list[Front], topic: str, key: str, n: int, start: int) -> None:
+        records = [{"data": {"k": key, "j": j}} for j in range(n)]
+        first_sent = time.perf_counter()
+        attempt = start
+        while True:
+            front = fronts[attempt % len(fronts)]
+            attempt += 1
+            if front.proc.poll() is not None:
+                continue  # (a killed front: the client tries another)
+            try:
+                status, body = post(
+                    front.port,
+                    f"/v0/topics/{topic}",
+                    {"records": records},
+                    {"Idempotency-Key": key},
+                )
+            except OSError:
+                with self.lock:
+                    self.retries += 1
+                time.sleep(0.05)  # the retry's pace, not a wait for a condition
+                continue
+            if status in (503, 429):
+                with self.lock:
+                    self.retries += 1
+                    self.refusals[status] = self.refusals.get(status, 0) + 1
+                time.sleep(0.05)
+                continue
+            assert status in (200, 201), (status, body)
+            with self.lock:
+                self.acked[key] = (
+                    topic,
+                    int(body["first_seq"]),
+                    n,
+                    first_sent,
+                    time.perf_counter(),
+                )
+            return
+
+
+def writer(w: Writes, fronts: list[Front], who: int, count: int, batch: int) -> None:
+    for i in range(count):
+        topic = TOPICS[(who + i) % len(TOPICS)]
+        w.write(fronts, topic, f"w{who}-{i}", batch, who + i)
+
+
+def check(w: Writes, fronts: list[Front], cap: int) -> dict[str, int]:
+    """The invariants (module docstring) on every live front; returns each topic's head."""
+    heads = {}
+    for topic in TOPICS:
+        mine = {k: v for k, v in w.acked.items() if v[0] == topic}
+        spans = sorted((first, first + n - 1, k) for k, (_, first, n, _, _) in mine.items())
+        for (_a_lo, a_hi, a), (b_lo, _, b) in itertools.pairwise(spans):
+            assert a_hi < b_lo, f"{topic}: writes {a} and {b} share seqs"
+        seen_views = []
+        for front in fronts:
+            if front.proc.poll() is not None:
+                continue
+            records, tomb = read_all(front.port, topic)
+            seqs = [r["$seq"] for r in records]
+            by_seq = {r["$seq"]: r["data"] for r in records}
+            top = seqs[-1] if seqs else 0
+            # every seq from the earliest kept to the top is there (no deletes here)
+            assert seqs == list(range(top - len(seqs) + 1, top + 1)), f"{topic}: gaps"
+            assert len(seqs) == min(cap, top), (topic, len(seqs), top)
+            # each key's records are contiguous, in order, at the acknowledged seqs
+            keys_at: dict[str, list[int]] = {}
+            for seq, data in by_seq.items():
+                keys_at.setdefault(data["k"], []).append(seq)
+            for k, at in keys_at.items():
+                assert k in mine, f"{topic}: {k} stored but never acknowledged"
+                _, first, n, _, _ = mine[k]
+                assert at == [s for s in range(first, first + n) if s in by_seq], (k, at, first)
+                assert [by_seq[s]["j"] for s in at] == [s - first for s in at]
+            for k, (_, first, n, _, _) in mine.items():
+                if first + n - 1 >= top - cap + 1:  # (not wholly evicted)
+                    assert k in keys_at, f"{topic}: acknowledged write {k} lost"
+            # the stored seqs are exactly the acknowledged writes' (none reused, no duplicate)
+            covered = sum(n for _, (_, _, n, _, _) in mine.items())
+            assert covered == top, f"{topic}: {covered} records acknowledged, head {top}"
+            if top > cap:
+                assert tomb is not None, topic
+                assert tomb["reason"] == "cap", (topic, tomb)
+                assert (tomb["gap_from"], tomb["gap_to"]) == (1, top - cap), (topic, tomb)
+            else:
+                assert tomb is None, (topic, tomb)
+            seen_views.append((top, seqs[0] if seqs else None, json.dumps(tomb, sort_keys=True)))
+        assert seen_views, "no front is alive"
+        assert len(set(seen_views)) == 1, f"{topic}: fronts disagree: {seen_views}"
+        heads[topic] = seen_views[0][0]
+    return heads
+
+
+def read_all(port: int, topic: str) -> tuple[list[dict], dict | None]:
+    """Every record of `topic` from seq 0 (paged), and the first page's tombstone."""
+    records: list[dict] = []
+    tomb = None
+    cursor = 0
+    give_up = time.perf_counter() + 60
+    while True:
+        status, body = post(port, f"/v0/topics/{topic}/diff", {"from_seq": cursor, "limit": 1000})
+        if status == 503 and time.perf_counter() < give_up:
+            time.sleep(0.1)  # (the cluster settling after the fault; a client retries)
+            continue
+        assert status == 200, body
+        if cursor == 0:
+            tomb = body.get("tombstone")
+        records += body["records"]
+        if not body["records"]:
+            return records, tomb
+        cursor = int(body["next_from_seq"])
+
+
+async def _placement(urls: list[str], prefix: str, topic: str) -> tuple[str, str]:
+    """(the server name of the leader of `topic`'s stream, the id of the front holding
+    the lease of `topic`'s shard), from the registry and the stream's info."""
+    import nats
+
+    nc = await nats.connect(servers=urls)
+    try:
+        js = nc.jetstream(timeout=5)
+        kv = await js.key_value(f"{prefix}_registry")
+        tid = int((await kv.get(name_key(topic))).value or b"0")
+        info = await js.stream_info(f"{prefix}_T{tid}")
+        assert info.cluster is not None
+        lease = json.loads((await kv.get(f"front.owner.{Fronts.shard_of_name(topic, 3)}")).value)
+        return info.cluster.leader or "", str(lease["front"])
+    finally:
+        await nc.close()
+
+
+def one_run(
+    k: int, root: Path, binary: str, servers: list[NatsServer], args: argparse.Namespace
+) -> dict[str, object]:
+    urls = [s.url for s in servers]
+    prefix = f"chaos{args.scenario}{k}"
+    env = {
+        "TOPICD_STORAGE_BACKEND": "jetstream",
+        "TOPICD_JETSTREAM_SERVERS": ",".join(urls),
+        "TOPICD_STORAGE_JETSTREAM_REPLICAS": "3",
+        "TOPICD_STORAGE_JETSTREAM_SHARDS": "3",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": str(args.lease_ms),
+        "TOPICD_STORAGE_JETSTREAM_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms),
+        "TOPICD_JETSTREAM_PREFIX": prefix,
+    }
+    fronts: list[Front] = []
+    run_root = root / f"run{k}"
+    result: dict[str, object] = {}
+    wait_placeable(urls, 3)  # (a node restarted by the last run is back in the cluster)
+    try:
+        for i in range(3):
+            front = Front(run_root, f"f{i}", env)
+            front.wait_ready()
+            fronts.append(front)
+        time.sleep(args.lease_ms / 1000)  # (the shards spread over the fronts: a settle)
+        for topic in TOPICS:
+            status = put(fronts[0].port, f"/v0/topics/{topic}", {"cap_records": args.cap})
+            assert status in (200, 201), status
+        w = Writes()
+        threads = [
+            threading.Thread(target=writer, args=(w, fronts, i, args.writes, args.batch))
+            for i in range(WRITERS)
+        ]
+        for t in threads:
+            t.start()
+        while len(w.acked) < args.writes:  # about a quarter of the writes, then the fault
+            time.sleep(0.05)
+        target = TOPICS[0]
+        stream_leader, owner_id = asyncio.run(_placement(urls, prefix, target))
+        t_fault = time.perf_counter()
+        victim: NatsServer | None = None
+        if args.scenario in ("leader", "stop"):
+            victim = next(s for s in servers if s.name == stream_leader)
+            if args.scenario == "leader":
+                os.kill(victim.pid, signal.SIGKILL)
+                assert victim.proc is not None
+                victim.proc.wait()
+            else:
+                os.kill(victim.pid, signal.SIGSTOP)
+                time.sleep(args.stop_s)  # the fault's length, by definition
+                os.kill(victim.pid, signal.SIGCONT)
+        else:  # front: the one holding the lease of `target`'s shard
+            owner = next(f for f in fronts if f"front {owner_id}" in f.text())
+            owner.proc.send_signal(signal.SIGKILL)
+            owner.proc.wait()
+            result["killed_front"] = owner.dir.name
+        for t in threads:
+            t.join()
+        after = [v[4] for v in w.acked.values() if v[0] == target and v[3] >= t_fault]
+        result["failover_s"] = (min(after) - t_fault) if after else None
+        result["acked"] = len(w.acked)
+        result["retries"] = w.retries
+        result["refusals"] = dict(w.refusals)
+        if victim is not None and args.scenario == "leader":
+            restarted = restart(binary, victim)
+            servers[servers.index(victim)] = restarted
+        result["heads"] = check(w, fronts, args.cap)
+        result["leader"] = stream_leader
+        return result
+    finally:
+        for front in fronts:
+            front.stop()
+
+
+def restart(binary: str, server: NatsServer) -> NatsServer:
+    """Start a killed node again on its store, ports and cluster settings."""
+    node = server.store.parent
+    listen = server.url.removeprefix("nats://")
+    again = start_nats(binary, node, listen, include="extra.conf")
+    again.name = server.name
+    return again
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scenario", choices=("leader", "stop", "front"), required=True)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--writes", type=int, default=60, help="writes per writer (4 writers)")
+    p.add_argument("--batch", type=int, default=20, help="records per write")
+    p.add_argument("--cap", type=int, default=1500, help="cap_records of each topic")
+    p.add_argument("--stop-s", type=float, default=30.0, help="the `stop` fault's length")
+    p.add_argument("--lease-ms", type=int, default=3000)
+    p.add_argument(
+        "--request-timeout-ms", type=int, default=5000, help="the fronts' request timeout"
+    )
+    args = p.parse_args()
+    binary, why = nats_server_binary()
+    if binary is None:
+        raise SystemExit(why)
+    root = Path(tempfile.mkdtemp(prefix="jschaos-"))
+    servers = start_cluster(binary, root)
+    times = []
+    ok = False
+    try:
+        wait_placeable([s.url for s in servers], 3)
+        for k in range(args.runs):
+            res = one_run(k, root, binary, servers, args)
+            fo = res["failover_s"]
+            assert isinstance(fo, float)
+            times.append(fo * 1000)
+            print(
+                f"run {k + 1} ({args.scenario}): first write {fo * 1000:.0f} ms after the fault; "
+                f"{res['acked']} writes acknowledged, {res['retries']} retries "
+                f"{res['refusals']}, heads {res['heads']}; checks passed",
+                flush=True,
+            )
+        ok = True
+    finally:
+        stop_all(servers)
+        if ok:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"failed: the fronts' and servers' logs are in {root}", flush=True)
+    print(
+        f"{args.scenario}: {len(times)} runs in a row passed; failover to the first "
+        f"acknowledged write: median {statistics.median(times):.0f} ms, "
+        f"max {max(times):.0f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
