@@ -1019,7 +1019,7 @@ class Engine:
             and not self.draining
         ):
             woken = topic.waiter()
-            give_back(parked=True)  # a parked long-poll holds no client permit
+            give_back()  # a parked long-poll holds no client permit
             with trio.move_on_after(wait_ms / 1000):
                 await woken.wait()
             if not woken.is_set():

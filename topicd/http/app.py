@@ -398,17 +398,9 @@ class Gate:
         )
         await send({"type": "http.response.body", "body": body})
 
-    def pressure_header(self, own: Permit | None = None) -> bytes:
-        """The `X-Topicd-Pressure` value (README §6), clamped to [0, 1]: the governor's
-        pressure, or the admission backlog's nearness to a refusal (`ClientPermits.load`,
-        read now) when that is higher (docs/decisions.md, "Admission backlog"). `own`:
-        the answering request's permit, if it is still counted (it is not in hand any
-        more)."""
-        p = self.pressure()
-        permits = self.permits
-        if permits is not None:
-            p = max(p, permits.load(1 if own is not None and own.counted else 0))
-        return b"%.3f" % min(max(p, 0.0), 1.0)
+    def pressure_header(self) -> bytes:
+        """The `X-Topicd-Pressure` value (README §6), clamped to [0, 1]."""
+        return b"%.3f" % min(max(self.pressure(), 0.0), 1.0)
 
     def quick_refusal(
         self, path: str | None = None
@@ -469,7 +461,7 @@ class Gate:
                 # the pressure as the answer starts, not as the request came in: a write
                 # that waited for its commit must not report the pressure it found then
                 # (a client paces on this value, stamped with the time it arrives)
-                headers.append((b"x-topicd-pressure", self.pressure_header(permit)))
+                headers.append((b"x-topicd-pressure", self.pressure_header()))
                 message["headers"] = headers
                 status_box[0] = cast("int", message["status"])
             await send(message)
@@ -1029,7 +1021,6 @@ def create_app(
         config.classes.client_permits,
         config.classes.client_waiters,
         lambda: ref.engine.retry_hint_ms(),
-        saturated_at=config.governor.latency_signal_max,
     )
     ref.register_permits()
     app.asgi_app = Gate(  # type: ignore[assignment,method-assign]

@@ -561,7 +561,6 @@ class Listener:
         all_http1: bool = False,
         max_body: int = 0,
         full: Callable[[], bool] | None = None,
-        reading: Callable[[int], None] | None = None,
         quick_refusal: Callable[[str], tuple[int, list[tuple[bytes, bytes]], bytes] | None]
         | None = None,
         pressure: Callable[[], bytes] | None = None,
@@ -575,8 +574,6 @@ class Listener:
         self.upgrade = upgrade  # `GET /v0/ws` upgrades (None: Hypercorn's, like any upgrade)
         self.is_stream = is_stream
         self.full = full  # client permits and waiters exhausted: refuse here, cheaply
-        # +1 / -1 around the read of a request body: the admission backlog counts it
-        self.reading = reading
         self.quick_refusal = quick_refusal
         self.pressure = pressure  # the `X-Topicd-Pressure` value, for answers made here
         self.config = config
@@ -824,17 +821,7 @@ class Listener:
         length = parsed.length or 0
         if self.max_body and length > self.max_body:
             return False, head  # Quart answers it (413)
-        if length and self.reading is not None:
-            # a request whose body is still arriving is already part of the admission
-            # backlog (`ClientPermits.reading`): under a flood of large writes that is
-            # where most of them are, and the gate's bound and load must see them
-            self.reading(1)
-            try:
-                data = await self._read_to(stream, head, end + length)
-            finally:
-                self.reading(-1)
-        else:
-            data = await self._read_to(stream, head, end + length)
+        data = await self._read_to(stream, head, end + length)
         if len(data) < end + length:  # gone or too slow: nothing to answer
             await close_quietly(stream)
             return True, b""
@@ -968,7 +955,6 @@ async def serve(
                 all_http1=direct_http1,
                 max_body=int(app.config.get("MAX_CONTENT_LENGTH") or 0),
                 full=(lambda: permits.full()) if permits is not None else None,
-                reading=permits.note_reading if permits is not None else None,
                 quick_refusal=gate.quick_refusal,
                 pressure=gate.pressure_header,
                 upgrade=gate.ws_upgrade,

@@ -58,85 +58,33 @@ class PermitStats:
 
 
 class Permit:
-    """One admitted request's hold on a permit, and its place in the gate's backlog."""
+    """One admitted request's hold on a permit."""
 
-    __slots__ = ("counted", "held", "pool")
+    __slots__ = ("held", "pool")
 
     def __init__(self, pool: ClientPermits) -> None:
         self.pool = pool
         self.held = True
-        self.counted = True  # still part of `pool.backlog`
 
-    def lend(self) -> None:
-        """Give the permit back while the request stays in the backlog: it waits for
-        work it submitted (a WAL completion, room at a full ingest)."""
+    def release(self) -> None:
         if self.held:
             self.held = False
             self.pool.release()
-
-    def release(self) -> None:
-        """The request is answered, or parked until data arrives (a long-poll, which
-        costs the server nothing meanwhile): give the permit back and leave the backlog.
-        Idempotent."""
-        self.lend()
-        if self.counted:
-            self.counted = False
-            self.pool.backlog -= 1
 
 
 _HELD: ContextVar[Permit | None] = ContextVar("topicd_client_permit", default=None)
 
 
 class ClientPermits:
-    def __init__(
-        self,
-        permits: int,
-        max_waiters: int,
-        retry_hint_ms: Callable[[], int],
-        *,
-        saturated_at: float = 0.6,
-    ) -> None:
+    def __init__(self, permits: int, max_waiters: int, retry_hint_ms: Callable[[], int]) -> None:
         self._sem = trio.Semaphore(permits)
-        self.permits = permits
         self.max_waiters = max_waiters
-        self.saturated_at = saturated_at  # `load()` with a backlog of exactly `permits`
         self.retry_hint_ms = retry_hint_ms
         self.stats = PermitStats(capacity=permits)
-        # admitted client requests not answered yet, long-polls parked for data excluded:
-        # running, waiting for a permit, or waiting for work they submitted (their WAL
-        # commit, room at a full ingest) after giving their permit back
-        self.backlog = 0
-        # requests whose head has arrived and whose body is still being read (the direct
-        # HTTP path counts them): not admitted yet, but part of the backlog all the same
-        self.reading = 0
-        self.bound = max(1, permits + max_waiters)
-
-    def note_reading(self, delta: int) -> None:
-        self.reading += delta
 
     def full(self) -> bool:
-        """Whether a request arriving now would be refused: the backlog holds as many
-        requests as there are permits and waiter slots (so no permit is free and every
-        waiter slot is taken, or requests that gave their permit back still wait for
-        the work they submitted)."""
-        return self.backlog + self.reading >= self.bound
-
-    def load(self, exclude: int = 0) -> float:
-        """How close the backlog (bodies being read included) is to a refusal, in [0, 1],
-        read live (the bound fills within milliseconds): linear up to `saturated_at` at
-        a backlog of `permits` (every permit busy, nobody queued: a saturated server,
-        which reads as the client library's soft threshold, as the governor's capped
-        latency signal does), then linear in the waiter slots taken up to 1.0 at the
-        bound, where the next request is refused. So a client sees the queue fill —
-        its delay grows, then it pauses — before the first refusal. `exclude`: requests
-        counted that are being answered (no longer in hand)."""
-        n = self.backlog + self.reading - exclude
-        if n >= self.bound:
-            return 1.0
-        permits = max(1, self.permits)
-        if n <= permits:
-            return self.saturated_at * n / permits
-        return self.saturated_at + (1 - self.saturated_at) * (n - permits) / self.max_waiters
+        """Whether a request arriving now would be refused (no permit, waiters full)."""
+        return self._sem.value == 0 and self.stats.waiting >= self.max_waiters
 
     def waited_area(self, now: float) -> float:
         """Request-seconds spent waiting for a permit since start, up to `now`."""
@@ -157,21 +105,16 @@ class ClientPermits:
         stats = self.stats
         if self._sem.value > 0:
             self._sem.acquire_nowait()
-            self.backlog += 1
         else:
-            if stats.waiting >= self.max_waiters or self.full():
+            if stats.waiting >= self.max_waiters:
                 raise self.refusal()
             t0 = trio.current_time()
             self.waited_area(t0)
             stats.waiting += 1
             stats.waited += 1
             stats.peak_waiting = max(stats.peak_waiting, stats.waiting)
-            self.backlog += 1
             try:
                 await self._sem.acquire()
-            except BaseException:
-                self.backlog -= 1
-                raise
             finally:
                 t1 = trio.current_time()
                 self.waited_area(t1)
@@ -195,16 +138,11 @@ class ClientPermits:
         _HELD.reset(token)
 
 
-def give_back(*, parked: bool = False) -> None:
-    """The current request only waits from here on: free its permit (see module doc).
-    `parked`: it waits for data (a long-poll), not for work it submitted, so it leaves
-    the backlog too."""
+def give_back() -> None:
+    """The current request only waits from here on: free its permit (see module doc)."""
     permit = _HELD.get()
     if permit is not None:
-        if parked:
-            permit.release()
-        else:
-            permit.lend()
+        permit.release()
 
 
 WEIGHTS: dict[str, int] = {"control": 8, "delivery": 4, "client": 2, "maintenance": 1}
