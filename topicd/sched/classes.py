@@ -1,25 +1,22 @@
 """Work classes: client permits, maintenance permits and yield budgets (scheduler spec R1).
 
 Client work — REST handlers: writes, reads, claims, control-plane changes — runs only
-while it holds one of `classes.client_permits` permits, so at most that many client
-requests are runnable at once and one pass of the event loop stays short: probes,
+while it holds one of `classes.client_permits` permits (a request taking a free one runs
+from the next loop batch on, so the others ready in the same batch wait), so at most
+that many client requests are runnable at once and one pass of the event loop stays
+short: probes,
 metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
-which take no permit) are served within one batch however many clients push. The gate
-holds `client_permits + client_waiters` requests in its **backlog** — running, waiting
-for a permit, waiting for work they submitted after giving their permit back, or (on
-the direct HTTP path) with a body still arriving; beyond that a request gets `429
+which take no permit) are served within one batch however many clients push. At most
+`classes.client_waiters` requests wait for a permit; beyond that a request gets `429
 throttled` with `cause:"client_waiters"` before its body is parsed (the direct HTTP path
 answers from a glance at the head and reads the body off the socket unparsed, so the
-connection stays usable; see `http/server.py`). `load()` says how near that refusal the
-backlog is, for the `X-Topicd-Pressure` header.
+connection stays usable; see `http/server.py`).
 
 A request gives its permit back as soon as it only waits — for a long-poll's wake-up, a
 WAL completion (an append's, or a control frame's: an ack's synced delete), room at a full
 ingest — with `give_back()`: a parked task costs no loop
 time, and holding permits while parked would let 32 long-polls starve every writer. It
-does not take one again: what is left (rendering the answer) is short and bounded. A
-request waiting for work it submitted stays in the backlog; a long-poll parked for data
-(`give_back(parked=True)`) leaves it.
+does not take one again: what is left (rendering the answer) is short and bounded.
 
 Long loops on the loop thread (the drain's fan-out, the retention sweep) yield with a
 `Budget`: `await budget.tick()` checkpoints once a class quantum of time has passed since
