@@ -451,7 +451,10 @@ def _verify(args: argparse.Namespace) -> int:
     setup_logging(cfg)
     try:
         with hold_lock(root):
-            result = recover(cfg, RealFs(), SystemWallClock(), boot_id=read_boot_id())
+            # (every sealed segment's bytes too: a start leaves those to the reads)
+            result = recover(
+                cfg, RealFs(), SystemWallClock(), boot_id=read_boot_id(), check_sealed=True
+            )
     except DataDirLocked as exc:
         print(f"topicd: {exc} (stop it before verifying)", file=sys.stderr)
         return EXIT_LOCKED

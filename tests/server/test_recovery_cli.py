@@ -5,7 +5,11 @@ Method: run `python -m topicd serve` as a subprocess on a temporary data directo
 through HTTP, stop it with SIGKILL (so the WAL, not a final snapshot, carries the data),
 damage a WAL file in the middle, then check that `verify` and `serve` refuse with exit 4,
 name the file and offset, and leave every byte of the directory unchanged; and that
-`--recovery-on-corruption=truncate` serves the valid prefix. Readiness is awaited by
+`--recovery-on-corruption=truncate` serves the valid prefix. A byte damaged in a sealed
+segment (4-record segments, absorbed by the drain checkpoint of a clean stop): the next
+start serves, the read of a damaged record answers `500 internal` and counts
+`topicd_segment_corruption_total`, and `verify` (which reads every sealed byte) exits 4
+naming the file and offset. Readiness is awaited by
 reading the child's log for `listening on`, never by sleeping.
 
 "Unchanged" is `tree_state` before and after: every entry's name, kind, mode and mtime,
@@ -33,6 +37,7 @@ import pytest
 
 from tests.server.helpers import tree_state
 from topicd.storage import frame as frames
+from topicd.storage import segments as segs
 
 pytestmark = pytest.mark.slow
 
@@ -210,6 +215,54 @@ def test_mid_log_corruption_is_refused_and_truncate_recovers(tmp_path):
             assert c.post("/v0/topics/t", json={"records": [{"data": "next"}]}).status_code == 200
     finally:
         kill(proc2)
+
+
+def test_a_damaged_sealed_segment_starts_fails_its_read_and_verify_refuses(tmp_path):
+    data = tmp_path / "data"
+    conf = tmp_path / "segments.toml"
+    conf.write_text("[storage.segments]\nmax_events = 4\ninline_max_bytes = 0\n")
+    proc, base = start(data, "--config", str(conf))
+    try:
+        with httpx.Client(base_url=base) as c:
+            c.put("/v0/topics/t", json={"durability": "fsync"}).raise_for_status()
+            for i in range(12):
+                c.post("/v0/topics/t", json={"records": [{"data": i}]}).raise_for_status()
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the drain checkpoint absorbs and seals
+        assert proc.wait(timeout=20) == 0
+        if proc.stderr is not None:
+            proc.stderr.close()
+    (victim,) = data.glob("topics/*/seg-00000000000000000001.data")
+    raw = bytearray(victim.read_bytes())
+    first = segs.read_seg_frame(bytes(raw), 0, len(raw))
+    assert first is not None and first.seq == 1
+    raw[first.end // 2] ^= 0x5A  # inside the first frame (records 1..)
+    victim.write_bytes(bytes(raw))
+
+    # a start reads no sealed data: it serves; the read of a damaged record is a 500,
+    # counted, and the records of the other segments still read
+    proc, base = start(data, "--config", str(conf))
+    try:
+        with httpx.Client(base_url=base) as c:
+            r = c.post("/v0/topics/t/diff", json={"from_seq": 0})
+            assert r.status_code == 500, r.text
+            assert r.json()["error"]["code"] == "internal"
+            assert "topicd_segment_corruption_total 1.0" in c.get("/v0/metrics").text
+            r = c.post("/v0/topics/t/diff", json={"from_seq": 8})
+            assert r.status_code == 200, r.text
+            assert [x["data"] for x in r.json()["records"]] == [8, 9, 10, 11]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+    # the offline check reads every sealed byte: it refuses, naming file and offset
+    before = tree_state(data)
+    res = run("verify", "--data-dir", str(data), "--config", str(conf))
+    assert res.returncode == 4, res.stderr
+    assert f"{victim.name} offset 0" in res.stderr, res.stderr
+    assert tree_state(data) == before
 
 
 def test_a_foreign_directory_is_refused_and_unchanged(tmp_path):

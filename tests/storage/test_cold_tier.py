@@ -18,7 +18,8 @@ directory. The states in between are also built by hand: a
 segment registered hot with only its cold copy (recovery finds it there), registered cold
 with a stale hot copy (the cold one is used, the hot one removed). Corruption of a cold
 segment: a serve-time read answers `500 internal` and counts
-`topicd_segment_corruption_total`; recovery refuses naming the file. Drops (cap eviction)
+`topicd_segment_corruption_total`; a restart (which reads no sealed data) serves and the
+read fails again; the full check (`topicd verify`) refuses naming the file. Drops (cap eviction)
 and topic deletion remove cold files; unsetting `cold_dir` with cold segments refuses.
 """
 
@@ -41,9 +42,10 @@ from topicd.engine.topic import EVICTED
 from topicd.errors import Internal
 from topicd.storage import segments as segs
 from topicd.storage import snapshot, tiering
-from topicd.storage.recovery import RecoveryRefused
+from topicd.storage.recovery import RecoveryRefused, recover
 from topicd.storage.segments import Segment
 from topicd.storage.tiering import to_relocate
+from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.fake_fs import FakeDisk, PowerLoss
 from topicd.testing.harness import durable_config, open_durable, open_durable_app
 from topicd.wire import DeleteIn, DiffIn, RecordIn, TopicConfigIn, WriteIn
@@ -520,7 +522,7 @@ async def test_unsetting_the_cold_dir_with_cold_segments_refuses_recovery():
 # ---- corruption ----------------------------------------------------------------------
 
 
-async def test_a_corrupt_cold_segment_is_a_500_counted_and_refuses_recovery(caplog):
+async def test_a_corrupt_cold_segment_is_a_500_counted_and_refused_by_the_full_check(caplog):
     disk = FakeDisk()
     cfg = config(retain=0)
     async with open_durable_app(disk, cfg) as h:
@@ -548,10 +550,15 @@ async def test_a_corrupt_cold_segment_is_a_500_counted_and_refuses_recovery(capl
         r = await client.post("/v0/topics/t/diff", json={"from_seq": 4})
         assert r.status_code == 200 and len((await r.get_json())["records"]) == 5
         tid = t.topic_id
+    # a start reads no sealed data: it serves, and the read fails again
+    async with open_durable(disk, cfg) as engine:
+        with pytest.raises(Internal):
+            await engine.diff("t", DiffIn(from_seq=0, limit=10))
+        assert cp(engine).segments.corruptions == 1
+    # the full check (`topicd verify`) refuses, naming the cold file, modifying nothing
     before = disk.tree()
     with pytest.raises(RecoveryRefused, match="in the cold tier") as exc:
-        async with open_durable(disk, cfg):
-            pass
+        recover(cfg, disk, FakeWallClock(), boot_id="boot-1", check_sealed=True)
     assert posixpath.relpath(segs.data_path(COLD, tid, 1), COLD) in str(exc.value)
     assert disk.tree() == before
 

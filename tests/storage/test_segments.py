@@ -6,9 +6,14 @@ state (`test_checkpoint.state`: every record a reader sees, watermarks, counts).
 points: the pre-checkpoint durable image is restored, `FakeDisk.crash_after(k)` is armed
 for every mutating call k of one checkpoint that absorbs, seals, flips delete flags,
 drops segments and trims the WAL, and recovery must yield the same state each time.
-Corruption: a byte of a segment is changed; recovery (which checks every segment's bytes
-against its `.meta` data digests, and decodes the frames when they do not match) must
-refuse naming the file and offset without modifying anything, and a serve-time read of
+Corruption: a byte of a segment is changed. In the active segment, recovery (which checks
+its bytes against the `.meta` data digests, and decodes the frames when they do not
+match) must refuse naming the file and offset without modifying anything. A start reads
+no sealed segment's data (it is checked for presence, length and a usable `.meta`: the
+test watches which files recovery opens), so damage there starts, and the first read of
+an affected record fails with `500`, is counted and logged, never served; the full check
+(`check_sealed`, what `topicd verify` runs) and a start that must decode the frames (no
+usable `.meta`) refuse naming file and offset, modifying nothing. A serve-time read of
 bytes damaged after the start must fail and be counted.
 """
 
@@ -25,8 +30,9 @@ from topicd.config import Config
 from topicd.errors import Internal
 from topicd.storage import segments as segs
 from topicd.storage import snapshot
-from topicd.storage.recovery import RecoveryRefused
+from topicd.storage.recovery import RecoveryRefused, recover
 from topicd.storage.wal import WalCommitPath
+from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.fake_fs import FakeDisk, PowerLoss
 from topicd.testing.harness import durable_config, open_durable
 from topicd.wire import DeleteIn, DiffIn, TopicConfigIn
@@ -226,7 +232,41 @@ def _flip(disk: FakeDisk, path: str, offset: int) -> None:
     disk.close(fd)
 
 
-async def test_a_corrupt_sealed_segment_refuses_recovery_naming_file_and_offset():
+def _opened(disk: FakeDisk, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths recovery opens or reads whole from now on (appended as it goes)."""
+    seen: list[str] = []
+    open_, read = disk.open, disk.read
+
+    def opening(path: str, *, create: bool = False, exclusive: bool = False) -> int:
+        seen.append(path)
+        return open_(path, create=create, exclusive=exclusive)
+
+    def reading(path: str) -> bytes:
+        seen.append(path)
+        return read(path)
+
+    monkeypatch.setattr(disk, "open", opening)
+    monkeypatch.setattr(disk, "read", reading)
+    return seen
+
+
+async def test_a_start_reads_no_sealed_segment_data_and_the_full_check_reads_all(monkeypatch):
+    disk = FakeDisk()
+    cfg = seg_config()
+    path, tid = await _sealed_segment(disk, cfg)
+    assert _reg(disk, path).sealed and _reg(disk, path).meta_len > 0
+    seen = _opened(disk, monkeypatch)
+    clock = FakeWallClock()
+    result = recover(cfg, disk, clock, boot_id="boot-1")
+    assert result.segment_metas == []  # (every segment loaded from its `.meta`)
+    assert segs.meta_path("/data", tid, 1) in seen
+    assert path not in seen  # the sealed segment's data: not read at start
+    seen.clear()
+    recover(cfg, disk, clock, boot_id="boot-1", check_sealed=True)
+    assert path in seen  # the offline check reads it
+
+
+async def test_a_corrupt_sealed_segment_starts_fails_its_reads_and_is_refused_by_verify(caplog):
     disk = FakeDisk()
     cfg = seg_config()
     path, tid = await _sealed_segment(disk, cfg)
@@ -236,18 +276,34 @@ async def test_a_corrupt_sealed_segment_refuses_recovery_naming_file_and_offset(
     second = loaded.segment.offsets[1]
     assert len(data) > second
     _flip(disk, path, second + 45)  # inside the second record's body
-    # the `.meta` chunk's data digest no longer matches: recovery decodes the frames, and
-    # refuses, naming file and offset; with no `.meta` at all, it refuses the same way
-    for with_meta in (True, False):
-        if not with_meta:
-            disk.unlink(segs.meta_path("/data", tid, 1))
-        before = disk.tree()
-        with pytest.raises(RecoveryRefused) as exc:
-            async with open_durable(disk, cfg):
-                pass
-        msg = str(exc.value)
-        assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
-        assert disk.tree() == before  # nothing modified
+    # the start checks presence, length and the `.meta`, not the data: it serves, and
+    # the first read of the damaged frame's records fails, counted and logged
+    async with open_durable(disk, cfg) as engine:
+        assert engine.get("t").count == 8
+        with pytest.raises(Internal) as err:
+            await engine.diff("t", DiffIn(from_seq=0, limit=10))
+        assert err.value.http_status == 500
+        assert cp(engine).segments.corruptions == 1
+        assert "segment corruption" in caplog.text
+        assert posixpath.relpath(path, "/data") in caplog.text
+        _, page = await engine.diff("t", DiffIn(from_seq=4, limit=10))  # other segments read
+        assert len(page.records) == 4 and page.next_from_seq == 8
+    # the full check (`topicd verify`) reads every sealed byte: it refuses, naming file
+    # and offset; so does a start without a usable `.meta` (it decodes the frames)
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused) as exc:
+        recover(cfg, disk, FakeWallClock(), boot_id="boot-1", check_sealed=True)
+    msg = str(exc.value)
+    assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
+    assert disk.tree() == before  # nothing modified
+    disk.unlink(segs.meta_path("/data", tid, 1))
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused) as exc:
+        async with open_durable(disk, cfg):
+            pass
+    msg = str(exc.value)
+    assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
+    assert disk.tree() == before  # nothing modified
 
 
 async def test_a_segment_damaged_while_serving_is_found_by_its_read_and_never_served():

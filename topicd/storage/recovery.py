@@ -213,6 +213,7 @@ class _Replayer:
         root: str,
         progress: Callable[[float], None],
         truncate_on_corruption: bool,
+        check_sealed: bool = False,
     ) -> None:
         self.cfg = cfg
         self.fs = fs
@@ -220,6 +221,9 @@ class _Replayer:
         self.root = root
         self.progress = progress
         self.truncate = truncate_on_corruption
+        # read and check every sealed segment's data bytes too (`topicd verify`); a start
+        # reads none of them (each read verifies what it reads)
+        self.check_sealed = check_sealed
         self.engine = Engine(cfg, clock)
         self.engine.replaying = True
         self.now = clock.now_ms()
@@ -535,7 +539,14 @@ class _Replayer:
             cold = self.locate(snap, reg)
             where_root = self.cold_root if cold else self.root
             try:
-                loaded = segs.load_segment(self.fs, where_root, snap.id, reg, max_frame=max_frame)
+                loaded = segs.load_segment(
+                    self.fs,
+                    where_root,
+                    snap.id,
+                    reg,
+                    max_frame=max_frame,
+                    check_data=self.check_sealed,
+                )
             except segs.SegmentCorruption as exc:
                 where = " in the cold tier" if cold else ""
                 raise RecoveryRefused(
@@ -822,10 +833,23 @@ def recover(
     *,
     boot_id: str | None,
     progress: Callable[[float], None] = lambda _: None,
+    check_sealed: bool = False,
 ) -> RecoveryResult:
-    """Rebuild the engine from `cfg.storage.data_dir` (blocking; run it in a thread)."""
+    """Rebuild the engine from `cfg.storage.data_dir` (blocking; run it in a thread).
+
+    A start checks each registered sealed segment's presence, length and `.meta`, not its
+    data bytes (a read verifies those); `check_sealed` reads and checks them all too, as
+    `topicd verify` does, so damage anywhere refuses."""
     root = cfg.storage.data_dir
-    r = _Replayer(cfg, fs, clock, root, progress, cfg.storage.recovery.on_corruption == "truncate")
+    r = _Replayer(
+        cfg,
+        fs,
+        clock,
+        root,
+        progress,
+        cfg.storage.recovery.on_corruption == "truncate",
+        check_sealed=check_sealed,
+    )
     try:
         return _recover(r, cfg, fs, root, boot_id)
     except OSError as exc:

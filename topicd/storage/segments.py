@@ -33,6 +33,13 @@ the snapshot and is authoritative: bytes past `data_len` are truncated at recove
 checkpoint that wrote them never committed) and files it does not name are orphans,
 removed once recovery succeeded.
 
+Verification: every read verifies the checksum of each frame it reads (`read_record`,
+`read_range`: damage raises `SegmentCorruption`, counted and logged, never served). At
+recovery (`load_segment`) a sealed segment with a usable `.meta` is checked for presence,
+length and the `.meta` alone (its data is left to those reads, so a start reads no
+sealed data byte); the active segment's data is checked against the `.meta` digests and
+its last frame decoded; `check_data` (`topicd verify`) checks every segment's data.
+
 Everything here that touches files is blocking and runs offloaded (checkpoint) or in the
 recovery thread. The loop-side state (`SegmentStore`) changes only when a checkpoint
 committed (`install`), so a failed checkpoint leaves it describing what the newest
@@ -1245,13 +1252,19 @@ class LoadedSegment:
 
 
 def load_segment(
-    fs: Fs, root: str, topic_id: int, reg: SegSnap, *, max_frame: int
+    fs: Fs, root: str, topic_id: int, reg: SegSnap, *, max_frame: int, check_data: bool = False
 ) -> LoadedSegment:
     """Load one registered segment (blocking): from its `.meta` side file when it has a
-    usable one (every data byte checked against the chunks' data digests, and an unsealed
-    one's last frame decoded), else by decoding and verifying every
-    frame (the `.meta` is then re-made: `rewrite`). Raises `SegmentCorruption` for a
-    missing or short `.data` or a frame failing its checksum."""
+    usable one (chunks passing their own checksums and tiling the registered length),
+    else by decoding and verifying every frame (the `.meta` is then re-made: `rewrite`).
+
+    With a usable `.meta`, an active segment's data bytes are checked against the chunks'
+    data digests and its last frame is decoded; a sealed segment's data is not read at
+    all unless `check_data` (the offline check, `topicd verify`): every read of it
+    verifies the frames it reads, so damage there fails that read (`SegmentCorruption`,
+    a `500` at serve time) instead of the start, and a start reads no sealed data.
+    Raises `SegmentCorruption` for a missing or short `.data` or a frame failing its
+    checksum."""
     path = data_path(root, topic_id, reg.first)
     rel = posixpath.relpath(path, root)
     if not fs.exists(path):
@@ -1263,7 +1276,7 @@ def load_segment(
         )
     if reg.meta_len >= 0:
         try:
-            return _load_meta(fs, root, topic_id, reg, size)
+            return _load_meta(fs, root, topic_id, reg, size, check_data=check_data)
         except _MetaUnusable as exc:
             log.warning("%s: %s; decoding the segment's frames", rel[:-5] + ".meta", exc)
     return _load_frames(fs, root, topic_id, reg, max_frame, rel)
@@ -1273,7 +1286,9 @@ class _MetaUnusable(Exception):
     pass
 
 
-def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> LoadedSegment:
+def _load_meta(
+    fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int, *, check_data: bool
+) -> LoadedSegment:
     path = meta_path(root, topic_id, reg.first)
     if not fs.exists(path):
         raise _MetaUnusable("missing")
@@ -1345,7 +1360,8 @@ def _load_meta(fs: Fs, root: str, topic_id: int, reg: SegSnap, size: int) -> Loa
         seg.ts = array("q", ts)
         # the end of the active segment: a torn or damaged end names its frame
         _verify_tail(fs, root, topic_id, seg)
-    _verify_data(fs, root, topic_id, seg, checks)
+    if check_data or not reg.sealed:
+        _verify_data(fs, root, topic_id, seg, checks)
     return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
 
 
@@ -1376,7 +1392,8 @@ def _verify_data(
     one C-level hash per chunk, the delete flags of deleted records (outside every
     checksum, flipped since the chunk was written) cleared first, as they were when the
     digest was taken. A mismatch makes the `.meta` unusable: decoding the frames then
-    names the damaged frame (and refuses the start), or re-makes a damaged `.meta`."""
+    names the damaged frame (and refuses the start), or re-makes a damaged `.meta`.
+    Done for the active segment at every start, for sealed ones by `topicd verify`."""
     if not checks:
         return
     lo, hi = checks[0][0], checks[-1][1]
