@@ -16,6 +16,7 @@ import re
 
 import trio
 
+from tests.watch.helpers import each_bounded
 from topicd.testing.harness import make_config, open_app
 
 JSON_CT = {"Content-Type": "application/json"}
@@ -646,8 +647,10 @@ async def test_list_page_size_clamps_never_reject(client):
 
 
 async def test_list_default_page_size_is_100(client):
-    for i in range(101):
-        await ok(await put(client, f"d{i:03d}"), 201)
+    async def create(name: str) -> None:
+        await ok(await put(client, name), 201)
+
+    await each_bounded(create, [f"d{i:03d}" for i in range(101)])
     page = await listing(client)
     assert len(page["topics"]) == 100
     assert page["topics"][-1]["topic"] == "d099"

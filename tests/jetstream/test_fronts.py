@@ -28,6 +28,7 @@ from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
 from topicd.storage.jetstream import JetStreamBackend, JetStreamUnavailable
 from topicd.storage.jsfronts import Fronts
+from topicd.testing.fake_clock import FakeWallClock
 
 pytestmark = pytest.mark.slow
 
@@ -229,6 +230,43 @@ async def test_a_topic_created_on_the_owner_is_listed_by_a_follower(cluster):
         await _fronts(b).poll_once()  # (what its poll does every second, run now)
         body = await _json(await cb.get("/v0/topics"), 200)
         assert [t["topic"] for t in body["topics"]] == ["listed"]
+
+
+async def test_read_times_and_the_topic_count_are_the_deployments(cluster):
+    """A read on a follower reaches the owner before it answers, so every front shows it
+    next (`last_read_ts`); a read time no request carried (a watch delivery) reaches the
+    owner at the follower's poll; `/v0/ready` counts the topics of every front."""
+    cfg = jetstream_config(cluster)
+    clock = FakeWallClock()  # (one wall clock: the times compare across fronts)
+    async with (
+        open_jetstream_app(cfg, clock) as a,
+        open_jetstream_app(cfg, clock) as b,
+        open_jetstream_app(cfg, clock) as c,
+    ):
+        ca, cb, cc = (h.app.test_client() for h in (a, b, c))
+
+        async def read_ts(client) -> int | None:
+            r = await client.get("/v0/topics/t", query_string={"touch": "false"})
+            return (await _json(r, 200))["last_read_ts"]
+
+        await _json(await ca.put("/v0/topics/t"), 201)
+        assert [await read_ts(x) for x in (ca, cb, cc)] == [None, None, None]
+        await _diff(cb, "t")  # a read on a follower
+        seen = [await read_ts(x) for x in (ca, cc, cb)]
+        assert all(isinstance(ts, int) for ts in seen), seen
+        # a delivery on `c` (a watch stream's read sets the time, no request carries it)
+        later = max(seen) + 60_000
+        c.engine.topics["t"].last_read_ts = later
+        await _fronts(c).push_reads()  # (what its poll does every second, run now)
+        assert [await read_ts(x) for x in (ca, cb)] == [later, later]
+        # the topic count: created on `c` and `a`, counted on `b` before any poll of its
+        await _json(await cc.put("/v0/topics/u"), 201)
+        await _write(ca, "v", {"data": 1})
+        for client in (ca, cb, cc):
+            assert (await _json(await client.get("/v0/ready"), 200))["topics"] == 3
+        await _json(await cb.delete("/v0/topics/u"), 200)
+        for client in (ca, cb, cc):
+            assert (await _json(await client.get("/v0/ready"), 200))["topics"] == 2
 
 
 async def test_a_follower_takes_over_when_the_owner_stops_renewing(cluster):

@@ -249,6 +249,20 @@ async def write_n(client: Any, topic: str, n: int, **fields: Any) -> dict[str, A
     return await write(client, topic, [{"data": i, **fields} for i in range(n)])
 
 
+async def each_bounded(fn, items, limit: int = 16) -> None:
+    """`await fn(item)` for every item, at most `limit` at a time (set-up of many topics:
+    on a replicated backend each one is a quorum round trip, so they overlap)."""
+    limiter = trio.CapacityLimiter(limit)
+
+    async def one(item) -> None:
+        async with limiter:
+            await fn(item)
+
+    async with trio.open_nursery() as nursery:
+        for item in items:
+            nursery.start_soon(one, item)
+
+
 async def put_topic(
     client: Any, topic: str, config: dict[str, Any] | None = None, headers: dict | None = None
 ) -> dict[str, Any]:

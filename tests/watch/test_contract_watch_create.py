@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+from functools import partial
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.watch.helpers import (
     WID_RE,
     bearer,
     create,
+    each_bounded,
     fail,
     ok_json,
     open_fail,
@@ -96,9 +98,8 @@ async def test_empty_or_missing_topics_is_400(client, topics):
 
 
 async def test_topic_count_edge_256_ok_257_is_400(client):
-    for i in range(257):
-        await put_topic(client, f"t{i:03d}")
     names = [f"t{i:03d}" for i in range(257)]
+    await each_bounded(partial(put_topic, client), names)
     body = await create(client, {"topics": {n: {} for n in names[:256]}})
     assert len(body["topics"]) == 256
     r = await client.post("/v0/watch", json={"topics": {n: {} for n in names}})

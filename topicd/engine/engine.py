@@ -1006,7 +1006,7 @@ class Engine:
         req.check()
         forward = self._forwarder(name)
         if forward is not None:
-            await forward.catch_up(name)
+            await forward.catch_up(name, touch=True)  # (a diff is a read: `_read`)
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
         self.routers.catch_up(topic)  # read-your-writes through routers
@@ -1039,15 +1039,35 @@ class Engine:
             return None
         return forward
 
-    async def sync_topic(self, name: str) -> None:
+    async def sync_topic(self, name: str, *, touch: bool = False, reads: bool = False) -> None:
         """Before a read: on a process that forwards its mutations, bring `name` up to
-        date with the shared storage (read-after-write across processes); else nothing."""
+        date with the shared storage (read-after-write across processes), with `reads`
+        its read time with the owner's too (`touch`: the read counts as one there); else
+        nothing."""
         forward = self._forwarder(name)
         if forward is not None:
             check_topic_name(name)
-            await forward.catch_up(name)
+            await forward.catch_up(name, touch=touch, reads=reads)
         else:
             await trio.lowlevel.checkpoint()
+
+    async def share_reads(self, names: list[str]) -> None:
+        """After a listing with `touch`: on a process that forwards its mutations, the
+        owners of the listed topics get their read times; else nothing."""
+        forward = self.forward
+        topics = [self.topics[n] for n in names if n in self.topics]
+        if forward is not None and topics:
+            await forward.share_reads(topics)
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def topic_count(self) -> int:
+        """The topics served: this process's, or on a process that forwards its
+        mutations, the shared storage's (every process's)."""
+        if self.forward is None:
+            await trio.lowlevel.checkpoint()
+            return len(self.topics)
+        return await self.forward.topic_count()
 
     async def sync_listing(self) -> None:
         """Before a listing: on a process that forwards its mutations, learn the topics

@@ -6,7 +6,10 @@ topic and the others hand them over. `Engine.forward` is then set: the engine pa
 to it whole (the owner runs it through its own engine, with its validation, seqs,
 idempotency and errors), and before a read it lets the forwarder bring the topic up to
 date (`catch_up`), so a read on any process sees every write acknowledged before it
-began. With `forward` None (the default, every single-process backend) nothing changes.
+began. Read times (`last_read_ts`) are the owner's too: a read on another process hands
+its time to the owner and takes the owner's back, and the topic count a readiness probe
+reports is the shared storage's (`topic_count`). With `forward` None (the default, every
+single-process backend) nothing changes.
 """
 
 from __future__ import annotations
@@ -50,11 +53,20 @@ class Forwarder(Protocol):
         ...
 
     async def catch_up_all(self) -> None:
-        """Before a listing: learn the topics created and deleted elsewhere, and catch up
-        those whose records moved."""
+        """Before a listing: learn the topics created and deleted elsewhere, catch up
+        those whose records moved, and take the owners' read times."""
         ...
 
-    async def catch_up(self, name: str) -> None:
+    async def catch_up(self, name: str, *, touch: bool = False, reads: bool = False) -> None:
         """Bring `name` (its records, config, record deletes, existence) up to what the
-        shared storage held when the call began."""
+        shared storage held when the call began; `reads`: its read time too, up to the
+        owner's; `touch`: this read counts as one (the owner has it before this returns)."""
+        ...
+
+    async def share_reads(self, topics: list[Topic]) -> None:
+        """After a listing that touched `topics`: their owners have the read times."""
+        ...
+
+    async def topic_count(self) -> int:
+        """The topics of the whole shared storage (for the readiness probe)."""
         ...

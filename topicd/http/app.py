@@ -336,7 +336,7 @@ class Gate:
         on_error: Callable[[TopicdError], None] | None = None,
         streams: WatchStreams | None = None,
         permits: ClientPermits | None = None,
-        probe: Callable[[str], dict[str, JsonValue]] | None = None,
+        probe: Callable[[str], Awaitable[dict[str, JsonValue]]] | None = None,
         requests_by_path: dict[str, int] | None = None,
         work: WorkStreams | None = None,
         fast_routes: FastRoutes | None = None,
@@ -378,7 +378,7 @@ class Gate:
         """A probe answered here, without the framework (control work, scheduler spec R1)."""
         assert self.probe is not None
         try:
-            payload = self.probe(path)
+            payload = await self.probe(path)
         except TopicdError as err:
             if self.on_error is not None:
                 self.on_error(err)
@@ -1032,7 +1032,7 @@ def create_app(
         on_error=lambda err: _count(ref, err),
         streams=watch.WatchStreams(ref, config, keys),
         permits=ref.permits,
-        probe=lambda path: ops.probe_payload(path, ref, config, lifecycle),
+        probe=lambda path: ops.probe_answer(path, ref, config, lifecycle),
         requests_by_path=ref.requests_by_path,
         work=work.WorkStreams(ref, config, keys),
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),

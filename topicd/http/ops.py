@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import trio
+
 from topicd import __version__
 from topicd.errors import JsonValue, NotReady, ShuttingDown
 from topicd.http.app import json_response
@@ -46,6 +48,20 @@ def probe_payload(
     raise ShuttingDown("the server is shutting down")
 
 
+async def probe_answer(
+    path: str, ref: EngineRef, config: Config, lifecycle: Lifecycle
+) -> dict[str, JsonValue]:
+    """`probe_payload`, with the readiness probe's topic count taken from the shared
+    storage on a process that is one of several on it (one bounded round trip there;
+    its own count when that takes too long); other processes answer from memory."""
+    body = probe_payload(path, ref, config, lifecycle)
+    if "topics" in body and ref.engine.forward is not None:
+        body["topics"] = await ref.engine.topic_count()
+    else:
+        await trio.lowlevel.checkpoint()
+    return body
+
+
 def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
     # GET is answered by the gate itself (`Gate.probe`, no framework work: control class);
     # these routes serve HEAD and make other methods answer 405
@@ -53,7 +69,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycl
         return json_response(probe_payload("/v0/health", ref, config, lifecycle))
 
     async def ready() -> Response:
-        return json_response(probe_payload("/v0/ready", ref, config, lifecycle))
+        return json_response(await probe_answer("/v0/ready", ref, config, lifecycle))
 
     app.add_url_rule("/v0/health", "health", health, methods=["GET"])
     app.add_url_rule("/healthz", "healthz", health, methods=["GET"])

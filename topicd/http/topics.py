@@ -220,8 +220,9 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     @app.route("/v0/topics/<topic>", methods=["GET"])
     async def get_topic(topic: str) -> Response:
         principal().require("read", topic)
-        await ref.engine.sync_topic(topic)
-        return json_response(ref.engine.topic_state(topic, query_bool("touch", True)))
+        touch = query_bool("touch", True)
+        await ref.engine.sync_topic(topic, touch=touch, reads=True)
+        return json_response(ref.engine.topic_state(topic, touch))
 
     @app.route("/v0/topics", methods=["GET"])
     async def list_topics() -> Response:
@@ -230,13 +231,16 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
         cursor = request.args.get("cursor") or None
         after = decode_list_cursor(cursor) if cursor is not None else None
         await ref.engine.sync_listing()
+        touch = query_bool("touch", False)
         items, last = ref.engine.list_topics(
             request.args.get("prefix", ""),
             after,
             _page_size(proto.default_page_size, proto.max_page_size),
-            query_bool("touch", False),
+            touch,
             p.allows_name if p.prefixes else None,
         )
+        if touch:
+            await ref.engine.share_reads([str(item["topic"]) for item in items])
         payload: dict[str, JsonValue] = {"topics": cast("JsonValue", items)}
         if last is not None:
             payload["next_cursor"] = encode_list_cursor(last)

@@ -204,9 +204,15 @@ class _Lane:
     deletes: list[JsonValue] = field(default_factory=list)
     deletes_applied: int = 0
     entry_rev: int = 0
-    # a follower's catch-ups of this topic: begun, and the last one finished
+    # a follower's catch-ups of this topic: begun, the last one finished, the last one
+    # finished that exchanged read times with the owner
     syncs_begun: int = 0
     syncs_done: int = 0
+    reads_done: int = 0
+    # a follower's read time not handed to the owner yet (the next catch-up takes it),
+    # and the newest the owner has (the poll hands it newer ones: watch deliveries)
+    read_pending: int | None = None
+    read_sent: int = 0
 
     def entry(self) -> dict[str, JsonValue]:
         return _entry(self.topic, self.deletes)
@@ -376,21 +382,44 @@ class JetStreamStore:
         await self._notice(topic_id, 0)
         return int(rev)
 
-    async def probe(self, topic_id: int, after: int) -> tuple[dict[str, object] | None, bool]:
+    async def probe(
+        self, topic_id: int, after: int, ask: tuple[str, bytes, float] | None = None
+    ) -> tuple[dict[str, object] | None, bool, bytes | None]:
         """(the topic's registry entry or None when gone, whether its stream holds a record
-        above seq `after`): one round trip for both (the entry, and the stream's last seq
-        from its leader, in parallel)."""
+        above seq `after`, the answer to `ask` or None): one round trip for all (the
+        entry, the stream's last seq from its leader and the request `ask` =
+        (subject, payload, wait) to a front, in parallel)."""
         entry_task = asyncio.ensure_future(self.entry(topic_id))
+        ask_task = None if ask is None else asyncio.ensure_future(self.ask(*ask))
         try:
-            _, last = await self.bounds(topic_id)
-            newer = last > after
-        except Exception:
+            try:
+                _, last = await self.bounds(topic_id)
+                newer = last > after
+            except Exception:
+                entry, _ = await entry_task
+                if entry is None:
+                    return None, False, None  # (a deleted topic's stream is gone too)
+                raise
             entry, _ = await entry_task
-            if entry is None:
-                return None, False  # (a deleted topic's stream is gone too)
-            raise
-        entry, _ = await entry_task
-        return entry, newer
+            return entry, newer, None if ask_task is None else await ask_task
+        finally:
+            for task in (entry_task, ask_task):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def ask(self, subject: str, payload: bytes, wait_s: float) -> bytes | None:
+        """One request to a front, answered within `wait_s`; None when it is not (no
+        front there, slow, disconnected): for what a read may go on without."""
+        nc = self.nc
+        if nc is None:
+            return None
+        try:
+            msg = await nc.request(subject, payload, wait_s)
+        except Exception:
+            return None
+        if (msg.headers or {}).get("Status"):
+            return None
+        return bytes(msg.data)
 
     async def delete_entry(self, topic_id: int) -> None:
         """Remove `topic.<id>` with every message of its key (no delete marker left), so
@@ -973,6 +1002,9 @@ class JetStreamBackend:
         self.published_batches = 0  # JetStream publishes (several writes may share one)
         self.fronts: Fronts | None = None  # this front's role (set once rebuilt)
         self.failures = 0
+        # topic ids are taken one at a time per front: concurrent creates would otherwise
+        # contend on `meta.next_id`'s compare-and-set and use up its retries
+        self._id_lock = trio.Lock()
 
     async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
         """Run a client call; a failure is `503 storage_unavailable` (retryable)."""
@@ -1257,19 +1289,19 @@ class JetStreamBackend:
         ftype = parsed.ftype
         body = parsed.control()
         tid = topic.topic_id
-        lane = self.lane(topic)
         if ftype == frames.TOPIC_CREATE:
             config = topic.config.to_wire()
             check_config(config)
             # the id comes from the registry (the engine's guess is its lower bound): the
-            # topic is not registered anywhere yet, so it may still change
-            got = await self._call(partial(self.store.allocate_id, tid))
-            if got != tid:
-                self._lanes.pop(tid, None)
-                topic.topic_id = tid = got
-                lane = self.lane(topic)
-                if self.engine is not None:
-                    self.engine.next_topic_id = max(self.engine.next_topic_id, tid + 1)
+            # topic is not registered anywhere yet, so it may still change. Its lane is
+            # made once the id is the topic's (the guess may be another's id by then)
+            async with self._id_lock:
+                got = await self._call(partial(self.store.allocate_id, tid))
+            topic.topic_id = tid = got
+            lane = self.lane(topic)
+            assert lane.topic is topic
+            if self.engine is not None:
+                self.engine.next_topic_id = max(self.engine.next_topic_id, tid + 1)
             async with lane.registry_lock:
                 # the name first: a crash after it leaves an index entry naming an id with
                 # no entry, which the next claim of the name replaces
@@ -1283,6 +1315,7 @@ class JetStreamBackend:
                     partial(self.store.put_entry, tid, _entry(topic), None)
                 )
             return apply()
+        lane = self.lane(topic)
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
             assert isinstance(wire, dict)

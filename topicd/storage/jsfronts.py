@@ -29,6 +29,10 @@ each read (docs/jetstream.md, "Several fronts"):
   (`<prefix>.n.<id>`), on which followers catch the topic up at once, which wakes their
   long-polls and watch streams; a poll every `POLL_S` seconds makes up for lost notices
   and discovers created and deleted topics for listings.
+* **Read times.** A topic's `last_read_ts` is its owner's: a follower's read hands its
+  time to the owner and takes the owner's back (a `reads` request, in parallel with the
+  catch-up's round trip), a listing takes every owner's, and the poll hands the owners
+  the times of reads that did not (watch deliveries), batched per owner.
 * **Takeover.** A front taking a lease first catches every topic up, then runs the
   shard's mutations itself. Idempotency keys travel with the records (the key rides on a write's
   first record), so a client retrying a write the dead owner acknowledged gets the
@@ -78,6 +82,11 @@ log = logging.getLogger("topicd.storage.jsfronts")
 POLL_S: Final = 1.0  # followers: the fallback poll for lost notices and new/gone topics
 FORWARD_QUEUE_MAX: Final = 4096  # forwarded requests waiting on the owner, beyond: 503
 FORWARD_TASKS_MAX: Final = 1024  # forwarded requests the owner runs at once
+# a read on a follower waits this long for the owner's read time (then goes on without)
+READS_WAIT_S: Final = 0.5
+# a readiness probe on a follower waits this long for the registry's topic count (then
+# answers this front's own)
+COUNT_WAIT_S: Final = 0.5
 
 
 class Fronts:
@@ -336,6 +345,9 @@ class Fronts:
         head_raw, _, body = data.partition(b"\n")
         head = orjson.loads(head_raw)
         op = head["op"]
+        if op == "reads":
+            await trio.lowlevel.checkpoint()
+            return self._serve_reads(head)
         name = head["topic"]
         if not self.owns(name):
             await trio.lowlevel.checkpoint()
@@ -361,6 +373,106 @@ class Fronts:
             result = await engine.delete_records(name, DELETE_DECODER.decode(body))
             return orjson.dumps({"ok": {"deleted": result.deleted}})
         raise AssertionError(f"unknown forwarded op {op!r}")
+
+    def _serve_reads(self, head: dict[str, JsonValue]) -> bytes:
+        """A follower's read times: take the newer ones; answer this front's (of the
+        topics asked about, or, with `all`, of every topic of its shards)."""
+        engine = self.engine
+        out: dict[str, int] = {}
+        reads = head.get("reads") or {}
+        assert isinstance(reads, dict)
+        for key, ts in reads.items():
+            topic = engine.by_id.get(int(key))
+            if topic is None:
+                continue
+            if isinstance(ts, int):
+                _merge_read(topic, ts)
+            if topic.last_read_ts is not None:
+                out[key] = topic.last_read_ts
+        if head.get("all"):
+            for topic in engine.by_id.values():
+                if topic.last_read_ts is not None and self.owns(topic.name):
+                    out[str(topic.topic_id)] = topic.last_read_ts
+        return orjson.dumps({"ok": {"reads": out}})
+
+    # ---- the follower: read times --------------------------------------------------------
+
+    def _reads_request(self, reads: dict[int, int | None], everything: bool = False) -> bytes:
+        head = {"op": "reads", "reads": {str(k): v for k, v in reads.items()}, "all": everything}
+        return orjson.dumps(head) + b"\n"
+
+    def _owner_of(self, topic: Topic) -> str | None:
+        """The request subject of `topic`'s owner, when another front (else None)."""
+        subject = self.owner_subjects.get(self.shard_of(topic.name))
+        return None if subject is None or subject == self.subject else subject
+
+    def _take_reads(self, raw: bytes | None) -> None:
+        """Apply an owner's answer to a `reads` request (None: it gave none)."""
+        if raw is None:
+            return
+        ok = orjson.loads(raw).get("ok")
+        if not isinstance(ok, dict):
+            return
+        for key, ts in (ok.get("reads") or {}).items():
+            topic = self.engine.by_id.get(int(key))
+            if topic is not None and isinstance(ts, int):
+                _merge_read(topic, ts)
+                lane = self.backend.lane(topic)
+                lane.read_sent = max(lane.read_sent, ts)
+
+    async def _exchange_reads(
+        self,
+        subject: str,
+        reads: dict[int, int | None],
+        wait_s: float,
+        *,
+        everything: bool = False,
+    ) -> None:
+        """Hand `subject`'s front the read times `reads` and take its answer (of these
+        topics, or with `everything`, of every topic it owns)."""
+        payload = self._reads_request(reads, everything)
+        raw = await self.backend.bridge.call(partial(self.store.ask, subject, payload, wait_s))
+        if raw is not None:
+            for tid, ts in reads.items():
+                topic = self.engine.by_id.get(tid)
+                if topic is not None and ts is not None:
+                    lane = self.backend.lane(topic)
+                    lane.read_sent = max(lane.read_sent, ts)
+        self._take_reads(raw)
+
+    async def share_reads(self, topics: list[Topic]) -> None:
+        by_owner: dict[str, dict[int, int | None]] = {}
+        for topic in topics:
+            subject = self._owner_of(topic)
+            if subject is not None and topic.last_read_ts is not None:
+                by_owner.setdefault(subject, {})[topic.topic_id] = topic.last_read_ts
+        for subject, reads in by_owner.items():
+            await self._exchange_reads(subject, reads, READS_WAIT_S)
+        await trio.lowlevel.checkpoint()
+
+    async def push_reads(self) -> None:
+        """Hand the owners the read times this front has that they may not (reads that
+        exchanged none: watch deliveries, a read whose owner did not answer in time):
+        one request per owner."""
+        by_owner: dict[str, dict[int, int | None]] = {}
+        for topic in list(self.engine.by_id.values()):
+            ts = topic.last_read_ts
+            if ts is None or ts <= self.backend.lane(topic).read_sent:
+                continue
+            subject = self._owner_of(topic)
+            if subject is not None and not self.owns(topic.name):
+                by_owner.setdefault(subject, {})[topic.topic_id] = ts
+        for subject, reads in by_owner.items():
+            await self._exchange_reads(subject, reads, self.store.timeout)
+        await trio.lowlevel.checkpoint()
+
+    async def topic_count(self) -> int:
+        """The registry's topic count (the topics of every front), or this front's own
+        when the registry does not answer within `COUNT_WAIT_S`."""
+        with trio.move_on_after(COUNT_WAIT_S):
+            with contextlib.suppress(Exception):
+                return len(await self.backend.bridge.call(self.store.entry_ids))
+        return len(self.engine.topics)
 
     # ---- the follower: Forwarder -------------------------------------------------------
 
@@ -432,7 +544,7 @@ class Fronts:
         await self.catch_up(name)
         return DeleteResult(self.engine.get(name), int(str(ok["deleted"])))
 
-    async def catch_up(self, name: str) -> None:
+    async def catch_up(self, name: str, *, touch: bool = False, reads: bool = False) -> None:
         for _ in range(2):  # (a second round: the instance known here was deleted)
             topic = self.engine.topics.get(name)
             if topic is None:
@@ -442,29 +554,44 @@ class Fronts:
                     return
             # (also after a discovery: another task may be loading the topic, or have
             # loaded it before the write this read must see)
-            if await self.refresh(topic) is not None:
+            if await self.refresh(topic, reads=reads, touch=touch) is not None:
                 return
 
     # ---- following ---------------------------------------------------------------------
 
-    async def refresh(self, topic: Topic) -> Topic | None:
-        """Bring `topic` up to its registry entry and stream; None when it is gone."""
+    async def refresh(
+        self, topic: Topic, *, reads: bool = False, touch: bool = False
+    ) -> Topic | None:
+        """Bring `topic` up to its registry entry and stream; None when it is gone.
+        `reads`: also its read time up to the owner's; `touch`: this front's read of it
+        now reaches the owner first (both in the same round trip)."""
         backend = self.backend
         lane = backend.lane(topic)
+        if touch:
+            lane.read_pending = max(lane.read_pending or 0, self.clock.now_ms())
         ticket = lane.syncs_begun
         async with lane.resync_lock:
             if topic.deleted:
                 await trio.lowlevel.checkpoint()
                 return None
-            if lane.syncs_done > ticket:
+            if (lane.reads_done if reads or touch else lane.syncs_done) > ticket:
                 # a catch-up that began after this call did has finished: it saw at
-                # least what this one would (concurrent reads share one round trip)
+                # least what this one would, this call's read time included
+                # (concurrent reads share one round trip)
                 await trio.lowlevel.checkpoint()
                 return topic
             lane.syncs_begun += 1
             number = lane.syncs_begun
             tid = topic.topic_id
-            entry, newer = await backend._call(partial(self.store.probe, tid, topic.head_seq))
+            exchange = reads or touch or lane.read_pending is not None
+            subject = self._owner_of(topic) if exchange else None
+            ask = pending = None
+            if subject is not None:
+                pending, lane.read_pending = lane.read_pending, None
+                ask = (subject, self._reads_request({tid: pending}), READS_WAIT_S)
+            entry, newer, answer = await backend._call(
+                partial(self.store.probe, tid, topic.head_seq, ask)
+            )
             if _gone(topic):  # dropped while we waited
                 return None
             if entry is None:
@@ -478,7 +605,12 @@ class Fronts:
                     return None
                 engine.durable(topic, topic.head_seq)
                 backend._release(topic)
+            if answer is not None and pending is not None:
+                lane.read_sent = max(lane.read_sent, pending)
+            self._take_reads(answer)
             lane.syncs_done = number
+            if exchange:
+                lane.reads_done = number
             return topic
 
     async def _remove(self, topic: Topic) -> None:
@@ -612,6 +744,7 @@ class Fronts:
                 continue  # alone and owning everything: nobody else writes
             try:
                 await self.poll_once()
+                await self.push_reads()
             except Exception as exc:  # (a background loop: it must outlive any failure)
                 log.warning("front %s: poll failed: %s", self.front_id, exc)
 
@@ -626,6 +759,9 @@ class Fronts:
             self._polls_begun += 1
             number = self._polls_begun
             await self.poll_once()
+            # the owners' read times (a listing's priorities follow them)
+            for subject in sorted(set(self.owner_subjects.values()) - {self.subject}):
+                await self._exchange_reads(subject, {}, READS_WAIT_S, everything=True)
             self._polls_done = number
 
     async def poll_once(self) -> None:
@@ -657,6 +793,13 @@ class Fronts:
 
 def _gone(topic: Topic) -> bool:
     return topic.deleted
+
+
+def _merge_read(topic: Topic, ts: int) -> None:
+    """A read time from another front: the topic's is the newest of them."""
+    if topic.last_read_ts is None or ts > topic.last_read_ts:
+        topic.last_read_ts = ts
+        topic.mark_changed()
 
 
 def _error_body(err: TopicdError) -> bytes:
