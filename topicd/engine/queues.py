@@ -41,7 +41,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 import msgspec
 import orjson
@@ -153,8 +153,9 @@ class QueueSnap:
     delays: list[tuple[int, int]]
 
 
-@dataclass(frozen=True, slots=True)
-class QueueCounts:
+class QueueCounts(NamedTuple):
+    """A queue's counts (a tuple: made by every claim and ack answer)."""
+
     ready: int
     in_flight: int
     delayed: int
@@ -445,6 +446,10 @@ class JobQueue:
             heapq.heapify(self._deadlines)
 
     # ---- the lease lifecycle ------------------------------------------------------------
+
+    def ready(self) -> int:
+        """Claimable jobs as of the last sweep (`counts().ready`)."""
+        return self.topic.count - len(self.leases) - len(self.delayed) - len(self.held)
 
     def counts(self) -> QueueCounts:
         """Counts as of the last sweep (sweep first for values at `now`)."""
@@ -1319,7 +1324,7 @@ class QueueService:
                 await cohort.done.wait()  # the server logs the pass's leases
         if diverted:
             await self._dead_letter(topic, q, diverted, cohort.dead_letter)
-            cohort.ready = q.counts().ready
+            cohort.ready = q.ready()
         if me.error is not None:
             raise me.error
         return ClaimResult(topic, me.items, cohort.ready)
@@ -1362,7 +1367,7 @@ class QueueService:
                     cohort.done.set()
                 built = _build_items(topic, cohort.members)
                 assert built  # held: nothing loaded can be evicted again meanwhile
-        cohort.ready = q.counts().ready
+        cohort.ready = q.ready()
         self._schedule(q)
         return diverted
 
