@@ -41,7 +41,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 import msgspec
 import orjson
@@ -52,7 +52,7 @@ from topicd.engine.payloads import LOAD_BYTES_MAX
 from topicd.engine.topic import EVICTED
 from topicd.engine.watch import error_frame
 from topicd.errors import NotAQueue, Throttled, TopicdError, TopicNotFound
-from topicd.model import split
+from topicd.model import DATA_KEY, split
 from topicd.storage import frame as frames
 from topicd.wire import RecordIn, WriteIn
 
@@ -153,8 +153,9 @@ class QueueSnap:
     delays: list[tuple[int, int]]
 
 
-@dataclass(frozen=True, slots=True)
-class QueueCounts:
+class QueueCounts(NamedTuple):
+    """A queue's counts (a tuple: made by every claim and ack answer)."""
+
     ready: int
     in_flight: int
     delayed: int
@@ -299,7 +300,12 @@ class JobQueue:
         # only a job that was claimable can leave an entry behind in its level: a leased,
         # delayed or held one was taken out of the level already (counting those too made
         # a busy level compact every 64 acks, at a cost of the level's size)
-        self._live_delta(prio, -1)
+        live = self.live_by_prio  # (`_live_delta(prio, -1)`, inlined: once per job)
+        left = live.get(prio, 0) - 1
+        if left > 0:
+            live[prio] = left
+        else:
+            live.pop(prio, None)
         claimable = False
         if self.leases.pop(seq, None) is None:
             claimable = self.delayed.pop(seq, None) is None and seq not in self.held
@@ -359,32 +365,6 @@ class JobQueue:
             if seq in self.retrying:
                 return seq
             heapq.heappop(heap)  # stale: the job died or was claimed another way
-        return None
-
-    def _take_next(self) -> int | None:
-        """Remove and return the next claimable seq in claim order (None: none left)."""
-        index = self._index
-        while index:
-            prio = -index[0]
-            level = self.levels[prio]
-            retry = self._peek_retry(level)
-            fresh = self._peek_fresh(prio, level)
-            if retry is None and fresh is None:
-                heapq.heappop(index)
-                self._indexed.discard(prio)
-                if prio != 0:
-                    del self.levels[prio]
-                continue
-            if fresh is None or (retry is not None and retry < fresh):
-                assert retry is not None
-                heapq.heappop(level.retry)
-                self.retrying.discard(retry)
-                return retry
-            if prio == 0:
-                self.cursor = fresh
-            else:
-                level.fresh.popleft()
-            return fresh
         return None
 
     def _requeue(self, seq: int) -> None:
@@ -456,14 +436,20 @@ class JobQueue:
         return due
 
     def _push_deadline(self, lease: Lease) -> None:
-        heap = self._deadlines
-        heapq.heappush(heap, (lease.expires_at, lease.lease_id, lease.seq))
-        if len(heap) > 2 * len(self.leases) + 64:
+        heapq.heappush(self._deadlines, (lease.expires_at, lease.lease_id, lease.seq))
+        self._compact_deadlines()
+
+    def _compact_deadlines(self) -> None:
+        if len(self._deadlines) > 2 * len(self.leases) + 64:
             # extends leave superseded entries behind: drop them (amortized O(1) each)
             self._deadlines = [(ls.expires_at, ls.lease_id, ls.seq) for ls in self.leases.values()]
             heapq.heapify(self._deadlines)
 
     # ---- the lease lifecycle ------------------------------------------------------------
+
+    def ready(self) -> int:
+        """Claimable jobs as of the last sweep (`counts().ready`)."""
+        return self.topic.count - len(self.leases) - len(self.delayed) - len(self.held)
 
     def counts(self) -> QueueCounts:
         """Counts as of the last sweep (sweep first for values at `now`)."""
@@ -488,49 +474,168 @@ class JobQueue:
 
         `staged` (durable leases): the leases are made but not installed: their jobs are
         held, and counters untouched, until `install` runs once their `Lease` frame is
-        committed (or `unstage` after it failed)."""
+        committed (or `unstage` after it failed).
+
+        The jobs of the whole pass are taken from the claim index in one step
+        (`_take_many`), then dealt out: the same jobs, to the same members, as taking
+        them one at a time in turn would give."""
         diverted: list[int] = []
         # (a claim lowers the depth: depth-level waiters look again; `/work` streams
         # are not kicked, since a claim frees none of their depth)
         self._wake_waiters()
+        total = sum(max(m.want - len(m.got), 0) for m in members)
+        if total <= 0:
+            return diverted
+        seqs = self._take_many(total)
+        if dead_letter and max_deliveries and seqs:
+            # a job past `max_deliveries` is diverted, and the next one taken in its place
+            deliveries = self.deliveries
+            kept: list[int] = []
+            batch, asked = seqs, total
+            while True:
+                for seq in batch:
+                    if deliveries.get(seq, 0) < max_deliveries:
+                        kept.append(seq)
+                    else:
+                        self.held.add(seq)
+                        diverted.append(seq)
+                asked, short = total - len(kept), len(batch) < asked
+                if short or not asked:
+                    break  # (a short take emptied the index)
+                batch = self._take_many(asked)
+            seqs = kept
+        if len(members) == 1:
+            self._lease_all(members[0], seqs, now, now_ms, staged)
+            return diverted
+        # round-robin over the members that still want more, one job each per round
         wanting = [m for m in members if len(m.got) < m.want]
+        k = 0
         while wanting:
             still: list[Claimer] = []
             for m in wanting:
-                seq = self._take_next()
-                while seq is not None and dead_letter and max_deliveries:
-                    if self.deliveries.get(seq, 0) + 1 <= max_deliveries:
-                        break
-                    self.held.add(seq)
-                    diverted.append(seq)
-                    seq = self._take_next()
-                if seq is None:
+                if k == len(seqs):
                     return diverted
-                n = self.deliveries.get(seq, 0) + 1
-                if staged:
-                    lease = self._new_lease(seq, m.node, m.lease_ms, now, now_ms)
-                    self.held.add(seq)
-                else:
-                    self.deliveries[seq] = n
-                    lease = self._lease(seq, m.node, m.lease_ms, now, now_ms)
-                m.got.append((lease, n))
-                if m.held is not None:
-                    m.held[seq] = lease.lease_id
+                self._lease_all(m, seqs[k : k + 1], now, now_ms, staged)
+                k += 1
                 if len(m.got) < m.want:
                     still.append(m)
             wanting = still
         return diverted
 
-    def _new_lease(self, seq: int, node: str, lease_ms: int, now: float, now_ms: int) -> Lease:
+    def _lease_all(
+        self, m: Claimer, seqs: list[int], now: float, now_ms: int, staged: bool
+    ) -> None:
+        """Lease `seqs` (taken from the claim index, in claim order) to `m`."""
+        node = m.node
+        expires_at = now + m.lease_ms / 1000 + _PAST_S
+        deadline_ms = now_ms + m.lease_ms
         lease_id = self.next_lease_id
-        self.next_lease_id = lease_id + 1
-        return Lease(seq, node, lease_id, now + lease_ms / 1000 + _PAST_S, now_ms + lease_ms)
+        self.next_lease_id = lease_id + len(seqs)
+        deliveries = self.deliveries
+        got = m.got
+        mine = m.held
+        if staged:
+            held = self.held
+            for seq in seqs:
+                lease = Lease(seq, node, lease_id, expires_at, deadline_ms)
+                lease_id += 1
+                held.add(seq)
+                got.append((lease, deliveries.get(seq, 0) + 1))
+                if mine is not None:
+                    mine[seq] = lease.lease_id
+            return
+        leases = self.leases
+        heap = self._deadlines
+        push = heapq.heappush
+        for seq in seqs:
+            n = deliveries.get(seq, 0) + 1
+            deliveries[seq] = n
+            lease = leases[seq] = Lease(seq, node, lease_id, expires_at, deadline_ms)
+            push(heap, (expires_at, lease_id, seq))
+            lease_id += 1
+            got.append((lease, n))
+            if mine is not None:
+                mine[seq] = lease.lease_id
+        self._compact_deadlines()
 
-    def _lease(self, seq: int, node: str, lease_ms: int, now: float, now_ms: int) -> Lease:
-        lease = self._new_lease(seq, node, lease_ms, now, now_ms)
-        self.leases[seq] = lease
-        self._push_deadline(lease)
-        return lease
+    def _take_many(self, k: int) -> list[int]:
+        """Remove and return up to `k` claimable seqs in claim order (fewer: the index
+        ran dry). A level without retried jobs gives its fresh ones in one sweep."""
+        out: list[int] = []
+        index = self._index
+        while index and len(out) < k:
+            prio = -index[0]
+            level = self.levels[prio]
+            retry = self._peek_retry(level)
+            if retry is None:
+                need = k - len(out)
+                if self._take_fresh(prio, level, need, out) == need:
+                    break
+                # neither retried nor fresh jobs left: the level leaves the index
+                heapq.heappop(index)
+                self._indexed.discard(prio)
+                if prio != 0:
+                    del self.levels[prio]
+                continue
+            fresh = self._peek_fresh(prio, level)
+            if fresh is None or retry < fresh:
+                heapq.heappop(level.retry)
+                self.retrying.discard(retry)
+                out.append(retry)
+                continue
+            if prio == 0:
+                self.cursor = fresh
+            else:
+                level.fresh.popleft()
+            out.append(fresh)
+        return out
+
+    def _take_fresh(self, prio: int, level: _Level, need: int, out: list[int]) -> int:
+        """Take up to `need` never-claimed jobs of level `prio` (appended to `out`), in
+        seq order. Returns how many (fewer: the level has no fresh jobs left)."""
+        topic = self.topic
+        leases, delayed, held, retrying = self.leases, self.delayed, self.held, self.retrying
+        taken = 0
+        if prio != 0:
+            fresh = level.fresh
+            enc = topic.enc
+            while fresh and taken < need:
+                seq = fresh.popleft()
+                if enc(seq) is not None and not (
+                    seq in leases or seq in delayed or seq in held or seq in retrying
+                ):
+                    out.append(seq)
+                    taken += 1
+            return taken
+        # level 0: a sweep of the log above the cursor, a run at a time
+        prios = topic.prios
+        head = topic.head_seq
+        slot = topic.next_slot(self.cursor + 1)
+        while slot is not None and slot <= head:
+            run = topic.run_at(slot)
+            if run is None:  # (an empty run above the head)
+                slot = topic.next_slot(slot + 1)
+                continue
+            encs, base = run.encs, run.base
+            end = min(base + len(encs) - 1, head)
+            slot = max(slot, base)
+            while slot <= end:
+                if encs[slot - base] is not None and not (
+                    slot in prios
+                    or slot in leases
+                    or slot in delayed
+                    or slot in held
+                    or slot in retrying
+                ):
+                    out.append(slot)
+                    taken += 1
+                    if taken == need:
+                        self.cursor = slot
+                        return taken
+                slot += 1
+            slot = topic.next_slot(end + 1)
+        self.cursor = max(self.cursor, head)
+        return taken
 
     def install(self, got: list[tuple[Lease, int]]) -> list[tuple[Lease, int]]:
         """The `Lease` frame of a staged claim is committed: its leases take effect (in
@@ -565,13 +670,24 @@ class JobQueue:
         self, node: str, seqs: list[int], fences: list[str]
     ) -> tuple[list[int], list[int]]:
         """Ack step one (sweep first): every seq leased to `node` (fence matching) leaves
-        its lease and is held until its delete commits. Returns (held, skipped)."""
-        leases, skipped = self._holding(node, seqs, fences)
+        its lease and is held until its delete commits. Returns (held, skipped); a
+        repeated seq is skipped (its lease is gone by then)."""
+        leases, held_set = self.leases, self.held
         held: list[int] = []
-        for lease in leases:
-            del self.leases[lease.seq]
-            self.held.add(lease.seq)
-            held.append(lease.seq)
+        skipped: list[int] = []
+        for i, seq in enumerate(seqs):
+            lease = leases.get(seq)
+            if (
+                lease is None
+                or lease.node != node
+                # (`lease_token`, inlined: this runs for every acked job)
+                or (fences and fences[i] and fences[i] != f"lease_{lease.lease_id:x}")
+            ):
+                skipped.append(seq)
+                continue
+            del leases[seq]
+            held_set.add(seq)
+            held.append(seq)
         if held:
             self.changed()
         return held, skipped
@@ -798,15 +914,43 @@ class JobQueue:
 def _build_items(topic: Topic, members: list[Claimer]) -> bool:
     """Every member's claim items; False (and none built) if a claimed job's payload is
     only in its segment, to be loaded first."""
+    built: list[list[bytes]] = []
     for m in members:
-        items = []
-        for lease, n in m.got:
-            item = claim_item(topic, lease, n)
-            if item is None:
-                return False
-            items.append(item)
+        items = claim_items(topic, m.got)
+        if items is None:
+            return False
+        built.append(items)
+    for m, items in zip(members, built, strict=True):
         m.items = items
     return True
+
+
+def claim_items(topic: Topic, got: list[tuple[Lease, int]]) -> list[bytes] | None:
+    """The `claimed[]` elements of `got` (lease, deliveries), or None if a job's
+    payload is only in its segment (`EVICTED`). A job with neither `$tag`, `$priority`,
+    `$node` nor `meta` (a record without a shape) is one format of its stored text's
+    tail; the rest go through `claim_item`."""
+    items: list[bytes] = []
+    shapes, tags, prios = topic.shapes, topic.tags, topic.prios
+    enc_ts = topic.enc_ts
+    for lease, n in got:
+        seq = lease.seq
+        if (shapes and seq in shapes) or (tags and seq in tags) or (prios and seq in prios):
+            item = claim_item(topic, lease, n)
+            if item is None:
+                return None
+            items.append(item)
+            continue
+        enc, ts = enc_ts(seq)
+        if not isinstance(enc, bytes):
+            assert enc is EVICTED  # a claimed job is live until its lease ends
+            return None
+        # the stored text is `{"$seq":..,"$ts":..,"data":..}`: the item ends with its tail
+        items.append(
+            b'{"$seq":%d,"lease_id":"lease_%x","deadline":%d,"$ts":%d,"deliveries":%d%b'
+            % (seq, lease.lease_id, lease.deadline_ms, ts, n, enc[enc.index(DATA_KEY, 8) :])
+        )
+    return items
 
 
 def claim_item(topic: Topic, lease: Lease, deliveries: int) -> bytes | None:
@@ -1180,7 +1324,7 @@ class QueueService:
                 await cohort.done.wait()  # the server logs the pass's leases
         if diverted:
             await self._dead_letter(topic, q, diverted, cohort.dead_letter)
-            cohort.ready = q.counts().ready
+            cohort.ready = q.ready()
         if me.error is not None:
             raise me.error
         return ClaimResult(topic, me.items, cohort.ready)
@@ -1223,7 +1367,7 @@ class QueueService:
                     cohort.done.set()
                 built = _build_items(topic, cohort.members)
                 assert built  # held: nothing loaded can be evicted again meanwhile
-        cohort.ready = q.counts().ready
+        cohort.ready = q.ready()
         self._schedule(q)
         return diverted
 

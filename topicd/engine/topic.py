@@ -431,6 +431,10 @@ class Topic:
         run = runs[i]
         return run if seq <= run.end else None
 
+    def run_at(self, seq: int) -> Run | None:
+        """The run holding slot `seq` (None inside a gap between runs)."""
+        return self._run(seq)
+
     def enc(self, seq: int) -> Enc:
         """The stored JSON of the live record `seq`, `EVICTED` if its bytes are only in
         its segment (`topicd.engine.payloads`), or None."""
@@ -784,7 +788,8 @@ class Topic:
         i = seq - run.base
         assert run.encs[i] is not None
         run.encs[i] = None
-        self.mark_changed()
+        if not self.changed:
+            self.mark_changed()
         size = run.sizes[i]
         if seq <= self.seg_tail:
             if self.seg_killed is None:
@@ -876,11 +881,18 @@ class Topic:
         moves). Returns (records deleted, bytes freed)."""
         deleted = 0
         freed = 0
+        lo, hi = self.earliest_seq, self.head_seq
+        run: Run | None = None
+        base = end = 0
         for seq in seqs:
-            if seq < self.earliest_seq or seq > self.head_seq:
+            if seq < lo or seq > hi:
                 continue
-            run = self._run(seq)
-            if run is None or run.encs[seq - run.base] is None:
+            if run is None or seq < base or seq > end:  # (acked jobs share a run)
+                run = self._run(seq)
+                if run is None:
+                    continue
+                base, end = run.base, run.end
+            if run.encs[seq - base] is None:
                 continue
             freed += self._kill(seq, run, False)
             deleted += 1

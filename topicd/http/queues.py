@@ -61,17 +61,18 @@ class QueueOps:
 
     @staticmethod
     def _counted(
-        res: SeqsResult, key: str, scope: Scope, perf: dict[str, JsonValue] | None
+        res: SeqsResult, key: bytes, scope: Scope, perf: dict[str, JsonValue] | None
     ) -> bytes:
-        return orjson.dumps(
-            {
-                "topic": res.topic.name,
-                key: res.done,
-                "skipped": cast("JsonValue", res.skipped),
-                "ready": res.counts.ready,
-                "in_flight": res.counts.in_flight,
-                "performance": performance(perf, scope),
-            }
+        """The answer of an ack or nack, one format (keys in the order of the contract)."""
+        counts = res.counts
+        return b'{"topic":%b,"%b":%d,"skipped":%b,"ready":%d,"in_flight":%d,"performance":%b}' % (
+            res.topic.name_json,
+            key,
+            res.done,
+            orjson.dumps(res.skipped) if res.skipped else b"[]",
+            counts.ready,
+            counts.in_flight,
+            orjson.dumps(performance(perf, scope)),
         )
 
     async def claim(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
@@ -98,14 +99,14 @@ class QueueOps:
     async def ack(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
         req = await self._lease_op(topic, scope, read)
         res = await self.ref.engine.queues.ack(topic, req.node, req.seqs, req.lease_ids or [])
-        return 200, self._counted(res, "acked", scope, {"fsync_ms": round(res.fsync_ms, 3)})
+        return 200, self._counted(res, b"acked", scope, {"fsync_ms": round(res.fsync_ms, 3)})
 
     async def nack(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
         req = await self._lease_op(topic, scope, read)
         res = await self.ref.engine.queues.nack(
             topic, req.node, req.seqs, req.lease_ids or [], req.delay_ms
         )
-        return 200, self._counted(res, "nacked", scope, None)
+        return 200, self._counted(res, b"nacked", scope, None)
 
     async def extend(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
         req = await self._lease_op(topic, scope, read)
