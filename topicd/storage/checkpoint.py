@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import posixpath
-from array import array
+from itertools import islice
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -234,15 +234,15 @@ class Checkpointer:
                     payloads.release(topic, res.state.absorbed)
             await budget.pause()
         doomed += self.segments.install(dataclasses.replace(outcome, topics={}, tier_due=set()))
-        # (slices of the ids — in an array, not a list, nor slices of `items()`: a young
-        # list or a tuple per topic, 100,000 of them, is walked by every young collection
-        # that meets it, and fed several in this one step)
+        # (a slice of the capture's own dict's items at a time — nothing else changes it
+        # meanwhile —, not a list of its ids or items: a young list of 100,000, or a
+        # tuple per topic, is walked by every young collection that meets it; and not
+        # ids boxed from an array: new int objects kept as keys, ~3 MB a dict)
         slice_ = _INSTALL_TOPICS * 8
         encoded = cap.encoded
-        ids = array("q", encoded)
-        for i in range(0, len(ids), slice_):
-            some = ids[i : i + slice_]
-            cap.entries.update(zip(some, map(encoded.__getitem__, some), strict=True))
+        pairs = iter(encoded.items())
+        for _ in range(0, len(encoded), slice_):
+            cap.entries.update(islice(pairs, slice_))
             await budget.pause()
         # the inline records to reuse next time: with an incremental capture the previous
         # dict brought up to date in place, a slice at a time (it is old, so no young
@@ -257,10 +257,9 @@ class Checkpointer:
                 for tid in stale[i : i + slice_]:
                     records.pop(tid, None)
                 await budget.pause()
-            ids = array("q", inline)
-            for i in range(0, len(ids), slice_):
-                some = ids[i : i + slice_]
-                records.update(zip(some, map(inline.__getitem__, some), strict=True))
+            fresh = iter(inline.items())
+            for _ in range(0, len(inline), slice_):
+                records.update(islice(fresh, slice_))
                 await budget.pause()
         else:
             records, old = inline, (self._encoded, self._records)
