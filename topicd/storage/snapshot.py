@@ -480,8 +480,12 @@ async def capture_stepwise(
         await trio.lowlevel.checkpoint()
     # (what is to take, as arrays of topic ids: a young list or set of 100,000 topics or
     # ids is walked whole by every young collection that meets it, ~4 ms each time)
-    todo = step.first_todo(scan=False)
-    if step.reuse is not None:  # topics without an entry, a slice of the ids at a time
+    todo = step.first_todo(scan=False, sliced=True)
+    if step.reuse is not None:
+        for _ in step.list_due():
+            await tick()
+        todo = step.todo
+        # topics without an entry, a slice of the ids at a time
         ids = array("q", engine.by_id)
         for i in range(0, len(ids), _SCAN_IDS):
             todo += step.without_entry(ids[i : i + _SCAN_IDS])
@@ -549,6 +553,8 @@ class _Stepwise:
         self.inline_records: dict[int, Records] = {}
         # the ids of what the first step takes (a dict of ints: untracked, like an array)
         self.first: dict[int, None] = {}
+        self.todo = array("q")
+        self.due: set[Topic] = set()  # (`list_due`)
 
     def copy_reuse(self) -> Iterator[None]:
         """Copy the entries to reuse, before anything is taken (one C-level copy of up to
@@ -558,11 +564,12 @@ class _Stepwise:
             self.entries = dict(self.reuse)
             yield
 
-    def first_todo(self, *, scan: bool = True) -> array[int]:
+    def first_todo(self, *, scan: bool = True, sliced: bool = False) -> array[int]:
         """The ids of what the first step takes: every topic, or (incremental) the topics
         marked changed, due to seal by age, with a segment to relocate to the cold tier
         and — with `scan` — without an entry (else the caller adds those with
-        `without_entry`). Queues are left to the last step."""
+        `without_entry`). Queues are left to the last step. With `sliced`, the changed
+        topics are listed by `list_due` (the caller runs it, and uses `todo`)."""
         engine = self.engine
         by_id = engine.by_id
         reuse = self.reuse
@@ -573,7 +580,7 @@ class _Stepwise:
             if not queues:  # (one C-level copy; `take` skips deleted topics)
                 return array("q", by_id)
             return array("q", (t.topic_id for t in by_id.values() if t not in queues))
-        first = dict.fromkeys(map(_TOPIC_ID, engine.changed_topics))
+        due = set(engine.changed_topics)  # (C level: touches no topic)
         engine.changed_topics.clear()
         extra: set[int] = set()
         if scan:
@@ -582,11 +589,25 @@ class _Stepwise:
             extra |= self.segments.aged(self.created_ms) & by_id.keys()
             # sealed segments to relocate (cold tier)
             extra |= self.segments.tier_due & by_id.keys()
-        first.update(dict.fromkeys(extra))
-        for t in queues:
-            first.pop(t.topic_id, None)
-        self.first = first
-        return array("q", first)
+        due.update(by_id[tid] for tid in extra)
+        due -= queues
+        self.due = due
+        if not sliced:
+            for _ in self.list_due():
+                pass
+        return self.todo
+
+    def list_due(self) -> Iterator[None]:
+        """Turn the changed topics `first_todo` copied into ids (`todo`, `first`), a
+        slice per step (a memory access per topic: ~0.5 µs each at 100,000), then drop
+        the copy (a young set of every topic, walked by each young collection)."""
+        due = iter(self.due)
+        for _ in range(0, len(self.due), _SCAN_IDS):
+            ids = array("q", map(_TOPIC_ID, islice(due, _SCAN_IDS)))
+            self.todo += ids
+            self.first.update(dict.fromkeys(ids))
+            yield
+        self.due = set()
 
     def without_entry(self, ids: Iterable[int]) -> array[int]:
         """Of `ids`, the live topics that have no entry to reuse (entries with records in
