@@ -119,12 +119,33 @@ class Ticker:
 
 class GcClock:
     """Time spent in garbage collections (`gc.callbacks`) since `reset`: the total, the
-    longest one, and the number of full (generation 2) ones."""
+    longest one, and the number of full (generation 2) ones. With `census_s`, a young
+    collection at least that long is listed with what it walked: its objects by type and
+    the big containers among them (traversing one costs a memory access per element)."""
 
     def __init__(self) -> None:
+        self.censuses: list[str] = []
         self.reset()
         self._t0 = self._cpu0 = 0.0
+        self.census_s = 0.0
+        self._census: tuple[int, list[tuple[int, str]], list[str]] | None = None
         gc.callbacks.append(self._on)
+
+    def _take_census(self, generation: int) -> None:
+        objs: list[object] = []
+        for g in range(generation + 1):
+            objs += gc.get_objects(generation=g)
+        kinds: dict[str, int] = {}
+        big: list[str] = []
+        for o in objs:
+            name = type(o).__name__
+            kinds[name] = kinds.get(name, 0) + 1
+            if isinstance(o, (list, tuple, dict, set, frozenset)) and len(o) >= 5000:
+                inner = type(next(iter(o.values() if isinstance(o, dict) else o))).__name__
+                big.append(f"{name}[{len(o)}] of {inner}")
+        top = sorted(((n, k) for k, n in kinds.items()), reverse=True)[:5]
+        self._census = (len(objs), top, big)
+        del objs
 
     def reset(self) -> None:
         self.total = self.longest = 0.0
@@ -132,12 +153,25 @@ class GcClock:
         self.by_gen = [0, 0, 0]
         self.longest_gen = 0
         self.longest_cpu = 0.0
+        self.censuses.clear()
 
     def _on(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
+            if self.census_s and info["generation"] < 2:
+                self._take_census(info["generation"])
             self._t0, self._cpu0 = time.perf_counter(), time.thread_time()
             return
         took = time.perf_counter() - self._t0
+        if self._census is not None:
+            if took >= self.census_s:
+                n, top, big = self._census
+                kinds = ", ".join(f"{k} {c}" for c, k in top)
+                where = _where(trio.lowlevel.current_task()) if _in_trio() else "a thread"
+                self.censuses.append(
+                    f"  gen-{info['generation']} collection {took * 1000:.1f} ms in {where}: "
+                    f"{n} objects ({kinds}); big: {', '.join(big) or 'none'}"
+                )
+            self._census = None
         self.total += took
         if took > self.longest:
             self.longest, self.longest_gen = took, info["generation"]
@@ -154,6 +188,14 @@ class GcClock:
 
 
 GC = GcClock()
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _where(task: trio.lowlevel.Task) -> str:
@@ -202,6 +244,9 @@ class LongSteps(trio.abc.Instrument):
             print(f"      from {before}")
             print(f"      to   {after}")
         self.steps.clear()
+        for line in GC.censuses:
+            print(line)
+        GC.censuses.clear()
 
 
 STEPS = LongSteps(1.0)
@@ -334,10 +379,17 @@ def main() -> int:
         default=0,
         help="list the checkpoints' loop steps at least this long (task, GC, where)",
     )
+    ap.add_argument(
+        "--gc-census-ms",
+        type=float,
+        default=0,
+        help="list what each young collection at least this long walked (slows collections)",
+    )
     ap.add_argument("--phase", choices=("fill", "restart"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
     instruments = []
+    GC.census_s = args.gc_census_ms / 1000
     if args.long_steps_ms:
         STEPS.min_s = args.long_steps_ms / 1000
         instruments.append(STEPS)

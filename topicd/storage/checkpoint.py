@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import posixpath
+from itertools import islice
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -233,20 +234,40 @@ class Checkpointer:
                     payloads.release(topic, res.state.absorbed)
             await budget.pause()
         doomed += self.segments.install(dataclasses.replace(outcome, topics={}, tier_due=set()))
-        # (slices of the ids, not of `items()`: a tuple per topic, 100,000 of them alive
-        # at once, fed the collector several young collections in this one step)
+        # (a slice of the capture's own dict's items at a time — nothing else changes it
+        # meanwhile —, not a list of its ids or items: a young list of 100,000, or a
+        # tuple per topic, is walked by every young collection that meets it; and not
+        # ids boxed from an array: new int objects kept as keys, ~3 MB a dict)
+        slice_ = _INSTALL_TOPICS * 8
         encoded = cap.encoded
-        ids = list(encoded)
-        for i in range(0, len(ids), _INSTALL_TOPICS * 8):
-            some = ids[i : i + _INSTALL_TOPICS * 8]
-            cap.entries.update(zip(some, map(encoded.__getitem__, some), strict=True))
+        pairs = iter(encoded.items())
+        for _ in range(0, len(encoded), slice_):
+            cap.entries.update(islice(pairs, slice_))
             await budget.pause()
-        old = (self._encoded, self._records)
+        # the inline records to reuse next time: with an incremental capture the previous
+        # dict brought up to date in place, a slice at a time (it is old, so no young
+        # collection walks it; a new dict of 100,000 tuples would be young), else the
+        # capture's own
+        inline = cap.inline_records
+        old: tuple[dict[int, msgspec.Raw] | dict[int, snapshot.Records], ...]
+        if cap.records is self._records:
+            records, old = self._records, (self._encoded,)
+            stale = cap.stale
+            for i in range(0, len(stale), slice_):
+                for tid in stale[i : i + slice_]:
+                    records.pop(tid, None)
+                await budget.pause()
+            fresh = iter(inline.items())
+            for _ in range(0, len(inline), slice_):
+                records.update(islice(fresh, slice_))
+                await budget.pause()
+        else:
+            records, old = inline, (self._encoded, self._records)
         self._encoded = cap.entries
-        self._records = cap.records
-        # the previous entries and records are dropped a slice at a time: what they alone
-        # held (every changed topic's old entry and record tuple) is freed as they go, and
-        # at 100,000 changed topics that was ~19 ms in one loop turn
+        self._records = records
+        # the previous entries (and records) are dropped a slice at a time: what they
+        # alone held (every changed topic's old entry and record tuple) is freed as they
+        # go, and at 100,000 changed topics that was ~19 ms in one loop turn
         for previous in old:
             while previous:
                 for _ in range(min(len(previous), _INSTALL_TOPICS * 8)):
@@ -280,6 +301,7 @@ class Checkpointer:
                 records=self._records,
                 inline_max=self.cfg.storage.segments.inline_max_bytes,
             )
+            topics = cap.topic_count()
             keep = self.cfg.storage.snapshot.keep
             try:
                 outcome = await self.offload.run(
@@ -354,7 +376,7 @@ class Checkpointer:
                 "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
                 "%.1f ms%s%s",
                 number,
-                len(cap.body.topics),
+                topics,
                 self.last_captured,
                 outcome.records,
                 self.last_bytes,

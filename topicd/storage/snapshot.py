@@ -42,7 +42,8 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass, field, fields
-from itertools import accumulate, pairwise
+from itertools import accumulate, chain, islice, pairwise
+from operator import attrgetter
 from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import msgspec
@@ -208,14 +209,16 @@ class RunCopy:
 class Capture:
     """What `capture` copies on the loop; `encode` turns it into bytes in a thread.
 
-    `body.topics` holds a `TopicSnap` for each topic captured now and, with an
-    incremental capture, the encoded entry of the previous snapshot (`msgspec.Raw`) for
-    each topic that did not change since (and for inline topics captured now); `runs`
-    are the record copies of the fresh ones (aligned with `fresh`). The records after
-    the body are first those of the encoded entries that have any (inline topics:
-    `records`, in body order), then those of the fresh ones."""
+    The body's topic entries are, in order, those of `entries` (with an incremental
+    capture, the previous snapshot's encoded entry, `msgspec.Raw`, of each topic that
+    did not change since), of `encoded` (inline topics captured now, encoded as they
+    were taken) and a `TopicSnap` for each of `fresh` (the topics captured now), whose
+    record copies are `runs` (aligned with `fresh`); `encode` walks them in turn, and
+    `body.topics` is left empty (never one list of every topic). The records after the
+    body are first those of the encoded entries that have any (inline topics: `records`
+    and `inline_records`, in body order), then those of the fresh ones."""
 
-    body: SnapshotBody  # its fresh topics' `runs` are filled by `encode`
+    body: SnapshotBody  # (the fresh topics' `runs` are filled by `encode`)
     runs: list[list[RunCopy]]
     # records to copy into segments, and the topics whose registry the checkpoint fills
     # in once it absorbed them (`TopicSnap.segments`)
@@ -235,9 +238,25 @@ class Capture:
     # of fresh topics without records in the file (`encode` does): reusable while the
     # topic does not change
     encoded: dict[int, msgspec.Raw] = field(default_factory=dict)
-    # the records of the inline topics among `entries` and `encoded`, reusable with
-    # their entries (in body order, they are what trails the body first)
+    # the records of the inline topics among `entries`, reusable with their entries (in
+    # body order, they are what trails the body first, then `inline_records`): the
+    # previous checkpoint's dict as it is (not copied: a fresh dict of 100,000 tuples is a
+    # young container every young collection walks whole), so it also holds the records
+    # of topics captured again or deleted since (`stale`); the checkpoint brings it up to
+    # date once the snapshot is durable (`Checkpointer._install`). Empty for a capture
+    # that reuses nothing.
     records: dict[int, Records] = field(default_factory=dict)
+    # the records of the inline topics captured now (those of `encoded`)
+    inline_records: dict[int, Records] = field(default_factory=dict)
+    # the ids whose entries in `records` are out of date (captured again, not inline
+    # now, or deleted); with the ids of `inline_records` they are every id of `records`
+    # not in `entries`
+    stale: array[int] = field(default_factory=lambda: array("q"))
+
+    def topic_count(self) -> int:
+        """The topic entries the body holds (before `encode`, which adds the fresh entries
+        it encoded whole to `encoded`)."""
+        return len(self.entries) + len(self.encoded) + len(self.fresh)
 
 
 _DEFAULT_CONFIG: Final = TopicConfig()
@@ -428,8 +447,7 @@ def capture(
     step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, records, inline_max)
     for _ in step.copy_reuse():
         pass
-    for t in step.first_todo():
-        step.take(t)
+    step.take_all(step.first_todo())
     step.take_all(step.last_todo())
     return step.finish(positions)
 
@@ -460,15 +478,22 @@ async def capture_stepwise(
     step = _Stepwise(engine, created_ms, final, segments, absorb, reuse, records, inline_max)
     for _ in step.copy_reuse():
         await trio.lowlevel.checkpoint()
-    todo = step.first_todo(scan=False)
-    if step.reuse is not None:  # topics without an entry, a slice of the ids at a time
-        ids = list(engine.by_id)
+    # (what is to take, as arrays of topic ids: a young list or set of 100,000 topics or
+    # ids is walked whole by every young collection that meets it, ~4 ms each time)
+    todo = step.first_todo(scan=False, sliced=True)
+    if step.reuse is not None:
+        for _ in step.list_due():
+            await tick()
+        todo = step.todo
+        # topics without an entry, a slice of the ids at a time
+        ids = array("q", engine.by_id)
         for i in range(0, len(ids), _SCAN_IDS):
             todo += step.without_entry(ids[i : i + _SCAN_IDS])
             await tick()
+        del ids
     for _ in range(_STEP_PASSES):
-        for t in todo:
-            step.take(t)
+        for tid in todo:
+            step.take(tid)
             await tick()
         todo = step.again()
         if len(todo) <= _SYNC_TOPICS:
@@ -487,6 +512,7 @@ async def capture_stepwise(
 _STEP_PASSES: Final = 3
 _SYNC_TOPICS: Final = 256
 _SCAN_IDS: Final = 4096
+_TOPIC_ID: Final = attrgetter("topic_id")
 
 
 class _Stepwise:
@@ -509,12 +535,12 @@ class _Stepwise:
         self.segments = segments
         self.absorb = absorb
         self.reuse = None if final else reuse
-        self.records = records or {}  # (with `reuse`: its inline topics' records)
-        # the entries (and inline records) to reuse: copies (`copy_reuse`) that each step
-        # drops the topics it takes from, so the last, synchronous one has only deletions
-        # to drop
+        # with `reuse`: its inline topics' records (read only: see `Capture.records`)
+        self.records = (records or {}) if self.reuse is not None else {}
+        # the entries to reuse: a copy (`copy_reuse`; untracked by the collector, like
+        # every dict of ints and `Raw`s) that each step drops the topics it takes from,
+        # so the last, synchronous one has only deletions to drop
         self.entries: dict[int, msgspec.Raw] = {}
-        self.records_left: dict[int, Records] = {}
         self.inline_max = inline_max
         # per captured topic id: the topic, its entry, its record copies, its absorb work
         self.got: dict[int, tuple[Topic, TopicSnap, list[RunCopy], AbsorbWork | None]] = {}
@@ -525,22 +551,25 @@ class _Stepwise:
         # (by id: the keys of `inline_raw`, a dict the collector does not track)
         self.inline_raw: dict[int, msgspec.Raw] = {}
         self.inline_records: dict[int, Records] = {}
-        self.first: set[Topic] = set()  # what the first step takes
+        # the ids of what the first step takes (a dict of ints: untracked, like an array)
+        self.first: dict[int, None] = {}
+        self.todo = array("q")
+        self.due: set[Topic] = set()  # (`list_due`)
 
     def copy_reuse(self) -> Iterator[None]:
-        """Copy the entries and records to reuse, before anything is taken (one C-level
-        copy of up to every topic per step: yields between them). They are the
-        checkpointer's, not the engine's: the loop may run between the steps."""
+        """Copy the entries to reuse, before anything is taken (one C-level copy of up to
+        every topic: yields after it). They are the checkpointer's, not the engine's: the
+        loop may run between the steps."""
         if self.reuse is not None:
             self.entries = dict(self.reuse)
             yield
-            self.records_left = dict(self.records)
 
-    def first_todo(self, *, scan: bool = True) -> list[Topic]:
-        """What the first step takes: everything, or (incremental) the topics marked
-        changed, due to seal by age, with a segment to relocate to the cold tier and —
-        with `scan` — without an entry (else the caller adds those with
-        `without_entry`). Queues are left to the last step."""
+    def first_todo(self, *, scan: bool = True, sliced: bool = False) -> array[int]:
+        """The ids of what the first step takes: every topic, or (incremental) the topics
+        marked changed, due to seal by age, with a segment to relocate to the cold tier
+        and — with `scan` — without an entry (else the caller adds those with
+        `without_entry`). Queues are left to the last step. With `sliced`, the changed
+        topics are listed by `list_due` (the caller runs it, and uses `todo`)."""
         engine = self.engine
         by_id = engine.by_id
         reuse = self.reuse
@@ -549,9 +578,9 @@ class _Stepwise:
             engine.changed_topics.clear()
             engine.deleted_ids = []  # (`finish` compares every id)
             if not queues:  # (one C-level copy; `take` skips deleted topics)
-                return list(by_id.values())
-            return [t for t in by_id.values() if not t.deleted and t not in queues]
-        due = set(engine.changed_topics)
+                return array("q", by_id)
+            return array("q", (t.topic_id for t in by_id.values() if t not in queues))
+        due = set(engine.changed_topics)  # (C level: touches no topic)
         engine.changed_topics.clear()
         extra: set[int] = set()
         if scan:
@@ -562,47 +591,68 @@ class _Stepwise:
             extra |= self.segments.tier_due & by_id.keys()
         due.update(by_id[tid] for tid in extra)
         due -= queues
-        self.first = due
-        return list(due)
+        self.due = due
+        if not sliced:
+            for _ in self.list_due():
+                pass
+        return self.todo
 
-    def without_entry(self, ids: list[int]) -> list[Topic]:
+    def list_due(self) -> Iterator[None]:
+        """Turn the changed topics `first_todo` copied into ids (`todo`, `first`), a
+        slice per step (a memory access per topic: ~0.5 µs each at 100,000), then drop
+        the copy (a young set of every topic, walked by each young collection)."""
+        due = iter(self.due)
+        for _ in range(0, len(self.due), _SCAN_IDS):
+            ids = array("q", map(_TOPIC_ID, islice(due, _SCAN_IDS)))
+            self.todo += ids
+            self.first.update(dict.fromkeys(ids))
+            yield
+        self.due = set()
+
+    def without_entry(self, ids: Iterable[int]) -> array[int]:
         """Of `ids`, the live topics that have no entry to reuse (entries with records in
         the file are re-made every time) and are not listed yet."""
         assert self.reuse is not None
         reuse, by_id, listed = self.reuse, self.engine.by_id, self.first
-        out = []
+        queues = self.engine.queue_topics
+        out = array("q")
         for tid in ids:
-            if tid not in reuse:
+            if tid not in reuse and tid not in listed:
                 t = by_id.get(tid)
-                if t is not None and t not in listed and t not in self.engine.queue_topics:
-                    out.append(t)
+                if t is not None and t not in queues:
+                    out.append(tid)
         return out
 
-    def again(self) -> list[Topic]:
-        """The topics marked changed since the last step took them (or the first
-        listed): captured again."""
+    def again(self) -> array[int]:
+        """The ids of the topics marked changed since the last step took them (or the
+        first listed): captured again."""
         changed = self.engine.changed_topics
-        out = list(changed)
+        out = array("q", map(_TOPIC_ID, changed))
         changed.clear()
         return out
 
-    def last_todo(self) -> list[Topic]:
-        return [*self.again(), *self.engine.queue_topics]
+    def last_todo(self) -> array[int]:
+        out = self.again()
+        out.extend(map(_TOPIC_ID, self.engine.queue_topics))
+        return out
 
-    def take_all(self, topics: Iterable[Topic]) -> None:
-        for t in topics:
-            self.take(t)
+    def take_all(self, ids: Iterable[int]) -> None:
+        for tid in ids:
+            self.take(tid)
 
-    def take(self, t: Topic) -> None:
-        """Capture `t` now (again if an earlier step took it: the newer copy wins)."""
+    def take(self, tid: int) -> None:
+        """Capture topic `tid` now (again if an earlier step took it: the newer copy
+        wins); nothing if it was deleted (topic ids are never reused)."""
         engine = self.engine
-        tid = t.topic_id
-        if t.deleted or engine.by_id.get(tid) is not t:
+        t = engine.by_id.get(tid)
+        if t is None or t.deleted:
             return
+        # (the topic's own int from here on: the ids the capture keeps as dict keys would
+        # otherwise be new int objects, boxed from an array: ~3 MB a dict at 100,000)
+        tid = t.topic_id
         segments = self.segments
         t.changed = False
         self.entries.pop(tid, None)
-        self.records_left.pop(tid, None)
         if self.inline_raw.pop(tid, None) is not None:
             del self.inline_records[tid]  # taken inline before: the newer copy wins
         absorbed = segments.absorbed(tid) if segments is not None else 0
@@ -668,21 +718,24 @@ class _Stepwise:
             live = [by_id.get(i) for i in inline_raw]
             assert all(t is not None and not t.deleted for t in live)
         if self.reuse is not None:
-            entries, records = self.entries, self.records_left  # (taken ones dropped)
+            entries, records = self.entries, self.records  # (taken ones dropped)
             for tid in deleted:  # deleted since the entries were made
                 entries.pop(tid, None)
-                records.pop(tid, None)
+            stale = array("q", self.got)
+            stale += array("q", deleted)
             if VERIFY_INCREMENTAL:
                 assert not entries.keys() & (self.got.keys() | inline_raw.keys())
                 assert not entries.keys() - by_id.keys(), "a deletion was not listed"
-                assert not records.keys() - entries.keys()
+                assert not records.keys() - entries.keys() - set(stale) - inline_raw.keys()
                 for tid, entry in entries.items():
                     _verify_unchanged(
                         engine, by_id[tid], entry, records.get(tid), self.created_ms, self.segments
                     )
             cap.entries = entries
             cap.records = records
+            cap.stale = stale
         cap.encoded = self.inline_raw  # (no copy: this step's state ends here)
+        cap.inline_records = self.inline_records
         if self.segments is not None:
             if self.reuse is None:
                 # (not `keys() - keys()`: that walks every topic id, in this step)
@@ -710,20 +763,13 @@ class _Stepwise:
         return cap
 
     def merge(self, cap: Capture) -> Iterator[None]:
-        """Complete a `cut`: the inline topics taken into the capture's lists, one C-level
-        copy of up to every topic per step (yields between them; at 100,000 topics they
-        were ~10 ms of the synchronous last step). Reads only the capture's own state, so
-        the loop may run between the steps."""
+        """Complete a `cut`: the ids of the inline topics taken, a C-level copy of up to
+        every topic in a step of its own (at 100,000 topics the capture's copies were
+        ~10 ms of the synchronous last step). Reads only the capture's own state, so the
+        loop may run between the steps. (The body's topic entries are not gathered into
+        one list: `encode` walks `entries`, `encoded` and `fresh` in turn.)"""
         yield
         cap.captured_inline = array("q", self.inline_raw)
-        yield
-        cap.records.update(self.inline_records)
-        yield
-        topics: list[TopicSnap | msgspec.Raw] = [*cap.entries.values()]
-        yield
-        topics += cap.encoded.values()
-        topics += cap.fresh
-        cap.body.topics = topics  # type: ignore[assignment]  # (encoded entries as they are)
 
 
 # Tests set this: every reused entry is checked against a fresh capture of its topic (a
@@ -778,23 +824,37 @@ def encode(cap: Capture) -> list[bytes]:
     """The snapshot file's bytes, in pieces to write in order (blocking, CPU-bound: run
     it offloaded; no piece is larger than the body or `CHUNK_RECORDS` records)."""
     body = cap.body
-    # first the records of the entries written as they are (inline topics), in body order
-    records = cap.records
-    trail = [records[tid] for tid in (*cap.entries, *cap.encoded) if tid in records]
-    flat = [enc for recs in trail for enc in recs]
-    pieces = [b"".join(flat[i : i + CHUNK_RECORDS]) for i in range(0, len(flat), CHUNK_RECORDS)]
-    del flat
+    # first the records of the entries written as they are (inline topics), in body
+    # order, `CHUNK_RECORDS` at a time (no list of every record or topic: a young list
+    # of 100,000 is walked whole by each young collection that meets it, and a
+    # collection this thread triggers holds the GIL, so the loop, throughout)
+    pieces: list[bytes] = []
+    chunk: list[bytes] = []
+    for ids, records in ((cap.entries, cap.records), (cap.encoded, cap.inline_records)):
+        for tid in ids:
+            recs = records.get(tid)
+            if recs:
+                chunk += recs
+                if len(chunk) >= CHUNK_RECORDS:
+                    pieces.append(b"".join(chunk[:CHUNK_RECORDS]))
+                    del chunk[:CHUNK_RECORDS]
+    if chunk:
+        pieces.append(b"".join(chunk))
+    del chunk
+    n = cap.topic_count()
+    assert not body.topics or len(body.topics) == n, "body.topics is not read: see Capture"
+    whole: dict[int, msgspec.Raw] = {}
     for snap, copies in zip(cap.fresh, cap.runs, strict=True):
         if not _fill_runs(snap, copies, pieces):
             # no record bytes after the body: the entry is whole, reusable as it is
-            cap.encoded[snap.id] = msgspec.Raw(_ENC.encode(snap))
-    if cap.encoded:
-        topics: list[TopicSnap | msgspec.Raw] = list(body.topics)
-        for i, entry in enumerate(topics):
-            if isinstance(entry, TopicSnap) and entry.id in cap.encoded:
-                topics[i] = cap.encoded[entry.id]
-        body.topics = topics  # type: ignore[assignment]
-    body_pieces = _encode_body(body)
+            whole[snap.id] = msgspec.Raw(_ENC.encode(snap))
+    # the body's topic entries in order, never gathered into one list (a young list of
+    # 100,000 is walked whole by every young collection that meets it)
+    entries: Iterable[TopicSnap | msgspec.Raw] = chain(
+        cap.entries.values(), cap.encoded.values(), (whole.get(s.id, s) for s in cap.fresh)
+    )
+    body_pieces = _encode_body(body, entries, n)
+    cap.encoded.update(whole)
     digest = xxhash.xxh3_64()
     for piece in body_pieces:
         digest.update(piece)
@@ -805,39 +865,44 @@ def encode(cap: Capture) -> list[bytes]:
     return [header, *body_pieces, *pieces]
 
 
-def _encode_body(body: SnapshotBody) -> list[bytes]:
-    """The msgpack body in pieces: its topics array is encoded `CHUNK_TOPICS` entries at
-    a time around the rest, which is encoded with a marker in its place. (One encode of
-    100,000 entries is one C call holding the GIL, so the event loop, ~30 ms.) The bytes
-    are those of one encode."""
+def _encode_body(
+    body: SnapshotBody,
+    entries: Iterable[TopicSnap | msgspec.Raw] | None = None,
+    n: int = 0,
+) -> list[bytes]:
+    """The msgpack body in pieces: its topics array (`body.topics`, or the `n` topic
+    entries of `entries`) is encoded `CHUNK_TOPICS` entries at a time around the rest,
+    which is encoded with a marker in its place. (One encode of 100,000 entries is one C
+    call holding the GIL, so the event loop, ~30 ms.) The bytes are those of one
+    encode."""
     topics = body.topics
+    if entries is None:
+        entries, n = topics, len(topics)
     marker = _TOPICS_MARK
     body.topics = marker  # type: ignore[assignment]
     try:
         shell = _ENC.encode(body)
+        at = shell.find(marker)
+        if at < 0 or shell.find(marker, at + 1) >= 0:  # pragma: no cover - 128 random bits
+            body.topics = list(entries)  # type: ignore[arg-type]
+            return [_ENC.encode(body)]
     finally:
         body.topics = topics
-    at = shell.find(marker)
-    if at < 0 or shell.find(marker, at + 1) >= 0:  # pragma: no cover - 128 random bits
-        return [_ENC.encode(body)]
-    n = len(topics)
     if n < 16:
         head = bytes([0x90 | n])
     elif n < 1 << 16:
         head = b"\xdc" + n.to_bytes(2, "big")
     else:
         head = b"\xdd" + n.to_bytes(4, "big")
-    entries = cast("list[TopicSnap | msgspec.Raw]", topics)  # (reused entries: `Raw`)
+    it = iter(entries)  # (reused entries: `Raw`)
     out = [shell[:at], head]
     out.extend(
         b"".join(
-            [
-                e if isinstance(e, msgspec.Raw) else _ENC.encode(e)
-                for e in entries[i : i + CHUNK_TOPICS]
-            ]
+            [e if isinstance(e, msgspec.Raw) else _ENC.encode(e) for e in islice(it, CHUNK_TOPICS)]
         )
-        for i in range(0, n, CHUNK_TOPICS)
+        for _ in range(0, n, CHUNK_TOPICS)
     )
+    assert next(it, None) is None, "more topic entries than counted"
     out.append(shell[at + len(marker) :])
     return out
 
