@@ -192,7 +192,7 @@ async def test_housekeeper_expires_idle_topics_without_reads(autojump_clock):
         await write(engine, "t", 3)
         before = engine.total_bytes
         assert before == 3
-        await trio.sleep(2.0)  # no reads: the housekeeper's sweep expires them
+        await advance(autojump_clock, 2.0)  # no reads: the housekeeper's sweep expires them
         topic = engine.topics["t"]
         assert topic.count == 0 and topic.evict_floor == 4 and topic.earliest_seq == 4
         assert engine.total_bytes == 0
@@ -202,7 +202,7 @@ async def test_mixed_reason(autojump_clock):
     async with open_engine(Config(), FakeWallClock()) as engine:
         await put(engine, "t", ttl_ms=1000, cap_records=2)
         await write(engine, "t", 4)  # cap evicts 1, 2
-        await trio.sleep(2)
+        await advance(autojump_clock, 2)
         res = await read(engine, "t", from_seq=0)  # ttl expires 3, 4
         assert res.tombstone is not None
         assert (res.tombstone.gap_from, res.tombstone.gap_to) == (1, 4)
@@ -383,7 +383,7 @@ async def test_idempotent_replay_and_window(autojump_clock):
         assert engine.get("t").head_seq == 4
         r3 = await engine.append("t", WriteIn(records=recs(b"1")), header_key="k")
         assert r3.deduped  # the header is the same key
-        await trio.sleep(1.0)
+        await advance(autojump_clock, 1.0)
         r4 = await write(engine, "t", 1, idempotency_key="k")
         assert not r4.deduped and r4.first_seq == 5
 
@@ -412,7 +412,7 @@ async def test_idempotency_entry_cap(autojump_clock):
             await write(engine, "t", idempotency_key="c")
         assert exc.value.detail == {"limit": "max_idempotency_entries", "max": 2}
         await write(engine, "t")  # unkeyed writes are not affected
-        await trio.sleep(1.0)  # entries expire, pruned first
+        await advance(autojump_clock, 1.0)  # entries expire, pruned first
         await write(engine, "t", idempotency_key="c")
 
 

@@ -224,6 +224,18 @@ async def _sealed_segment(disk: FakeDisk, cfg: Config) -> tuple[str, int]:
     return segs.data_path("/data", tid, 1), tid
 
 
+async def _start_refused(disk: FakeDisk, cfg: Config, path: str, offset: int) -> None:
+    """A start on `disk` refuses, naming the segment `path` and `offset`, and modifies
+    nothing."""
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused) as exc:
+        async with open_durable(disk, cfg):
+            pass
+    msg = str(exc.value)
+    assert posixpath.relpath(path, "/data") in msg and f"offset {offset}" in msg, msg
+    assert disk.tree() == before  # nothing modified
+
+
 def _flip(disk: FakeDisk, path: str, offset: int) -> None:
     data = bytearray(disk.pending_bytes(path) or b"")
     data[offset] ^= 0x5A
@@ -297,13 +309,7 @@ async def test_a_corrupt_sealed_segment_starts_fails_its_reads_and_is_refused_by
     assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
     assert disk.tree() == before  # nothing modified
     disk.unlink(segs.meta_path("/data", tid, 1))
-    before = disk.tree()
-    with pytest.raises(RecoveryRefused) as exc:
-        async with open_durable(disk, cfg):
-            pass
-    msg = str(exc.value)
-    assert posixpath.relpath(path, "/data") in msg and f"offset {second}" in msg, msg
-    assert disk.tree() == before  # nothing modified
+    await _start_refused(disk, cfg, path, second)
 
 
 async def test_a_segment_damaged_while_serving_is_found_by_its_read_and_never_served():
@@ -343,22 +349,11 @@ async def test_a_damaged_end_of_the_active_segment_refuses_recovery_naming_file_
     second, last = loaded.segment.offsets[1], loaded.segment.offsets[7]
     # damage inside an earlier record: its chunk's data digest fails, recovery refuses
     _flip(disk, path, second + 45)
-    before = disk.tree()
-    with pytest.raises(RecoveryRefused) as exc:
-        async with open_durable(disk, cfg):
-            pass
-    assert f"offset {second}" in str(exc.value)
-    assert disk.tree() == before
+    await _start_refused(disk, cfg, path, second)
     _flip(disk, path, second + 45)  # (undone)
     # damage at the end of the active segment: recovery decodes the frames and refuses
     _flip(disk, path, last + 45)
-    before = disk.tree()
-    with pytest.raises(RecoveryRefused) as exc:
-        async with open_durable(disk, cfg):
-            pass
-    msg = str(exc.value)
-    assert posixpath.relpath(path, "/data") in msg and f"offset {last}" in msg, msg
-    assert disk.tree() == before
+    await _start_refused(disk, cfg, path, last)
 
 
 def _reg(disk: FakeDisk, path: str) -> segs.SegSnap:
