@@ -321,11 +321,6 @@ def jetstream_config(
 # The documented deltas of the jetstream backend (docs/jetstream.md): these contract tests
 # fail on it by design, and must (strict): a delta that disappears is removed from here.
 JETSTREAM_DELTAS = {
-    "test_put_returns_full_resolved_config": "queue topics are refused",
-    "test_put_omitting_type_on_a_queue_is_a_type_change": "queue topics are refused",
-    "test_put_lease_ms_is_clamped_and_stored_clamped": "queue topics are refused",
-    "test_put_claim_jitter_is_clamped": "queue topics are refused",
-    "test_put_dead_letter_on_queue_must_differ_from_topic": "queue topics are refused",
     "test_put_durable_alias": 'durability "ephemeral" is refused',
     "test_limit_default_zero_and_clamp": "writes are capped at 1000 records (batch ceiling)",
 }

@@ -115,9 +115,6 @@ async def test_lazy_create_and_errors_travel_back_unchanged(cluster):
         r = await cb.post("/v0/topics/nope", json={"records": [{"data": 1}], "create": False})
         body = await _json(r, 404)
         assert body["error"]["code"] == "topic_not_found"
-        r = await cb.put("/v0/topics/q", json={"type": "queue"})
-        body = await _json(r, 400)
-        assert body["error"]["detail"]["unsupported"] == "queue topics"
         r = await cb.post("/v0/topics/lazy", json={"records": [{"data": 0}] * 1001})
         assert (await _json(r, 400))["error"]["code"] == "batch_too_large"
         r = await cb.put("/v0/topics/full", json={"cap_records": 1, "discard": "reject"})

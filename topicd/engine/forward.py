@@ -9,7 +9,8 @@ date (`catch_up`), so a read on any process sees every write acknowledged before
 began. Read times (`last_read_ts`) are the owner's too: a read on another process hands
 its time to the owner and takes the owner's back, and the topic count a readiness probe
 reports is the shared storage's (`topic_count`). With `forward` None (the default, every
-single-process backend) nothing changes.
+single-process backend) nothing changes. Queue calls (claim, ack, nack, extend) of a
+topic another process owns run on the owner too (`queue_op`): one lease table per queue.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ class Forwarder(Protocol):
 
     async def delete_records(self, name: str, req: DeleteIn) -> DeleteResult:
         """`Engine.delete_records` on the owner; the result names this process's topic."""
+        ...
+
+    async def queue_op(self, name: str, op: str, args: dict[str, object]) -> dict[str, object]:
+        """A queue call (`claim`, `ack`, `nack`, `extend`: `QueueService`'s method of that
+        name with `args`) run on the owner, which runs every queue's leases; returns the
+        owner's answer (see `QueueService.forwarded_answer`)."""
+        ...
+
+    def queue_counts(self, topic: Topic) -> tuple[int, int, int, int] | None:
+        """The owner's last known (ready, in_flight, delayed, dead_lettered) of `topic`, a
+        queue this process does not run (None: none known yet)."""
         ...
 
     async def catch_up_all(self) -> None:

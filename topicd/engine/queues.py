@@ -51,7 +51,7 @@ from topicd.clock import perf_ms
 from topicd.engine.payloads import LOAD_BYTES_MAX
 from topicd.engine.topic import EVICTED
 from topicd.engine.watch import error_frame
-from topicd.errors import NotAQueue, Throttled, TopicdError, TopicNotFound
+from topicd.errors import InvalidRequest, NotAQueue, Throttled, TopicdError, TopicNotFound
 from topicd.model import DATA_KEY, split
 from topicd.storage import frame as frames
 from topicd.wire import RecordIn, WriteIn
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from topicd.engine.engine import Engine
+    from topicd.engine.forward import Forwarder
     from topicd.engine.payloads import Hold
     from topicd.engine.topic import Topic
     from topicd.engine.work import WorkConn
@@ -1163,9 +1164,15 @@ class QueueService:
         return topic, q
 
     def counts(self, topic: Topic) -> QueueCounts:
-        """The queue's counts now (for `GET /v0/topics/:q` and the metrics)."""
+        """The queue's counts now (for `GET /v0/topics/:q` and the metrics); on a process
+        that does not run the queue, its owner's as last heard."""
         q = topic.queue
         assert q is not None
+        fwd = self._remote(topic.name)
+        if fwd is not None:
+            known = fwd.queue_counts(topic)
+            if known is not None:
+                return QueueCounts(known[0], known[1], known[2])
         if q.sweep(trio.current_time()):
             self._schedule(q)
         return q.counts()
@@ -1264,9 +1271,98 @@ class QueueService:
 
     # ---- claim --------------------------------------------------------------------------
 
+    # ---- another process runs the queue (`engine.forward`) ------------------------------
+
+    def _remote(self, name: str) -> Forwarder | None:
+        """The forwarder, when another process runs `name`'s queue (else None)."""
+        fwd = self.engine.forward
+        return None if fwd is None or fwd.owns(name) else fwd
+
+    async def _forwarded(
+        self, fwd: Forwarder, name: str, op: str, args: dict[str, object]
+    ) -> tuple[Topic, dict[str, object]]:
+        ok = await fwd.queue_op(name, op, args)
+        topic = self.engine.topics.get(name)
+        if topic is None or topic.queue is None:
+            await fwd.catch_up(name)
+            topic = self.engine.get(name)
+        return topic, ok
+
+    async def _seqs_forwarded(
+        self, fwd: Forwarder, name: str, op: str, args: dict[str, object]
+    ) -> SeqsResult:
+        topic, ok = await self._forwarded(fwd, name, op, args)
+        counts = ok["counts"]
+        skipped = ok["skipped"]
+        deadlines = ok.get("deadlines") or {}
+        assert isinstance(counts, list)
+        assert isinstance(skipped, list)
+        assert isinstance(deadlines, dict)
+        return SeqsResult(
+            topic,
+            int(str(ok["done"])),
+            [int(s) for s in skipped],
+            QueueCounts(int(counts[0]), int(counts[1]), int(counts[2])),
+            {int(k): int(v) for k, v in deadlines.items()},
+            float(str(ok.get("fsync_ms", 0.0))),
+        )
+
+    async def run_forwarded(self, name: str, op: str, args: dict[str, object]) -> dict[str, object]:
+        """On the owner: a queue call another process forwarded, and its answer (with the
+        queue's counts after it, which that process shows until it hears newer ones)."""
+        node = str(args["node"])
+        seqs = [int(s) for s in args.get("seqs") or []]  # type: ignore[attr-defined]
+        fences = [str(f) for f in args.get("fences") or []]  # type: ignore[attr-defined]
+        out: dict[str, object]
+        if op == "claim":
+            lease_ms = args.get("lease_ms")
+            res = await self.claim(
+                name, node, int(str(args["want"])), None if lease_ms is None else int(str(lease_ms))
+            )
+            out = {"items": [i.decode() for i in res.items], "ready": res.ready}
+            topic = res.topic
+        else:
+            if op == "ack":
+                sres = await self.ack(name, node, seqs, fences)
+            elif op == "nack":
+                sres = await self.nack(name, node, seqs, fences, int(str(args["delay_ms"])))
+            elif op == "extend":
+                sres = await self.extend(name, node, seqs, fences, int(str(args["lease_ms"])))
+            else:
+                raise AssertionError(f"unknown queue op {op!r}")
+            out = {
+                "done": sres.done,
+                "skipped": sres.skipped,
+                "deadlines": {str(k): v for k, v in sres.deadlines.items()},
+                "fsync_ms": sres.fsync_ms,
+            }
+            topic = sres.topic
+        q = topic.queue
+        assert q is not None
+        c = q.counts()
+        out["counts"] = [c.ready, c.in_flight, c.delayed, q.dead_lettered]
+        return out
+
+    def check_local(self, name: str) -> None:
+        """`/work` streams run where the queue does (their leases are released when the
+        connection ends): refused on a process that forwards the queue's calls."""
+        if self._remote(name) is not None:
+            raise InvalidRequest(
+                f"a push-worker stream on queue {name!r} must be opened on the front that "
+                "owns the queue (docs/jetstream.md)",
+                {"unsupported": "work streams on a front that does not own the queue"},
+            )
+
     async def claim(self, name: str, node: str, want: int, lease_ms: int | None) -> ClaimResult:
         """`POST /v0/topics/:q/claim`: lease up to `want` jobs to `node` (the pass
         enforces retention and sweeps due leases itself, when it runs)."""
+        fwd = self._remote(name)
+        if fwd is not None:
+            args: dict[str, object] = {"node": node, "want": want, "lease_ms": lease_ms}
+            topic, ok = await self._forwarded(fwd, name, "claim", args)
+            items = ok["items"]
+            assert isinstance(items, list)
+            return ClaimResult(topic, [str(i).encode() for i in items], int(str(ok["ready"])))
         topic, q = self._lookup(name)
         me = Claimer(node, want, self._lease_ms(topic, lease_ms))
         return await self._claim(topic, q, me)
@@ -1473,6 +1569,10 @@ class QueueService:
 
     async def ack(self, name: str, node: str, seqs: list[int], fences: list[str]) -> SeqsResult:
         """`POST /v0/topics/:q/ack`: ack = record delete, committed before the answer."""
+        fwd = self._remote(name)
+        if fwd is not None:
+            args: dict[str, object] = {"node": node, "seqs": seqs, "fences": fences}
+            return await self._seqs_forwarded(fwd, name, "ack", args)
         topic, q = self._queue_of(name)
         q.last_ms["ack"] = self.engine.clock.now_ms()
         held, skipped = q.hold_for_ack(node, seqs, fences)
@@ -1488,6 +1588,10 @@ class QueueService:
         self, name: str, node: str, seqs: list[int], fences: list[str], delay_ms: int
     ) -> SeqsResult:
         """`POST /v0/topics/:q/nack`: release leases now or after `delay_ms`."""
+        fwd = self._remote(name)
+        if fwd is not None:
+            args = {"node": node, "seqs": seqs, "fences": fences, "delay_ms": delay_ms}
+            return await self._seqs_forwarded(fwd, name, "nack", args)
         topic, q = self._queue_of(name)
         q.last_ms["nack"] = self.engine.clock.now_ms()
         delay_ms = min(delay_ms, self.cfg.max_nack_delay_ms)
@@ -1517,6 +1621,10 @@ class QueueService:
         self, name: str, node: str, seqs: list[int], fences: list[str], lease_ms: int
     ) -> SeqsResult:
         """`POST /v0/topics/:q/extend`: deadline = now + `lease_ms` for held leases."""
+        fwd = self._remote(name)
+        if fwd is not None:
+            args = {"node": node, "seqs": seqs, "fences": fences, "lease_ms": lease_ms}
+            return await self._seqs_forwarded(fwd, name, "extend", args)
         topic, q = self._queue_of(name)
         q.last_ms["extend"] = self.engine.clock.now_ms()
         lease_ms = min(max(lease_ms, self.cfg.min_lease_ms), self.cfg.max_lease_ms)

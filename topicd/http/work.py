@@ -73,6 +73,7 @@ class WorkStreams:
         topic = engine.get(name)
         if topic.queue is None:
             raise NotAQueue(f"topic {name!r} is a log, not a queue", {"topic": name})
+        engine.queues.check_local(name)
         max_claim = self.cfg.queue.max_claim
         want = min(max(_int_or_none(query.get("max")) or 1, 1), max_claim)
         lease_ms = _int_or_none(query.get("lease_ms"))

@@ -63,6 +63,7 @@ from topicd.errors import (
 )
 from topicd.storage import frame as frames
 from topicd.storage.jsbridge import AsyncioBridge
+from topicd.storage.jsqueues import Journals
 from topicd.storage.recovery import config_from_wire
 
 if TYPE_CHECKING:
@@ -154,9 +155,7 @@ def name_key(name: str) -> str:
 
 
 def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
-    """Refuse the topic configs this backend does not serve (queues, ephemeral)."""
-    if topic_config_wire.get("type") == "queue":
-        raise not_supported("queue topics", f"{field_prefix}.type")
+    """Refuse the topic configs this backend does not serve (ephemeral)."""
     if topic_config_wire.get("durability") == "ephemeral":
         raise not_supported('durability "ephemeral"', f"{field_prefix}.durability")
 
@@ -1005,6 +1004,7 @@ class JetStreamBackend:
         # topic ids are taken one at a time per front: concurrent creates would otherwise
         # contend on `meta.next_id`'s compare-and-set and use up its retries
         self._id_lock = trio.Lock()
+        self.journals = Journals(self)  # queue topics' journals (`storage/jsqueues.py`)
 
     async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
         """Run a client call; a failure is `503 storage_unavailable` (retryable)."""
@@ -1311,6 +1311,8 @@ class JetStreamBackend:
                         {"topic": topic.name, "backend": "jetstream"},
                     )
                 await self._call(partial(self.store.create_stream, tid))
+                if topic.config.type == "queue":
+                    await self.journals.create(tid)
                 lane.entry_rev = await self._call(
                     partial(self.store.put_entry, tid, _entry(topic), None)
                 )
@@ -1347,6 +1349,12 @@ class JetStreamBackend:
             return result
         if ftype == frames.RECORDS_DELETE and "seqs" not in body:
             return await self._delete_records(topic, body, apply)
+        if ftype == frames.RECORDS_DELETE:  # a queue's ack or dead-letter move
+            seqs = body["seqs"]
+            assert isinstance(seqs, list)
+            return await self.journals.ack(topic, [int(s) for s in seqs], apply)
+        if ftype == frames.LEASE:
+            return await self.journals.lease(topic, body, apply)
         await trio.lowlevel.checkpoint()
         raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
 
@@ -1383,6 +1391,8 @@ class JetStreamBackend:
         a stream left behind by a failure here is an orphan the next start removes)."""
         try:
             await self._call(partial(self.store.delete_stream, topic.topic_id))
+            if topic.config.type == "queue":
+                await self.journals.delete(topic.topic_id)
         except Exception as exc:
             log.warning("topic %r: stream not deleted: %s", topic.name, exc)
 
@@ -1489,8 +1499,6 @@ _FEATURES: Final = {
     frames.ROUTER_CREATE: "routers",
     frames.ROUTER_DELETE: "routers",
     frames.ROUTER_CURSOR: "routers",
-    frames.LEASE: "queue leases",
-    frames.RECORDS_DELETE: "queue acks",
     frames.LOST_RANGE: "lost ranges",
     frames.HEAD_WATERMARK: "seq reservations",
     frames.EVICT_WATERMARK: "eviction watermarks",
@@ -1598,6 +1606,8 @@ async def _fill(
         topic.evict_floor = floor
         topic.skip_to(floor - 1)
     loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
+    if topic.config.type == "queue":
+        await backend.journals.load(topic, repair=repair)
     if repair:
         if floor > 1:
             await backend._call(partial(store.purge, tid, floor))  # finish that purge
@@ -1794,6 +1804,9 @@ async def open_jetstream_engine(
                     ) from exc
                 log.warning("rebuild from JetStream failed (%s); trying again", exc)
                 await trio.sleep(REBUILD_RETRY_S)
+        for topic in list(engine.by_id.values()):
+            if topic.queue is not None and fronts.owns(topic.name):
+                await backend.journals.fence(topic, front_id)
         engine.recovery = {"duration_ms": (trio.current_time() - t0) * 1000}
         log.info(
             "rebuilt %d topics (%d records) from JetStream %s in %.3f s",

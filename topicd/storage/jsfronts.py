@@ -112,6 +112,9 @@ class Fronts:
         self.promoted = trio.Event()  # set when this front takes a lease over
         self.forwarded = 0  # mutations this front forwarded (tests, metrics)
         self.served = 0  # forwarded mutations this front ran as the owner
+        # queue topics run by another front: (ready, in_flight, delayed, dead_lettered) as
+        # its last answer gave them (`queue_op`, the read-time exchange)
+        self.qcounts: dict[str, tuple[int, int, int, int]] = {}
         self._limit = trio.Semaphore(FORWARD_TASKS_MAX)
         self._install_lock = trio.Lock()
         self._poll_lock = trio.Lock()  # (listings' catch-ups, one at a time)
@@ -294,9 +297,13 @@ class Fronts:
             await self.backend.bridge.call(partial(self.store.members, self.front_id, 0, now, None))
 
     async def _promote(self, k: int) -> None:
-        """This front took shard `k`'s lease: catch every topic up, then run the shard's
+        """This front took shard `k`'s lease: catch every topic up (a queue's leases
+        rebuilt from its journal, the last owner fenced out of it), then run the shard's
         mutations."""
         await self.sync_all(k)
+        for topic in list(self.engine.by_id.values()):
+            if topic.queue is not None and self.shard_of(topic.name) == k:
+                await self.backend.journals.take_over(topic, self.front_id)
         next_id = await self.backend.bridge.call(self.store.next_id)
         self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
         self.owned.add(k)
@@ -372,6 +379,11 @@ class Fronts:
         if op == "delete_records":
             result = await engine.delete_records(name, DELETE_DECODER.decode(body))
             return orjson.dumps({"ok": {"deleted": result.deleted}})
+        if op == "queue":
+            args = head["args"]
+            assert isinstance(args, dict)
+            ok = await engine.queues.run_forwarded(name, str(head["qop"]), args)
+            return orjson.dumps({"ok": ok})
         raise AssertionError(f"unknown forwarded op {op!r}")
 
     def _serve_reads(self, head: dict[str, JsonValue]) -> bytes:
@@ -379,6 +391,7 @@ class Fronts:
         topics asked about, or, with `all`, of every topic of its shards)."""
         engine = self.engine
         out: dict[str, int] = {}
+        queues: dict[str, list[int]] = {}  # queue topics asked about: the owner's counts
         reads = head.get("reads") or {}
         assert isinstance(reads, dict)
         for key, ts in reads.items():
@@ -389,11 +402,15 @@ class Fronts:
                 _merge_read(topic, ts)
             if topic.last_read_ts is not None:
                 out[key] = topic.last_read_ts
+            q = topic.queue
+            if q is not None and self.owns(topic.name):
+                c = engine.queues.counts(topic)
+                queues[key] = [c.ready, c.in_flight, c.delayed, q.dead_lettered]
         if head.get("all"):
             for topic in engine.by_id.values():
                 if topic.last_read_ts is not None and self.owns(topic.name):
                     out[str(topic.topic_id)] = topic.last_read_ts
-        return orjson.dumps({"ok": {"reads": out}})
+        return orjson.dumps({"ok": {"reads": out, "queues": queues}})
 
     # ---- the follower: read times --------------------------------------------------------
 
@@ -419,6 +436,31 @@ class Fronts:
                 _merge_read(topic, ts)
                 lane = self.backend.lane(topic)
                 lane.read_sent = max(lane.read_sent, ts)
+        for key, counts in (ok.get("queues") or {}).items():
+            topic = self.engine.by_id.get(int(key))
+            if topic is not None and topic.queue is not None and isinstance(counts, list):
+                self._take_counts(topic.name, counts)
+
+    def _take_counts(self, name: str, counts: list[object]) -> None:
+        ready, in_flight, delayed, dead = (int(str(c)) for c in counts)
+        self.qcounts[name] = (ready, in_flight, delayed, dead)
+        topic = self.engine.topics.get(name)
+        if topic is not None and topic.queue is not None:
+            topic.queue.dead_lettered = dead
+
+    # ---- the follower: queue calls ------------------------------------------------------
+
+    async def queue_op(self, name: str, op: str, args: dict[str, object]) -> dict[str, object]:
+        head: dict[str, JsonValue] = {"op": "queue", "topic": name, "qop": op}
+        head["args"] = args  # type: ignore[assignment]
+        ok = await self._forward(head, b"")
+        counts = ok.get("counts")
+        if isinstance(counts, list):
+            self._take_counts(name, counts)
+        return ok
+
+    def queue_counts(self, topic: Topic) -> tuple[int, int, int, int] | None:
+        return self.qcounts.get(topic.name)
 
     async def _exchange_reads(
         self,
@@ -605,6 +647,11 @@ class Fronts:
                     return None
                 engine.durable(topic, topic.head_seq)
                 backend._release(topic)
+            if topic.queue is not None and not self.owns(topic.name):
+                # acks made through the owner (its journal; `storage/jsqueues.py`)
+                await backend.journals.follow(topic)
+                if _gone(topic):
+                    return None
             if answer is not None and pending is not None:
                 lane.read_sent = max(lane.read_sent, pending)
             self._take_reads(answer)

@@ -1,0 +1,322 @@
+"""Queue topics on the jetstream backend: the per-queue journal (docs/jetstream.md, "Queues").
+
+A queue's jobs are its stream's records, as for any topic. What the embedded backend logs
+besides records, acks (a `RecordsDelete` with explicit seqs) and lease events (`Lease`
+frames of a queue with `leases_durable`), goes into the queue's **journal**: one more
+stream, `<prefix>_Q<id>` (subject `<prefix>.q.<id>`), created with the topic and deleted
+with it. A journal message is one JSON object:
+
+- `{"k": "ack", "seqs": [...]}`: an ack (or a dead-letter move's delete). Its publish is
+  the commit point; the jobs' messages are then deleted from the topic's stream. A front
+  that stopped in between leaves records the journal has acked: the next load of the
+  journal deletes them (memory and stream).
+- `{"k": "lease", "events": [...]}`: one call's lease events, exactly the `Lease` frame's
+  body (a queue with `leases_durable`). A load replays them into the queue's logged
+  projection (`JobQueue.replay`), as recovery replays the WAL's frames.
+- `{"k": "own", "front": id}`: a new owner front took the queue over (see below).
+
+Every publish carries `Nats-Expected-Last-Sequence` = the journal's last seq this front
+knows: the journal has one writer, the queue's owner. A front that takes a shard over
+loads the journal of each of its queues (rebuilding the leases from it, as a restart
+does) and publishes an `own` marker on top, so a deposed owner's next ack or lease
+publish fails its fence (`503`) and can never land after the new owner began serving.
+A follower front reads the journal's new messages before each read of a queue (and
+applies the acks to its records), so its diffs see acks made through the owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import orjson
+import trio
+
+from topicd.engine.queues import leases_durable
+from topicd.errors import StorageUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from nats.aio.msg import Msg
+
+    from topicd.engine.topic import Topic
+    from topicd.storage.jetstream import JetStreamBackend, JetStreamStore
+
+log = logging.getLogger("topicd.storage.jsqueues")
+
+_T = TypeVar("_T")
+
+PAGE: Final = 256  # journal messages per direct get
+READ_ATTEMPTS: Final = 20  # direct gets behind the leader's last seq: retries, 50 ms apart
+
+
+def stream(store: JetStreamStore, topic_id: int) -> str:
+    return f"{store.prefix}_Q{topic_id}"
+
+
+def subject(store: JetStreamStore, topic_id: int) -> str:
+    return f"{store.prefix}.q.{topic_id}"
+
+
+# ---- the client half (coroutines on the bridge's asyncio loop) -------------------------
+
+
+async def create(store: JetStreamStore, topic_id: int) -> None:
+    from nats.js import api
+
+    assert store.js is not None
+    await store.js.add_stream(
+        api.StreamConfig(
+            name=stream(store, topic_id),
+            subjects=[subject(store, topic_id)],
+            storage=api.StorageType.FILE,
+            num_replicas=store.replicas,
+            allow_direct=True,
+            deny_delete=True,
+            deny_purge=False,
+        )
+    )
+
+
+async def delete(store: JetStreamStore, topic_id: int) -> None:
+    import nats.js.errors
+
+    assert store.js is not None
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await store.js.delete_stream(stream(store, topic_id))
+
+
+async def append(store: JetStreamStore, topic_id: int, expected_last: int, payload: bytes) -> int:
+    """Publish one journal message at `expected_last + 1` (raises on a failed fence)."""
+    assert store.js is not None
+    ack = await store.js.publish(
+        subject(store, topic_id),
+        payload,
+        headers={"Nats-Expected-Last-Sequence": str(expected_last)},
+    )
+    return int(ack.seq)
+
+
+async def read(store: JetStreamStore, topic_id: int, after: int) -> tuple[list[bytes], int]:
+    """(the journal's messages above seq `after`, its last seq), as its leader holds them:
+    the leader's last seq first, then batched direct gets up to it (a journal has no
+    interior gaps, so a short answer is a lagging replica's and is retried)."""
+    import nats.js.errors
+
+    assert store.js is not None
+    assert store.nc is not None
+    name = stream(store, topic_id)
+    try:
+        info = await store.js.stream_info(name)
+    except nats.js.errors.NotFoundError:
+        return [], after
+    first, last = int(info.state.first_seq), int(info.state.last_seq)
+    out: list[bytes] = []
+    seq = max(after + 1, first)
+    attempts = 0
+    while seq <= last:
+        got = await _direct(store, name, seq, min(PAGE, last - seq + 1))
+        run: list[bytes] = []
+        for s, data in sorted(got):
+            if s != seq + len(run):
+                break
+            run.append(data)
+        if not run:
+            attempts += 1
+            if attempts >= READ_ATTEMPTS:
+                raise RuntimeError(f"direct gets from {name} stay behind its leader")
+            await asyncio.sleep(0.05)
+            continue
+        out.extend(run)
+        seq += len(run)
+    return out, max(last, after)
+
+
+async def _direct(store: JetStreamStore, name: str, lo: int, n: int) -> list[tuple[int, bytes]]:
+    nc = store.nc
+    assert nc is not None
+    got: list[tuple[int, bytes]] = []
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def collect(msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status is not None:
+            if not done.done():
+                done.set_result(status)
+            return
+        got.append((int(headers["Nats-Sequence"]), bytes(msg.data)))
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=collect)
+    try:
+        req = {"seq": lo, "batch": n}
+        await nc.publish(f"$JS.API.DIRECT.GET.{name}", orjson.dumps(req), reply=inbox)
+        await asyncio.wait_for(done, store.timeout)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return got
+
+
+async def delete_jobs(store: JetStreamStore, topic_id: int, seqs: list[int]) -> None:
+    """Delete acked jobs' messages from the topic's stream (concurrently; gone is fine)."""
+    import nats.js.errors
+
+    assert store.js is not None
+    js = store.js
+    name = store.stream(topic_id)
+
+    async def one(seq: int) -> None:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_msg(name, seq)
+
+    await asyncio.gather(*(one(s) for s in seqs))
+
+
+# ---- the Trio half ----------------------------------------------------------------------
+
+
+class Journals:
+    """The journals of one front's queues: the last seq it knows of each, and the
+    owner's fenced appends."""
+
+    def __init__(self, backend: JetStreamBackend) -> None:
+        self.backend = backend
+        self.heads: dict[int, int] = {}  # topic id -> the journal's last seq seen here
+        self.locks: dict[int, trio.Lock] = {}
+
+    def lock(self, topic_id: int) -> trio.Lock:
+        lock = self.locks.get(topic_id)
+        if lock is None:
+            lock = self.locks[topic_id] = trio.Lock()
+        return lock
+
+    async def create(self, topic_id: int) -> None:
+        await self.backend._call(partial(create, self.backend.store, topic_id))
+        self.heads[topic_id] = 0
+
+    async def delete(self, topic_id: int) -> None:
+        self.heads.pop(topic_id, None)
+        self.locks.pop(topic_id, None)
+        await self.backend._call(partial(delete, self.backend.store, topic_id))
+
+    async def _publish(self, topic: Topic, msg: dict[str, object]) -> None:
+        """The owner's fenced append. A failed fence: another front wrote the journal
+        since; if this front still holds the lease (a deposed owner wrote before this
+        one's marker), load what it wrote and try once more, otherwise `503`."""
+        backend = self.backend
+        tid = topic.topic_id
+        payload = orjson.dumps(msg)
+        for attempt in range(2):
+            head = self.heads.get(tid, 0)
+            try:
+                self.heads[tid] = await backend._call(
+                    partial(append, backend.store, tid, head, payload)
+                )
+                return
+            except StorageUnavailable:
+                fronts = backend.fronts
+                if attempt or fronts is None or not await fronts.holds_lease(topic.name):
+                    raise
+            await self.follow(topic)
+        raise AssertionError("unreachable")
+
+    async def ack(self, topic: Topic, seqs: list[int], apply: Callable[[], _T]) -> _T:
+        """An ack's delete: journaled (the commit point), the jobs deleted from the
+        stream, then applied."""
+        async with self.lock(topic.topic_id):
+            if topic.deleted:
+                from topicd.errors import TopicNotFound
+
+                raise TopicNotFound(topic.name)
+            await self._publish(topic, {"k": "ack", "seqs": seqs})
+        try:
+            await self.backend._call(partial(delete_jobs, self.backend.store, topic.topic_id, seqs))
+        except Exception as exc:  # journaled: the next load of the journal finishes it
+            log.warning("queue %r: acked jobs not deleted from the stream yet: %s", topic.name, exc)
+        return apply()
+
+    async def lease(self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]) -> _T:
+        async with self.lock(topic.topic_id):
+            if topic.deleted:
+                from topicd.errors import TopicNotFound
+
+                raise TopicNotFound(topic.name)
+            await self._publish(topic, {"k": "lease", "events": body["events"]})
+            return apply()
+
+    async def follow(self, topic: Topic) -> int:
+        """Apply the journal's messages this front has not seen: acks delete their
+        records here; lease events go into the logged projection. Returns how many."""
+        backend = self.backend
+        tid = topic.topic_id
+        msgs, last = await backend._call(partial(read, backend.store, tid, self.heads.get(tid, 0)))
+        if topic.deleted:
+            return 0
+        self._apply(topic, msgs, repair=False)
+        self.heads[tid] = max(self.heads.get(tid, 0), last)
+        return len(msgs)
+
+    def _apply(self, topic: Topic, msgs: list[bytes], *, repair: bool) -> list[int]:
+        """Apply journal messages; returns the acked seqs whose records were still live."""
+        engine = self.backend.engine
+        assert engine is not None
+        q = topic.queue
+        live: list[int] = []
+        for raw in msgs:
+            msg = orjson.loads(raw)
+            kind = msg.get("k")
+            if kind == "ack":
+                seqs = [int(s) for s in msg["seqs"] if topic.live(int(s))]
+                if seqs:
+                    live.extend(seqs)
+                    engine.apply_seqs_delete(topic, seqs)
+            elif kind == "lease" and q is not None:
+                q.replay([tuple(e) for e in msg["events"]])
+        return live
+
+    async def load(self, topic: Topic, *, repair: bool) -> None:
+        """At a rebuild: the whole journal (the logged projection of durable leases is
+        replayed; acks whose records the stream still holds are applied, and with
+        `repair` deleted from the stream)."""
+        backend = self.backend
+        tid = topic.topic_id
+        msgs, last = await backend._call(partial(read, backend.store, tid, 0))
+        if repair and last == 0:
+            # a queue made before journals existed, or whose journal a crash lost: make one
+            await backend._call(partial(create, backend.store, tid))
+        stale = self._apply(topic, msgs, repair=repair)
+        self.heads[tid] = last
+        if repair and stale:
+            await backend._call(partial(delete_jobs, backend.store, tid, stale))
+
+    async def fence(self, topic: Topic, front: str) -> None:
+        """This front starts as `topic`'s owner (its journal just loaded): fence any
+        previous owner out."""
+        async with self.lock(topic.topic_id):
+            await self._publish(topic, {"k": "own", "front": front})
+
+    async def take_over(self, topic: Topic, front: str) -> None:
+        """This front now owns `topic` (a queue): rebuild its leases from the journal, as
+        a restart does, and fence the previous owner out with an `own` marker."""
+        engine = self.backend.engine
+        assert engine is not None
+        q = topic.queue
+        if q is None:
+            return
+        async with self.lock(topic.topic_id):
+            self.heads[topic.topic_id] = 0
+            q.logged = {}
+            q.logged_delays = {}
+            q.deliveries.clear()
+            await self.load(topic, repair=True)
+            await self._publish(topic, {"k": "own", "front": front})
+            q.rebuild(engine.queues._lease_seed(), leases_durable(topic))
+            q.resume(trio.current_time(), engine.clock.now_ms())
+            engine.queues._schedule(q)
+            q.changed()
