@@ -20,11 +20,27 @@ twice), no seq is used by two writes, the seqs left are exactly the last `cap_re
 of `1 .. head` with none missing, and the tombstone is exact (`cap`, from 1 to the seq
 below the earliest record, the same on every front). Failover: from the fault to the
 first acknowledgement of a write to the faulted topic that was first sent after it.
-Queues are not on the jetstream backend yet, so no job-lease run exists.
+
+* `jobs` — kill a front that owns queues while jobs are leased. Two queues with durable
+  leases (`qa`, `qb`, on different shards); two producers write idempotent 10-job batches
+  to them through every front in turn (retried as above); three workers claim through
+  every front in turn (`max` 8, 10 s leases) and ack each claim at once, with its lease
+  ids, retrying on `503` or a lost connection. A quarter into the run a holder claims 6
+  jobs of `qa` with 4 s leases and never acks them; then the front owning `qa`'s shard is
+  killed with SIGKILL. The run ends once every acknowledged job was acked. Checked: every
+  acknowledged write's jobs were handed out with their data at their seqs (no write lost,
+  no retried write stored twice, no seq given to two writes); no two leases of one job
+  overlap (each re-grant starts after the previous lease's deadline: no job held by two
+  live leases), and delivery counts rise; every job acked (its ack answered) is gone and
+  both queues are empty with nothing in flight on every live front (no ack lost); every
+  job the holder kept was claimed again after its lease's deadline and acked (the dead
+  front's leases claimable after expiry). Failover: from the kill to the first ack on
+  `qa` of a job claimed after it.
 
     python bench/jetstream_chaos.py --scenario leader --runs 10
     python bench/jetstream_chaos.py --scenario stop --runs 10
     python bench/jetstream_chaos.py --scenario front --runs 10
+    python bench/jetstream_chaos.py --scenario jobs --runs 10
 """
 
 from __future__ import annotations
@@ -300,6 +316,232 @@ def one_run(
             front.stop()
 
 
+QUEUES = ("qa", "qb")  # (names whose shards differ for 3 shards)
+JOB_LEASE_MS = 10_000  # the workers' leases
+HOLD_LEASE_MS = 4_000  # the holder's leases (it never acks)
+HOLD = 6
+
+
+class Jobs(Writes):
+    """The `jobs` scenario's shared record: writes (as `Writes`), every lease granted,
+    every ack answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # (queue, seq) -> [(deadline ms, lease ms, deliveries, node, lease id, data)]
+        self.grants: dict[tuple[str, int], list[tuple[int, int, int, str, str, object]]] = {}
+        self.acked_jobs: dict[tuple[str, int], float] = {}  # -> when the ack answered
+        # jobs skipped by an ack that was retried (its first try may have acked them)
+        self.maybe_acked: set[tuple[str, int]] = set()
+        self.held: list[tuple[str, int, int]] = []  # the holder's (queue, seq, deadline)
+        self.done = threading.Event()
+        self.writers_done = threading.Event()
+
+    def call(self, fronts: list[Front], at: int, path: str, body: dict) -> tuple[bool, dict]:
+        """One queue call, retried on another front on `503`, `429` or a lost connection:
+        (whether it was retried, the answer)."""
+        retried = False
+        while True:
+            front = fronts[at % len(fronts)]
+            at += 1
+            if front.proc.poll() is not None:
+                continue
+            try:
+                status, answer = post(front.port, path, body)
+            except OSError:
+                retried = True
+                with self.lock:
+                    self.retries += 1
+                time.sleep(0.05)  # the retry's pace
+                continue
+            if status in (503, 429):
+                retried = True
+                with self.lock:
+                    self.retries += 1
+                    self.refusals[status] = self.refusals.get(status, 0) + 1
+                time.sleep(0.05)
+                continue
+            assert status == 200, (path, status, answer)
+            return retried, answer
+
+    def claim(self, fronts: list[Front], at: int, q: str, node: str, n: int, lease_ms: int):
+        body = {"node": node, "max": n, "lease_ms": lease_ms}
+        _, answer = self.call(fronts, at, f"/v0/topics/{q}/claim", body)
+        got = answer["claimed"]
+        with self.lock:
+            for job in got:
+                self.grants.setdefault((q, job["$seq"]), []).append(
+                    (
+                        job["deadline"],
+                        lease_ms,
+                        job["deliveries"],
+                        node,
+                        job["lease_id"],
+                        job["data"],
+                    )
+                )
+        return got
+
+
+def job_worker(j: Jobs, fronts: list[Front], who: int, give_up: float) -> None:
+    at = who
+    while not j.done.is_set():
+        if time.perf_counter() > give_up:
+            raise SystemExit("the workers did not finish the jobs in time")
+        q = QUEUES[at % len(QUEUES)]
+        at += 1
+        got = j.claim(fronts, at, q, f"w{who}", 8, JOB_LEASE_MS)
+        if not got:
+            time.sleep(0.02)  # nothing ready: the poll's pace
+            continue
+        seqs = [job["$seq"] for job in got]
+        body = {"node": f"w{who}", "seqs": seqs, "lease_ids": [job["lease_id"] for job in got]}
+        retried, answer = j.call(fronts, at, f"/v0/topics/{q}/ack", body)
+        now = time.time() * 1000
+        with j.lock:
+            for seq in seqs:
+                if seq not in answer["skipped"]:
+                    j.acked_jobs[(q, seq)] = now
+                elif retried:
+                    j.maybe_acked.add((q, seq))
+
+
+def jobs_run(
+    k: int, root: Path, binary: str, servers: list[NatsServer], args: argparse.Namespace
+) -> dict[str, object]:
+    urls = [s.url for s in servers]
+    prefix = f"chaosjobs{k}"
+    env = {
+        "TOPICD_STORAGE_BACKEND": "jetstream",
+        "TOPICD_JETSTREAM_SERVERS": ",".join(urls),
+        "TOPICD_STORAGE_JETSTREAM_REPLICAS": "3",
+        "TOPICD_STORAGE_JETSTREAM_SHARDS": "3",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": str(args.lease_ms),
+        "TOPICD_STORAGE_JETSTREAM_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms),
+        "TOPICD_JETSTREAM_PREFIX": prefix,
+    }
+    fronts: list[Front] = []
+    result: dict[str, object] = {}
+    wait_placeable(urls, 3)
+    try:
+        for i in range(3):
+            front = Front(root / f"jobs{k}", f"f{i}", env)
+            front.wait_ready()
+            fronts.append(front)
+        time.sleep(args.lease_ms / 1000)  # (the shards spread over the fronts: a settle)
+        for q in QUEUES:
+            body = {"type": "queue", "leases_durable": True}
+            status = put(fronts[0].port, f"/v0/topics/{q}", body)
+            assert status in (200, 201), status
+        j = Jobs()
+        writes = args.writes // 2
+        give_up = time.perf_counter() + 180
+
+        def producer(who: int) -> None:
+            for i in range(writes):
+                q = QUEUES[(who + i) % len(QUEUES)]
+                j.write(fronts, q, f"p{who}-{i}", 10, who + i)
+
+        producers = [threading.Thread(target=producer, args=(i,)) for i in range(2)]
+        workers = [
+            threading.Thread(target=job_worker, args=(j, fronts, i, give_up)) for i in range(3)
+        ]
+        for t in producers + workers:
+            t.start()
+        while len(j.acked) < writes // 2:  # a quarter of the writes, then the fault
+            time.sleep(0.05)
+        target = QUEUES[0]
+        held = j.claim(fronts, 0, target, "holder", HOLD, HOLD_LEASE_MS)
+        j.held = [(target, job["$seq"], job["deadline"]) for job in held]
+        _, owner_id = asyncio.run(_placement(urls, prefix, target))
+        owner = next(f for f in fronts if f"front {owner_id}" in f.text())
+        kill_ms = time.time() * 1000
+        owner.proc.send_signal(signal.SIGKILL)
+        owner.proc.wait()
+        result["killed_front"] = owner.dir.name
+        for t in producers:
+            t.join()
+        produced = {
+            (topic, first + i) for topic, first, n, _, _ in j.acked.values() for i in range(n)
+        }
+        while True:
+            with j.lock:
+                done = set(j.acked_jobs) | j.maybe_acked
+            if produced <= done or (produced <= done | set(j.grants) and empty(fronts)):
+                break
+            if time.perf_counter() > give_up:
+                left = sorted(produced - done)[:20]
+                raise SystemExit(f"jobs never acked: {left}")
+            time.sleep(0.1)  # the workers' progress, checked at a pace
+        j.done.set()
+        for t in workers:
+            t.join()
+        firsts = []
+        for (q, seq), acked_at in j.acked_jobs.items():
+            deadline, lease_ms = j.grants[(q, seq)][-1][:2]
+            if q == target and deadline - lease_ms >= kill_ms:  # claimed after the kill
+                firsts.append(acked_at)
+        result["failover_s"] = (min(firsts) - kill_ms) / 1000 if firsts else None
+        check_jobs(j, fronts, produced)
+        result["jobs"] = len(produced)
+        result["grants"] = sum(len(g) for g in j.grants.values())
+        result["regranted"] = len(j.held)
+        result["retries"] = j.retries
+        result["refusals"] = dict(j.refusals)
+        return result
+    finally:
+        for front in fronts:
+            front.stop()
+
+
+def empty(fronts: list[Front]) -> bool:
+    """Whether both queues hold no job, on the first live front."""
+    front = next(f for f in fronts if f.proc.poll() is None)
+    return all(not read_all(front.port, q)[0] for q in QUEUES)
+
+
+def check_jobs(j: Jobs, fronts: list[Front], produced: set[tuple[str, int]]) -> None:
+    """The `jobs` invariants (module docstring)."""
+    # every acknowledged write's jobs were handed out, with their data, at their seqs
+    for key, (q, first, n, _, _) in j.acked.items():
+        for i in range(n):
+            grants = j.grants.get((q, first + i))
+            assert grants, f"{q}: job {first + i} of acknowledged write {key} never handed out"
+            for g in grants:
+                assert g[5] == {"k": key, "j": i}, (q, first + i, g)
+    # nothing was handed out that no acknowledged write produced
+    assert set(j.grants) <= produced, sorted(set(j.grants) - produced)[:10]
+    # no two live leases of one job: each grant starts after the last one's deadline
+    for (q, seq), grants in j.grants.items():
+        grants.sort(key=lambda g: g[2])  # (by delivery count: the order they were made)
+        for a, b in itertools.pairwise(grants):
+            start_b = b[0] - b[1]
+            assert start_b > a[0], f"{q}: job {seq} leased to {b[3]} while {a[3]} held it"
+            assert b[2] > a[2], f"{q}: job {seq}: delivery count did not rise: {a} {b}"
+    # the holder's jobs (leased through the killed owner) were claimed again after expiry
+    for q, seq, deadline in j.held:
+        later = [g for g in j.grants[(q, seq)] if g[3] != "holder"]
+        assert later, f"{q}: held job {seq} never claimed again"
+        assert later[0][0] - later[0][1] > deadline, (q, seq, deadline, later[0])
+        assert (q, seq) in j.acked_jobs or (q, seq) in j.maybe_acked, (q, seq)
+    # no ack lost: both queues empty, nothing in flight, on every live front
+    for front in fronts:
+        if front.proc.poll() is not None:
+            continue
+        for q in QUEUES:
+            records, _ = read_all(front.port, q)
+            left = [r["$seq"] for r in records]
+            assert not left, f"{q} on {front.dir.name}: acked jobs still there: {left[:10]}"
+            conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=HTTP_TIMEOUT_S)
+            try:
+                conn.request("GET", f"/v0/topics/{q}?touch=false")
+                state = json.loads(conn.getresponse().read())
+            finally:
+                conn.close()
+            assert state["queue"]["ready"] == 0, (q, front.dir.name, state)
+            assert state["count"] == 0, (q, front.dir.name, state)
+
+
 def restart(binary: str, server: NatsServer) -> NatsServer:
     """Start a killed node again on its store, ports and cluster settings."""
     node = server.store.parent
@@ -311,7 +553,7 @@ def restart(binary: str, server: NatsServer) -> NatsServer:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", choices=("leader", "stop", "front"), required=True)
+    p.add_argument("--scenario", choices=("leader", "stop", "front", "jobs"), required=True)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--writes", type=int, default=60, help="writes per writer (4 writers)")
     p.add_argument("--batch", type=int, default=20, help="records per write")
@@ -332,16 +574,26 @@ def main() -> None:
     try:
         wait_placeable([s.url for s in servers], 3)
         for k in range(args.runs):
-            res = one_run(k, root, binary, servers, args)
+            run = jobs_run if args.scenario == "jobs" else one_run
+            res = run(k, root, binary, servers, args)
             fo = res["failover_s"]
             assert isinstance(fo, float)
             times.append(fo * 1000)
-            print(
-                f"run {k + 1} ({args.scenario}): first write {fo * 1000:.0f} ms after the fault; "
-                f"{res['acked']} writes acknowledged, {res['retries']} retries "
-                f"{res['refusals']}, heads {res['heads']}; checks passed",
-                flush=True,
-            )
+            if args.scenario == "jobs":
+                print(
+                    f"run {k + 1} (jobs): first ack of a job claimed after the kill "
+                    f"{fo * 1000:.0f} ms after it; {res['jobs']} jobs, {res['grants']} "
+                    f"leases, {res['regranted']} held jobs claimed again after expiry, "
+                    f"{res['retries']} retries {res['refusals']}; checks passed",
+                    flush=True,
+                )
+            else:
+                print(
+                    f"run {k + 1} ({args.scenario}): first write {fo * 1000:.0f} ms after the "
+                    f"fault; {res['acked']} writes acknowledged, {res['retries']} retries "
+                    f"{res['refusals']}, heads {res['heads']}; checks passed",
+                    flush=True,
+                )
         ok = True
     finally:
         stop_all(servers)
@@ -349,10 +601,10 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"failed: the fronts' and servers' logs are in {root}", flush=True)
+    what = "ack of a job claimed after it" if args.scenario == "jobs" else "acknowledged write"
     print(
         f"{args.scenario}: {len(times)} runs in a row passed; failover to the first "
-        f"acknowledged write: median {statistics.median(times):.0f} ms, "
-        f"max {max(times):.0f} ms"
+        f"{what}: median {statistics.median(times):.0f} ms, max {max(times):.0f} ms"
     )
 
 

@@ -1,0 +1,121 @@
+"""Queue topics on the jetstream backend beyond the contract tests: what a restart and a
+takeover keep (docs/jetstream.md, "Queues").
+
+Method: fronts in this process on the session's nats-server, as in `test_fronts.py`; a
+restart closes a front and opens a new one on an empty engine, which rebuilds from
+JetStream. A takeover moves the owner lease by hand while the old owner still believes
+it owns (its renewal has not run), so the fence is what stops it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
+
+pytestmark = pytest.mark.slow
+
+
+async def _ok(r) -> dict:
+    return await _json(r, 200)
+
+
+async def _claim(c, q: str, node: str, n: int, **kw) -> list[dict]:
+    body = await _ok(await c.post(f"/v0/topics/{q}/claim", json={"node": node, "max": n, **kw}))
+    return body["claimed"]
+
+
+async def _op(c, verb: str, q: str, node: str, seqs: list[int], **kw) -> dict:
+    return await _ok(
+        await c.post(f"/v0/topics/{q}/{verb}", json={"node": node, "seqs": seqs, **kw})
+    )
+
+
+async def _queue(c, q: str) -> dict:
+    return (await _ok(await c.get(f"/v0/topics/{q}", query_string={"touch": "false"})))["queue"]
+
+
+async def test_leases_and_acks_survive_a_front_restart(cluster):
+    """Durable leases come back from the journal with their ids, deadlines and delivery
+    counts; an acked job never comes back; a queue without durable leases comes back
+    with every unacked job claimable (as a restart of the embedded backend)."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        for q, durable in (("dq", True), ("vq", False)):
+            r = await c.put(f"/v0/topics/{q}", json={"type": "queue", "leases_durable": durable})
+            await _json(r, 201)
+            await _write(c, q, *({"data": i} for i in range(1, 6)))
+            got = await _claim(c, q, "w1", 3, lease_ms=600_000)
+            assert [j["$seq"] for j in got] == [1, 2, 3]
+            await _op(c, "ack", q, "w1", [1])
+            await _op(c, "nack", q, "w1", [2], delay_ms=600_000)
+        leases = {j["$seq"]: j for j in got}  # (the last queue's; `dq`'s below)
+        dq_lease = (await _claim(c, "dq", "w2", 1, lease_ms=600_000))[0]
+        assert dq_lease["$seq"] == 4
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        # dq: 3 and 4 still leased, 2 in its nack delay, 5 ready; 1 acked for good
+        assert await _queue(c, "dq") == {"ready": 1, "in_flight": 2, "dead_lettered": 0}
+        assert await _data(c, "dq") == [2, 3, 4, 5]
+        assert [j["$seq"] for j in await _claim(c, "dq", "w3", 5)] == [5]
+        body = await _op(c, "ack", "dq", "w2", [4], lease_ids=[dq_lease["lease_id"]])
+        assert (body["acked"], body["skipped"]) == (1, [])
+        body = await _op(c, "extend", "dq", "w1", [3], lease_ms=1000)
+        assert body["extended"] == 1
+        # vq: every unacked job is claimable again, delivery counts from 0
+        assert await _queue(c, "vq") == {"ready": 4, "in_flight": 0, "dead_lettered": 0}
+        again = await _claim(c, "vq", "w3", 5)
+        assert [(j["$seq"], j["deliveries"]) for j in again] == [(2, 1), (3, 1), (4, 1), (5, 1)]
+        body = await _op(c, "ack", "vq", "w1", [3], lease_ids=[leases[3]["lease_id"]])
+        assert body["skipped"] == [3]  # a fence from before the restart never matches
+    async with open_jetstream_app(cfg) as h:
+        assert await _data(h.app.test_client(), "dq") == [2, 3, 5]
+
+
+async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster):
+    """Jobs leased through the old owner stay leased under the new one (no job held by
+    two live leases); the old owner, deposed but not aware yet, can no longer ack or
+    lease (its journal append fails its fence: `503`), then forwards like any follower."""
+    cfg = _sharded(cluster, 1)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        assert _fronts(a).owner and not _fronts(b).owner
+        r = await cb.put("/v0/topics/tq", json={"type": "queue", "leases_durable": True})
+        await _json(r, 201)
+        await _write(cb, "tq", *({"data": i} for i in range(1, 5)))
+        held = await _claim(cb, "tq", "w1", 2, lease_ms=600_000)  # forwarded to `a`
+        assert [j["$seq"] for j in held] == [1, 2]
+        assert await _queue(cb, "tq") == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
+        # `b` takes the lease over; `a` has not noticed yet
+        fb = _fronts(b)
+        _, rev = await fb.backend.bridge.call(fb.store.lease)
+        fb.lease_revs[0] = await fb.backend.bridge.call(
+            partial(fb.store.write_lease, fb._lease_value(), rev)
+        )
+        await fb._promote(0)
+        assert fb.owner and _fronts(a).owner
+        assert await _queue(cb, "tq") == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
+        # the leased jobs are not handed out again
+        assert [j["$seq"] for j in await _claim(cb, "tq", "w2", 5, lease_ms=600_000)] == [3, 4]
+        # the deposed owner can neither ack nor lease
+        r = await ca.post("/v0/topics/tq/ack", json={"node": "w1", "seqs": [1]})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        await _write(cb, "tq", {"data": 5})
+        await _fronts(a).catch_up("tq")  # (`a` serves its own reads as an owner would)
+        r = await ca.post("/v0/topics/tq/claim", json={"node": "w9", "max": 5})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        # the new owner honours the old leases, with their ids
+        lid = held[0]["lease_id"]
+        body = await _op(cb, "ack", "tq", "w1", [1], lease_ids=[lid])
+        assert (body["acked"], body["skipped"]) == (1, [])
+        await _fronts(a)._tend_lease()  # `a` finds the lease gone: it follows
+        assert not _fronts(a).owner
+        body = await _op(ca, "ack", "tq", "w1", [2], lease_ids=[held[1]["lease_id"]])
+        assert body["acked"] == 1
+        assert await _data(ca, "tq") == [3, 4, 5]
+        assert await _data(cb, "tq") == [3, 4, 5]
+        assert await _queue(ca, "tq") == {"ready": 1, "in_flight": 2, "dead_lettered": 0}
