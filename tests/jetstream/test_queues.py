@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from functools import partial
 
+import httpx
 import pytest
+import trio
 
+from tests.crash.harness import Server
+from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
 
@@ -119,3 +123,63 @@ async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster
         assert await _data(ca, "tq") == [3, 4, 5]
         assert await _data(cb, "tq") == [3, 4, 5]
         assert await _queue(ca, "tq") == {"ready": 1, "in_flight": 2, "dead_lettered": 0}
+
+
+async def test_kill9_of_the_owner_front_with_leased_jobs(cluster, tmp_path):
+    """Two `topicd serve` fronts (one shard: the first owns); jobs of a queue with
+    durable leases are claimed through the follower, one acked, then the owner is killed
+    with SIGKILL. The survivor takes over: the acked job stays gone, the leased ones stay
+    leased to their holder (a claim gets only the others), and the holder acks them with
+    its lease ids."""
+    env = {
+        **cluster.env(),
+        "TOPICD_JETSTREAM_PREFIX": "queues9",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+    }
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(2):
+            (tmp_path / f"f{i}").mkdir()
+            s = Server(nursery, tmp_path / f"f{i}")
+            s.extra_env = dict(env)
+            await s.start()
+            servers.append(s)
+        owner, other = servers
+        try:
+            assert ": owner" in owner.run.text
+            async with http_client(other) as hc:
+
+                async def call(path: str, body: dict) -> dict:
+                    with trio.fail_after(30):
+                        while True:  # (503 until the survivor took the lease over)
+                            try:
+                                r = await hc.post(path, json=body)
+                            except httpx.HTTPError:
+                                continue
+                            if r.status_code != 503:
+                                assert r.status_code in (200, 201), r.text
+                                return r.json()
+                            await trio.sleep(0.05)  # the retry's pace, not a wait
+
+                r = await hc.put("/v0/topics/kq", json={"type": "queue", "leases_durable": True})
+                assert r.status_code == 201, r.text
+                await call("/v0/topics/kq", {"records": [{"data": i} for i in range(1, 6)]})
+                claim = {"node": "w1", "max": 3, "lease_ms": 600_000}
+                held = (await call("/v0/topics/kq/claim", claim))["claimed"]
+                assert [j["$seq"] for j in held] == [1, 2, 3]
+                ack = {"node": "w1", "seqs": [1], "lease_ids": [held[0]["lease_id"]]}
+                assert (await call("/v0/topics/kq/ack", ack))["acked"] == 1
+                await owner.kill()
+                got = await call("/v0/topics/kq/claim", {"node": "w2", "max": 5})
+                assert [j["$seq"] for j in got["claimed"]] == [4, 5]
+                ack = {"node": "w1", "seqs": [2, 3], "lease_ids": [j["lease_id"] for j in held[1:]]}
+                body = await call("/v0/topics/kq/ack", ack)
+                assert (body["acked"], body["skipped"]) == (2, [])
+                diff = await call("/v0/topics/kq/diff", {"from_seq": 0})
+                assert [x["$seq"] for x in diff["records"]] == [4, 5]
+            assert "took the owner lease" in other.run.text
+            assert other.run.problems() == []
+        finally:
+            for s in servers:
+                with trio.CancelScope(shield=True):
+                    await s.close()

@@ -272,7 +272,12 @@ class Journals:
             msg = orjson.loads(raw)
             kind = msg.get("k")
             if kind == "ack":
-                seqs = [int(s) for s in msg["seqs"] if topic.live(int(s))]
+                acked = [int(s) for s in msg["seqs"]]
+                if q is not None:  # (an acked job's lease events are history)
+                    for seq in acked:
+                        q.logged.pop(seq, None)
+                        q.logged_delays.pop(seq, None)
+                seqs = [s for s in acked if topic.live(s)]
                 if seqs:
                     live.extend(seqs)
                     engine.apply_seqs_delete(topic, seqs)
