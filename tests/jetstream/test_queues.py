@@ -94,6 +94,10 @@ async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster
         held = await _claim(cb, "tq", "w1", 2, lease_ms=600_000)  # forwarded to `a`
         assert [j["$seq"] for j in held] == [1, 2]
         assert await _queue(cb, "tq") == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
+        # a push-worker stream is the owner's (its leases end with its connection)
+        r = await cb.get("/v0/topics/tq/work", query_string={"node": "w"})
+        err = (await _json(r, 400))["error"]
+        assert err["detail"]["unsupported"] == "work streams on a front that does not own the queue"
         # `b` takes the lease over; `a` has not noticed yet
         fb = _fronts(b)
         _, rev = await fb.backend.bridge.call(fb.store.lease)
