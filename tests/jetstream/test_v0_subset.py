@@ -6,7 +6,7 @@ engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff,
 record-delete, error, probe, query-boolean, auth, smoke and watch-create contract tests
 that use only `client`/`harness` (those taking
 `autojump_clock` need virtual time, which a real network cannot follow). On `jetstream`,
-the ones exercising what the backend refuses by design (queue topics, `ephemeral`; see
+the ones exercising what the backend refuses by design (`ephemeral`; see
 docs/jetstream.md) are marked, and `test_backend.py` checks those refusals.
 """
 
