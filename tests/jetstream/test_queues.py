@@ -19,6 +19,7 @@ from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
+from topicd.testing.sse import open_sse
 
 pytestmark = pytest.mark.slow
 
@@ -94,10 +95,6 @@ async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster
         held = await _claim(cb, "tq", "w1", 2, lease_ms=600_000)  # forwarded to `a`
         assert [j["$seq"] for j in held] == [1, 2]
         assert await _queue(cb, "tq") == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
-        # a push-worker stream is the owner's (its leases end with its connection)
-        r = await cb.get("/v0/topics/tq/work", query_string={"node": "w"})
-        err = (await _json(r, 400))["error"]
-        assert err["detail"]["unsupported"] == "work streams on a front that does not own the queue"
         # `b` takes the lease over; `a` has not noticed yet
         fb = _fronts(b)
         _, rev = await fb.backend.bridge.call(fb.store.lease)
@@ -127,6 +124,35 @@ async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster
         assert await _data(ca, "tq") == [3, 4, 5]
         assert await _data(cb, "tq") == [3, 4, 5]
         assert await _queue(ca, "tq") == {"ready": 1, "in_flight": 2, "dead_lettered": 0}
+
+
+async def test_a_work_stream_on_a_follower_claims_through_the_owner(cluster, nursery):
+    """A `/work` stream opened on a front that does not own the queue: the owner leases
+    its jobs (up to `max` held), refills it as its jobs are acked anywhere, and releases
+    what it still holds when the connection ends."""
+    cfg = _sharded(cluster, 1)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca = a.app.test_client()
+        assert _fronts(a).owner and not _fronts(b).owner
+        await _json(await ca.put("/v0/topics/wq", json={"type": "queue"}), 201)
+        await _write(ca, "wq", *({"data": i} for i in range(1, 5)))
+        s = await open_sse(nursery, b.app.asgi_app, "/v0/topics/wq/work", query="node=w1&max=2")
+        assert s.status == 200, s.body
+        frames = await s.read_frames(4, timeout=30)  # retry, heartbeat, two jobs
+        jobs = [f.data for f in frames if f.event == "job"]
+        assert [j["$seq"] for j in jobs] == [1, 2]
+        assert await _queue(ca, "wq") == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
+        body = await _op(ca, "ack", "wq", "w1", [1], lease_ids=[jobs[0]["lease_id"]])
+        assert body["acked"] == 1
+        more = [f for f in await s.read_frames(1, timeout=30) if f.event == "job"]
+        assert [f.data["$seq"] for f in more] == [3]  # (refilled at the next poll)
+        assert await _queue(ca, "wq") == {"ready": 1, "in_flight": 2, "dead_lettered": 0}
+        s.disconnect()
+        await s.wait_done()
+        # the owner released the stream's leases: claimable at once, counts kept
+        assert await _queue(ca, "wq") == {"ready": 3, "in_flight": 0, "dead_lettered": 0}
+        again = await _claim(ca, "wq", "w2", 5)
+        assert [(j["$seq"], j["deliveries"]) for j in again] == [(2, 2), (3, 2), (4, 1)]
 
 
 async def test_kill9_of_the_owner_front_with_leased_jobs(cluster, tmp_path):

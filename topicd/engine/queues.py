@@ -51,7 +51,7 @@ from topicd.clock import perf_ms
 from topicd.engine.payloads import LOAD_BYTES_MAX
 from topicd.engine.topic import EVICTED
 from topicd.engine.watch import error_frame
-from topicd.errors import InvalidRequest, NotAQueue, Throttled, TopicdError, TopicNotFound
+from topicd.errors import NotAQueue, Throttled, TopicdError, TopicNotFound
 from topicd.model import DATA_KEY, split
 from topicd.storage import frame as frames
 from topicd.wire import RecordIn, WriteIn
@@ -1310,11 +1310,20 @@ class QueueService:
     async def run_forwarded(self, name: str, op: str, args: dict[str, object]) -> dict[str, object]:
         """On the owner: a queue call another process forwarded, and its answer (with the
         queue's counts after it, which that process shows until it hears newer ones)."""
-        node = str(args["node"])
+        node = str(args.get("node"))
         seqs = [int(s) for s in args.get("seqs") or []]  # type: ignore[attr-defined]
         fences = [str(f) for f in args.get("fences") or []]  # type: ignore[attr-defined]
         out: dict[str, object]
-        if op == "claim":
+        if op == "work":
+            out = await self._serve_work(name, args)
+            topic = self.engine.get(name)
+        elif op == "release":
+            topic, q = self._queue_of(name)
+            held = args["held"]
+            assert isinstance(held, dict)
+            out = {"released": q.release_stream({int(s): int(v) for s, v in held.items()})}
+            self._schedule(q)
+        elif op == "claim":
             lease_ms = args.get("lease_ms")
             res = await self.claim(
                 name, node, int(str(args["want"])), None if lease_ms is None else int(str(lease_ms))
@@ -1337,21 +1346,68 @@ class QueueService:
                 "fsync_ms": sres.fsync_ms,
             }
             topic = sres.topic
-        q = topic.queue
-        assert q is not None
-        c = q.counts()
-        out["counts"] = [c.ready, c.in_flight, c.delayed, q.dead_lettered]
+        queue = topic.queue
+        assert queue is not None
+        c = queue.counts()
+        out["counts"] = [c.ready, c.in_flight, c.delayed, queue.dead_lettered]
         return out
 
-    def check_local(self, name: str) -> None:
-        """`/work` streams run where the queue does (their leases are released when the
-        connection ends): refused on a process that forwards the queue's calls."""
-        if self._remote(name) is not None:
-            raise InvalidRequest(
-                f"a push-worker stream on queue {name!r} must be opened on the front that "
-                "owns the queue (docs/jetstream.md)",
-                {"unsupported": "work streams on a front that does not own the queue"},
-            )
+    def runs_elsewhere(self, name: str) -> bool:
+        """Whether another process runs `name`'s queue (its calls are forwarded)."""
+        return self._remote(name) is not None
+
+    async def _work_forwarded(self, fwd: Forwarder, conn: WorkConn) -> list[bytes]:
+        """A `/work` refill through the owner: it keeps the stream's leases still
+        current, claims up to `want` in all, and answers the lot."""
+        args: dict[str, object] = {
+            "node": conn.node,
+            "want": conn.want,
+            "lease_ms": conn.lease_ms,
+            "held": {str(s): lid for s, lid in conn.held.items()},
+        }
+        _, ok = await self._forwarded(fwd, conn.topic.name, "work", args)
+        held = ok["held"]
+        items = ok["items"]
+        assert isinstance(held, dict)
+        assert isinstance(items, list)
+        conn.held.clear()
+        conn.held.update({int(s): int(lid) for s, lid in held.items()})
+        return [str(i).encode() for i in items]
+
+    async def _serve_work(self, name: str, args: dict[str, object]) -> dict[str, object]:
+        """On the owner: a `/work` refill another process forwarded (`_work_forwarded`)."""
+        topic, q = self._queue_of(name)
+        held_in = args.get("held") or {}
+        assert isinstance(held_in, dict)
+        held: dict[int, int] = {}
+        for s, lid in held_in.items():
+            lease = q.leases.get(int(s))
+            if lease is not None and lease.lease_id == int(lid):
+                held[int(s)] = int(lid)
+        want = int(str(args["want"])) - len(held)
+        items: list[bytes] = []
+        if want > 0:
+            lease_ms = args.get("lease_ms")
+            ms = self._lease_ms(topic, None if lease_ms is None else int(str(lease_ms)))
+            me = Claimer(str(args["node"]), want, ms, held=held)
+            items = (await self._claim(topic, q, me)).items
+        return {"items": [i.decode() for i in items], "held": {str(s): v for s, v in held.items()}}
+
+    async def release_remote(self, conn: WorkConn) -> None:
+        """A `/work` stream whose queue runs elsewhere ended: the owner releases the
+        leases it still holds (claimable at once). If the owner cannot be reached, they
+        expire at their deadlines instead."""
+        fwd = self._remote(conn.topic.name)
+        if fwd is None or not conn.held:
+            await trio.lowlevel.checkpoint()
+            return
+        args: dict[str, object] = {"held": {str(s): lid for s, lid in conn.held.items()}}
+        try:
+            await fwd.queue_op(conn.topic.name, "release", args)
+        except TopicdError as err:
+            log.info("work stream on %r: leases left to expire: %s", conn.topic.name, err)
+            return
+        conn.held.clear()
 
     async def claim(self, name: str, node: str, want: int, lease_ms: int | None) -> ClaimResult:
         """`POST /v0/topics/:q/claim`: lease up to `want` jobs to `node` (the pass
@@ -1375,6 +1431,10 @@ class QueueService:
         q = topic.queue
         if q is None or topic.deleted:
             raise TopicNotFound(topic.name)
+        fwd = self._remote(topic.name)
+        conn.remote = fwd is not None
+        if fwd is not None:
+            return await self._work_forwarded(fwd, conn)
         self.engine.enforce(topic)
         q.sweep(trio.current_time())
         me = Claimer(conn.node, want, self._lease_ms(topic, conn.lease_ms), held=conn.held)

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from topicd.engine.topic import Topic
 
 NO_LONGER_A_QUEUE: Final = "topic is no longer a queue"
+# the longest a stream's end waits for the queue's owner process to release its leases
+# (beyond, they expire at their deadlines instead)
+REMOTE_RELEASE_S: Final = 2.0
 
 
 class WorkConn:
@@ -56,6 +59,9 @@ class WorkConn:
         self.lease_ms = lease_ms  # None: the topic's `lease_ms` at each claim
         self.key_id = key_id  # the SSE cap slot's key (None in dev mode)
         self.held: dict[int, int] = {}  # seq -> lease id of each job pushed on this stream
+        # the queue runs on another process (`engine.forward`): its owner counts this
+        # stream's leases at each refill (`QueueService.claim_for_work`)
+        self.remote = False
         self._kick_send, self.kicks = trio.open_memory_channel[None](1)
         self.cancel_scope = trio.CancelScope()
         self.stop: bytes | None = None  # a terminal frame to write, then end
@@ -73,7 +79,10 @@ class WorkConn:
 
     def in_flight(self) -> int:
         """Leases pushed on this stream that are still held (acked, nacked, expired or
-        re-leased ones are forgotten here)."""
+        re-leased ones are forgotten here); 0 for a stream whose queue runs elsewhere
+        (the owner counts them when asked for the refill)."""
+        if self.remote:
+            return 0
         q = self.topic.queue
         if q is None:
             self.held.clear()
@@ -151,4 +160,7 @@ async def work_pump(
             if trio.current_time() >= conn.last_write + heartbeat:
                 await emit(HEARTBEAT)
     finally:
+        if conn.remote:
+            with trio.CancelScope(shield=True), trio.move_on_after(REMOTE_RELEASE_S):
+                await service.release_remote(conn)
         service.detach_work(conn)

@@ -13,13 +13,14 @@ slot; they count against the SSE caps.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import TYPE_CHECKING, Final, cast
 
 import trio
 
 from topicd.engine.work import WorkConn, work_pump
-from topicd.errors import InvalidRequest, NotAQueue
+from topicd.errors import InvalidRequest, NotAQueue, TopicdError
 from topicd.http.watch import _until_disconnect, stream_request
 from topicd.wire import check_worker_node
 
@@ -73,7 +74,6 @@ class WorkStreams:
         topic = engine.get(name)
         if topic.queue is None:
             raise NotAQueue(f"topic {name!r} is a log, not a queue", {"topic": name})
-        engine.queues.check_local(name)
         max_claim = self.cfg.queue.max_claim
         want = min(max(_int_or_none(query.get("max")) or 1, 1), max_claim)
         lease_ms = _int_or_none(query.get("lease_ms"))
@@ -82,6 +82,7 @@ class WorkStreams:
         key = who.key_id if self.keys.enabled else None
         engine.watch.reserve_stream(key)  # 429 at a cap
         conn = WorkConn(topic, node, want, lease_ms, key)
+        conn.remote = engine.queues.runs_elsewhere(name)
         engine.queues.attach_work(conn)
         return conn
 
@@ -89,6 +90,11 @@ class WorkStreams:
         """Establish (a refusal raises its `TopicdError` before anything is sent: the
         gate answers it) and serve the stream until it ends."""
         engine = self.ref.engine
+        if engine.queues.runs_elsewhere(name):
+            # a front that does not run the queue: learn of it first (read-after-write);
+            # whatever fails here, the establishment checks below answer in their order
+            with contextlib.suppress(TopicdError):
+                await engine.sync_topic(name)
         conn = self.establish(scope, name)
         try:
             if scope.get("topicd.direct"):
