@@ -36,7 +36,7 @@ import orjson
 import trio
 
 from topicd.engine.queues import leases_durable
-from topicd.errors import StorageUnavailable
+from topicd.errors import StorageUnavailable, TopicNotFound
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -231,8 +231,6 @@ class Journals:
         stream, then applied."""
         async with self.lock(topic.topic_id):
             if topic.deleted:
-                from topicd.errors import TopicNotFound
-
                 raise TopicNotFound(topic.name)
             await self._publish(topic, {"k": "ack", "seqs": seqs})
         try:
@@ -244,8 +242,6 @@ class Journals:
     async def lease(self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]) -> _T:
         async with self.lock(topic.topic_id):
             if topic.deleted:
-                from topicd.errors import TopicNotFound
-
                 raise TopicNotFound(topic.name)
             await self._publish(topic, {"k": "lease", "events": body["events"]})
             return apply()
@@ -258,11 +254,11 @@ class Journals:
         msgs, last = await backend._call(partial(read, backend.store, tid, self.heads.get(tid, 0)))
         if topic.deleted:
             return 0
-        self._apply(topic, msgs, repair=False)
+        self._apply(topic, msgs)
         self.heads[tid] = max(self.heads.get(tid, 0), last)
         return len(msgs)
 
-    def _apply(self, topic: Topic, msgs: list[bytes], *, repair: bool) -> list[int]:
+    def _apply(self, topic: Topic, msgs: list[bytes]) -> list[int]:
         """Apply journal messages; returns the acked seqs whose records were still live."""
         engine = self.backend.engine
         assert engine is not None
@@ -295,7 +291,7 @@ class Journals:
         if repair and last == 0:
             # a queue made before journals existed, or whose journal a crash lost: make one
             await backend._call(partial(create, backend.store, tid))
-        stale = self._apply(topic, msgs, repair=repair)
+        stale = self._apply(topic, msgs)
         self.heads[tid] = last
         if repair and stale:
             await backend._call(partial(delete_jobs, backend.store, tid, stale))
