@@ -19,6 +19,7 @@ from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
+from topicd.storage import jsqueues
 from topicd.testing.sse import open_sse
 
 pytestmark = pytest.mark.slow
@@ -213,3 +214,23 @@ async def test_kill9_of_the_owner_front_with_leased_jobs(cluster, tmp_path):
             for s in servers:
                 with trio.CancelScope(shield=True):
                     await s.close()
+
+
+async def test_a_journal_without_its_queue_is_removed_at_start(cluster):
+    """A journal left behind (its queue deleted, the front stopped before the journal
+    went) is deleted by the next front that starts alone; live queues keep theirs."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _json(await c.put("/v0/topics/jq", json={"type": "queue"}), 201)
+        backend = _fronts(h).backend
+        store = backend.store
+        await backend.bridge.call(partial(jsqueues.create, store, 987654))
+        ids = await backend.bridge.call(partial(jsqueues.journal_ids, store))
+        live = h.engine.topics["jq"].topic_id
+        assert {live, 987654} <= set(ids)
+    async with open_jetstream_app(cfg) as h:
+        backend = _fronts(h).backend
+        ids = await backend.bridge.call(partial(jsqueues.journal_ids, backend.store))
+        assert live in ids
+        assert 987654 not in ids

@@ -1536,6 +1536,7 @@ async def _rebuild(
         for orphan in sorted(streams - set(entries)):
             log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
             await backend.bridge.call(partial(store.delete_stream, orphan))
+        await backend.journals.sweep(set(entries))
     engine.replaying = True
     records = 0
     for tid in sorted(entries):

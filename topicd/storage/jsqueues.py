@@ -163,6 +163,30 @@ async def _direct(store: JetStreamStore, name: str, lo: int, n: int) -> list[tup
     return got
 
 
+async def journal_ids(store: JetStreamStore) -> list[int]:
+    """The topic ids of every journal stream of this prefix (a listing by the metadata
+    leader; one request per 256 streams)."""
+    assert store.nc is not None
+    head = f"{store.prefix}_Q"
+    out: list[int] = []
+    offset = 0
+    while True:
+        req = {"offset": offset, "subject": f"{store.prefix}.q.>"}
+        msg = await store.nc.request(
+            "$JS.API.STREAM.NAMES", orjson.dumps(req), timeout=store.timeout
+        )
+        resp = orjson.loads(msg.data)
+        if "error" in resp:
+            raise RuntimeError(f"listing the journals: {resp['error']}")
+        names = resp.get("streams") or []
+        out.extend(
+            int(n[len(head) :]) for n in names if n.startswith(head) and n[len(head) :].isdigit()
+        )
+        offset += len(names)
+        if not names or offset >= int(resp.get("total", 0)):
+            return sorted(out)
+
+
 async def delete_jobs(store: JetStreamStore, topic_id: int, seqs: list[int]) -> None:
     """Delete acked jobs' messages from the topic's stream (concurrently; gone is fine)."""
     import nats.js.errors
@@ -199,6 +223,16 @@ class Journals:
     async def create(self, topic_id: int) -> None:
         await self.backend._call(partial(create, self.backend.store, topic_id))
         self.heads[topic_id] = 0
+
+    async def sweep(self, live: set[int]) -> None:
+        """At the start of a front owning every shard: delete the journals of topics
+        that no longer exist (left behind by a front that stopped between a queue's
+        delete and its journal's)."""
+        store = self.backend.store
+        for tid in await self.backend._call(partial(journal_ids, store)):
+            if tid not in live:
+                log.warning("removing journal %s: no registry entry names it", stream(store, tid))
+                await self.backend._call(partial(delete, store, tid))
 
     async def delete(self, topic_id: int) -> None:
         self.heads.pop(topic_id, None)
