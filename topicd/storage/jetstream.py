@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import random
 import re
 import uuid
 from collections import deque
@@ -111,6 +112,7 @@ _WRONG_LAST_SEQUENCE_KV: Final = 10164  # the same, for a key's last revision
 FORWARD_CHECK_S: Final = 0.25  # a forwarded request unanswered this long: is the owner alive?
 PING: Final = b"ping"  # sent to a front's subject: answered by its client at once
 ID_ATTEMPTS: Final = 16  # compare-and-set rounds for one topic id
+ID_BACKOFF_S: Final = 0.002  # after the n-th lost round, wait about n times this
 REV: Final = "_rev"  # (in entries read back: the key's revision, never stored)
 # `<LEASE_KEY>.<shard>`: {"front": id, "subject": its request subject, "until_ms": wall ms}
 LEASE_KEY: Final = "front.owner"
@@ -244,6 +246,9 @@ class JetStreamStore:
         self.ignore_notices = False  # (a front owning every shard)
         self.requests: asyncio.Queue[Msg] | None = None  # forwarded to this front
         self.notices: tuple[set[int], asyncio.Event] | None = None
+        # one topic-id allocation at a time per front: the compare-and-set on
+        # `meta.next_id` then only races other fronts, never this front's own creates
+        self.id_lock = asyncio.Lock()
 
     # ---- names -------------------------------------------------------------------------
 
@@ -433,10 +438,16 @@ class JetStreamStore:
         """A topic id no front was given before: `meta.next_id` (at least `at_least`),
         advanced by compare-and-set, so two fronts never both get one (a deposed owner
         creating a topic included)."""
+        async with self.id_lock:
+            return await self._allocate_id(at_least)
+
+    async def _allocate_id(self, at_least: int) -> int:
         import nats.js.errors
 
         assert self.kv is not None
-        for _ in range(ID_ATTEMPTS):
+        for attempt in range(ID_ATTEMPTS):
+            if attempt:  # lost to another front: step aside a little, more each time
+                await asyncio.sleep(ID_BACKOFF_S * attempt * random.uniform(0.5, 1.5))
             try:
                 got = await self.kv.get("meta.next_id")
                 current, rev = int(got.value or b"1"), int(got.revision or 0)
