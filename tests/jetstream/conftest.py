@@ -326,7 +326,6 @@ JETSTREAM_DELTAS = {
     "test_put_lease_ms_is_clamped_and_stored_clamped": "queue topics are refused",
     "test_put_claim_jitter_is_clamped": "queue topics are refused",
     "test_put_dead_letter_on_queue_must_differ_from_topic": "queue topics are refused",
-    "test_put_durable_alias": 'durability "ephemeral" is refused',
     "test_limit_default_zero_and_clamp": "writes are capped at 1000 records (batch ceiling)",
 }
 

@@ -153,12 +153,17 @@ def name_key(name: str) -> str:
     return "name." + name.encode().hex()
 
 
-def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
-    """Refuse the topic configs this backend does not serve (queues, ephemeral)."""
+def check_config(
+    topic_config_wire: dict[str, JsonValue], field_prefix: str = "config", *, memory: bool = False
+) -> None:
+    """Refuse the topic configs this backend does not serve (queues; a durability other
+    than `ephemeral` for a topic whose stream is in memory: `memory`)."""
     if topic_config_wire.get("type") == "queue":
         raise not_supported("queue topics", f"{field_prefix}.type")
-    if topic_config_wire.get("durability") == "ephemeral":
-        raise not_supported('durability "ephemeral"', f"{field_prefix}.durability")
+    if memory and topic_config_wire.get("durability") != "ephemeral":
+        raise not_supported(
+            'a durability change of a topic created "ephemeral"', f"{field_prefix}.durability"
+        )
 
 
 class RefusingRouters(RouterService):
@@ -199,6 +204,11 @@ class _Lane:
 
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
+    # an `ephemeral` topic's stream is R1 in server memory: a server restart empties it,
+    # so the entry reserves seqs ahead of every publish (`reserved`), and a stream found
+    # emptied resumes above the reservation (seqs are never handed out twice)
+    memory: bool = False
+    reserved: int = 0
     # the last record deletes, [number, before_seq, match, bound] (the registry entry
     # carries them to the other fronts), and the entry revision this front applied
     deletes: list[JsonValue] = field(default_factory=list)
@@ -215,7 +225,7 @@ class _Lane:
     read_sent: int = 0
 
     def entry(self) -> dict[str, JsonValue]:
-        return _entry(self.topic, self.deletes)
+        return _entry(self.topic, self.deletes, self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -775,7 +785,9 @@ class JetStreamStore:
 
     # ---- streams -----------------------------------------------------------------------
 
-    async def create_stream(self, topic_id: int) -> None:
+    async def create_stream(self, topic_id: int, *, memory: bool = False) -> None:
+        """The topic's stream: file-backed with `replicas` replicas, or (`memory`, an
+        `ephemeral` topic) one replica in a server's memory."""
         from nats.js import api
 
         assert self.js is not None
@@ -783,8 +795,8 @@ class JetStreamStore:
             api.StreamConfig(
                 name=self.stream(topic_id),
                 subjects=[f"{self.prefix}.t.{topic_id}.*"],
-                storage=api.StorageType.FILE,
-                num_replicas=self.replicas,
+                storage=api.StorageType.MEMORY if memory else api.StorageType.FILE,
+                num_replicas=1 if memory else self.replicas,
                 allow_direct=True,
                 allow_atomic=True,
                 deny_delete=False,
@@ -971,7 +983,9 @@ def _encode_msgs(
 DELETES_KEPT: Final = 64
 
 
-def _entry(topic: Topic, deletes: list[JsonValue] | None = None) -> dict[str, JsonValue]:
+def _entry(
+    topic: Topic, deletes: list[JsonValue] | None = None, lane: _Lane | None = None
+) -> dict[str, JsonValue]:
     runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.export_evictions()]
     out: dict[str, JsonValue] = {
         "id": topic.topic_id,
@@ -983,6 +997,9 @@ def _entry(topic: Topic, deletes: list[JsonValue] | None = None) -> dict[str, Js
     }
     if deletes:
         out["deletes"] = list(deletes)
+    if lane is not None and lane.memory:
+        out["storage"] = "memory"
+        out["reserved"] = lane.reserved
     return out
 
 
@@ -1087,8 +1104,10 @@ class JetStreamBackend:
             await trio.lowlevel.checkpoint()
             return False
         try:
-            _, last = await self._call(partial(self.store.bounds, topic.topic_id))
-            if last < topic.head_seq:
+            last = await self._last_seq(lane)
+            if last < topic.head_seq and lane.memory:
+                await self._lost(lane, topic, last)
+            elif last < topic.head_seq:
                 log.error(
                     "topic %r: its stream ends at %d, below the head %d in memory",
                     topic.name,
@@ -1109,6 +1128,50 @@ class JetStreamBackend:
         topic.next_seq = topic.head_seq + 1
         lane.diverged = False
         return True
+
+    async def _last_seq(self, lane: _Lane) -> int:
+        """The last seq of the lane's stream. An `ephemeral` topic's stream missing (its
+        server restarted on its own, not in a cluster, and forgot it) is created again,
+        empty: last seq 0."""
+        import nats.js.errors
+
+        tid = lane.topic.topic_id
+        try:
+            _, last = await self._call(partial(self.store.bounds, tid))
+        except StorageUnavailable as exc:
+            if not lane.memory or not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                raise
+            await self._call(partial(self.store.create_stream, tid, memory=True))
+            return 0
+        return last
+
+    async def _lost(self, lane: _Lane, topic: Topic, last: int) -> None:
+        """An `ephemeral` topic's stream ends below the head in memory: the server that
+        held it in memory restarted and lost its records. They are gone, as the class
+        allows, and their seqs are not handed out again: the head moves up to the
+        reservation (every seq acknowledged lies at or below it), and the loss is a record
+        delete below the head (purging the emptied stream up to it moves the stream's
+        next seq there too), which the entry carries to the other fronts, so every front
+        reads the same silent gap."""
+        engine = self.engine
+        assert engine is not None
+        head = max(topic.head_seq, lane.reserved)
+        log.warning(
+            "topic %r: its in-memory stream lost its records (it ends at %d, the head is "
+            "%d); resuming above seq %d",
+            topic.name,
+            last,
+            topic.head_seq,
+            head,
+        )
+        topic.skip_to(head)
+        body: dict[str, object] = {"before_seq": head + 1, "match": None, "bound": head}
+        await self._delete_records(
+            topic,
+            body,
+            lambda: engine.apply_records_delete(topic, head + 1, None, head, engine.clock.now_ms()),
+        )
+        engine.durable(topic, topic.head_seq)
 
     def backlog_full(self, topic: Topic) -> bool:
         return False  # no checkpoint: nothing is pinned in memory waiting to be absorbed
@@ -1160,19 +1223,29 @@ class JetStreamBackend:
                 expected = group[0].first_seq - 1
                 msgs = _encode_msgs(self.store, group)
                 t0 = trio.current_time()
+                reserved = True
+                if lane.memory and expected + total > lane.reserved:
+                    try:
+                        await self._reserve(lane, expected + total, total)
+                    except TopicdError as exc:  # nothing was published
+                        log.warning("topic %r: no seq reservation: %s", topic.name, exc)
+                        reserved = False
                 try:
-                    last = await self.bridge.call(  # raw errors: `_settle` tells them apart
-                        partial(self.store.publish, topic.topic_id, expected, msgs)
-                    )
-                    committed = last == expected + total
-                    if not committed:
-                        log.error(
-                            "topic %r: JetStream stored seqs up to %d, expected %d",
-                            topic.name,
-                            last,
-                            expected + total,
+                    if not reserved:
+                        committed = False
+                    else:
+                        last = await self.bridge.call(  # raw errors: `_settle` tells them apart
+                            partial(self.store.publish, topic.topic_id, expected, msgs)
                         )
-                        lane.diverged = True
+                        committed = last == expected + total
+                        if not committed:
+                            log.error(
+                                "topic %r: JetStream stored seqs up to %d, expected %d",
+                                topic.name,
+                                last,
+                                expected + total,
+                            )
+                            lane.diverged = True
                 except Exception as exc:
                     committed = await self._settle(lane, expected, msgs, exc)
                 ms = (trio.current_time() - t0) * 1000
@@ -1205,6 +1278,23 @@ class JetStreamBackend:
             self._busy -= 1
             if not self._busy and self._idle is not None:
                 self._idle.set()
+
+    async def _reserve(self, lane: _Lane, last: int, count: int) -> None:
+        """Reserve the seqs of an `ephemeral` topic's publish up to `last` (and
+        `storage.wal.ephemeral_head_reserve_ahead` more, or 4 × its `count`) in its
+        registry entry before publishing: about one publish in 65536 waits for it. Its
+        stream lives in one server's memory; if that server restarts, the seqs handed out
+        are known only from here."""
+        ahead = max(self.cfg.storage.wal.ephemeral_head_reserve_ahead, 4 * count)
+        topic = lane.topic
+        async with lane.registry_lock:
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            if last <= lane.reserved:
+                return
+            new = last + ahead
+            await self._put_entry(topic, lane, lambda: lane.entry() | {"reserved": new})
+            lane.reserved = max(lane.reserved, new)
 
     async def _settle(
         self,
@@ -1292,6 +1382,7 @@ class JetStreamBackend:
         if ftype == frames.TOPIC_CREATE:
             config = topic.config.to_wire()
             check_config(config)
+            memory = config.get("durability") == "ephemeral"
             # the id comes from the registry (the engine's guess is its lower bound): the
             # topic is not registered anywhere yet, so it may still change. Its lane is
             # made once the id is the topic's (the guess may be another's id by then)
@@ -1300,6 +1391,7 @@ class JetStreamBackend:
             topic.topic_id = tid = got
             lane = self.lane(topic)
             assert lane.topic is topic
+            lane.memory = memory
             if self.engine is not None:
                 self.engine.next_topic_id = max(self.engine.next_topic_id, tid + 1)
             async with lane.registry_lock:
@@ -1310,16 +1402,16 @@ class JetStreamBackend:
                         f"topic {topic.name!r} was created by another front; retry",
                         {"topic": topic.name, "backend": "jetstream"},
                     )
-                await self._call(partial(self.store.create_stream, tid))
+                await self._call(partial(self.store.create_stream, tid, memory=memory))
                 lane.entry_rev = await self._call(
-                    partial(self.store.put_entry, tid, _entry(topic), None)
+                    partial(self.store.put_entry, tid, lane.entry(), None)
                 )
             return apply()
         lane = self.lane(topic)
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
             assert isinstance(wire, dict)
-            check_config(wire)
+            check_config(wire, memory=lane.memory)
             if topic.deleted:
                 raise TopicNotFound(topic.name)
             async with lane.registry_lock:
@@ -1416,7 +1508,7 @@ class JetStreamBackend:
         def build() -> dict[str, JsonValue]:
             record[0] = lane.deletes_applied + 1
             log_after[:] = [*lane.deletes, record][-DELETES_KEPT:]
-            return _entry(topic, log_after)
+            return _entry(topic, log_after, lane)
 
         async with lane.registry_lock:
             if topic.deleted:
@@ -1585,8 +1677,13 @@ async def _fill(
 ) -> int:
     store = backend.store
     tid = topic.topic_id
+    lane = backend.lane(topic)
+    lane.memory = entry.get("storage") == "memory"
+    reserved = entry.get("reserved", 0)
+    assert isinstance(reserved, int)
+    lane.reserved = reserved
     if repair and not have_stream:
-        await backend._call(partial(store.create_stream, tid))
+        await backend._call(partial(store.create_stream, tid, memory=lane.memory))
     floor = entry.get("floor", 1)
     runs = entry.get("runs", [])
     assert isinstance(floor, int)
@@ -1598,11 +1695,19 @@ async def _fill(
         topic.evict_floor = floor
         topic.skip_to(floor - 1)
     loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
+    if lane.memory and reserved > topic.head_seq and topic.count == 0:
+        # an `ephemeral` topic whose stream holds nothing: if its server restarted, the
+        # records are lost and the seqs they had are known only from the reservation.
+        # Resume above it (seqs are never handed out twice; as after a crash of the
+        # embedded backend, the topic comes back empty above its reservation); the
+        # owner's first publish then finds the stream behind and moves it up (`_lost`)
+        topic.skip_to(reserved)
+        if repair:
+            await backend._call(partial(store.purge, tid, reserved + 1))
     if repair:
         if floor > 1:
             await backend._call(partial(store.purge, tid, floor))  # finish that purge
         await backend._call(partial(store.put_name, topic.name, tid))
-    lane = backend.lane(topic)
     lane.floor_written = floor
     deletes = entry.get("deletes") or []
     assert isinstance(deletes, list)
@@ -1776,6 +1881,7 @@ async def open_jetstream_engine(
         while True:
             backend = JetStreamBackend(cfg, bridge, store)
             engine = Engine(cfg, clock, backend)
+            engine.ephemeral_stored = True
             engine.routers = RefusingRouters(engine)
             backend.engine = engine
             backend.fronts = fronts = Fronts(engine, backend, clock, front_id)

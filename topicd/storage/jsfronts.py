@@ -630,6 +630,10 @@ class Fronts:
     def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
         engine = self.engine
         now = self.clock.now_ms()
+        reserved = entry.get("reserved")  # (an `ephemeral` topic's seq reservation)
+        if isinstance(reserved, int):
+            lane.memory = True
+            lane.reserved = max(lane.reserved, reserved)
         wire = entry.get("config")
         if isinstance(wire, dict) and wire != topic.config.to_wire():
             engine.apply_config(topic, config_from_wire(wire), now)
