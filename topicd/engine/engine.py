@@ -1013,6 +1013,8 @@ class Engine:
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
         self.routers.catch_up(topic)  # read-your-writes through routers
+        if self.routers.in_flight or self.routers.wants:
+            await self.routers.settle(topic)
         res = await self._read_loaded(topic, req)
         if (
             wait_ms > 0
@@ -1030,6 +1032,8 @@ class Engine:
             if topic.deleted:
                 raise TopicNotFound(name)
             self.routers.catch_up(topic)
+            if self.routers.in_flight:
+                await self.routers.settle(topic)
             res = await self._read_loaded(topic, req)  # once, with the same request (step 9)
         else:
             await trio.lowlevel.checkpoint()

@@ -52,7 +52,6 @@ import orjson
 import trio
 
 from topicd.engine.engine import Engine
-from topicd.engine.router import RouterService
 from topicd.engine.topic import Topic
 from topicd.errors import (
     InvalidRequest,
@@ -76,10 +75,8 @@ if TYPE_CHECKING:
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.commit import AppendBatch, CommitHooks
-    from topicd.engine.router import Router
     from topicd.errors import JsonValue
     from topicd.storage.jsfronts import Fronts
-    from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.storage.jetstream")
 
@@ -95,6 +92,8 @@ CONNECT_ATTEMPTS: Final = 2
 # the rebuild at start is retried for this many request timeouts (leader elections)
 REBUILD_ATTEMPTS_TIMEOUTS: Final = 6
 REBUILD_RETRY_S: Final = 0.5
+# a router source's records its feeds have not copied yet stay in memory, this many at most
+ROUTER_PIN_MAX: Final = 4096
 # how often cap/TTL floors reach the registry and the streams (seconds)
 FLOOR_INTERVAL_S: Final = 1.0
 
@@ -124,6 +123,11 @@ H_SIZE: Final = "Topicd-Size"  # the record's data+meta size (what caps count)
 H_EXTRA: Final = "Topicd-Extra"  # ASCII JSON {"t": tag, "n": node, "p": prio, "s": shape}
 H_COUNT: Final = "Topicd-Count"  # on a write's first record: its record count
 H_KEY: Final = "Topicd-Key"  # on a write's first record: its idempotency key (ASCII JSON)
+# router copies (`topicd.storage.jsrouters`): a destination seq with no record is a
+# message with no payload and `Topicd-Slot: hole` or `trim`; a copy batch's first message
+# carries the feed's cursors once it is stored, {router: [cursor, forwarded_total]}
+H_SLOT: Final = "Topicd-Slot"
+H_FEED: Final = "Topicd-Feed"
 _TS: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":(\d+)')
 
 
@@ -166,13 +170,20 @@ def check_config(
         )
 
 
-class RefusingRouters(RouterService):
-    """Routers are not served on this backend yet: creating one is refused before
-    anything (a destination topic included) is created."""
+@dataclass(eq=False, slots=True)
+class CopyBatch:
+    """Router copies bound for a destination's stream (`topicd.storage.jsrouters`): in
+    the destination's lane, published in seq order with its writes and fenced like
+    them; then `done(True)`, or `done(False)` when it failed (before the lane fails what
+    is queued behind it and rewinds the topic)."""
 
-    async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
-        await trio.lowlevel.checkpoint()
-        raise not_supported("routers")
+    first_seq: int
+    msgs: list[tuple[str, bytes, dict[str, str]]]
+    done: Callable[[bool], None]
+
+    @property
+    def count(self) -> int:
+        return len(self.msgs)
 
 
 @dataclass
@@ -180,7 +191,7 @@ class _Lane:
     """One topic's writes in flight: published to its stream strictly in seq order."""
 
     topic: Topic
-    pending: deque[AppendBatch] = field(default_factory=deque)
+    pending: deque[AppendBatch | CopyBatch] = field(default_factory=deque)
     busy: bool = False
     diverged: bool = False  # the stream's head is not known to match memory: refuse writes
     resyncing: bool = False  # a task reads the stream back (`JetStreamBackend.resync`)
@@ -209,6 +220,9 @@ class _Lane:
     # emptied resumes above the reservation (seqs are never handed out twice)
     memory: bool = False
     reserved: int = 0
+    # a router destination: its feed's stored cursors, {router: [cursor, forwarded_total]}
+    # (the entry carries them too, so a purge never takes the newest ones away)
+    feed: dict[str, list[int]] = field(default_factory=dict)
     # the last record deletes, [number, before_seq, match, bound] (the registry entry
     # carries them to the other fronts), and the entry revision this front applied
     deletes: list[JsonValue] = field(default_factory=list)
@@ -1000,6 +1014,8 @@ def _entry(
     if lane is not None and lane.memory:
         out["storage"] = "memory"
         out["reserved"] = lane.reserved
+    if lane is not None and lane.feed:
+        out["feed"] = {k: list(v) for k, v in lane.feed.items()}
     return out
 
 
@@ -1214,11 +1230,19 @@ class JetStreamBackend:
         assert hooks is not None
         try:
             while lane.pending:
-                group = [lane.pending.popleft()]
-                total = group[0].count
+                first = lane.pending.popleft()
+                if isinstance(first, CopyBatch):
+                    await self._publish_copies(lane, first)
+                    continue
+                group = [first]
+                total = first.count
                 while lane.pending and total + lane.pending[0].count <= BATCH_MAX:
-                    total += lane.pending[0].count
-                    group.append(lane.pending.popleft())
+                    nxt = lane.pending[0]
+                    if isinstance(nxt, CopyBatch):
+                        break
+                    total += nxt.count
+                    group.append(nxt)
+                    lane.pending.popleft()
                 topic = lane.topic
                 expected = group[0].first_seq - 1
                 msgs = _encode_msgs(self.store, group)
@@ -1266,18 +1290,73 @@ class JetStreamBackend:
                             {"topic": topic.name, "backend": "jetstream"},
                         )
                     )
-                    # the writes queued behind it expected its seqs: they fail with it
-                    group.extend(lane.pending)
-                    lane.pending.clear()
                     for batch in group:
                         lane.settled(batch)
                         hooks.fail_append(batch, error)
+                    self._fail_queued(lane, error)
                     hooks.rewind(topic)
         finally:
             lane.busy = False
             self._busy -= 1
             if not self._busy and self._idle is not None:
                 self._idle.set()
+
+    def _fail_queued(self, lane: _Lane, error: TopicdError) -> None:
+        """A publish failed: what is queued behind it expected its seqs and fails too."""
+        hooks = self._hooks
+        assert hooks is not None
+        queued = list(lane.pending)
+        lane.pending.clear()
+        for item in queued:
+            if isinstance(item, CopyBatch):
+                item.done(False)
+            else:
+                lane.settled(item)
+                hooks.fail_append(item, error)
+
+    def submit_copies(self, topic: Topic, batch: CopyBatch) -> None:
+        """Queue router copies for `topic`'s stream (their seqs are reserved in memory)."""
+        lane = self.lane(topic)
+        lane.pending.append(batch)
+        if not lane.busy:
+            lane.busy = True
+            self._busy += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._publish_lane, lane)
+
+    async def _publish_copies(self, lane: _Lane, batch: CopyBatch) -> None:
+        """Publish one batch of router copies at its reserved seqs (fenced, settled and
+        failed exactly as a write is)."""
+        hooks = self._hooks
+        assert hooks is not None
+        topic = lane.topic
+        expected = batch.first_seq - 1
+        try:
+            last = await self.bridge.call(
+                partial(self.store.publish, topic.topic_id, expected, batch.msgs)
+            )
+            committed = last == expected + batch.count
+            if not committed:
+                lane.diverged = True
+        except Exception as exc:
+            committed = await self._settle(lane, expected, batch.msgs, exc)
+        self.published_batches += 1
+        if committed:
+            batch.done(True)
+            self._release(topic)
+            return
+        self.failures += 1
+        batch.done(False)
+        error: TopicdError = (
+            TopicNotFound(topic.name)
+            if topic.deleted
+            else StorageUnavailable(
+                f"topic {topic.name!r}: the JetStream write failed",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+        )
+        self._fail_queued(lane, error)
+        hooks.rewind(topic)
 
     async def _reserve(self, lane: _Lane, last: int, count: int) -> None:
         """Reserve the seqs of an `ephemeral` topic's publish up to `last` (and
@@ -1347,9 +1426,21 @@ class JetStreamBackend:
         return False
 
     def _release(self, topic: Topic) -> None:
-        """Published records are in the stream: the payload cache may drop them."""
-        if self.engine is not None and not topic.deleted:
-            self.engine.payloads.release(topic, topic.head_seq)
+        """Published records are in the stream: the payload cache may drop them. A router
+        source keeps the records its feeds have not handled yet (up to `ROUTER_PIN_MAX`
+        of them) in memory, so copies are made from memory, in arrival order, as on the
+        embedded backend (whose unabsorbed records stay in memory); a feed further
+        behind reads the rest back from the stream."""
+        engine = self.engine
+        if engine is None or topic.deleted:
+            return
+        upto = topic.head_seq
+        routers = engine.routers
+        dests = routers.by_source.get(topic)
+        if dests:
+            behind = min(r.cursor for d in dests for r in routers.feed(d))
+            upto = max(min(upto, behind), upto - ROUTER_PIN_MAX)
+        engine.payloads.release(topic, upto)
 
     async def control(
         self,
@@ -1439,6 +1530,11 @@ class JetStreamBackend:
             return result
         if ftype == frames.RECORDS_DELETE and "seqs" not in body:
             return await self._delete_records(topic, body, apply)
+        from topicd.storage.jsrouters import JsRouters
+
+        routers = self.engine.routers if self.engine is not None else None
+        if ftype in _ROUTER_FRAMES and isinstance(routers, JsRouters):
+            return await routers.control(ftype, topic, body, apply)
         await trio.lowlevel.checkpoint()
         raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
 
@@ -1577,10 +1673,8 @@ class JetStreamBackend:
                 log.warning("topic %r: eviction floor not stored yet: %s", topic.name, exc)
 
 
+_ROUTER_FRAMES: Final = (frames.ROUTER_CREATE, frames.ROUTER_DELETE, frames.ROUTER_CURSOR)
 _FEATURES: Final = {
-    frames.ROUTER_CREATE: "routers",
-    frames.ROUTER_DELETE: "routers",
-    frames.ROUTER_CURSOR: "routers",
     frames.LEASE: "queue leases",
     frames.RECORDS_DELETE: "queue acks",
     frames.LOST_RANGE: "lost ranges",
@@ -1682,6 +1776,11 @@ async def _fill(
     reserved = entry.get("reserved", 0)
     assert isinstance(reserved, int)
     lane.reserved = reserved
+    feed = entry.get("feed")
+    if isinstance(feed, dict):
+        from topicd.storage.jsrouters import merge_feed
+
+        merge_feed(lane.feed, feed)
     if repair and not have_stream:
         await backend._call(partial(store.create_stream, tid, memory=lane.memory))
     floor = entry.get("floor", 1)
@@ -1741,6 +1840,11 @@ async def _load_topic(
         msgs = await backend._call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
         if not msgs:
             break
+        after = msgs[-1].seq + 1
+        if any(H_SLOT in m.headers or H_FEED in m.headers for m in msgs):
+            from topicd.storage.jsrouters import materialized
+
+            msgs = materialized(backend.lane(topic), topic, msgs)
         i = 0
         while i < len(msgs):
             # one contiguous run of one write (same $ts, consecutive seqs, no new write)
@@ -1794,7 +1898,7 @@ async def _load_topic(
             )
             loaded += len(run)
             i = j
-        seq = msgs[-1].seq + 1
+        seq = after
     if last > topic.head_seq:
         topic.skip_to(last)
     topic.next_seq = topic.head_seq + 1
@@ -1841,6 +1945,7 @@ async def open_jetstream_engine(
     """Connect to JetStream, rebuild the engine from it, run it; drain on exit."""
     from topicd.config import record_frame_bound
     from topicd.storage.jsfronts import Fronts
+    from topicd.storage.jsrouters import JsRouters
 
     if cfg.protocol.max_batch_records > BATCH_MAX:
         log.info(
@@ -1882,13 +1987,14 @@ async def open_jetstream_engine(
             backend = JetStreamBackend(cfg, bridge, store)
             engine = Engine(cfg, clock, backend)
             engine.ephemeral_stored = True
-            engine.routers = RefusingRouters(engine)
+            engine.routers = routers = JsRouters(engine, backend)
             backend.engine = engine
             backend.fronts = fronts = Fronts(engine, backend, clock, front_id)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
                 topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
+                await routers.rebuild(repair=owner)
                 break
             except JetStreamUnavailable:
                 raise

@@ -1,0 +1,159 @@
+"""Routers on the jetstream backend: definitions, cursors and copies across a restart.
+
+Method: a router is created and fed through the HTTP API on one front; the front is then
+closed (in process) or killed with `SIGKILL` (`topicd serve`), and a new front rebuilds
+from JetStream alone (an empty data directory). The copies are stored records of the
+destination's stream (materialized), so the destination must come back exactly as it
+was, and copying must go on from where it stopped: every source record copied once, none
+twice, none skipped. The kill test logs cursors to the registry only once a minute, so a
+new front can only learn where copying stopped from the cursors the copy batches carry.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import trio
+
+from tests.crash.harness import client as http_client
+from tests.crash.harness import serving
+from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from topicd.engine import payloads
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
+
+
+async def _json(r, status: int) -> dict:
+    raw = await r.get_data()
+    assert r.status_code == status, raw
+    return json.loads(raw)
+
+
+async def _write(c, topic: str, *records) -> dict:
+    r = await c.post(f"/v0/topics/{topic}", json={"records": list(records)})
+    assert r.status_code in (200, 201), await r.get_data()
+    return json.loads(await r.get_data())
+
+
+async def _records(c, topic: str) -> list[tuple[int, object, str | None]]:
+    r = await c.post(
+        f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 1000, "include_tags": True}
+    )
+    return [(x["$seq"], x["data"], x.get("$tag")) for x in (await _json(r, 200))["records"]]
+
+
+async def test_routers_and_their_copies_survive_a_restart(cluster):
+    """Definitions, cursors, copies, holes (a filter), a direct write between copies and
+    a deleted router all come back from JetStream; nothing is copied again, and copying
+    goes on at the next destination seqs."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/routers/eu", json={"source": "a", "dest": "b", "filter": "eu:*"})
+        await _json(r, 201)
+        r = await c.put("/v0/routers/gone", json={"source": "a", "dest": "g"})
+        await _json(r, 201)
+        await _write(c, "a", {"data": 1, "tag": "eu:x"}, {"data": 2, "tag": "us"})
+        await _write(c, "b", {"data": "direct"})
+        await _write(c, "a", {"data": 3, "tag": "eu:y"})
+        before = await _records(c, "b")
+        assert before == [(1, 1, "eu:x"), (3, "direct", None), (4, 3, "eu:y")]
+        await _json(await c.delete("/v0/routers/gone"), 200)
+        state = await _json(await c.get("/v0/routers/eu"), 200)
+        assert (state["forwarded_total"], state["cursor_lag"]) == (3, 0)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert await _records(c, "b") == before
+        assert (await _json(await c.get("/v0/topics/b"), 200))["head_seq"] == 4
+        again = await _json(await c.get("/v0/routers/eu"), 200)
+        assert {k: again[k] for k in ("source", "dest", "filter", "forwarded_total")} == {
+            "source": "a",
+            "dest": "b",
+            "filter": ["tag", "Glob", "eu:*"],
+            "forwarded_total": 3,
+        }
+        r = await c.get("/v0/routers/gone")
+        assert (await _json(r, 404))["error"]["code"] == "router_not_found"
+        await _write(c, "a", {"data": 4, "tag": "eu:z"})
+        assert (await _records(c, "b"))[len(before) :] == [(5, 4, "eu:z")]
+        # deleting the source removes the router, and a rebuild does not bring it back
+        await _json(await c.delete("/v0/topics/a"), 200)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.get("/v0/routers/eu")
+        assert (await _json(r, 404))["error"]["code"] == "router_not_found"
+        assert [s for s, _, _ in await _records(c, "b")] == [1, 3, 4, 5]
+
+
+async def test_topicd_serve_killed_while_copying_copies_each_record_once(cluster, tmp_path):
+    """`topicd serve` killed with SIGKILL while a writer floods a router's source: a new
+    front on an empty data directory copies every source record the old one had not,
+    and none it had (the destination holds each source record once, in order, at the
+    source's seqs: both topics started empty)."""
+    env = {
+        **cluster.env(),
+        "TOPICD_JETSTREAM_PREFIX": "routers9",
+        "TOPICD_ROUTER_CURSOR_LOG_MS": "60000",  # the copy batches' cursors must do
+    }
+    async with serving(tmp_path, env=env) as server:
+        async with http_client(server) as hc:
+            r = await hc.put("/v0/routers/s->d", json={"source": "s", "dest": "d"})
+            assert r.status_code == 201, r.text
+            enough = trio.Event()
+            acked = []
+
+            async def flood() -> None:
+                async with http_client(server) as hc2:
+                    for i in range(100_000):
+                        try:
+                            r = await hc2.post(
+                                "/v0/topics/s", json={"records": [{"data": i}, {"data": -i}]}
+                            )
+                        except httpx.HTTPError:
+                            return  # the front is gone
+                        acked.append(r.json()["first_seq"])
+                        if len(acked) >= 150:
+                            enough.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(flood)
+                await enough.wait()
+                await server.kill()
+        server.data_dir = tmp_path / "empty-data-dir"
+        await server.start()
+        async with http_client(server) as hc:
+            r = await hc.post("/v0/topics/s/diff", json={"from_seq": 0, "limit": 100000})
+            source = [(x["$seq"], x["data"]) for x in r.json()["records"]]
+            assert len(source) >= 2 * len(acked)
+            r = await hc.post("/v0/topics/d/diff", json={"from_seq": 0, "limit": 100000})
+            copies = [(x["$seq"], x["data"]) for x in r.json()["records"]]
+            assert copies == source
+            state = (await hc.get("/v0/routers/s->d")).json()
+            assert (state["forwarded_total"], state["cursor_lag"]) == (len(source), 0)
+        assert server.run.problems() == []
+
+
+async def test_a_front_that_does_not_own_every_shard_refuses_routers(cluster):
+    """With several owner fronts, routers are refused (`400 invalid_request`, the
+    canonical body) on every front, and nothing is created (not even the destination)."""
+    from tests.jetstream.conftest import open_fronts
+
+    async with open_fronts(jetstream_config(cluster), 2) as hs:
+        for h in hs:
+            c = h.app.test_client()
+            r = await c.put("/v0/routers/r", json={"source": "src", "dest": "dst"})
+            err = (await _json(r, 400))["error"]
+            assert err["code"] == "invalid_request"
+            assert err["detail"] == {
+                "backend": "jetstream",
+                "unsupported": "routers on a front that is not the owner",
+            }
+        for h in hs:
+            assert set(h.engine.topics) == set()
