@@ -11,6 +11,7 @@ new front can only learn where copying stopped from the cursors the copy batches
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httpx
@@ -157,3 +158,57 @@ async def test_a_front_that_does_not_own_every_shard_refuses_routers(cluster):
             }
         for h in hs:
             assert set(h.engine.topics) == set()
+
+
+async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(cluster):
+    """Two fronts, one shard: the owner runs a router fed through both fronts, then
+    closes with source records not copied yet (the router's registry cursor is never
+    logged: only the copy batches carry it). The follower takes the lease, attaches the
+    router at the cursor the destination's stream holds, and copies the rest: every
+    source record once, at the source's seqs."""
+    from tests.jetstream.test_fronts import _fronts
+
+    cfg = jetstream_config(cluster)
+    js = dataclasses.replace(cfg.storage.jetstream, lease_ms=600)
+    routers = dataclasses.replace(cfg.routers, cursor_log_ms=600_000)
+    cfg = dataclasses.replace(
+        cfg, routers=routers, storage=dataclasses.replace(cfg.storage, jetstream=js)
+    )
+    a_up, b_up, a_copied, stop_a = trio.Event(), trio.Event(), trio.Event(), trio.Event()
+
+    async def run_a() -> None:
+        async with open_jetstream_app(cfg) as a:
+            assert _fronts(a).owner
+            ca = a.app.test_client()
+            r = await ca.put("/v0/routers/s->d", json={"source": "s", "dest": "d"})
+            await _json(r, 201)
+            await _write(ca, "s", {"data": 1}, {"data": 2})
+            assert [x[1] for x in await _records(ca, "d")] == [1, 2]
+            a_up.set()
+            await b_up.wait()
+            assert [x[1] for x in await _records(ca, "d")] == [1, 2, 3, 4]
+            a.engine.routers.forward = lambda *args, **kw: 0  # `a` copies nothing more
+            await _write(ca, "s", {"data": 5})
+            assert a.engine.routers.routers["s->d"].cursor == 4
+            a_copied.set()
+            await stop_a.wait()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run_a)
+        await a_up.wait()
+        async with open_jetstream_app(cfg) as b:
+            assert not _fronts(b).owner
+            cb = b.app.test_client()
+            await _write(cb, "s", {"data": 3}, {"data": 4})  # (forwarded to the owner)
+            b_up.set()
+            await a_copied.wait()
+            stop_a.set()
+            with trio.fail_after(15):
+                await _fronts(b).promoted.wait()
+            assert _fronts(b).owner
+            await _write(cb, "s", {"data": 6})
+            source = [(s, x) for s, x, _ in await _records(cb, "s")]
+            assert [x for _, x in source] == [1, 2, 3, 4, 5, 6]
+            assert [(s, x) for s, x, _ in await _records(cb, "d")] == source
+            state = await _json(await cb.get("/v0/routers/s->d"), 200)
+            assert (state["forwarded_total"], state["cursor_lag"]) == (6, 0)

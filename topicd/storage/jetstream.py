@@ -1994,7 +1994,8 @@ async def open_jetstream_engine(
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
                 topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
-                await routers.rebuild(repair=owner)
+                if owner:  # (routers run on the front that owns every shard)
+                    await routers.rebuild(repair=True)
                 break
             except JetStreamUnavailable:
                 raise

@@ -64,6 +64,7 @@ from topicd.storage.jetstream import (
     _install,
     _load_topic,
 )
+from topicd.storage.jsrouters import JsRouters, merge_feed
 from topicd.storage.recovery import config_from_wire
 from topicd.wire import CONFIG_DECODER, DELETE_DECODER, decode_write
 
@@ -273,6 +274,9 @@ class Fronts:
         self.owned.discard(k)
         self.owner_subjects.pop(k, None)
         self._set_role()
+        routers = self.engine.routers
+        if isinstance(routers, JsRouters):
+            routers.drop()  # (routers run on a front that owns every shard)
 
     async def _give_up(self, k: int, why: str) -> None:
         """Hand shard `k` over: stop running its mutations, then expire its lease so the
@@ -301,6 +305,9 @@ class Fronts:
         self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
         self.owned.add(k)
         self._set_role()
+        routers = self.engine.routers
+        if self.owner and isinstance(routers, JsRouters):
+            await routers.rebuild(repair=False)  # the routers run here from now on
         self.promoted.set()
         log.warning("front %s: took the owner lease of shard %d", self.front_id, k)
 
@@ -634,6 +641,9 @@ class Fronts:
         if isinstance(reserved, int):
             lane.memory = True
             lane.reserved = max(lane.reserved, reserved)
+        feed = entry.get("feed")  # (a router destination's stored cursors)
+        if isinstance(feed, dict):
+            merge_feed(lane.feed, feed)
         wire = entry.get("config")
         if isinstance(wire, dict) and wire != topic.config.to_wire():
             engine.apply_config(topic, config_from_wire(wire), now)

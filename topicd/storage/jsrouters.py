@@ -200,16 +200,27 @@ class JsRouters(RouterService):
     def forward(self, dst: Topic, limit: int, now: int | None = None) -> int:
         if dst in self.waits:
             return 0  # one copy batch in flight per destination
+        fronts = self.backend.fronts
+        if fronts is not None and not fronts.owner:
+            return 0  # (stepping down: `drop` detaches the routers)
         lane = self.backend._lanes.get(dst.topic_id)
         if lane is not None and lane.diverged:
             with contextlib.suppress(TopicdError):
                 self.backend.admit(dst, 0, bypass=True)  # starts the read-back
             return 0
         feed = self.by_dest.get(dst)
-        if feed:
-            from topicd.storage.jetstream import BATCH_MAX
+        if not feed:
+            return 0
+        if lane is not None and lane.feed:
+            # copies stored by another front (a deposed owner that had not noticed yet)
+            # and read back from the stream: never copy those source seqs again
+            for r in feed:
+                got = lane.feed.get(r.d.name)
+                if got is not None and got[0] > r.cursor:
+                    r.cursor, r.forwarded_total = got
+        from topicd.storage.jetstream import BATCH_MAX
 
-            limit = max(1, min(limit, BATCH_MAX // len(feed)))
+        limit = max(1, min(limit, BATCH_MAX // len(feed)))
         return super().forward(dst, limit, now)
 
     def _stuck(self, dest: Topic) -> bool:
@@ -286,8 +297,12 @@ class JsRouters(RouterService):
                 wanted = wanted or topic in self.wants
                 feed = self.by_dest.get(topic)
                 topic = feed[0].src if feed else None
-            if not waits and not wanted:
+            lane = self.backend._lanes.get(dest.topic_id)
+            diverged = lane is not None and lane.diverged  # (a copy batch's fence failed)
+            if not waits and not wanted and not diverged:
                 break
+            if diverged and not await self.backend.resync(dest):
+                break  # (the stream cannot be read back yet: the read shows what is here)
             if wanted:
                 await self._load_wanted()
             for ev in waits:
@@ -354,14 +369,24 @@ class JsRouters(RouterService):
         self.defs[name] = stored
         return apply()
 
+    def drop(self) -> None:
+        """This front no longer owns every shard: its routers stop here (their entries
+        stay; the front that owns them now attaches them)."""
+        for name in sorted(self.routers):
+            self._detach(self.routers[name])
+        self.defs.clear()
+
     async def rebuild(self, *, repair: bool) -> int:
-        """Attach every router of the registry whose topics exist, at its stored cursor
-        (see the module docstring); with `repair`, remove the entries of routers whose
-        topic is gone. Returns how many were attached."""
+        """Attach every router of the registry whose topics exist and that is not
+        attached yet, at its stored cursor (see the module docstring): at start, and when
+        a front comes to own every shard (a takeover). With `repair`, remove the entries
+        of routers whose topic is gone. Returns how many were attached."""
         engine = self.engine
         entries = await self.backend._call(partial(router_entries, self.backend.store))
         attached = 0
         for name in sorted(entries):
+            if name in self.routers:
+                continue
             body = entries[name]
             ids = [body.get(k) for k in ("src_id", "dest_id", "src_base", "dest_base")]
             cursor, total = body.get("cursor"), body.get("forwarded_total", 0)
