@@ -1332,14 +1332,21 @@ class JetStreamBackend:
         topic = lane.topic
         expected = batch.first_seq - 1
         try:
-            last = await self.bridge.call(
-                partial(self.store.publish, topic.topic_id, expected, batch.msgs)
-            )
-            committed = last == expected + batch.count
-            if not committed:
-                lane.diverged = True
-        except Exception as exc:
-            committed = await self._settle(lane, expected, batch.msgs, exc)
+            if lane.memory and expected + batch.count > lane.reserved:
+                await self._reserve(lane, expected + batch.count, batch.count)
+        except TopicdError as exc:  # nothing was published
+            log.warning("topic %r: no seq reservation: %s", topic.name, exc)
+            committed = False
+        else:
+            try:
+                last = await self.bridge.call(
+                    partial(self.store.publish, topic.topic_id, expected, batch.msgs)
+                )
+                committed = last == expected + batch.count
+                if not committed:
+                    lane.diverged = True
+            except Exception as exc:
+                committed = await self._settle(lane, expected, batch.msgs, exc)
         self.published_batches += 1
         if committed:
             batch.done(True)
