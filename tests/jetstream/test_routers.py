@@ -212,3 +212,72 @@ async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(clust
             assert [(s, x) for s, x, _ in await _records(cb, "d")] == source
             state = await _json(await cb.get("/v0/routers/s->d"), 200)
             assert (state["forwarded_total"], state["cursor_lag"]) == (6, 0)
+
+
+async def test_kill9_of_the_owner_front_while_copying_then_a_takeover(cluster, tmp_path):
+    """Two `topicd serve` fronts, one shard: the owner runs a router whose source a writer
+    on the other front floods (idempotency keys, retried on 503 or a lost connection);
+    the owner is killed with SIGKILL. The survivor takes the lease, attaches the router
+    at the cursor the destination's stream holds (the registry cursor is logged once a
+    minute), and copies the rest: each acknowledged source record once in the
+    destination, at its source seq (both topics started empty), nothing else."""
+    from tests.crash.harness import Server
+
+    env = {
+        **cluster.env(),
+        "TOPICD_JETSTREAM_PREFIX": "routers9t",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+        "TOPICD_ROUTER_CURSOR_LOG_MS": "60000",
+    }
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(2):
+            (tmp_path / f"f{i}").mkdir()
+            s = Server(nursery, tmp_path / f"f{i}")
+            s.extra_env = dict(env)
+            await s.start()
+            servers.append(s)
+        try:
+            owner, other = servers
+            assert ": owner" in owner.run.text
+            async with http_client(owner) as hc:
+                r = await hc.put("/v0/routers/s->d", json={"source": "s", "dest": "d"})
+                assert r.status_code == 201, r.text
+            acked: dict[str, int] = {}
+            enough = trio.Event()
+            async with http_client(other) as hc:
+                for i in range(80):
+                    key = f"w{i}"
+                    with trio.fail_after(30):
+                        while True:
+                            try:
+                                r = await hc.post(
+                                    "/v0/topics/s",
+                                    json={"records": [{"data": key}]},
+                                    headers={"Idempotency-Key": key},
+                                )
+                            except httpx.HTTPError:
+                                continue
+                            if r.status_code == 503:
+                                await trio.sleep(0.05)  # the retry's pace, not a wait
+                                continue
+                            assert r.status_code in (200, 201), r.text
+                            break
+                    acked[key] = r.json()["first_seq"]
+                    if len(acked) == 30:
+                        await owner.kill()
+                        enough.set()
+                assert enough.is_set()
+                assert "took the owner lease" in other.run.text
+                r = await hc.post("/v0/topics/s/diff", json={"from_seq": 0, "limit": 1000})
+                source = [(x["$seq"], x["data"]) for x in r.json()["records"]]
+                assert source == sorted((seq, key) for key, seq in acked.items())
+                r = await hc.post("/v0/topics/d/diff", json={"from_seq": 0, "limit": 1000})
+                assert [(x["$seq"], x["data"]) for x in r.json()["records"]] == source
+                state = (await hc.get("/v0/routers/s->d")).json()
+                assert (state["forwarded_total"], state["cursor_lag"]) == (len(source), 0)
+            assert other.run.problems() == []
+        finally:
+            for s in servers:
+                with trio.CancelScope(shield=True):
+                    await s.close()
