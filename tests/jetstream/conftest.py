@@ -321,7 +321,6 @@ def jetstream_config(
 # The documented deltas of the jetstream backend (docs/jetstream.md): these contract tests
 # fail on it by design, and must (strict): a delta that disappears is removed from here.
 JETSTREAM_DELTAS = {
-    "test_put_durable_alias": 'durability "ephemeral" is refused',
     "test_limit_default_zero_and_clamp": "writes are capped at 1000 records (batch ceiling)",
 }
 

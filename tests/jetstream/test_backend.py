@@ -378,18 +378,7 @@ async def test_refusals_are_canonical_errors(cluster):
     cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()
-        r = await c.post(
-            "/v0/topics/e", json={"records": [{"data": 1}], "config": {"durability": "ephemeral"}}
-        )
-        err = (await _json(r, 400))["error"]
-        assert err["code"] == "invalid_request"
-        assert err["detail"]["field"] == "config.durability"
         await _write(c, "plain", {"data": 1})
-        r = await c.put("/v0/topics/plain", json={"durability": "ephemeral"})
-        assert (await _json(r, 400))["error"]["detail"]["unsupported"] == 'durability "ephemeral"'
-        r = await c.put("/v0/routers/r1", json={"source": "plain", "dest": "other"})
-        err = (await _json(r, 400))["error"]
-        assert (err["code"], err["detail"]["unsupported"]) == ("invalid_request", "routers")
         # the batch ceiling: 1000 records pass, 1001 are refused with the ceiling
         ok = await _write(c, "big", *({"data": i} for i in range(BATCH_MAX)))
         assert (ok["first_seq"], ok["last_seq"]) == (1, BATCH_MAX)
@@ -676,6 +665,86 @@ async def test_the_cluster_restarting_under_a_front(tmp_path):
         async with open_jetstream_app(cfg) as h:
             records = (await _diff(h.app.test_client(), "o"))["records"]
             assert [x["data"] for x in records] == expected
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
+
+
+async def test_ephemeral_topics_on_an_in_memory_stream(tmp_path):
+    """`ephemeral` on its own server (restarted here): the topic's stream is R1 in the
+    server's memory. A front restart loses nothing (the server still holds the records);
+    a server restart loses them, as the class allows: the topic comes back empty and its
+    seqs are never handed out again (it resumes above the reservation in its registry
+    entry), after a restart of the front and under a running one alike. Record deletes
+    reach the stream; the durability change out of `ephemeral` is refused (the stream
+    cannot move out of memory), the one into it is taken (the stream stays file-backed)."""
+    root = tmp_path / "nats"
+    server = start_nats(require_binary(), root)
+    port = server.url.rsplit(":", 1)[1]
+    base = jetstream_config(server.url)
+    js = dataclasses.replace(base.storage.jetstream, request_timeout_ms=1000)
+    cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, jetstream=js))
+    reserve = cfg.storage.wal.ephemeral_head_reserve_ahead
+
+    def restart_server():
+        nonlocal server
+        server.stop()
+        server = start_nats(require_binary(), root, listen=f"127.0.0.1:{port}")
+
+    try:
+        async with open_jetstream_app(cfg) as h:
+            c = h.app.test_client()
+            r = await c.put("/v0/topics/e", json={"durability": "ephemeral"})
+            assert (await _json(r, 201))["config"]["durability"] == "ephemeral"
+            await _write(c, "e", {"data": 1})
+            two = await _write(c, "e", {"data": 2}, {"data": 3}, idempotency_key="k")
+            assert (two["first_seq"], two["last_seq"]) == (2, 3)
+            await _write(c, "d", {"data": "kept"})
+            backend = _backend(h)
+            info = await backend.bridge.call(
+                partial(backend.store.js.stream_info, backend.store.stream(1))
+            )
+            assert (str(info.config.storage), info.config.num_replicas) == ("memory", 1)
+            r = await c.post("/v0/topics/e/delete", json={"before_seq": 2})
+            assert (await _json(r, 200))["deleted"] == 1
+            r = await c.put("/v0/topics/e", json={"durability": "disk"})
+            err = (await _json(r, 400))["error"]
+            assert err["detail"]["field"] == "config.durability"
+            r = await c.put("/v0/topics/d", json={"durability": "ephemeral"})
+            assert (await _json(r, 200))["config"]["durability"] == "ephemeral"
+        async with open_jetstream_app(cfg) as h:  # the front restarts, the server does not
+            c = h.app.test_client()
+            assert [x["data"] for x in (await _diff(c, "e"))["records"]] == [2, 3]
+            r = await c.post(
+                "/v0/topics/e", json={"records": [{"data": 2}, {"data": 3}], "idempotency_key": "k"}
+            )
+            assert ((await _json(r, 200))["deduped"], r.status_code) == (True, 200)
+        restart_server()
+        async with open_jetstream_app(cfg) as h:  # the records were in the server's memory
+            c = h.app.test_client()
+            state = await _json(await c.get("/v0/topics/e"), 200)
+            head = 1 + reserve  # (reserved by the first write)
+            assert (state["head_seq"], state["count"], state["earliest_seq"]) == (
+                head,
+                0,
+                head + 1,
+            )
+            assert (await _diff(c, "e"))["records"] == []
+            assert [x["data"] for x in (await _diff(c, "d"))["records"]] == ["kept"]
+            assert (await _write(c, "e", {"data": "after"}))["first_seq"] == head + 1
+            # the server restarts under the running front: the write in flight may fail,
+            # then the stream is found emptied and the topic resumes above the reservation
+            backend = _backend(h)
+            restart_server()
+            with trio.fail_after(20):
+                await backend.bridge.call(backend.store.wait_connected)
+            assert await backend.resync(h.engine.topics["e"])
+            later = await _write(c, "e", {"data": "later"})
+            assert later["first_seq"] > head + 1 + reserve
+            assert [x["data"] for x in (await _diff(c, "e"))["records"]] == ["later"]
+        async with open_jetstream_app(cfg) as h:
+            c = h.app.test_client()
+            assert [x["$seq"] for x in (await _diff(c, "e"))["records"]] == [later["first_seq"]]
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.stop()

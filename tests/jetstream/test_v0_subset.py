@@ -6,8 +6,9 @@ engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff,
 record-delete, error, probe, query-boolean, auth, smoke and watch-create contract tests
 that use only `client`/`harness` (those taking
 `autojump_clock` need virtual time, which a real network cannot follow). On `jetstream`,
-the ones exercising what the backend refuses by design (`ephemeral`; see
-docs/jetstream.md) are marked, and `test_backend.py` checks those refusals.
+the ones exercising what the backend does differently by design (the batch ceiling;
+see docs/jetstream.md) are marked, and `test_backend.py` checks it. The queue and router
+contract tests run in `test_v0_queues.py` and `test_v0_routers.py`.
 """
 
 from __future__ import annotations

@@ -135,6 +135,9 @@ class Engine:
         self.records_appended = 0  # records published since start, replay excluded (metrics)
         self.draining = False
         self.replaying = False  # recovery: names are registered by finish_replay()
+        # the backend stores `ephemeral` records too (jetstream: an in-memory stream), so
+        # their record deletes go to it like any other class's
+        self.ephemeral_stored = False
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
         self.pressure = 0.0
         # the HTTP layer's client permits at a time, for the governor's s4 (see Sources)
@@ -1010,6 +1013,8 @@ class Engine:
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
         self.routers.catch_up(topic)  # read-your-writes through routers
+        if self.routers.in_flight or self.routers.wants:
+            await self.routers.settle(topic)
         res = await self._read_loaded(topic, req)
         if (
             wait_ms > 0
@@ -1027,6 +1032,8 @@ class Engine:
             if topic.deleted:
                 raise TopicNotFound(name)
             self.routers.catch_up(topic)
+            if self.routers.in_flight:
+                await self.routers.settle(topic)
             res = await self._read_loaded(topic, req)  # once, with the same request (step 9)
         else:
             await trio.lowlevel.checkpoint()
@@ -1190,7 +1197,8 @@ class Engine:
         bound = topic.head_seq  # point in time: records existing now
         self.check_open()
         frame = None
-        if topic.config.durability != "ephemeral":  # ephemeral: applied in memory only
+        # ephemeral: applied in memory only, unless the backend stores those records
+        if topic.config.durability != "ephemeral" or self.ephemeral_stored:
             frame = frames.encode_control(
                 frames.RECORDS_DELETE,
                 topic.topic_id,

@@ -331,6 +331,9 @@ class RouterService:
         # recovery only: routers as the log tells them, resolved in `rederive`
         self.replay: dict[str, ReplayRouter] = {}
         self.retired: list[ReplayRouter] = []
+        # copies handed to storage and not yet visible (a backend that stores them:
+        # `settle`); 0 here, where copies are visible once made
+        self.in_flight = 0
         engine.sched.routers = self
 
     # ---- registry -----------------------------------------------------------------------
@@ -722,6 +725,27 @@ class RouterService:
             self._release_gate(dst)  # the held copies are placed: direct writes go on
         if done == lo:
             return 0
+        self._place(dst, feed, starts, done, ts, slots, trims, copies, blocked, now)
+        return done - lo
+
+    def _place(
+        self,
+        dst: Topic,
+        feed: list[Router],
+        starts: list[int],
+        done: int,
+        ts: int,
+        slots: list[DerivedSlot],
+        trims: list[int],
+        copies: list[int],
+        blocked: bool,
+        now: int,
+    ) -> None:
+        """Publish a forward's slots at `dst.head_seq + 1 ..` and move the feed's cursors
+        from `starts` to `done` (the whole publication of derived copies here; a backend
+        that stores copies overrides it to publish once they are stored)."""
+        engine = self.engine
+        src = feed[0].src
         if slots:
             engine.total_bytes += dst.publish_derived(ts, slots)
             if not engine.replaying:
@@ -744,7 +768,6 @@ class RouterService:
             engine._enforce(dst, now)
             engine.sched.mark_copied(dst, more=not blocked and done < src.head_seq)
             dst.wake()
-        return done - lo
 
     def _limited(self, dst: Topic) -> bool:
         """Whether copies into `dst` must check for room (a `reject` cap or the quota)."""
@@ -923,6 +946,13 @@ class RouterService:
             "source_epoch": SOURCE_EPOCH,
             "source_seq": s,
         }
+
+    async def settle(self, dest: Topic) -> None:
+        """Read-path catch-up for a backend whose copies are published once stored
+        (`in_flight` counts them): until the copies the catch-up made are visible. Here
+        copies are visible at once, and feeds stopped at evicted source records are
+        left to the sweep, as before."""
+        await trio.lowlevel.checkpoint()
 
     def catch_up(self, dest: Topic, depth: int = 0) -> None:
         """Read-path catch-up: drain the feed of `dest` (its source's feeds first)."""

@@ -50,8 +50,11 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
     async def get_router(router: str) -> Response:
         p = principal()
         p.require("read", router, detail_key="router")
-        r = ref.engine.routers.get(router)
+        routers = ref.engine.routers
+        r = routers.get(router)
         p.require("read", r.d.source, r.d.dest)
+        if routers.in_flight or routers.wants:  # (copies being stored: jetstream)
+            await routers.settle(r.dst)
         return json_response(router_state(r))
 
     @app.route("/v0/routers", methods=["GET"])

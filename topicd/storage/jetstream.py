@@ -53,7 +53,6 @@ import orjson
 import trio
 
 from topicd.engine.engine import Engine
-from topicd.engine.router import RouterService
 from topicd.engine.topic import Topic
 from topicd.errors import (
     InvalidRequest,
@@ -78,10 +77,8 @@ if TYPE_CHECKING:
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.commit import AppendBatch, CommitHooks
-    from topicd.engine.router import Router
     from topicd.errors import JsonValue
     from topicd.storage.jsfronts import Fronts
-    from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.storage.jetstream")
 
@@ -97,6 +94,8 @@ CONNECT_ATTEMPTS: Final = 2
 # the rebuild at start is retried for this many request timeouts (leader elections)
 REBUILD_ATTEMPTS_TIMEOUTS: Final = 6
 REBUILD_RETRY_S: Final = 0.5
+# a router source's records its feeds have not copied yet stay in memory, this many at most
+ROUTER_PIN_MAX: Final = 4096
 # how often cap/TTL floors reach the registry and the streams (seconds)
 FLOOR_INTERVAL_S: Final = 1.0
 
@@ -127,6 +126,11 @@ H_SIZE: Final = "Topicd-Size"  # the record's data+meta size (what caps count)
 H_EXTRA: Final = "Topicd-Extra"  # ASCII JSON {"t": tag, "n": node, "p": prio, "s": shape}
 H_COUNT: Final = "Topicd-Count"  # on a write's first record: its record count
 H_KEY: Final = "Topicd-Key"  # on a write's first record: its idempotency key (ASCII JSON)
+# router copies (`topicd.storage.jsrouters`): a destination seq with no record is a
+# message with no payload and `Topicd-Slot: hole` or `trim`; a copy batch's first message
+# carries the feed's cursors once it is stored, {router: [cursor, forwarded_total]}
+H_SLOT: Final = "Topicd-Slot"
+H_FEED: Final = "Topicd-Feed"
 _TS: Final = re.compile(rb'\{"\$seq":\d+,"\$ts":(\d+)')
 
 
@@ -156,19 +160,31 @@ def name_key(name: str) -> str:
     return "name." + name.encode().hex()
 
 
-def check_config(topic_config_wire: dict[str, JsonValue], field_prefix: str = "config") -> None:
-    """Refuse the topic configs this backend does not serve (ephemeral)."""
-    if topic_config_wire.get("durability") == "ephemeral":
-        raise not_supported('durability "ephemeral"', f"{field_prefix}.durability")
+def check_config(
+    topic_config_wire: dict[str, JsonValue], field_prefix: str = "config", *, memory: bool = False
+) -> None:
+    """Refuse the topic configs this backend does not serve (a durability other than
+    `ephemeral` for a topic whose stream is in memory: `memory`)."""
+    if memory and topic_config_wire.get("durability") != "ephemeral":
+        raise not_supported(
+            'a durability change of a topic created "ephemeral"', f"{field_prefix}.durability"
+        )
 
 
-class RefusingRouters(RouterService):
-    """Routers are not served on this backend yet: creating one is refused before
-    anything (a destination topic included) is created."""
+@dataclass(eq=False, slots=True)
+class CopyBatch:
+    """Router copies bound for a destination's stream (`topicd.storage.jsrouters`): in
+    the destination's lane, published in seq order with its writes and fenced like
+    them; then `done(True)`, or `done(False)` when it failed (before the lane fails what
+    is queued behind it and rewinds the topic)."""
 
-    async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
-        await trio.lowlevel.checkpoint()
-        raise not_supported("routers")
+    first_seq: int
+    msgs: list[tuple[str, bytes, dict[str, str]]]
+    done: Callable[[bool], None]
+
+    @property
+    def count(self) -> int:
+        return len(self.msgs)
 
 
 @dataclass
@@ -176,7 +192,7 @@ class _Lane:
     """One topic's writes in flight: published to its stream strictly in seq order."""
 
     topic: Topic
-    pending: deque[AppendBatch] = field(default_factory=deque)
+    pending: deque[AppendBatch | CopyBatch] = field(default_factory=deque)
     busy: bool = False
     diverged: bool = False  # the stream's head is not known to match memory: refuse writes
     resyncing: bool = False  # a task reads the stream back (`JetStreamBackend.resync`)
@@ -200,6 +216,14 @@ class _Lane:
 
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
     floor_written: int = 1  # the eviction floor the registry entry holds
+    # an `ephemeral` topic's stream is R1 in server memory: a server restart empties it,
+    # so the entry reserves seqs ahead of every publish (`reserved`), and a stream found
+    # emptied resumes above the reservation (seqs are never handed out twice)
+    memory: bool = False
+    reserved: int = 0
+    # a router destination: its feed's stored cursors, {router: [cursor, forwarded_total]}
+    # (the entry carries them too, so a purge never takes the newest ones away)
+    feed: dict[str, list[int]] = field(default_factory=dict)
     # the last record deletes, [number, before_seq, match, bound] (the registry entry
     # carries them to the other fronts), and the entry revision this front applied
     deletes: list[JsonValue] = field(default_factory=list)
@@ -216,7 +240,7 @@ class _Lane:
     read_sent: int = 0
 
     def entry(self) -> dict[str, JsonValue]:
-        return _entry(self.topic, self.deletes)
+        return _entry(self.topic, self.deletes, self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,7 +809,9 @@ class JetStreamStore:
 
     # ---- streams -----------------------------------------------------------------------
 
-    async def create_stream(self, topic_id: int) -> None:
+    async def create_stream(self, topic_id: int, *, memory: bool = False) -> None:
+        """The topic's stream: file-backed with `replicas` replicas, or (`memory`, an
+        `ephemeral` topic) one replica in a server's memory."""
         from nats.js import api
 
         assert self.js is not None
@@ -793,8 +819,8 @@ class JetStreamStore:
             api.StreamConfig(
                 name=self.stream(topic_id),
                 subjects=[f"{self.prefix}.t.{topic_id}.*"],
-                storage=api.StorageType.FILE,
-                num_replicas=self.replicas,
+                storage=api.StorageType.MEMORY if memory else api.StorageType.FILE,
+                num_replicas=1 if memory else self.replicas,
                 allow_direct=True,
                 allow_atomic=True,
                 deny_delete=False,
@@ -981,7 +1007,9 @@ def _encode_msgs(
 DELETES_KEPT: Final = 64
 
 
-def _entry(topic: Topic, deletes: list[JsonValue] | None = None) -> dict[str, JsonValue]:
+def _entry(
+    topic: Topic, deletes: list[JsonValue] | None = None, lane: _Lane | None = None
+) -> dict[str, JsonValue]:
     runs: list[JsonValue] = [[lo, hi, reason] for lo, hi, reason in topic.export_evictions()]
     out: dict[str, JsonValue] = {
         "id": topic.topic_id,
@@ -993,6 +1021,11 @@ def _entry(topic: Topic, deletes: list[JsonValue] | None = None) -> dict[str, Js
     }
     if deletes:
         out["deletes"] = list(deletes)
+    if lane is not None and lane.memory:
+        out["storage"] = "memory"
+        out["reserved"] = lane.reserved
+    if lane is not None and lane.feed:
+        out["feed"] = {k: list(v) for k, v in lane.feed.items()}
     return out
 
 
@@ -1098,8 +1131,10 @@ class JetStreamBackend:
             await trio.lowlevel.checkpoint()
             return False
         try:
-            _, last = await self._call(partial(self.store.bounds, topic.topic_id))
-            if last < topic.head_seq:
+            last = await self._last_seq(lane)
+            if last < topic.head_seq and lane.memory:
+                await self._lost(lane, topic, last)
+            elif last < topic.head_seq:
                 log.error(
                     "topic %r: its stream ends at %d, below the head %d in memory",
                     topic.name,
@@ -1120,6 +1155,50 @@ class JetStreamBackend:
         topic.next_seq = topic.head_seq + 1
         lane.diverged = False
         return True
+
+    async def _last_seq(self, lane: _Lane) -> int:
+        """The last seq of the lane's stream. An `ephemeral` topic's stream missing (its
+        server restarted on its own, not in a cluster, and forgot it) is created again,
+        empty: last seq 0."""
+        import nats.js.errors
+
+        tid = lane.topic.topic_id
+        try:
+            _, last = await self._call(partial(self.store.bounds, tid))
+        except StorageUnavailable as exc:
+            if not lane.memory or not isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                raise
+            await self._call(partial(self.store.create_stream, tid, memory=True))
+            return 0
+        return last
+
+    async def _lost(self, lane: _Lane, topic: Topic, last: int) -> None:
+        """An `ephemeral` topic's stream ends below the head in memory: the server that
+        held it in memory restarted and lost its records. They are gone, as the class
+        allows, and their seqs are not handed out again: the head moves up to the
+        reservation (every seq acknowledged lies at or below it), and the loss is a record
+        delete below the head (purging the emptied stream up to it moves the stream's
+        next seq there too), which the entry carries to the other fronts, so every front
+        reads the same silent gap."""
+        engine = self.engine
+        assert engine is not None
+        head = max(topic.head_seq, lane.reserved)
+        log.warning(
+            "topic %r: its in-memory stream lost its records (it ends at %d, the head is "
+            "%d); resuming above seq %d",
+            topic.name,
+            last,
+            topic.head_seq,
+            head,
+        )
+        topic.skip_to(head)
+        body: dict[str, object] = {"before_seq": head + 1, "match": None, "bound": head}
+        await self._delete_records(
+            topic,
+            body,
+            lambda: engine.apply_records_delete(topic, head + 1, None, head, engine.clock.now_ms()),
+        )
+        engine.durable(topic, topic.head_seq)
 
     def backlog_full(self, topic: Topic) -> bool:
         return False  # no checkpoint: nothing is pinned in memory waiting to be absorbed
@@ -1162,28 +1241,46 @@ class JetStreamBackend:
         assert hooks is not None
         try:
             while lane.pending:
-                group = [lane.pending.popleft()]
-                total = group[0].count
+                first = lane.pending.popleft()
+                if isinstance(first, CopyBatch):
+                    await self._publish_copies(lane, first)
+                    continue
+                group = [first]
+                total = first.count
                 while lane.pending and total + lane.pending[0].count <= BATCH_MAX:
-                    total += lane.pending[0].count
-                    group.append(lane.pending.popleft())
+                    nxt = lane.pending[0]
+                    if isinstance(nxt, CopyBatch):
+                        break
+                    total += nxt.count
+                    group.append(nxt)
+                    lane.pending.popleft()
                 topic = lane.topic
                 expected = group[0].first_seq - 1
                 msgs = _encode_msgs(self.store, group)
                 t0 = trio.current_time()
+                reserved = True
+                if lane.memory and expected + total > lane.reserved:
+                    try:
+                        await self._reserve(lane, expected + total, total)
+                    except TopicdError as exc:  # nothing was published
+                        log.warning("topic %r: no seq reservation: %s", topic.name, exc)
+                        reserved = False
                 try:
-                    last = await self.bridge.call(  # raw errors: `_settle` tells them apart
-                        partial(self.store.publish, topic.topic_id, expected, msgs)
-                    )
-                    committed = last == expected + total
-                    if not committed:
-                        log.error(
-                            "topic %r: JetStream stored seqs up to %d, expected %d",
-                            topic.name,
-                            last,
-                            expected + total,
+                    if not reserved:
+                        committed = False
+                    else:
+                        last = await self.bridge.call(  # raw errors: `_settle` tells them apart
+                            partial(self.store.publish, topic.topic_id, expected, msgs)
                         )
-                        lane.diverged = True
+                        committed = last == expected + total
+                        if not committed:
+                            log.error(
+                                "topic %r: JetStream stored seqs up to %d, expected %d",
+                                topic.name,
+                                last,
+                                expected + total,
+                            )
+                            lane.diverged = True
                 except Exception as exc:
                     committed = await self._settle(lane, expected, msgs, exc)
                 ms = (trio.current_time() - t0) * 1000
@@ -1204,18 +1301,97 @@ class JetStreamBackend:
                             {"topic": topic.name, "backend": "jetstream"},
                         )
                     )
-                    # the writes queued behind it expected its seqs: they fail with it
-                    group.extend(lane.pending)
-                    lane.pending.clear()
                     for batch in group:
                         lane.settled(batch)
                         hooks.fail_append(batch, error)
+                    self._fail_queued(lane, error)
                     hooks.rewind(topic)
         finally:
             lane.busy = False
             self._busy -= 1
             if not self._busy and self._idle is not None:
                 self._idle.set()
+
+    def _fail_queued(self, lane: _Lane, error: TopicdError) -> None:
+        """A publish failed: what is queued behind it expected its seqs and fails too."""
+        hooks = self._hooks
+        assert hooks is not None
+        queued = list(lane.pending)
+        lane.pending.clear()
+        for item in queued:
+            if isinstance(item, CopyBatch):
+                item.done(False)
+            else:
+                lane.settled(item)
+                hooks.fail_append(item, error)
+
+    def submit_copies(self, topic: Topic, batch: CopyBatch) -> None:
+        """Queue router copies for `topic`'s stream (their seqs are reserved in memory)."""
+        lane = self.lane(topic)
+        lane.pending.append(batch)
+        if not lane.busy:
+            lane.busy = True
+            self._busy += 1
+            assert self._nursery is not None
+            self._nursery.start_soon(self._publish_lane, lane)
+
+    async def _publish_copies(self, lane: _Lane, batch: CopyBatch) -> None:
+        """Publish one batch of router copies at its reserved seqs (fenced, settled and
+        failed exactly as a write is)."""
+        hooks = self._hooks
+        assert hooks is not None
+        topic = lane.topic
+        expected = batch.first_seq - 1
+        try:
+            if lane.memory and expected + batch.count > lane.reserved:
+                await self._reserve(lane, expected + batch.count, batch.count)
+        except TopicdError as exc:  # nothing was published
+            log.warning("topic %r: no seq reservation: %s", topic.name, exc)
+            committed = False
+        else:
+            try:
+                last = await self.bridge.call(
+                    partial(self.store.publish, topic.topic_id, expected, batch.msgs)
+                )
+                committed = last == expected + batch.count
+                if not committed:
+                    lane.diverged = True
+            except Exception as exc:
+                committed = await self._settle(lane, expected, batch.msgs, exc)
+        self.published_batches += 1
+        if committed:
+            batch.done(True)
+            self._release(topic)
+            return
+        self.failures += 1
+        batch.done(False)
+        error: TopicdError = (
+            TopicNotFound(topic.name)
+            if topic.deleted
+            else StorageUnavailable(
+                f"topic {topic.name!r}: the JetStream write failed",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+        )
+        self._fail_queued(lane, error)
+        hooks.rewind(topic)
+
+    async def _reserve(self, lane: _Lane, last: int, count: int) -> None:
+        """Reserve the seqs of an `ephemeral` topic's publish up to `last` (and
+        `storage.wal.ephemeral_head_reserve_ahead` more, or 4 × its `count`) in its
+        registry entry before publishing: about one publish in 65536 waits for it. Its
+        stream lives in one server's memory; if that server restarts, the seqs handed out
+        are known only from here."""
+        ahead = max(self.cfg.storage.wal.ephemeral_head_reserve_ahead, 4 * count)
+        topic = lane.topic
+        async with lane.registry_lock:
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            if last <= lane.reserved:
+                return
+            new = last + ahead
+            await self._put_entry(topic, lane, lambda: lane.entry() | {"reserved": new})
+            lane.reserved = max(lane.reserved, new)
 
     async def _settle(
         self,
@@ -1268,9 +1444,21 @@ class JetStreamBackend:
         return False
 
     def _release(self, topic: Topic) -> None:
-        """Published records are in the stream: the payload cache may drop them."""
-        if self.engine is not None and not topic.deleted:
-            self.engine.payloads.release(topic, topic.head_seq)
+        """Published records are in the stream: the payload cache may drop them. A router
+        source keeps the records its feeds have not handled yet (up to `ROUTER_PIN_MAX`
+        of them) in memory, so copies are made from memory, in arrival order, as on the
+        embedded backend (whose unabsorbed records stay in memory); a feed further
+        behind reads the rest back from the stream."""
+        engine = self.engine
+        if engine is None or topic.deleted:
+            return
+        upto = topic.head_seq
+        routers = engine.routers
+        dests = routers.by_source.get(topic)
+        if dests:
+            behind = min(r.cursor for d in dests for r in routers.feed(d))
+            upto = max(min(upto, behind), upto - ROUTER_PIN_MAX)
+        engine.payloads.release(topic, upto)
 
     async def control(
         self,
@@ -1303,6 +1491,7 @@ class JetStreamBackend:
         if ftype == frames.TOPIC_CREATE:
             config = topic.config.to_wire()
             check_config(config)
+            memory = config.get("durability") == "ephemeral"
             # the id comes from the registry (the engine's guess is its lower bound): the
             # topic is not registered anywhere yet, so it may still change. Its lane is
             # made once the id is the topic's (the guess may be another's id by then)
@@ -1311,6 +1500,7 @@ class JetStreamBackend:
             topic.topic_id = tid = got
             lane = self.lane(topic)
             assert lane.topic is topic
+            lane.memory = memory
             if self.engine is not None:
                 self.engine.next_topic_id = max(self.engine.next_topic_id, tid + 1)
             async with lane.registry_lock:
@@ -1321,18 +1511,18 @@ class JetStreamBackend:
                         f"topic {topic.name!r} was created by another front; retry",
                         {"topic": topic.name, "backend": "jetstream"},
                     )
-                await self._call(partial(self.store.create_stream, tid))
+                await self._call(partial(self.store.create_stream, tid, memory=memory))
                 if topic.config.type == "queue":
                     await self.journals.create(tid)
                 lane.entry_rev = await self._call(
-                    partial(self.store.put_entry, tid, _entry(topic), None)
+                    partial(self.store.put_entry, tid, lane.entry(), None)
                 )
             return apply()
         lane = self.lane(topic)
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
             assert isinstance(wire, dict)
-            check_config(wire)
+            check_config(wire, memory=lane.memory)
             if topic.deleted:
                 raise TopicNotFound(topic.name)
             async with lane.registry_lock:
@@ -1366,6 +1556,11 @@ class JetStreamBackend:
             return await self.journals.ack(topic, [int(s) for s in seqs], apply)
         if ftype == frames.LEASE:
             return await self.journals.lease(topic, body, apply)
+        from topicd.storage.jsrouters import JsRouters
+
+        routers = self.engine.routers if self.engine is not None else None
+        if ftype in _ROUTER_FRAMES and isinstance(routers, JsRouters):
+            return await routers.control(ftype, topic, body, apply)
         await trio.lowlevel.checkpoint()
         raise not_supported(_FEATURES.get(ftype, f"storage operation {ftype}"))
 
@@ -1437,7 +1632,7 @@ class JetStreamBackend:
         def build() -> dict[str, JsonValue]:
             record[0] = lane.deletes_applied + 1
             log_after[:] = [*lane.deletes, record][-DELETES_KEPT:]
-            return _entry(topic, log_after)
+            return _entry(topic, log_after, lane)
 
         async with lane.registry_lock:
             if topic.deleted:
@@ -1506,10 +1701,8 @@ class JetStreamBackend:
                 log.warning("topic %r: eviction floor not stored yet: %s", topic.name, exc)
 
 
+_ROUTER_FRAMES: Final = (frames.ROUTER_CREATE, frames.ROUTER_DELETE, frames.ROUTER_CURSOR)
 _FEATURES: Final = {
-    frames.ROUTER_CREATE: "routers",
-    frames.ROUTER_DELETE: "routers",
-    frames.ROUTER_CURSOR: "routers",
     frames.LOST_RANGE: "lost ranges",
     frames.HEAD_WATERMARK: "seq reservations",
     frames.EVICT_WATERMARK: "eviction watermarks",
@@ -1605,8 +1798,18 @@ async def _fill(
 ) -> int:
     store = backend.store
     tid = topic.topic_id
+    lane = backend.lane(topic)
+    lane.memory = entry.get("storage") == "memory"
+    reserved = entry.get("reserved", 0)
+    assert isinstance(reserved, int)
+    lane.reserved = reserved
+    feed = entry.get("feed")
+    if isinstance(feed, dict):
+        from topicd.storage.jsrouters import merge_feed
+
+        merge_feed(lane.feed, feed)
     if repair and not have_stream:
-        await backend._call(partial(store.create_stream, tid))
+        await backend._call(partial(store.create_stream, tid, memory=lane.memory))
     floor = entry.get("floor", 1)
     runs = entry.get("runs", [])
     assert isinstance(floor, int)
@@ -1620,11 +1823,19 @@ async def _fill(
     loaded = await _load_topic(engine, backend, topic, engine.clock.now_ms, floor)
     if topic.config.type == "queue":
         await backend.journals.load(topic, repair=repair)
+    if lane.memory and reserved > topic.head_seq and topic.count == 0:
+        # an `ephemeral` topic whose stream holds nothing: if its server restarted, the
+        # records are lost and the seqs they had are known only from the reservation.
+        # Resume above it (seqs are never handed out twice; as after a crash of the
+        # embedded backend, the topic comes back empty above its reservation); the
+        # owner's first publish then finds the stream behind and moves it up (`_lost`)
+        topic.skip_to(reserved)
+        if repair:
+            await backend._call(partial(store.purge, tid, reserved + 1))
     if repair:
         if floor > 1:
             await backend._call(partial(store.purge, tid, floor))  # finish that purge
         await backend._call(partial(store.put_name, topic.name, tid))
-    lane = backend.lane(topic)
     lane.floor_written = floor
     deletes = entry.get("deletes") or []
     assert isinstance(deletes, list)
@@ -1658,6 +1869,11 @@ async def _load_topic(
         msgs = await backend._call(partial(store.read, tid, seq, last, READ_PAGE_BYTES))
         if not msgs:
             break
+        after = msgs[-1].seq + 1
+        if any(H_SLOT in m.headers or H_FEED in m.headers for m in msgs):
+            from topicd.storage.jsrouters import materialized
+
+            msgs = materialized(backend.lane(topic), topic, msgs)
         i = 0
         while i < len(msgs):
             # one contiguous run of one write (same $ts, consecutive seqs, no new write)
@@ -1711,7 +1927,7 @@ async def _load_topic(
             )
             loaded += len(run)
             i = j
-        seq = msgs[-1].seq + 1
+        seq = after
     if last > topic.head_seq:
         topic.skip_to(last)
     topic.next_seq = topic.head_seq + 1
@@ -1758,6 +1974,7 @@ async def open_jetstream_engine(
     """Connect to JetStream, rebuild the engine from it, run it; drain on exit."""
     from topicd.config import record_frame_bound
     from topicd.storage.jsfronts import Fronts
+    from topicd.storage.jsrouters import JsRouters
 
     if cfg.protocol.max_batch_records > BATCH_MAX:
         log.info(
@@ -1798,13 +2015,16 @@ async def open_jetstream_engine(
         while True:
             backend = JetStreamBackend(cfg, bridge, store)
             engine = Engine(cfg, clock, backend)
-            engine.routers = RefusingRouters(engine)
+            engine.ephemeral_stored = True
+            engine.routers = routers = JsRouters(engine, backend)
             backend.engine = engine
             backend.fronts = fronts = Fronts(engine, backend, clock, front_id)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
                 topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
+                if owner:  # (routers run on the front that owns every shard)
+                    await routers.rebuild(repair=True)
                 break
             except JetStreamUnavailable:
                 raise

@@ -64,6 +64,7 @@ from topicd.storage.jetstream import (
     _install,
     _load_topic,
 )
+from topicd.storage.jsrouters import JsRouters, merge_feed
 from topicd.storage.recovery import config_from_wire
 from topicd.wire import CONFIG_DECODER, DELETE_DECODER, decode_write
 
@@ -276,6 +277,9 @@ class Fronts:
         self.owned.discard(k)
         self.owner_subjects.pop(k, None)
         self._set_role()
+        routers = self.engine.routers
+        if isinstance(routers, JsRouters):
+            routers.drop()  # (routers run on a front that owns every shard)
 
     async def _give_up(self, k: int, why: str) -> None:
         """Hand shard `k` over: stop running its mutations, then expire its lease so the
@@ -308,6 +312,9 @@ class Fronts:
         self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
         self.owned.add(k)
         self._set_role()
+        routers = self.engine.routers
+        if self.owner and isinstance(routers, JsRouters):
+            await routers.rebuild(repair=False)  # the routers run here from now on
         self.promoted.set()
         log.warning("front %s: took the owner lease of shard %d", self.front_id, k)
 
@@ -677,6 +684,13 @@ class Fronts:
     def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
         engine = self.engine
         now = self.clock.now_ms()
+        reserved = entry.get("reserved")  # (an `ephemeral` topic's seq reservation)
+        if isinstance(reserved, int):
+            lane.memory = True
+            lane.reserved = max(lane.reserved, reserved)
+        feed = entry.get("feed")  # (a router destination's stored cursors)
+        if isinstance(feed, dict):
+            merge_feed(lane.feed, feed)
         wire = entry.get("config")
         if isinstance(wire, dict) and wire != topic.config.to_wire():
             engine.apply_config(topic, config_from_wire(wire), now)

@@ -1,0 +1,283 @@
+"""Routers on the jetstream backend: definitions, cursors and copies across a restart.
+
+Method: a router is created and fed through the HTTP API on one front; the front is then
+closed (in process) or killed with `SIGKILL` (`topicd serve`), and a new front rebuilds
+from JetStream alone (an empty data directory). The copies are stored records of the
+destination's stream (materialized), so the destination must come back exactly as it
+was, and copying must go on from where it stopped: every source record copied once, none
+twice, none skipped. The kill test logs cursors to the registry only once a minute, so a
+new front can only learn where copying stopped from the cursors the copy batches carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import httpx
+import pytest
+import trio
+
+from tests.crash.harness import client as http_client
+from tests.crash.harness import serving
+from tests.jetstream.conftest import jetstream_config, open_jetstream_app
+from topicd.engine import payloads
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
+
+
+async def _json(r, status: int) -> dict:
+    raw = await r.get_data()
+    assert r.status_code == status, raw
+    return json.loads(raw)
+
+
+async def _write(c, topic: str, *records) -> dict:
+    r = await c.post(f"/v0/topics/{topic}", json={"records": list(records)})
+    assert r.status_code in (200, 201), await r.get_data()
+    return json.loads(await r.get_data())
+
+
+async def _records(c, topic: str) -> list[tuple[int, object, str | None]]:
+    r = await c.post(
+        f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 1000, "include_tags": True}
+    )
+    return [(x["$seq"], x["data"], x.get("$tag")) for x in (await _json(r, 200))["records"]]
+
+
+async def test_routers_and_their_copies_survive_a_restart(cluster):
+    """Definitions, cursors, copies, holes (a filter), a direct write between copies and
+    a deleted router all come back from JetStream; nothing is copied again, and copying
+    goes on at the next destination seqs."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/routers/eu", json={"source": "a", "dest": "b", "filter": "eu:*"})
+        await _json(r, 201)
+        r = await c.put("/v0/routers/gone", json={"source": "a", "dest": "g"})
+        await _json(r, 201)
+        await _write(c, "a", {"data": 1, "tag": "eu:x"}, {"data": 2, "tag": "us"})
+        await _write(c, "b", {"data": "direct"})
+        await _write(c, "a", {"data": 3, "tag": "eu:y"})
+        before = await _records(c, "b")
+        assert before == [(1, 1, "eu:x"), (3, "direct", None), (4, 3, "eu:y")]
+        await _json(await c.delete("/v0/routers/gone"), 200)
+        state = await _json(await c.get("/v0/routers/eu"), 200)
+        assert (state["forwarded_total"], state["cursor_lag"]) == (3, 0)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert await _records(c, "b") == before
+        assert (await _json(await c.get("/v0/topics/b"), 200))["head_seq"] == 4
+        again = await _json(await c.get("/v0/routers/eu"), 200)
+        assert {k: again[k] for k in ("source", "dest", "filter", "forwarded_total")} == {
+            "source": "a",
+            "dest": "b",
+            "filter": ["tag", "Glob", "eu:*"],
+            "forwarded_total": 3,
+        }
+        r = await c.get("/v0/routers/gone")
+        assert (await _json(r, 404))["error"]["code"] == "router_not_found"
+        await _write(c, "a", {"data": 4, "tag": "eu:z"})
+        assert (await _records(c, "b"))[len(before) :] == [(5, 4, "eu:z")]
+        # deleting the source removes the router, and a rebuild does not bring it back
+        await _json(await c.delete("/v0/topics/a"), 200)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.get("/v0/routers/eu")
+        assert (await _json(r, 404))["error"]["code"] == "router_not_found"
+        assert [s for s, _, _ in await _records(c, "b")] == [1, 3, 4, 5]
+
+
+async def test_topicd_serve_killed_while_copying_copies_each_record_once(cluster, tmp_path):
+    """`topicd serve` killed with SIGKILL while a writer floods a router's source: a new
+    front on an empty data directory copies every source record the old one had not,
+    and none it had (the destination holds each source record once, in order, at the
+    source's seqs: both topics started empty)."""
+    env = {
+        **cluster.env(),
+        "TOPICD_JETSTREAM_PREFIX": "routers9",
+        "TOPICD_ROUTER_CURSOR_LOG_MS": "60000",  # the copy batches' cursors must do
+    }
+    async with serving(tmp_path, env=env) as server:
+        async with http_client(server) as hc:
+            r = await hc.put("/v0/routers/s->d", json={"source": "s", "dest": "d"})
+            assert r.status_code == 201, r.text
+            enough = trio.Event()
+            acked = []
+
+            async def flood() -> None:
+                async with http_client(server) as hc2:
+                    for i in range(100_000):
+                        try:
+                            r = await hc2.post(
+                                "/v0/topics/s", json={"records": [{"data": i}, {"data": -i}]}
+                            )
+                        except httpx.HTTPError:
+                            return  # the front is gone
+                        acked.append(r.json()["first_seq"])
+                        if len(acked) >= 150:
+                            enough.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(flood)
+                await enough.wait()
+                await server.kill()
+        server.data_dir = tmp_path / "empty-data-dir"
+        await server.start()
+        async with http_client(server) as hc:
+            r = await hc.post("/v0/topics/s/diff", json={"from_seq": 0, "limit": 100000})
+            source = [(x["$seq"], x["data"]) for x in r.json()["records"]]
+            assert len(source) >= 2 * len(acked)
+            r = await hc.post("/v0/topics/d/diff", json={"from_seq": 0, "limit": 100000})
+            copies = [(x["$seq"], x["data"]) for x in r.json()["records"]]
+            assert copies == source
+            state = (await hc.get("/v0/routers/s->d")).json()
+            assert (state["forwarded_total"], state["cursor_lag"]) == (len(source), 0)
+        assert server.run.problems() == []
+
+
+async def test_a_front_that_does_not_own_every_shard_refuses_routers(cluster):
+    """With several owner fronts, routers are refused (`400 invalid_request`, the
+    canonical body) on every front, and nothing is created (not even the destination)."""
+    from tests.jetstream.conftest import open_fronts
+
+    async with open_fronts(jetstream_config(cluster), 2) as hs:
+        for h in hs:
+            c = h.app.test_client()
+            r = await c.put("/v0/routers/r", json={"source": "src", "dest": "dst"})
+            err = (await _json(r, 400))["error"]
+            assert err["code"] == "invalid_request"
+            assert err["detail"] == {
+                "backend": "jetstream",
+                "unsupported": "routers on a front that is not the owner",
+            }
+        for h in hs:
+            assert set(h.engine.topics) == set()
+
+
+async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(cluster):
+    """Two fronts, one shard: the owner runs a router fed through both fronts, then
+    closes with source records not copied yet (the router's registry cursor is never
+    logged: only the copy batches carry it). The follower takes the lease, attaches the
+    router at the cursor the destination's stream holds, and copies the rest: every
+    source record once, at the source's seqs."""
+    from tests.jetstream.test_fronts import _fronts
+
+    cfg = jetstream_config(cluster)
+    js = dataclasses.replace(cfg.storage.jetstream, lease_ms=600)
+    routers = dataclasses.replace(cfg.routers, cursor_log_ms=600_000)
+    cfg = dataclasses.replace(
+        cfg, routers=routers, storage=dataclasses.replace(cfg.storage, jetstream=js)
+    )
+    a_up, b_up, a_copied, stop_a = trio.Event(), trio.Event(), trio.Event(), trio.Event()
+
+    async def run_a() -> None:
+        async with open_jetstream_app(cfg) as a:
+            assert _fronts(a).owner
+            ca = a.app.test_client()
+            r = await ca.put("/v0/routers/s->d", json={"source": "s", "dest": "d"})
+            await _json(r, 201)
+            await _write(ca, "s", {"data": 1}, {"data": 2})
+            assert [x[1] for x in await _records(ca, "d")] == [1, 2]
+            a_up.set()
+            await b_up.wait()
+            assert [x[1] for x in await _records(ca, "d")] == [1, 2, 3, 4]
+            a.engine.routers.forward = lambda *args, **kw: 0  # `a` copies nothing more
+            await _write(ca, "s", {"data": 5})
+            assert a.engine.routers.routers["s->d"].cursor == 4
+            a_copied.set()
+            await stop_a.wait()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(run_a)
+        await a_up.wait()
+        async with open_jetstream_app(cfg) as b:
+            assert not _fronts(b).owner
+            cb = b.app.test_client()
+            await _write(cb, "s", {"data": 3}, {"data": 4})  # (forwarded to the owner)
+            b_up.set()
+            await a_copied.wait()
+            stop_a.set()
+            with trio.fail_after(15):
+                await _fronts(b).promoted.wait()
+            assert _fronts(b).owner
+            await _write(cb, "s", {"data": 6})
+            source = [(s, x) for s, x, _ in await _records(cb, "s")]
+            assert [x for _, x in source] == [1, 2, 3, 4, 5, 6]
+            assert [(s, x) for s, x, _ in await _records(cb, "d")] == source
+            state = await _json(await cb.get("/v0/routers/s->d"), 200)
+            assert (state["forwarded_total"], state["cursor_lag"]) == (6, 0)
+
+
+async def test_kill9_of_the_owner_front_while_copying_then_a_takeover(cluster, tmp_path):
+    """Two `topicd serve` fronts, one shard: the owner runs a router whose source a writer
+    on the other front floods (idempotency keys, retried on 503 or a lost connection);
+    the owner is killed with SIGKILL. The survivor takes the lease, attaches the router
+    at the cursor the destination's stream holds (the registry cursor is logged once a
+    minute), and copies the rest: each acknowledged source record once in the
+    destination, at its source seq (both topics started empty), nothing else."""
+    from tests.crash.harness import Server
+
+    env = {
+        **cluster.env(),
+        "TOPICD_JETSTREAM_PREFIX": "routers9t",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+        "TOPICD_ROUTER_CURSOR_LOG_MS": "60000",
+    }
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(2):
+            (tmp_path / f"f{i}").mkdir()
+            s = Server(nursery, tmp_path / f"f{i}")
+            s.extra_env = dict(env)
+            await s.start()
+            servers.append(s)
+        try:
+            owner, other = servers
+            assert ": owner" in owner.run.text
+            async with http_client(owner) as hc:
+                r = await hc.put("/v0/routers/s->d", json={"source": "s", "dest": "d"})
+                assert r.status_code == 201, r.text
+            acked: dict[str, int] = {}
+            enough = trio.Event()
+            async with http_client(other) as hc:
+                for i in range(80):
+                    key = f"w{i}"
+                    with trio.fail_after(30):
+                        while True:
+                            try:
+                                r = await hc.post(
+                                    "/v0/topics/s",
+                                    json={"records": [{"data": key}]},
+                                    headers={"Idempotency-Key": key},
+                                )
+                            except httpx.HTTPError:
+                                continue
+                            if r.status_code == 503:
+                                await trio.sleep(0.05)  # the retry's pace, not a wait
+                                continue
+                            assert r.status_code in (200, 201), r.text
+                            break
+                    acked[key] = r.json()["first_seq"]
+                    if len(acked) == 30:
+                        await owner.kill()
+                        enough.set()
+                assert enough.is_set()
+                assert "took the owner lease" in other.run.text
+                r = await hc.post("/v0/topics/s/diff", json={"from_seq": 0, "limit": 1000})
+                source = [(x["$seq"], x["data"]) for x in r.json()["records"]]
+                assert source == sorted((seq, key) for key, seq in acked.items())
+                r = await hc.post("/v0/topics/d/diff", json={"from_seq": 0, "limit": 1000})
+                assert [(x["$seq"], x["data"]) for x in r.json()["records"]] == source
+                state = (await hc.get("/v0/routers/s->d")).json()
+                assert (state["forwarded_total"], state["cursor_lag"]) == (len(source), 0)
+            assert other.run.problems() == []
+        finally:
+            for s in servers:
+                with trio.CancelScope(shield=True):
+                    await s.close()
