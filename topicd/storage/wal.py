@@ -108,6 +108,11 @@ class _SyncFailed(Exception):
         self.exc = exc
 
 
+def _records(subs: list[Submission], start: int) -> int:
+    """Records written by the submissions from `start` on."""
+    return sum(sub.batch.count for sub in subs[start:] if sub.batch is not None)
+
+
 def _write_and_sync(
     fs: Fs, fd: int, data: bytes, offset: int, sync: bool, drop_from: int = 0
 ) -> float:
@@ -514,19 +519,32 @@ class Shard:
         out: list[bytes] = []
         reserving: dict[Topic, int] = {}
         nbytes, sync = self._take(subs, out, 0, reserving)
-        if sync and (len(subs) > 1 or self.ready) and any(sub.sync for sub in subs):
+        enough = self.wal.gc_enough_records
+        if (
+            sync
+            and (len(subs) > 1 or self.ready)
+            and any(sub.sync for sub in subs)
+            and _records(subs, 0) < enough
+        ):
             # concurrent durable writers: keep taking arrivals while they keep coming (a
             # lone durable write with nothing else pending syncs at once; a sync that only
-            # a seq reservation needs has no one to wait for)
+            # a seq reservation needs has no one to wait for), until the batch carries
+            # `gc_enough_records`: its sync is then shared widely enough, and later
+            # arrivals are staged during it and join the next batch (the loop keeps
+            # working while the disk syncs, instead of idling through a last slice)
             opened = trio.current_time()
             window = self.commit_window_ms / 1000
             slice_s = self.wal.gc_slice_us / 1_000_000
+            records = _records(subs, 0)
             while nbytes < self.wal.max_batch_bytes and trio.current_time() - opened < window:
                 await trio.sleep(slice_s)
                 before = len(subs)
                 nbytes, _ = self._take(subs, out, nbytes, reserving)
                 if len(subs) == before:
                     break  # a slice brought nothing: stop waiting
+                records += _records(subs, before)
+                if records >= enough:
+                    break
         data = b"".join(out)
         t0 = perf_ms()
         sync_ms = 0.0
