@@ -18,7 +18,10 @@ work left rejoin the tail. The batch is one `pwrite` and at most one `fdatasync`
 a single offload call. A batch syncs when it holds an `fsync`-class write, a control
 mutation or a seq reservation; before a sync it keeps taking arrivals in slices of
 `gc_slice_us` while they keep coming, for at most `commit_window_ms` (the value the
-governor moves between `commit_window_min_ms` and `commit_window_max_ms`).
+governor moves between `commit_window_min_ms` and `commit_window_max_ms`), and only
+until the batch carries `gc_enough_records` records: a batch that already shares its
+sync that widely goes at once, and what arrives meanwhile is staged for the next batch
+while this one syncs.
 
 **Ack by class.** `fsync`: after the covering sync. `memory`/`disk`: after the write,
 once a synced `HeadWatermark` covers the seqs (a reservation `max(reserve_ahead, 4n)`
@@ -520,11 +523,12 @@ class Shard:
         reserving: dict[Topic, int] = {}
         nbytes, sync = self._take(subs, out, 0, reserving)
         enough = self.wal.gc_enough_records
+        records = _records(subs, 0)
         if (
             sync
             and (len(subs) > 1 or self.ready)
             and any(sub.sync for sub in subs)
-            and _records(subs, 0) < enough
+            and records < enough
         ):
             # concurrent durable writers: keep taking arrivals while they keep coming (a
             # lone durable write with nothing else pending syncs at once; a sync that only
@@ -535,7 +539,6 @@ class Shard:
             opened = trio.current_time()
             window = self.commit_window_ms / 1000
             slice_s = self.wal.gc_slice_us / 1_000_000
-            records = _records(subs, 0)
             while nbytes < self.wal.max_batch_bytes and trio.current_time() - opened < window:
                 await trio.sleep(slice_s)
                 before = len(subs)
