@@ -204,6 +204,11 @@ class WalConfig:
     gc_slice_us: int = key(
         500, "Group-commit coalescing slice: wait this long for more arrivals.", min=0
     )
+    gc_enough_records: int = key(
+        64,
+        "Group commit stops waiting for more arrivals once a batch carries this many records.",
+        min=1,
+    )
     disk_fsync_interval_ms: int = key(
         100,
         "Background sync of the unsynced tail (bounds the disk-class loss window).",

@@ -224,6 +224,77 @@ async def test_concurrent_fsync_writers_share_syncs(autojump_clock):
         assert engine.get("t").head_seq == 41
 
 
+def _window_config(**wal: int):
+    """A wide group-commit window (50 ms, 10 ms slices), so waiting for company shows."""
+    window = {"commit_window_min_ms": 50.0, "commit_window_max_ms": 50.0}
+    return durable_config(wal={"gc_slice_us": 10_000, **wal}, governor=window)
+
+
+async def _concurrent_fsync_writes(fs, sizes: list[int], **wal: int) -> tuple[float, int]:
+    """Concurrent `fsync` writes of `sizes` records each: (seconds until every one is
+    acknowledged, fdatasyncs they took)."""
+    async with open_durable(fs, _window_config(**wal)) as engine:
+        await put(engine, "t", durability="fsync")
+        await write(engine, "t", b"0")
+        syncs_before = sum(1 for c in fs.calls if c[0] == "fdatasync")
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            for size in sizes:
+                n.start_soon(write, engine, "t", *[b"%d" % i for i in range(size)])
+        elapsed = trio.current_time() - t0
+        assert engine.get("t").head_seq == 1 + sum(sizes)
+        return elapsed, sum(1 for c in fs.calls if c[0] == "fdatasync") - syncs_before
+
+
+async def test_small_concurrent_fsync_writes_wait_a_slice_for_company(autojump_clock):
+    elapsed, syncs = await _concurrent_fsync_writes(FaultFs(FakeDisk()), [1, 1, 1])
+    assert syncs == 1
+    assert elapsed >= 0.010 - 1e-9  # one slice that brought nothing, then the sync
+
+
+async def test_a_batch_with_enough_records_syncs_without_waiting(autojump_clock):
+    """`gc_enough_records` reached: no slice is waited, later arrivals join the next sync
+    (which the loop prepares while this one runs)."""
+    elapsed, syncs = await _concurrent_fsync_writes(FaultFs(FakeDisk()), [64, 1])
+    assert syncs == 1
+    assert elapsed < 0.010
+    # the same writes with a higher bar wait a slice, as small ones do
+    elapsed, syncs = await _concurrent_fsync_writes(
+        FaultFs(FakeDisk()), [64, 1], gc_enough_records=100
+    )
+    assert syncs == 1
+    assert elapsed >= 0.010 - 1e-9
+
+
+async def test_the_window_stops_once_arrivals_bring_enough_records(autojump_clock):
+    """Arrivals taken during the window count: once the batch holds `gc_enough_records`
+    it syncs, without one more slice."""
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    async with open_durable(fs, _window_config(gc_enough_records=10)) as engine:
+        await put(engine, "t", durability="fsync")
+        await write(engine, "t", b"0")
+        syncs_before = sum(1 for c in fs.calls if c[0] == "fdatasync")
+        t0 = trio.current_time()
+        done: list[float] = []
+
+        async def writer(delay: float, size: int) -> None:
+            await trio.sleep(delay)
+            await write(engine, "t", *[b"%d" % i for i in range(size)])
+            done.append(trio.current_time() - t0)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(writer, 0.0, 1)
+            n.start_soon(writer, 0.0, 1)
+            n.start_soon(writer, 0.005, 9)  # arrives during the first slice: 11 records
+        syncs = sum(1 for c in fs.calls if c[0] == "fdatasync") - syncs_before
+        assert syncs == 1
+        # the sync follows the slice that brought the 9 records (at 10 ms), not a second
+        # slice (at 20 ms) that would have found nothing
+        assert max(done) < 0.020
+        assert max(done) >= 0.010 - 1e-9
+
+
 async def test_fsync_ack_waits_for_the_sync(autojump_clock):
     disk = FakeDisk()
     slow = InlineOffload(lambda group: 0.05 if group == "wal" else 0.0)

@@ -17,7 +17,6 @@ work is kept to a minimum:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import TYPE_CHECKING, Final
 
 import msgspec
@@ -197,8 +196,11 @@ def encode_batch(
         return [enc], enc
     head = b'{"$seq":%d,"$ts":' + b"%d" % ts
     template = head + (b',"data":%b}\x00' if prepared.plain else b"%b\x00")
-    args = tuple(chain.from_iterable(zip(range(first_seq, first_seq + n), parts, strict=True)))
-    text = (template * n) % args
+    # the `%` arguments seq, part, seq, part, ...: two C-level slice stores
+    args: list[int | bytes | msgspec.Raw] = [0] * (2 * n)
+    args[0::2] = range(first_seq, first_seq + n)
+    args[1::2] = parts
+    text = (template * n) % tuple(args)
     encs = text.split(b"\x00")
     assert len(encs) == n + 1, "a NUL byte inside JSON text"  # msgspec rejects raw NULs
     encs.pop()

@@ -18,7 +18,10 @@ work left rejoin the tail. The batch is one `pwrite` and at most one `fdatasync`
 a single offload call. A batch syncs when it holds an `fsync`-class write, a control
 mutation or a seq reservation; before a sync it keeps taking arrivals in slices of
 `gc_slice_us` while they keep coming, for at most `commit_window_ms` (the value the
-governor moves between `commit_window_min_ms` and `commit_window_max_ms`).
+governor moves between `commit_window_min_ms` and `commit_window_max_ms`), and only
+until the batch carries `gc_enough_records` records: a batch that already shares its
+sync that widely goes at once, and what arrives meanwhile is staged for the next batch
+while this one syncs.
 
 **Ack by class.** `fsync`: after the covering sync. `memory`/`disk`: after the write,
 once a synced `HeadWatermark` covers the seqs (a reservation `max(reserve_ahead, 4n)`
@@ -106,6 +109,11 @@ class _SyncFailed(Exception):
     def __init__(self, exc: OSError) -> None:
         super().__init__(str(exc))
         self.exc = exc
+
+
+def _records(subs: list[Submission], start: int) -> int:
+    """Records written by the submissions from `start` on."""
+    return sum(sub.batch.count for sub in subs[start:] if sub.batch is not None)
 
 
 def _write_and_sync(
@@ -514,10 +522,20 @@ class Shard:
         out: list[bytes] = []
         reserving: dict[Topic, int] = {}
         nbytes, sync = self._take(subs, out, 0, reserving)
-        if sync and (len(subs) > 1 or self.ready) and any(sub.sync for sub in subs):
+        enough = self.wal.gc_enough_records
+        records = _records(subs, 0)
+        if (
+            sync
+            and (len(subs) > 1 or self.ready)
+            and any(sub.sync for sub in subs)
+            and records < enough
+        ):
             # concurrent durable writers: keep taking arrivals while they keep coming (a
             # lone durable write with nothing else pending syncs at once; a sync that only
-            # a seq reservation needs has no one to wait for)
+            # a seq reservation needs has no one to wait for), until the batch carries
+            # `gc_enough_records`: its sync is then shared widely enough, and later
+            # arrivals are staged during it and join the next batch (the loop keeps
+            # working while the disk syncs, instead of idling through a last slice)
             opened = trio.current_time()
             window = self.commit_window_ms / 1000
             slice_s = self.wal.gc_slice_us / 1_000_000
@@ -527,6 +545,9 @@ class Shard:
                 nbytes, _ = self._take(subs, out, nbytes, reserving)
                 if len(subs) == before:
                     break  # a slice brought nothing: stop waiting
+                records += _records(subs, before)
+                if records >= enough:
+                    break
         data = b"".join(out)
         t0 = perf_ms()
         sync_ms = 0.0
