@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import posixpath
+from array import array
 
 import pytest
 
@@ -464,6 +465,16 @@ async def test_reader_threads_recover_what_one_reader_does_and_refuse_in_snapsho
             recover(cfg, disk, FakeWallClock(), boot_id="boot-1", read_workers=workers)
         messages.append(str(exc.value))
     assert messages[0] == messages[1] and repr(names[0]) in messages[0], messages
+
+
+def test_has_absent_finds_only_whole_absent_slots():
+    assert not segs.has_absent(array("I"))
+    assert not segs.has_absent(array("I", [0, 1, 2]))
+    assert segs.has_absent(array("I", [0, segs.ABSENT, 2]))
+    assert segs.has_absent(array("I", [7, 9, segs.ABSENT]))
+    # four 0xFF bytes across two slots are not an absent slot
+    assert not segs.has_absent(array("I", [0xFFFFFF00, 0x000000FF, 0x00FFFFFF, 0xFF]))
+    assert segs.has_absent(array("I", [0xFFFFFF00, 0x000000FF, segs.ABSENT]))
 
 
 def _reg(disk: FakeDisk, path: str) -> segs.SegSnap:

@@ -205,7 +205,8 @@ class ReplayReport:
 _A = TypeVar("_A")
 # topics whose registered segments are loaded ahead together (`_Replayer._load_ahead`)
 _LOAD_GROUP: Final = 64
-_Ahead: TypeAlias = "dict[tuple[int, int], Future[tuple[segs.LoadedSegment, bool]]]"
+_Loaded: TypeAlias = "tuple[segs.LoadedSegment, bool, int]"
+_Ahead: TypeAlias = "dict[tuple[int, int], Future[_Loaded]]"
 
 
 class _Replayer:
@@ -552,11 +553,10 @@ class _Replayer:
             and self.fs.exists(segs.data_path(self.cold_root, snap.id, reg.first))
         )
 
-    def _load_segment(
-        self, snap: snapshot.TopicSnap, reg: segs.SegSnap
-    ) -> tuple[segs.LoadedSegment, bool]:
-        """One registered segment, loaded (blocking, read-only: safe in any thread), and
-        whether it is the cold copy. Raises `RecoveryRefused`."""
+    def _load_segment(self, snap: snapshot.TopicSnap, reg: segs.SegSnap) -> _Loaded:
+        """One registered segment, loaded (blocking, read-only: safe in any thread),
+        whether it is the cold copy, and the sum of its record sizes (summed here, in
+        the reader thread, while the topics are built). Raises `RecoveryRefused`."""
         cold = self.locate(snap, reg)
         max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
         try:
@@ -575,7 +575,7 @@ class _Replayer:
                 f"{snap.name!r} registered by the snapshot{where}). Nothing was "
                 "modified. Restore a backup."
             ) from None
-        return loaded, cold
+        return loaded, cold, sum(loaded.sizes)
 
     def load_records(
         self, topic: Topic, snap: snapshot.TopicSnap, ahead: _Ahead | None = None
@@ -594,7 +594,7 @@ class _Replayer:
         for reg in snap.segments:
             # (loaded ahead by the read workers, or here; a failure raises in this order)
             future = ahead.pop((snap.id, reg.first), None) if ahead else None
-            loaded, cold = future.result() if future else self._load_segment(snap, reg)
+            loaded, cold, size_sum = future.result() if future else self._load_segment(snap, reg)
             where_root = self.cold_root if cold else self.root
             seg = loaded.segment
             seg.cold = cold
@@ -611,12 +611,16 @@ class _Replayer:
             if lo > seg.last:
                 continue
             i = lo - seg.first
-            offsets, flags = seg.offsets[i:], seg.flags[i:]
+            # (the index columns are only read here: sliced only when needed; `ts` and
+            # `sizes` become the topic's own columns, so they are always copies)
+            offsets, flags = (seg.offsets[i:], seg.flags[i:]) if i else (seg.offsets, seg.flags)
             ts, sizes = loaded.ts[i:], loaded.sizes[i:]
             n = len(offsets)
             encs: list[Enc]
-            if not flags.count(1) and not offsets.count(segs.ABSENT):
+            if flags.find(1) < 0 and not segs.has_absent(offsets):
                 encs = [EVICTED] * n  # (the common case: nothing deleted or absent)
+                count += n
+                nbytes += size_sum if i == 0 else sum(sizes)
             else:
                 encs = [
                     None if f or o == segs.ABSENT else EVICTED
@@ -625,8 +629,8 @@ class _Replayer:
                 for k, enc in enumerate(encs):
                     if enc is None:
                         sizes[k] = 0
-            count += n - encs.count(None)
-            nbytes += sum(sizes)
+                count += n - encs.count(None)
+                nbytes += sum(sizes)
             pieces.append((lo, encs, ts, sizes))
             tags, nodes, prios, shapes = loaded.extras
             # (a topic's extras maps start shared and read-only: give it its own first)

@@ -1371,6 +1371,23 @@ def _load_meta(
     return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
 
 
+_ABSENT_BYTES: Final = ABSENT.to_bytes(4, sys.byteorder)
+
+
+def has_absent(offsets: array[int]) -> bool:
+    """Whether any slot of the column is `ABSENT`: a C-level search of its bytes, each
+    hit checked for alignment (`array.count` makes an int object per element: ~0.3 s
+    for the 10 million slots of 10 GiB retained)."""
+    assert offsets.itemsize == 4, offsets.typecode
+    raw = offsets.tobytes()
+    i = raw.find(_ABSENT_BYTES)
+    while i >= 0:
+        if i % 4 == 0:
+            return True
+        i = raw.find(_ABSENT_BYTES, i + 1)
+    return False
+
+
 def _tiles(checks: list[tuple[int, int, int]], data_len: int) -> bool:
     """Whether the chunks' data ranges cover `0 .. data_len` exactly, in order (each
     absorb appends where the previous one ended)."""
