@@ -452,7 +452,7 @@ def _verify(args: argparse.Namespace) -> int:
     setup_logging(cfg)
     try:
         with hold_lock(root):
-            # (every sealed segment's bytes too: a start leaves those to the reads)
+            # (every segment's bytes too: a start leaves those to the reads)
             result = recover(
                 cfg,
                 RealFs(),

@@ -227,8 +227,8 @@ class _Replayer:
         self.root = root
         self.progress = progress
         self.truncate = truncate_on_corruption
-        # read and check every sealed segment's data bytes too (`topicd verify`); a start
-        # reads none of them (each read verifies what it reads)
+        # read and check every segment's data bytes too (`topicd verify`); a start reads
+        # only each active segment's last frame (each read verifies what it reads)
         self.check_sealed = check_sealed
         # threads loading registered segments ahead of the topics being built (1: in
         # order, in this thread — what deterministic tests use)
