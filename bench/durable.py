@@ -65,6 +65,7 @@ import contextlib
 import datetime as dt
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -361,6 +362,9 @@ class FsyncCounter:
 # servers
 
 
+_CHECKPOINT_LINE = re.compile(r"checkpoint \d+: .* in ([0-9.]+) ms")
+
+
 class TimedServer(hc.Server):
     """hc.Server that also notes when its start-up log lines arrive (monotonic clock)."""
 
@@ -372,6 +376,8 @@ class TimedServer(hc.Server):
         self.marks: dict[str, float] = {}
         self.lines: dict[str, str] = {}
         self.recovered = threading.Event()
+        # each checkpoint the log reports: (monotonic time its line arrived, its ms)
+        self.checkpoints: list[tuple[float, float]] = []
 
     def start(self, timeout: float = 60.0, cpu: int | None = None) -> None:
         self.t_spawn = time.monotonic()
@@ -392,6 +398,9 @@ class TimedServer(hc.Server):
                         self.recovered.set()
             if "listening on" in line:
                 self._listening.set()
+            m = _CHECKPOINT_LINE.search(line)
+            if m:
+                self.checkpoints.append((t, float(m.group(1))))
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

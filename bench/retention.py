@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Long retention: memory, checkpoints, restart and reads as retained data grows.
 
-    python bench/retention.py [--gib 1 3 10] [--topics 100000] [--dir DIR] [--skip-fill]
+    python bench/retention.py [--gib 1 3 10] [--topics 100000] [--dir DIR]
 
 Against `topicd serve` (a child process on a fresh data directory under `--dir`, the
 data disk's file system; default the system temp dir), with the default config:
@@ -10,12 +10,15 @@ data disk's file system; default the system temp dir), with the default config:
 batches on one keep-alive HTTP/1.1 connection, `disk` class, half of the bytes into one
 topic (`big`) and half round-robin over 1,000 topics (`small-N`). Reported: the write
 rate of the first and of the last 64 MiB (records/s; a `429` — the checkpoint backlog is
-full — is retried after its hint and counted), the server's RSS at the end and its
-largest sample while filling (every 0.5 s), the
+full — is retried after its hint and counted; the first 64 MiB run before any checkpoint,
+so the second 64 MiB, the first beside a checkpoint's absorb, is reported too), the
+server's RSS at the end and its largest sample while filling (every 0.5 s), the
 checkpoints' duration (`topicd_checkpoint_duration_ms`, largest seen while filling and
 the last one) and the longest `GET /v0/health` of a probe every 20 ms on its own
 connection (an upper bound on the event-loop stalls, checkpoints' included: a stall
-delays the probe's answer; the probe also waits behind the filler's requests).
+delays the probe's answer; the probe also waits behind the filler's requests), split
+into the longest probe that overlapped a checkpoint (its span from the server's log line)
+and the longest that overlapped none.
 **Reads**: `big` from 100,000 records below its head (the cached tail, pages of 1000),
 then from its oldest record after the segment files were dropped from the page cache
 (`posix_fadvise(DONTNEED)`), records/s each and their ratio (the tail is read before and
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import sys
@@ -73,6 +77,7 @@ class Server:
         self.srv: durable.TimedServer | None = None
         self.conn: loadgen.BlockingConn | None = None
         self.max_lag_ms = 0.0
+        self.probes: list[tuple[float, float]] = []  # (monotonic start, ms) of each probe
         self.max_checkpoint_ms = 0.0
         self.max_rss_mib = 0.0
         self._stop = threading.Event()
@@ -127,9 +132,11 @@ class Server:
         n = 0
         while not self._stop.wait(0.02):
             with contextlib.suppress(OSError, ConnectionError):
-                t0 = time.perf_counter()
+                t0 = time.monotonic()
                 conn.request(health)
-                self.max_lag_ms = max(self.max_lag_ms, (time.perf_counter() - t0) * 1000)
+                lag_ms = (time.monotonic() - t0) * 1000
+                self.max_lag_ms = max(self.max_lag_ms, lag_ms)
+                self.probes.append((t0, lag_ms))
                 n += 1
                 if n % 25 == 0:
                     self.max_rss_mib = max(self.max_rss_mib, self.rss_mib())
@@ -138,6 +145,22 @@ class Server:
                         self.max_checkpoint_ms, m.get("topicd_checkpoint_duration_ms", 0.0)
                     )
         conn.close()
+
+    def lag_split(self) -> tuple[float, float]:
+        """The longest probe that overlapped a checkpoint (from its start, its log line's
+        arrival less its duration, to that arrival) and the longest that overlapped none:
+        whether the worst stall is a checkpoint's or the loop's other work (the probe
+        also queues behind the filler's 1 MiB writes)."""
+        assert self.srv is not None
+        spans = [(t - ms / 1000, t) for t, ms in self.srv.checkpoints]
+        during = outside = 0.0
+        for t0, ms in self.probes:
+            t1 = t0 + ms / 1000
+            if any(a < t1 and t0 < b for a, b in spans):
+                during = max(during, ms)
+            else:
+                outside = max(outside, ms)
+        return during, outside
 
     def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, Any]:
         assert self.srv is not None
@@ -219,7 +242,14 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
                 t_first = (window[-1][0] - window[0][0], written)
         first_s, first_b = t_first or (window[-1][0] - window[0][0], written)
         last = [w for w in window if w[1] >= written - 64 * MIB]
+        # the second 64 MiB: the first window with a checkpoint absorbing beside the writes
+        second = [w for w in window if 64 * MIB <= w[1] <= 128 * MIB]
         out["write_first_rps"] = first_b / RECORD / first_s
+        out["write_second_rps"] = (
+            (second[-1][1] - second[0][1]) / RECORD / (second[-1][0] - second[0][0])
+            if len(second) > 1
+            else math.nan
+        )
         out["write_last_rps"] = (last[-1][1] - last[0][1]) / RECORD / (last[-1][0] - last[0][0])
         out["throttled"] = throttled
         settle(s)
@@ -229,6 +259,7 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
         out["checkpoint_max_ms"] = s.max_checkpoint_ms
         out["loop_lag_max_ms"] = s.max_lag_ms
+        out["lag_checkpoint_ms"], out["lag_other_ms"] = s.lag_split()
         out["cache_mib"] = m.get("topicd_payload_cache_bytes", 0.0) / MIB
         _, st = s.post("/v0/topics/big", b"", method="GET")
         head = st["head_seq"]
@@ -290,11 +321,14 @@ def main() -> int:
             r = fill_case(gib, tmp, args)
             print(
                 f"{r['gib']:5.2f} GiB: write {r['write_first_rps']:,.0f} -> "
-                f"{r['write_last_rps']:,.0f} rec/s ({r['throttled']} 429s); RSS "
+                f"{r['write_last_rps']:,.0f} rec/s (second 64 MiB "
+                f"{r['write_second_rps']:,.0f}; {r['throttled']} 429s); RSS "
                 f"{r['rss_mib']:.0f} MiB, max {r['rss_max_mib']:.0f} MiB while filling "
                 f"(cache {r['cache_mib']:.0f} MiB); checkpoint last {r['checkpoint_last_ms']:.0f}"
                 f" ms, max {r['checkpoint_max_ms']:.0f} ms; loop lag max "
-                f"{r['loop_lag_max_ms']:.1f} ms; diff tail {r['diff_tail_rps']:,.0f} rec/s, "
+                f"{r['loop_lag_max_ms']:.1f} ms (during checkpoints "
+                f"{r['lag_checkpoint_ms']:.1f}, outside {r['lag_other_ms']:.1f}); diff tail "
+                f"{r['diff_tail_rps']:,.0f} rec/s, "
                 f"oldest (page cache dropped) {r['diff_oldest_rps']:,.0f} rec/s "
                 f"({r['diff_oldest_rps'] / r['diff_tail_rps']:.2f}x); restart to ready "
                 f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",

@@ -428,6 +428,7 @@ def _verify(args: argparse.Namespace) -> int:
     from topicd.storage.datadir import DataDirError, DataDirLocked, hold_lock
     from topicd.storage.fs import RealFs
     from topicd.storage.recovery import RecoveryRefused, read_boot_id, recover
+    from topicd.storage.service import READ_WORKERS
 
     try:
         cfg, _, _ = _load(args)
@@ -451,9 +452,14 @@ def _verify(args: argparse.Namespace) -> int:
     setup_logging(cfg)
     try:
         with hold_lock(root):
-            # (every sealed segment's bytes too: a start leaves those to the reads)
+            # (every segment's bytes too: a start leaves those to the reads)
             result = recover(
-                cfg, RealFs(), SystemWallClock(), boot_id=read_boot_id(), check_sealed=True
+                cfg,
+                RealFs(),
+                SystemWallClock(),
+                boot_id=read_boot_id(),
+                check_sealed=True,
+                read_workers=READ_WORKERS,
             )
     except DataDirLocked as exc:
         print(f"topicd: {exc} (stop it before verifying)", file=sys.stderr)

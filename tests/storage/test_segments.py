@@ -6,12 +6,13 @@ state (`test_checkpoint.state`: every record a reader sees, watermarks, counts).
 points: the pre-checkpoint durable image is restored, `FakeDisk.crash_after(k)` is armed
 for every mutating call k of one checkpoint that absorbs, seals, flips delete flags,
 drops segments and trims the WAL, and recovery must yield the same state each time.
-Corruption: a byte of a segment is changed. In the active segment, recovery (which checks
-its bytes against the `.meta` data digests, and decodes the frames when they do not
-match) must refuse naming the file and offset without modifying anything. A start reads
-no sealed segment's data (it is checked for presence, length and a usable `.meta`: the
-test watches which files recovery opens), so damage there starts, and the first read of
-an affected record fails with `500`, is counted and logged, never served; the full check
+Corruption: a byte of a segment is changed. In the active segment's last frame (which
+recovery decodes, decoding all the frames when it does not match), recovery must refuse
+naming the file and offset without modifying anything. A start reads no other segment
+data (a segment is checked for presence, length and a usable `.meta`: the tests watch
+which files recovery opens and which bytes it reads), so damage elsewhere starts, and
+the first read of an affected record fails with `500`, is counted and logged, never
+served; the full check
 (`check_sealed`, what `topicd verify` runs) and a start that must decode the frames (no
 usable `.meta`) refuse naming file and offset, modifying nothing. A serve-time read of
 bytes damaged after the start must fail and be counted.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import posixpath
+from array import array
 
 import pytest
 
@@ -346,14 +348,133 @@ async def test_a_damaged_end_of_the_active_segment_refuses_recovery_naming_file_
     loaded = segs.load_segment(disk, "/data", tid, _reg(disk, path), max_frame=1 << 24)
     assert loaded.rewrite is None  # (from the `.meta`, its end verified)
     assert loaded.segment.flags[7] == 1
-    second, last = loaded.segment.offsets[1], loaded.segment.offsets[7]
-    # damage inside an earlier record: its chunk's data digest fails, recovery refuses
-    _flip(disk, path, second + 45)
-    await _start_refused(disk, cfg, path, second)
-    _flip(disk, path, second + 45)  # (undone)
-    # damage at the end of the active segment: recovery decodes the frames and refuses
+    last = loaded.segment.offsets[7]
+    # damage in its last frame (the end of the active segment): recovery decodes the
+    # frames and refuses
     _flip(disk, path, last + 45)
     await _start_refused(disk, cfg, path, last)
+
+
+async def test_a_start_reads_only_the_last_frame_of_the_active_segment(monkeypatch, caplog):
+    disk = FakeDisk()
+    cfg = seg_config(max_events=100)
+    async with open_durable(disk, cfg) as engine:
+        for i in range(8):
+            await write(engine, "t", b'"%d"' % i)
+        assert await cp(engine).checkpoint()  # the segment's first chunk: records 1..8
+        for i in range(8, 12):
+            await write(engine, "t", b'"%d"' % i)
+        assert await cp(engine).checkpoint()  # its second: 9..12
+        tid = engine.get("t").topic_id
+        expected = await state(engine)
+    path = segs.data_path("/data", tid, 1)
+    reg = _reg(disk, path)
+    assert not reg.sealed
+    loaded = segs.load_segment(disk, "/data", tid, reg, max_frame=1 << 24)
+    assert loaded.rewrite is None  # (from the `.meta`)
+    first, last = loaded.segment.offsets[0], loaded.segment.offsets[11]
+    assert first < last < reg.data_len
+    # what a start reads of the data: the last frame, whatever else is retained
+    reads: list[tuple[int, int]] = []
+    fds: set[int] = set()
+    open_, pread = disk.open, disk.pread
+
+    def opening(name: str, *, create: bool = False, exclusive: bool = False) -> int:
+        fd = open_(name, create=create, exclusive=exclusive)
+        if name == path:
+            fds.add(fd)
+        return fd
+
+    def preading(fd: int, length: int, offset: int) -> bytes:
+        if fd in fds:
+            reads.append((offset, length))
+        return pread(fd, length, offset)
+
+    monkeypatch.setattr(disk, "open", opening)
+    monkeypatch.setattr(disk, "pread", preading)
+    assert recover(cfg, disk, FakeWallClock(), boot_id="boot-1").segment_metas == []
+    assert reads == [(last, reg.data_len - last)]
+    reads.clear()
+    recover(cfg, disk, FakeWallClock(), boot_id="boot-1", check_sealed=True)
+    assert min(offset for offset, _ in reads) == first  # the offline check reads it all
+    monkeypatch.undo()
+    # damage before the last frame: the start serves; the first read of the damaged run
+    # fails (500, counted, logged), never served; the full check refuses
+    _flip(disk, path, first + 45)
+    async with open_durable(disk, cfg) as engine:
+        assert engine.get("t").count == 12
+        with pytest.raises(Internal) as err:
+            await engine.diff("t", DiffIn(from_seq=0, limit=10))
+        assert err.value.http_status == 500
+        assert cp(engine).segments.corruptions == 1
+        assert "segment corruption" in caplog.text
+        assert posixpath.relpath(path, "/data") in caplog.text
+        _, page = await engine.diff("t", DiffIn(from_seq=8, limit=10))  # the last run
+        assert len(page.records) == 4
+    before = disk.tree()
+    with pytest.raises(RecoveryRefused) as exc:
+        recover(cfg, disk, FakeWallClock(), boot_id="boot-1", check_sealed=True)
+    msg = str(exc.value)
+    assert posixpath.relpath(path, "/data") in msg and f"offset {first}" in msg, msg
+    assert disk.tree() == before  # nothing modified
+    _flip(disk, path, first + 45)  # (undone)
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected
+
+
+async def test_reader_threads_recover_what_one_reader_does_and_refuse_in_snapshot_order():
+    disk = FakeDisk()
+    cfg = seg_config()  # (4 records a segment: most of them sealed)
+    async with open_durable(disk, cfg) as engine:
+        for t in range(70):  # (more than one group of topics loaded ahead)
+            for i in range(t % 9 + 1):
+                await write(engine, f"t{t}", b'"%d-%d"' % (t, i), tag=f"k{i % 2}")
+        await engine.delete_records("t8", DeleteIn(match="k1"))
+        assert await cp(engine).checkpoint()
+        ids = {name: engine.get(name).topic_id for name in ("t3", "t60")}
+
+    def summary(workers: int) -> dict[str, object]:
+        result = recover(cfg, disk, FakeWallClock(), boot_id="boot-1", read_workers=workers)
+        assert result.segments is not None
+        return {
+            t.name: (
+                t.count,
+                t.bytes,
+                t.head_seq,
+                t.earliest_seq,
+                dict(t.tags),
+                [
+                    (seg.first, seg.last, seg.data_len, bytes(seg.offsets), bytes(seg.flags))
+                    for seg in result.segments.topics[t.topic_id].segments
+                ],
+            )
+            for t in result.engine.topics.values()
+        }
+
+    inline = summary(1)
+    assert len(inline) == 70 and inline["t8"][0] == 5  # (4 of its 9 deleted)
+    assert summary(4) == inline
+    # two missing segments: the threads may load the later one first, the start still
+    # refuses naming the first in snapshot order, as one reader does
+    names = sorted(ids, key=lambda name: ids[name])
+    for name in names:
+        disk.unlink(segs.data_path("/data", ids[name], 1))
+    messages = []
+    for workers in (1, 4):
+        with pytest.raises(RecoveryRefused, match="missing") as exc:
+            recover(cfg, disk, FakeWallClock(), boot_id="boot-1", read_workers=workers)
+        messages.append(str(exc.value))
+    assert messages[0] == messages[1] and repr(names[0]) in messages[0], messages
+
+
+def test_has_absent_finds_only_whole_absent_slots():
+    assert not segs.has_absent(array("I"))
+    assert not segs.has_absent(array("I", [0, 1, 2]))
+    assert segs.has_absent(array("I", [0, segs.ABSENT, 2]))
+    assert segs.has_absent(array("I", [7, 9, segs.ABSENT]))
+    # four 0xFF bytes across two slots are not an absent slot
+    assert not segs.has_absent(array("I", [0xFFFFFF00, 0x000000FF, 0x00FFFFFF, 0xFF]))
+    assert segs.has_absent(array("I", [0xFFFFFF00, 0x000000FF, segs.ABSENT]))
 
 
 def _reg(disk: FakeDisk, path: str) -> segs.SegSnap:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from topicd.storage.fs import Fs
 
 log = logging.getLogger("topicd.storage")
+
+# threads that load registered segments during a recovery run in a thread (their reads
+# overlap: after a cold start each is a few small random reads, `recovery.recover`)
+READ_WORKERS: Final = 4
 
 
 async def _reshard(
@@ -102,7 +106,9 @@ async def open_durable_engine(
     t0 = trio.current_time()
     if recover_in_thread:
         result = await trio.to_thread.run_sync(
-            lambda: recover(cfg, fs, clock, boot_id=boot_id, progress=progress)
+            lambda: recover(
+                cfg, fs, clock, boot_id=boot_id, progress=progress, read_workers=READ_WORKERS
+            )
         )
         await trio.to_thread.run_sync(_repair, fs, root, result)
         await trio.to_thread.run_sync(prepare_data_dir, fs, root)
