@@ -52,7 +52,7 @@ window's start until it is idle again (what the checkpoint's background absorb o
 records costs included), topicd's records per `fdatasync` (its own
 counter, `GET /v0/metrics`; a write window without one counts as an error), and an
 `fdatasync` probe of the temporary directory's file system at the start and the end.
-With `--profile DIR`, py-spy (not a project dependency) samples topicd during its windows
+With `--profile DIR`, py-spy (in the `bench` extras) samples topicd during its windows
 and the split per stage is printed; such a run is slower, its numbers are not the
 reference.
 With `--baseline DIR` (a checkout of another commit, e.g. a `git worktree`), a second
