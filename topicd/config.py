@@ -731,8 +731,8 @@ class GovernorConfig:
     )
     loop_refuse_ms: float = key(
         100.0,
-        "Loop lag (EWMA, ms) at which s2 reads 1.0; with pressure at throttle_at, client "
-        "requests get 429 throttled cause loop_lag (0 = neither).",
+        "Loop lag (EWMA, ms) at which s2 reads 1.0, and client requests get 429 "
+        "throttled cause loop_lag once pressure held refuse_above (0 = neither).",
         min=0,
     )
     admission_waiters_per_permit: float = key(
@@ -760,6 +760,18 @@ class GovernorConfig:
     )
     defer_sustain_samples: int = key(
         3, "Consecutive samples above defer_above that start deferral.", min=1
+    )
+    refuse_above: float = key(
+        0.9,
+        "Pressure that, held for refuse_sustain_samples with the loop lag at "
+        "loop_refuse_ms or a WAL write's wait at storage.wal.max_pending_ms, makes client "
+        "requests get 429 (cause loop_lag or wal_backlog); 0.9 is the client library's "
+        "pause, so producers that follow the header are not the ones refused.",
+        min=0,
+        max=1,
+    )
+    refuse_sustain_samples: int = key(
+        3, "Consecutive samples at refuse_above before the overload refusal.", min=1
     )
     throttle_at: float = key(
         0.98,

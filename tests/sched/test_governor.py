@@ -536,22 +536,25 @@ async def test_a_long_checkpoint_does_not_read_as_pool_pressure(autojump_clock):
 
 def test_loop_lag_past_the_overload_bound_rises_from_the_cap_to_1_at_the_refusal_bound():
     """A loop batch past `loop_overload_ms` (25) is a queue on the loop: s2 goes from 0.6
-    to 1.0 at `loop_refuse_ms` (100), and the gate's `overloaded` holds only while the
-    lag is at that bound with pressure at the throttle."""
+    to 1.0 at `loop_refuse_ms` (100). The gate's `overloaded` names it only once pressure
+    has held the client's pause (0.9) for 3 samples, and only while the lag is at that
+    bound."""
     fake = FakeSources()
     g = governor(fake, loop_lag_alpha=1.0)  # the EWMA is the last sample's lag
     for lag, expected in ((25.0, 0.6), (62.5, 0.8), (81.25, 0.9), (100.0, 1.0), (400.0, 1.0)):
         g.sample(0.1, lag_ms=lag)
         assert g.signals["latency"] == pytest.approx(expected)
-    assert not g.overloaded  # pressure (0.3 per sample toward the raw) is not at 0.98 yet
-    t = 0.1
-    while g.pressure < CFG.throttle_at:
+    assert g.overloaded is None  # pressure (0.3 per sample toward the raw) is below 0.9
+    t, held = 0.1, 0
+    while held < 3:
         t += 0.1
         g.sample(t, lag_ms=150.0)
-        assert g.overloaded == (g.pressure >= CFG.throttle_at)
-    assert g.overloaded
+        held = held + 1 if g.pressure >= 0.9 else 0
+        assert g.overloaded == ("loop_lag" if held >= 3 else None)
     g.sample(t + 0.1, lag_ms=90.0)  # below the refusal bound: pressure still ~1, no refusal
-    assert g.pressure > 0.95 and not g.overloaded
+    assert g.pressure > 0.9 and g.overloaded is None
+    g.sample(t + 0.2, lag_ms=150.0)  # at it again, pressure held throughout
+    assert g.overloaded == "loop_lag"
 
 
 def test_loop_refuse_ms_0_keeps_the_latency_signal_at_its_cap_and_never_refuses():
@@ -559,7 +562,7 @@ def test_loop_refuse_ms_0_keeps_the_latency_signal_at_its_cap_and_never_refuses(
     g = governor(fake, loop_lag_alpha=1.0, loop_refuse_ms=0)
     for i in range(60):
         g.sample(0.1 * (i + 1), lag_ms=500.0)
-    assert g.signals["latency"] == 0.6 and not g.overloaded
+    assert g.signals["latency"] == 0.6 and g.overloaded is None
 
 
 def test_backlog_signal_is_the_wal_drain_time_share_clamped_to_1():
@@ -572,6 +575,12 @@ def test_backlog_signal_is_the_wal_drain_time_share_clamped_to_1():
         ratio[0] = value
         g.sample(0.1)
         assert g.signals["backlog"] == pytest.approx(expected)
+    for i in range(20):  # held at its bound: the overload refusal names the WAL backlog
+        g.sample(0.2 + 0.1 * i)
+    assert g.pressure > 0.9 and g.overloaded == "wal_backlog"
+    ratio[0] = 0.95
+    g.sample(2.3)
+    assert g.overloaded is None
 
 
 async def test_a_wal_backlog_read_in_time_refuses_writes_and_group_commit_does_not(
@@ -611,6 +620,10 @@ async def test_a_wal_backlog_read_in_time_refuses_writes_and_group_commit_does_n
             assert gov.signals["backlog"] == 1.0
             assert engine.commit.shards[0].delay_ms >= 500
             assert 0.9 <= gov.pressure < CFG.throttle_at  # the client pauses; no refusal yet
+            assert gov.overloaded is None  # not held at 0.9 for 3 samples yet
+            for _ in range(3):
+                await advance(autojump_clock, 0.1)
+            assert gov.overloaded == "wal_backlog"  # held: the HTTP gate refuses now
             nursery.start_soon(engine.append, "t", write_req(2))  # queued behind the stall
             while gov.pressure < CFG.throttle_at:
                 await advance(autojump_clock, 0.1)

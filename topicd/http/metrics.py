@@ -193,6 +193,7 @@ class _Collector:
                 "wal_ingest",
                 "client_waiters",
                 "loop_lag",
+                "wal_backlog",
                 "queue_depth",
                 *engine.throttled,
             }

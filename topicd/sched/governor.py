@@ -18,8 +18,8 @@ signals into `pressure ∈ [0, 1]`:
   `loop_overload_ms` (25) the loop-lag EWMA is no longer one busy batch but a queue of
   requests on the loop (a request that finds a free permit runs in the batch it is read
   in, so the permits do not hold it back): s2 rises from the cap to 1.0 at
-  `loop_refuse_ms` (100), where, once pressure reaches `throttle_at`, the HTTP gate
-  refuses client requests (`overloaded`; `429` cause `loop_lag`). A busy loop
+  `loop_refuse_ms` (100), where the HTTP gate refuses client requests once pressure has
+  held the client's pause (`overloaded`, below; `429` cause `loop_lag`). A busy loop
   alone coalesces frames and widens commits, and reads as the client library's soft
   threshold, where its producers are not slowed yet; a backlog (s1, s3, s4, s5) takes
   pressure on to deferral, to the client's proportional delay and pause, and to the
@@ -57,9 +57,15 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   episode;
 * **pressure admission**: the WAL refuses writes with `429` when pressure reaches
   `throttle_at` and the target shard's ingest is at `levels.critical` (the WAL reads the
-  pressure the governor hands it); the HTTP gate refuses client requests with `429`
-  cause `loop_lag` while `overloaded` (pressure at `throttle_at` and the loop-lag EWMA
-  at `loop_refuse_ms`).
+  pressure the governor hands it);
+* **overload refusal** (topicd): once pressure has been at or above `refuse_above` (0.9,
+  the client library's pause) for `refuse_sustain_samples` (3) samples in a row, and a
+  queue is at its time bound — the loop-lag EWMA at `loop_refuse_ms` or a WAL write's
+  wait at `storage.wal.max_pending_ms` — `overloaded` names it (`loop_lag`,
+  `wal_backlog`) and the HTTP gate refuses client requests with that `429` cause, from a
+  glance at their head, until a sample finds otherwise. Producers that follow the header
+  paused at the first of those samples and sent nothing since; the refusals are for
+  those that did not.
 
 `pressure` is published as a float attribute (atomic under the GIL): the engine's
 `pressure` (the `X-Topicd-Pressure` header, `topicd_pressure`) and the WAL's.
@@ -162,9 +168,10 @@ class Governor:
         self.coalesce_ms = 0.0
         self.commit_window_ms = cfg.commit_window_min_ms
         self.defer_active = False
-        # the loop's queue is at its bound with pressure at the throttle: the HTTP gate
-        # refuses client requests (`429` cause `loop_lag`) until the next sample
-        self.overloaded = False
+        # the queue at its time bound while pressure held the client's pause ("loop_lag",
+        # "wal_backlog"), or None: the HTTP gate refuses client requests with that cause
+        self.overloaded: str | None = None
+        self._held = 0  # consecutive samples at or above refuse_above
         self._above = 0  # consecutive samples above defer_above
         self._pools: dict[str, tuple[float, float]] = {}  # group -> (integral, at)
         self._admission: tuple[float, int, float] | None = None  # (area, refused, at)
@@ -213,7 +220,14 @@ class Governor:
         raw = max(depth, latency, pool, admission, backlog)
         p = self.pressure + cfg.ewma_alpha * (raw - self.pressure)
         self.pressure = p = min(1.0, max(0.0, p))
-        self.overloaded = hi > lo and self.loop_lag_ms >= hi and p >= cfg.throttle_at
+        self._held = self._held + 1 if p >= cfg.refuse_above else 0
+        over: str | None = None
+        if self._held >= cfg.refuse_sustain_samples:
+            if hi > lo and self.loop_lag_ms >= hi:
+                over = "loop_lag"
+            elif backlog >= 1.0:
+                over = "wal_backlog"
+        self.overloaded = over
         self.coalesce_ms = coalesce_ms(p, cfg)
         self.commit_window_ms = commit_window_ms(p, cfg)
         src.apply(p, self.coalesce_ms, self.commit_window_ms)
