@@ -763,8 +763,8 @@ class GovernorConfig:
     )
     refuse_above: float = key(
         0.9,
-        "Pressure that, held for refuse_sustain_samples with the loop lag at "
-        "loop_refuse_ms or a WAL write's wait at storage.wal.max_pending_ms, makes client "
+        "Pressure that, held for refuse_sustain_samples while the loop-lag signal (s2, "
+        "past loop_overload_ms) or the WAL backlog signal (s5) is at it too, makes client "
         "requests get 429 (cause loop_lag or wal_backlog); 0.9 is the client library's "
         "pause, so producers that follow the header are not the ones refused.",
         min=0,

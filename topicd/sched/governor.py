@@ -59,13 +59,13 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   `throttle_at` and the target shard's ingest is at `levels.critical` (the WAL reads the
   pressure the governor hands it);
 * **overload refusal** (topicd): once pressure has been at or above `refuse_above` (0.9,
-  the client library's pause) for `refuse_sustain_samples` (3) samples in a row, and a
-  queue is at its time bound — the loop-lag EWMA at `loop_refuse_ms` or a WAL write's
-  wait at `storage.wal.max_pending_ms` — `overloaded` names it (`loop_lag`,
-  `wal_backlog`) and the HTTP gate refuses client requests with that `429` cause, from a
-  glance at their head, until a sample finds otherwise. Producers that follow the header
-  paused at the first of those samples and sent nothing since; the refusals are for
-  those that did not.
+  the client library's pause) for `refuse_sustain_samples` (3) samples in a row, and the
+  loop's or the WAL's own signal is at `refuse_above` too — a loop-lag EWMA of 81 ms of
+  `loop_refuse_ms` (100), a WAL write's wait of 450 ms of `storage.wal.max_pending_ms`
+  (500) — `overloaded` names that queue (`loop_lag`, `wal_backlog`) and the HTTP gate
+  refuses client requests with that `429` cause, from a glance at their head, until a
+  sample finds otherwise. Producers that follow the header paused at the first of those
+  samples and sent nothing since; the refusals are for those that did not.
 
 `pressure` is published as a float attribute (atomic under the GIL): the engine's
 `pressure` (the `X-Topicd-Pressure` header, `topicd_pressure`) and the WAL's.
@@ -223,9 +223,10 @@ class Governor:
         self._held = self._held + 1 if p >= cfg.refuse_above else 0
         over: str | None = None
         if self._held >= cfg.refuse_sustain_samples:
-            if hi > lo and self.loop_lag_ms >= hi:
+            # the queue whose own signal is at the pause too
+            if hi > lo and self.loop_lag_ms > lo and latency >= cfg.refuse_above:
                 over = "loop_lag"
-            elif backlog >= 1.0:
+            elif backlog >= cfg.refuse_above:
                 over = "wal_backlog"
         self.overloaded = over
         self.coalesce_ms = coalesce_ms(p, cfg)
