@@ -5,7 +5,9 @@ overloaded server.
     python bench/producer_backpressure.py [--quick] [--pin] [--producers N] [--clients N]
                                           [--rounds N] [--window S] [--warmup S]
                                           [--batch N] [--overload X] [--bounds auto|N]
-                                          [--waiters-per-permit K] [--json PATH [--trace]]
+                                          [--inflight N] [--waiters-per-permit K]
+                                          [--server-tree PATH]
+                                          [--json PATH [--trace]]
                                           [--chart PATH | --no-chart]
 
 Each window starts `python -m topicd serve --port 0` on a fresh data directory
@@ -27,15 +29,19 @@ Method:
 2. **Overload, delay law off and on.** `--producers` tasks (4 × the scaled bounds: twice
    what the admission gate holds, as bench/overload.py's 4 × C*), each with its own client
    by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
-   `disk`-class topics on a fixed schedule adding up to `--overload` (4) × S records/s (a
-   task that falls behind sends its next batch at once: the offered load is kept as far
-   as one request in flight per task allows), with `BackpressurePolicy(enabled=False)`
-   and with the defaults. In both modes the server's hints and the client's retries
+   `disk`-class topics on a fixed schedule adding up to `--overload` (4) × S records/s,
+   each keeping up to `--inflight` (8) writes in flight: a task whose writes are all in
+   flight sends its next batch as soon as one finishes, so the offered load is kept as
+   far as 4 × C* × 8 writes in flight allow. (With one write in flight per task the
+   producers were a closed loop that sent no faster than the server answered: the
+   "4×" reached the server as about 1×.) With `BackpressurePolicy(enabled=False)` and
+   with the defaults. In both modes the server's hints and the client's retries
    apply (`Retry-After`, `max_retries` 8, jitter); only the delay law differs. Each
    window has `--warmup` s (2) of load that is not counted. `--rounds` (3) off/on pairs
    alternate their order; medians are reported.
 
-Measured per window: accepted records/s (writes acknowledged within the window), `429`s
+Measured per window: records/s sent (first tries begun in the window: the load the
+producers managed to offer) and accepted (writes acknowledged within the window), `429`s
 and `503`s received (every answer is counted by a transport wrapper, retries and pause
 probes included), writes that failed after the retries or were still unfinished 5 s
 after the window, write latency p50/p99 (one `write_batch` call: delay law, retries and
@@ -133,6 +139,7 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
             transport.answers, transport.decisions = [], []
         policy = BackpressurePolicy(enabled=job["policy"])
         latencies: list[float] = []
+        sent = 0  # write_batch calls begun in the window
         accepted = 0
         failed = 0
         unfinished = 0
@@ -152,7 +159,8 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
                 )
 
         n_clients = min(job["clients"], job["producers"])
-        per_client = -(-job["producers"] // n_clients)  # producers per client, rounded up
+        # writes in flight per client at most, rounded up
+        per_client = -(-job["producers"] // n_clients) * job["inflight"]
         async with contextlib.AsyncExitStack() as stack:
             clients = [
                 await stack.enter_async_context(
@@ -179,31 +187,48 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
                 transport.measuring = False
                 marks["cpu1"], marks["wall1"] = time.process_time(), time.time()
 
-            async def producer(k: int) -> None:
+            async def one_write(topic: str, client: Client, t0: float) -> None:
                 nonlocal accepted, failed, unfinished
+                counted = t0 >= begin  # a write sent in the window
+                try:
+                    with trio.move_on_at(end + GRACE_S) as scope:
+                        res = await client.write_batch(topic, records)
+                    if scope.cancelled_caught:
+                        unfinished += counted
+                    elif begin <= trio.current_time() < end:
+                        accepted += res.count  # acknowledged in the window
+                except ClientError:
+                    failed += counted
+                if counted:
+                    latencies.append(trio.current_time() - t0)
+
+            async def producer(k: int) -> None:
+                nonlocal sent
                 topic = topics[k % len(topics)]
                 client = clients[k % len(clients)]
                 period = job["producers"] / job["batches_per_s"] if job["batches_per_s"] else 0
                 due = start + (k / job["producers"]) * period
-                while True:
-                    if period:
-                        await trio.sleep_until(due)
-                        due += period
-                    t0 = trio.current_time()
-                    if t0 >= end:
-                        return
-                    counted = t0 >= begin  # a write sent in the window
-                    try:
-                        with trio.move_on_at(end + GRACE_S) as scope:
-                            res = await client.write_batch(topic, records)
-                        if scope.cancelled_caught:
-                            unfinished += counted
-                        elif begin <= trio.current_time() < end:
-                            accepted += res.count  # acknowledged in the window
-                    except ClientError:
-                        failed += counted
-                    if counted:
-                        latencies.append(trio.current_time() - t0)
+                # at most `inflight` writes of this producer at once: one that falls
+                # behind its schedule sends its next batch as soon as a write finishes
+                slots = trio.Semaphore(job["inflight"])
+                async with trio.open_nursery() as writes:
+                    while True:
+                        if period:
+                            await trio.sleep_until(due)
+                            due += period
+                        await slots.acquire()
+                        t0 = trio.current_time()
+                        if t0 >= end:
+                            return
+                        sent += begin <= t0
+
+                        async def write(t0: float = t0) -> None:
+                            try:
+                                await one_write(topic, client, t0)
+                            finally:
+                                slots.release()
+
+                        writes.start_soon(write)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(measure)
@@ -213,6 +238,9 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
         batches = sum(zones.values())
         return {
             "accepted_rps": accepted / job["window"],
+            # the load the producers managed to send (first tries; the schedule's is
+            # `batches_per_s` × `batch`)
+            "sent_rps": sent * job["batch"] / job["window"],
             "accepted": accepted,
             "failed": failed,
             "unfinished": unfinished,
@@ -343,7 +371,7 @@ def chart(
 def start_server(tmp: Path, args: argparse.Namespace, bounds: int) -> hc.Server:
     """A fresh `topicd serve` on its own data directory, with the bench's topics;
     `bounds` > 0 sets its client permits and waiters."""
-    server = hc.topicd_server(tmp, REPO)
+    server = hc.topicd_server(tmp, Path(args.server_tree) if args.server_tree else REPO)
     if bounds:
         # the admission bounds sized to this machine, as bench/overload.py sizes them:
         # below the producer count, so an overloaded server refuses (`429
@@ -390,6 +418,7 @@ def fresh_window(job: dict[str, Any], args: argparse.Namespace, bounds: int) -> 
 
 
 COLS = (
+    "sent_rps",
     "accepted_rps",
     "n429",
     "n503",
@@ -439,6 +468,13 @@ def main() -> int:
         help="topicd.client.Client instances the producers are spread over (default: one "
         "per producer, as independent programs; 1: every producer shares one client)",
     )
+    ap.add_argument(
+        "--inflight",
+        type=int,
+        default=8,
+        help="writes each producer keeps in flight at most in overload (default 8): with "
+        "one, the producers are a closed loop that offers no more than the server answers",
+    )
     ap.add_argument("--topics", type=int, default=8, help="topics written (default 8)")
     ap.add_argument("--batch", type=int, default=1000, help="records per write (default 1000)")
     ap.add_argument("--overload", type=float, default=4.0, help="offered load ÷ saturation")
@@ -459,6 +495,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--ramp-window", type=float, default=3.0, help="seconds per ramp step (default 3)"
+    )
+    ap.add_argument(
+        "--server-tree",
+        help="run `topicd serve` from this checkout instead of this script's (an A/B of "
+        "two server trees with the same producers)",
     )
     ap.add_argument("--chart", default=str(REPO / "docs" / "producer_backpressure.png"))
     ap.add_argument("--no-chart", action="store_true")
@@ -483,6 +524,7 @@ def main() -> int:
         "window": win,
         "warmup": args.warmup,
         "clients": args.clients or 1 << 30,  # at most one per producer
+        "inflight": 1,  # the saturation ramp: closed loop, one write per producer
     }
     load0 = os.getloadavg()
     if args.bounds == "auto":
@@ -510,7 +552,11 @@ def main() -> int:
     # twice what the admission gate holds (permits and waiters)
     producers = args.producers or (2 * bounds * (1 + args.waiters_per_permit) if bounds else 32)
     offered = args.overload * sat["accepted_rps"]
-    paced = base | {"producers": producers, "batches_per_s": offered / args.batch}
+    paced = base | {
+        "producers": producers,
+        "batches_per_s": offered / args.batch,
+        "inflight": args.inflight,
+    }
     paced["trace"] = args.trace
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for r in range(rounds):
@@ -518,7 +564,8 @@ def main() -> int:
             out = fresh_window(paced | {"policy": mode == "on"}, args, bounds)
             runs[mode].append(out)
             print(
-                f"round {r + 1} policy {mode:<3}: {out['accepted_rps']:>9,.0f} records/s, "
+                f"round {r + 1} policy {mode:<3}: sent {out['sent_rps']:>9,.0f}, accepted "
+                f"{out['accepted_rps']:>9,.0f} records/s, "
                 f"{out['n429']:>5} 429s, health p99 {fmt(out['health_p99_ms'])} ms, "
                 f"zones {out['zones']}, refused by cause {out['refused_by_cause']}",
                 flush=True,
@@ -527,7 +574,8 @@ def main() -> int:
     off, on = median_of(runs["off"]), median_of(runs["on"])
     print(
         f"window {win:g} s, {rounds} rounds, {producers} producers, {args.batch}-record "
-        f"batches, bounds {bounds or 'default'} (waiters × {args.waiters_per_permit}), "
+        f"batches, {args.inflight} in flight per producer, bounds {bounds or 'default'} "
+        f"(waiters × {args.waiters_per_permit}), "
         f"pin={'yes' if args.pin else 'no'}, "
         f"load average {load0[0]:.1f} -> {load1[0]:.1f}"
     )

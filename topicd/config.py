@@ -230,6 +230,14 @@ class WalConfig:
     max_pending_bytes_per_shard: int = key(
         67108864, "Accepted, uncommitted bytes per shard.", min=1
     )
+    max_pending_ms: int = key(
+        500,
+        "Wait of a shard's oldest accepted, uncommitted write (ms, at the governor's "
+        "sample) that reads as a full ingest: the backlog signal (s5) is the share of it, "
+        "and writes get 429 once pressure reaches throttle_at with the wait at "
+        "levels.critical of it (0 = no time bound).",
+        min=0,
+    )
     max_group_topics: int = key(64, "Topics per group-commit batch.", min=1)
     max_batch_per_topic: int = key(256, "Submissions per topic per batch.", min=1)
     max_batch_bytes: int = key(4194304, "Bytes per batch (one write).", min=1)
@@ -712,11 +720,25 @@ class GovernorConfig:
     )
     latency_signal_max: float = key(
         0.6,
-        "Most that the latency signal (s2) adds to pressure: a loop at capacity reads as "
-        "the client's soft threshold; only work piling up (s1, s3, s4) goes higher, to "
+        "Most that the latency signal (s2) adds to pressure while the loop lag is under "
+        "loop_overload_ms: a loop at capacity reads as the client's soft threshold; only "
+        "work piling up (a loop lag past loop_overload_ms, s1, s3, s4, s5) goes higher, to "
         "deferral, the client's pause and the write throttle (1 = no cap).",
         min=0,
         max=1,
+    )
+    loop_overload_ms: float = key(
+        25.0,
+        "Loop lag (EWMA, ms) above which the latency signal (s2) rises past "
+        "latency_signal_max, linearly to 1.0 at loop_refuse_ms: a scheduling batch this "
+        "long is a queue of requests on the loop, not saturation.",
+        min=0,
+    )
+    loop_refuse_ms: float = key(
+        100.0,
+        "Loop lag (EWMA, ms) at which s2 reads 1.0, and client requests get 429 "
+        "throttled cause loop_lag once pressure held refuse_above (0 = neither).",
+        min=0,
     )
     admission_waiters_per_permit: float = key(
         1.0,
@@ -743,6 +765,18 @@ class GovernorConfig:
     )
     defer_sustain_samples: int = key(
         3, "Consecutive samples above defer_above that start deferral.", min=1
+    )
+    refuse_above: float = key(
+        0.9,
+        "Pressure that, held for refuse_sustain_samples while the loop-lag signal (s2, "
+        "past loop_overload_ms) or the WAL backlog signal (s5) is at it too, makes client "
+        "requests get 429 (cause loop_lag or wal_backlog); 0.9 is the client library's "
+        "pause, so producers that follow the header are not the ones refused.",
+        min=0,
+        max=1,
+    )
+    refuse_sustain_samples: int = key(
+        3, "Consecutive samples at refuse_above before the overload refusal.", min=1
     )
     throttle_at: float = key(
         0.98,

@@ -145,16 +145,17 @@ def test_latency_signal_is_capped_at_0_6_at_its_edge():
 
 
 def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
-    """Loop lag far past the ceiling for 10 s: pressure climbs to the cap (0.6), where
-    frames coalesce and commits widen but nothing is deferred and a client following the
-    delay law is not slowed; clients queueing for permits (s4) then take it on, through
-    the defer rung, and a refusal past the client's pause (0.9) and the throttle (0.98)."""
+    """Loop lag 4x past the ceiling (but short of `loop_overload_ms`) for 10 s: pressure
+    climbs to the cap (0.6), where frames coalesce and commits widen but nothing is
+    deferred and a client following the delay law is not slowed; clients queueing for
+    permits (s4) then take it on, through the defer rung, and a refusal past the client's
+    pause (0.9) and the throttle (0.98)."""
     fake = FakeSources()
     g = governor(fake)
     t = 0.0
     for _ in range(100):
         t += 0.1
-        g.sample(t, lag_ms=50.0)
+        g.sample(t, lag_ms=20.0)
         assert g.pressure <= 0.6
     assert g.pressure == pytest.approx(0.6, abs=1e-6)
     assert not g.defer_active
@@ -162,13 +163,13 @@ def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
     for _ in range(30):  # 28 of 32 permits' worth waiting throughout: s4 = 0.875
         fake.wait_area += 28 * 0.1
         t += 0.1
-        g.sample(t, lag_ms=50.0)
+        g.sample(t, lag_ms=20.0)
     assert g.signals["admission"] == pytest.approx(0.875)
     assert 0.8 < g.pressure < 0.9 and g.defer_active
     for _ in range(10):
         fake.refused += 1  # a request refused in each interval
         t += 0.1
-        g.sample(t, lag_ms=50.0)
+        g.sample(t, lag_ms=20.0)
     assert g.pressure > 0.98
 
 
@@ -436,9 +437,10 @@ async def test_defer_pauses_negative_priority_push_with_one_advisory_frame(autoj
 
 
 async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):
-    # one WAL shard whose every sync takes a virtual 100 ms: the pool signal saturates
+    # one WAL shard whose every sync takes a virtual 100 ms, with writes bound to wait at
+    # most 80 ms: the backlog signal saturates
     slow = InlineOffload(lambda group: 0.1 if group == "wal" else 0.0)
-    cfg = durable_config(shards=1, wal={"max_pending_per_shard": 40})
+    cfg = durable_config(shards=1, wal={"max_pending_per_shard": 40, "max_pending_ms": 80})
     async with open_durable(FakeDisk(), cfg, offload=slow) as engine:
         await engine.put_topic("t", TopicConfigIn(durability="fsync"))
         wal = engine.commit
@@ -481,7 +483,7 @@ async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):
             with trio.fail_after(30):  # virtual seconds: the ladder climbs within ~2
                 await climbed.wait()
             stop.set()
-        assert gov.signals["pool"] > 0.9
+        assert gov.signals["backlog"] > 0.9
         assert gov.pressure > 0.98
         assert seen["ok"] > 0 and seen["pressure"] > 0
         assert hints and min(hints) >= 1
@@ -498,8 +500,8 @@ async def test_a_saturated_wal_drives_the_ladder_to_429(autojump_clock):
 
 async def test_a_long_checkpoint_does_not_read_as_pool_pressure(autojump_clock):
     """The checkpoint's thread (the `snapshot` group) is maintenance: a checkpoint that
-    holds it for seconds leaves the pool signal and pressure at rest, while a busy WAL
-    thread still counts."""
+    holds it for seconds leaves the pool signal and pressure at rest. A busy WAL thread
+    is not a pool signal either: the wait of the writes it holds (s5) is."""
     slow = {"snapshot": 0.0, "wal": 0.0}
     offload = InlineOffload(lambda group: slow.get(group, 0.0))
     async with open_durable(FakeDisk(), durable_config(), offload=offload) as engine:
@@ -519,9 +521,121 @@ async def test_a_long_checkpoint_does_not_read_as_pool_pressure(autojump_clock):
         assert trio.current_time() - t0 >= 3.0
         assert gov.stats.samples - samples >= 20  # the governor sampled throughout
         assert peak == {"pool": 0.0, "pressure": 0.0}
-        # the WAL's threads still count: a slow sync reads as pool pressure
+        # nor are the WAL's threads: a slow sync is read as the wait of the writes it
+        # holds (s5: 1 s of the 500 ms bound, with the sync under way for about 1 s)
         slow["wal"] = 2.0
         async with trio.open_nursery() as n:
             n.start_soon(engine.append, "t", write_req(1))
             await ten_samples(autojump_clock)  # the sync is under way
-            assert gov.signals["pool"] >= 0.5
+            assert gov.signals["pool"] == 0.0
+            assert gov.signals["backlog"] == 1.0
+
+
+# ---- the loop's own queue (s2 past loop_overload_ms) and the WAL's (s5) ---------------------
+
+
+def test_loop_lag_past_the_overload_bound_rises_from_the_cap_to_1_at_the_refusal_bound():
+    """A loop batch past `loop_overload_ms` (25) is a queue on the loop: s2 goes from 0.6
+    to 1.0 at `loop_refuse_ms` (100). The gate's `overloaded` names it only once pressure
+    has held the client's pause (0.9) for 3 samples, and only while s2 is at 0.9 too (a
+    lag of 81.25 ms)."""
+    fake = FakeSources()
+    g = governor(fake, loop_lag_alpha=1.0)  # the EWMA is the last sample's lag
+    for lag, expected in ((25.0, 0.6), (62.5, 0.8), (81.25, 0.9), (100.0, 1.0), (400.0, 1.0)):
+        g.sample(0.1, lag_ms=lag)
+        assert g.signals["latency"] == pytest.approx(expected)
+    assert g.overloaded is None  # pressure (0.3 per sample toward the raw) is below 0.9
+    t, held = 0.1, 0
+    while held < 3:
+        t += 0.1
+        g.sample(t, lag_ms=150.0)
+        held = held + 1 if g.pressure >= 0.9 else 0
+        assert g.overloaded == ("loop_lag" if held >= 3 else None)
+    g.sample(t + 0.1, lag_ms=80.0)  # s2 0.893: pressure still ~1, no refusal
+    assert g.pressure > 0.9 and g.overloaded is None
+    g.sample(t + 0.2, lag_ms=150.0)  # at it again, pressure held throughout
+    assert g.overloaded == "loop_lag"
+
+
+def test_loop_refuse_ms_0_keeps_the_latency_signal_at_its_cap_and_never_refuses():
+    fake = FakeSources()
+    g = governor(fake, loop_lag_alpha=1.0, loop_refuse_ms=0)
+    for i in range(60):
+        g.sample(0.1 * (i + 1), lag_ms=500.0)
+    assert g.signals["latency"] == 0.6 and g.overloaded is None
+
+
+def test_backlog_signal_is_the_wal_drain_time_share_clamped_to_1():
+    fake = FakeSources()
+    ratio = [0.0]
+    src = fake.sources()
+    src.backlog = lambda: ratio[0]
+    g = Governor(CFG, src)
+    for value, expected in ((0.0, 0.0), (0.45, 0.45), (3.0, 1.0)):
+        ratio[0] = value
+        g.sample(0.1)
+        assert g.signals["backlog"] == pytest.approx(expected)
+    for i in range(20):  # held at its bound: the overload refusal names the WAL backlog
+        g.sample(0.2 + 0.1 * i)
+    assert g.pressure > 0.9 and g.overloaded == "wal_backlog"
+    ratio[0] = 0.89
+    g.sample(2.3)
+    assert g.overloaded is None
+
+
+async def test_a_wal_backlog_read_in_time_refuses_writes_and_group_commit_does_not(
+    autojump_clock,
+):
+    """`storage.wal.max_pending_ms` (500): writes that have waited that long for their
+    commit read as a full ingest, whatever their count: s5 reaches 1.0, pressure climbs,
+    and at `throttle_at` writes get the pressure `429` (the client's pause at 0.9 comes
+    first); many writes sharing one quick commit do not (their wait is one commit)."""
+    slow = {"wal": 0.002}  # every WAL write + sync: 2 virtual ms
+    offload = InlineOffload(lambda group: slow.get(group, 0.0))
+    async with open_durable(FakeDisk(), durable_config(shards=1), offload=offload) as engine:
+        await engine.put_topic("t", TopicConfigIn(durability="fsync"))
+        gov = engine.governor
+        peak = {"backlog": 0.0}
+
+        def watch(_now: float) -> None:
+            peak["backlog"] = max(peak["backlog"], gov.signals["backlog"])
+
+        on_every_sample(gov, watch)
+
+        async def writes(n: int) -> None:
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(engine.append, "t", write_req(i))
+
+        for _ in range(20):  # 200 concurrent writers per round, over 2 virtual seconds
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writes, 200)
+                await advance(autojump_clock, 0.1)
+        assert peak["backlog"] < 0.1  # a group commit's wait: a few ms of 500
+        assert gov.pressure < 0.6
+        slow["wal"] = 5.0  # the disk stalls: one write waits in the batch being written
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine.append, "t", write_req(1))
+            await ten_samples(autojump_clock)  # 1 s into its sync
+            assert gov.signals["backlog"] == 1.0
+            assert engine.commit.shards[0].delay_ms >= 500
+            assert 0.9 <= gov.pressure < CFG.throttle_at  # the client pauses; no refusal yet
+            assert gov.overloaded is None  # not held at 0.9 for 3 samples yet
+            for _ in range(3):
+                await advance(autojump_clock, 0.1)
+            assert gov.overloaded == "wal_backlog"  # held: the HTTP gate refuses now
+            nursery.start_soon(engine.append, "t", write_req(2))  # queued behind the stall
+            while gov.pressure < CFG.throttle_at:
+                await advance(autojump_clock, 0.1)
+            with pytest.raises(Throttled) as refused:
+                await engine.append("t", write_req(3))
+            assert "cause" not in refused.value.detail  # pressure admission
+            # a disable_backpressure write skips that check, and commits
+            nursery.start_soon(
+                engine.append, "t", WriteIn(records=write_req(4).records, disable_backpressure=True)
+            )
+        slow["wal"] = 0.0
+        await ten_samples(autojump_clock)
+        assert gov.signals["backlog"] == 0.0 and engine.commit.shards[0].delay_ms == 0.0
+        res = await engine.append("t", write_req(5))
+        assert res.count == 1

@@ -319,3 +319,31 @@ async def test_at_full_permits_writes_are_refused_before_the_framework_on_one_co
         assert head.startswith(b"HTTP/1.1 201") or head.startswith(b"HTTP/1.1 200")
         assert doc["seqs"] == [1]
         await stream.aclose()
+
+
+async def test_an_overloaded_loop_refuses_client_requests_from_a_glance_and_probes_still_pass():
+    """While the governor finds the loop's own queue at its bound (`overloaded`), client
+    requests get `429` cause `loop_lag` from a glance at their head, counted apart from
+    `client_waiters`; probes are still answered, and the refusals end with the verdict."""
+    cfg = make_config(server={"port": 0})
+    async with served(cfg) as (engine, app, host, port):
+        pool = gate_of(app).permits
+        assert pool is not None
+        verdict: dict[str, str | None] = {"overloaded": "loop_lag"}
+        pool.overloaded = lambda: verdict["overloaded"]
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
+            r = await http.post("/v0/topics/t", json={"records": [{"data": 1}]})
+            assert r.status_code == 429
+            detail = r.json()["error"]["detail"]
+            assert detail["cause"] == "loop_lag" and detail["retry_after_ms"] >= 250
+            assert int(r.headers["retry-after"]) >= 1 and "x-topicd-pressure" in r.headers
+            assert (await http.get("/v0/topics/t")).status_code == 429  # reads too
+            assert (await http.get("/v0/health")).status_code == 200  # probes: no permit
+            assert pool.stats.overload_rejected == 2 and pool.stats.rejected == 0
+            assert engine.throttled.get("loop_lag") == 2
+            assert "t" not in engine.topics  # nothing was applied
+            metrics = (await http.get("/v0/metrics")).text
+            assert 'topicd_throttled_total{cause="loop_lag"} 2.0' in metrics
+            verdict["overloaded"] = None
+            r = await http.post("/v0/topics/t", json={"records": [{"data": 1}]})
+            assert r.status_code in (200, 201) and r.json()["seqs"] == [1]

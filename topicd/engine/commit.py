@@ -181,6 +181,11 @@ class CommitPath(Protocol):
         """Offload groups as (group, busy token-seconds up to `now`, tokens): signal s3."""
         ...
 
+    def backlog_ratio(self) -> float:
+        """How long the accepted, uncommitted writes take to commit, as a share of the
+        time bound on them (signal s5; 0 where nothing queues for a commit)."""
+        ...
+
     def check_stalls(self, now: float) -> None:
         """Open a shard's breaker whose WAL call has been outstanding too long (R3.2)."""
         ...
@@ -281,6 +286,9 @@ class InMemoryCommitPath:
 
     def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
         return []
+
+    def backlog_ratio(self) -> float:
+        return 0.0
 
     def check_stalls(self, now: float) -> None:
         return None

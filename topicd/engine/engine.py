@@ -156,6 +156,7 @@ class Engine:
                 sched_latency_ms=lambda: self.sched.stats.ewma_sched_ms,
                 decay_sched_latency=self._decay_sched_latency,
                 pool_loads=lambda now: self.commit.pool_loads(now),
+                backlog=lambda: self.commit.backlog_ratio(),
                 admission=lambda now: self.admission(now),
                 apply=self._govern,
                 set_defer=self._set_defer,

@@ -1021,6 +1021,7 @@ def create_app(
         config.classes.client_permits,
         config.classes.client_waiters,
         lambda: ref.engine.retry_hint_ms(),
+        lambda: ref.engine.governor.overloaded,
     )
     ref.register_permits()
     app.asgi_app = Gate(  # type: ignore[assignment,method-assign]

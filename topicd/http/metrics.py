@@ -187,7 +187,16 @@ class _Collector:
             "topicd_throttled_total", "429 responses issued, by cause.", labels=["cause"]
         )
         for cause in sorted(
-            {"pressure", "limit", "wal_ingest", "client_waiters", "queue_depth", *engine.throttled}
+            {
+                "pressure",
+                "limit",
+                "wal_ingest",
+                "client_waiters",
+                "loop_lag",
+                "wal_backlog",
+                "queue_depth",
+                *engine.throttled,
+            }
         ):
             throttled.add_metric([cause], engine.throttled.get(cause, 0))
         yield throttled
@@ -292,8 +301,8 @@ class _Collector:
         gov = engine.governor
         signals = GaugeMetricFamily(
             "topicd_pressure_signal",
-            "Governor input signals 0.0-1.0 (depth, latency, pool, admission); pressure follows "
-            "the max.",
+            "Governor input signals 0.0-1.0 (depth, latency, pool, admission, backlog); "
+            "pressure follows the max.",
             labels=["signal"],
         )
         for name, value in gov.signals.items():

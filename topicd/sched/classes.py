@@ -8,7 +8,9 @@ short: probes,
 metrics, SSE heartbeats, the governor and the scheduler (control and delivery work,
 which take no permit) are served within one batch however many clients push. At most
 `classes.client_waiters` requests wait for a permit; beyond that a request gets `429
-throttled` with `cause:"client_waiters"` before its body is parsed (the direct HTTP path
+throttled` with `cause:"client_waiters"` before its body is parsed (and with
+`cause:"loop_lag"` or `"wal_backlog"` while the governor finds the server
+overloaded) (the direct HTTP path
 answers from a glance at the head and reads the body off the socket unparsed, so the
 connection stays usable; see `http/server.py`).
 
@@ -49,6 +51,7 @@ class PermitStats:
     peak_waiting: int = 0
     waited: int = 0  # admissions that had to wait
     rejected: int = 0  # 429 client_waiters
+    overload_rejected: int = 0  # 429 loop_lag, wal_backlog
     wait_s_total: float = 0.0
     wait_area: float = 0.0  # ∫ waiting dt (request-seconds spent waiting), up to `area_at`
     area_at: float = 0.0
@@ -73,15 +76,30 @@ _HELD: ContextVar[Permit | None] = ContextVar("topicd_client_permit", default=No
 
 
 class ClientPermits:
-    def __init__(self, permits: int, max_waiters: int, retry_hint_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        permits: int,
+        max_waiters: int,
+        retry_hint_ms: Callable[[], int],
+        overloaded: Callable[[], str | None] | None = None,
+    ) -> None:
         self._sem = trio.Semaphore(permits)
         self.max_waiters = max_waiters
         self.retry_hint_ms = retry_hint_ms
+        # the governor's verdict that a queue is at its time bound, as the cause to
+        # refuse with (see `Governor.overloaded`): client requests are refused as at
+        # full waiters
+        self.overloaded = overloaded
         self.stats = PermitStats(capacity=permits)
 
-    def full(self) -> bool:
-        """Whether a request arriving now would be refused (no permit, waiters full)."""
+    def _waiters_full(self) -> bool:
         return self._sem.value == 0 and self.stats.waiting >= self.max_waiters
+
+    def full(self) -> bool:
+        """Whether a request arriving now would be refused (no permit and waiters full,
+        or the server overloaded)."""
+        over = self.overloaded
+        return self._waiters_full() or (over is not None and over() is not None)
 
     def waited_area(self, now: float) -> float:
         """Request-seconds spent waiting for a permit since start, up to `now`."""
@@ -94,6 +112,9 @@ class ClientPermits:
         """The `429 client_waiters` for a request `full()` refused (not raised: a raised
         and caught exception keeps its frame alive in a reference cycle, and a flood of
         refusals would fill the cyclic garbage collector)."""
+        if not self._waiters_full() and self.overloaded is not None:
+            self.stats.overload_rejected += 1
+            return Throttled.pressure(self.retry_hint_ms(), cause=self.overloaded() or "overload")
         self.stats.rejected += 1
         return Throttled.pressure(self.retry_hint_ms(), cause="client_waiters")
 

@@ -14,22 +14,34 @@ signals into `pressure ∈ [0, 1]`:
   weight each sample (topicd decision: otherwise the last burst's latency would hold
   pressure up forever on an idle server). Capped at `latency_signal_max` (0.6, topicd
   decision): a loop at capacity is what saturation looks like, not overload, and its
-  excess waits outside the loop, for a client permit, where s4 reads it. A busy loop
+  excess waits outside the loop, for a client permit, where s4 reads it. Past
+  `loop_overload_ms` (25) the loop-lag EWMA is no longer one busy batch but a queue of
+  requests on the loop (a request that finds a free permit runs in the batch it is read
+  in, so the permits do not hold it back): s2 rises from the cap to 1.0 at
+  `loop_refuse_ms` (100), where the HTTP gate refuses client requests once pressure has
+  held the client's pause (`overloaded`, below; `429` cause `loop_lag`). A busy loop
   alone coalesces frames and widens commits, and reads as the client library's soft
-  threshold, where its producers are not slowed yet; a backlog (s1, s3, s4) takes
+  threshold, where its producers are not slowed yet; a backlog (s1, s3, s4, s5) takes
   pressure on to deferral, to the client's proportional delay and pause, and to the
   write throttle;
-* **s3 pool** — the busiest offload group client work waits on (WAL normalized by its
-  shard count, misc, read; not the checkpoints' `snapshot` group, see
-  `WalCommitPath.pool_loads`): busy token-seconds over the interval ÷ (interval × tokens);
+* **s3 pool** — the busiest offload group client work waits on (misc, read; not the
+  checkpoints' `snapshot` group nor the WAL committers, see `WalCommitPath.pool_loads`):
+  busy token-seconds over the interval ÷ (interval × tokens);
 * **s4 admission** (topicd) — the mean number of client requests that waited for a
   permit over the interval ÷ (client permits × `admission_waiters_per_permit`), or 1.0 if
   any request was refused because the waiters were full. The permits keep each loop
   batch short, which is what keeps probes fast under a flood, but it also keeps CPU
   saturation out of s2: the excess waits outside the loop. This signal reads that queue,
-  so the ladder still climbs when the server is saturated with more clients than permits.
+  so the ladder still climbs when the server is saturated with more clients than permits;
+* **s5 backlog** (topicd) — the WAL's queue in time: the longest a shard's oldest
+  accepted, uncommitted write has waited (queued or in the batch being written) ÷
+  `storage.wal.max_pending_ms` (part of the shard's ingest fill, so pressure admission
+  refuses writes to it once pressure reaches `throttle_at`). Writers sharing one group
+  commit wait for the same `fdatasync` however many they are, so the concurrency a group
+  commit absorbs reads as about one commit's time; a queue of batches behind the disk
+  reads as the time it holds them, and rises before the refusal.
 
-`raw = max(s1, s2, s3, s4)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
+`raw = max(s1, s2, s3, s4, s5)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
 sample, the ladder's controls (all lossless: latency, never correctness):
 
 * `coalesce_ms` = 0 up to `coalesce_above`, then linear to `coalesce_max_ms` at 1.0: a
@@ -45,7 +57,15 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   episode;
 * **pressure admission**: the WAL refuses writes with `429` when pressure reaches
   `throttle_at` and the target shard's ingest is at `levels.critical` (the WAL reads the
-  pressure the governor hands it).
+  pressure the governor hands it);
+* **overload refusal** (topicd): once pressure has been at or above `refuse_above` (0.9,
+  the client library's pause) for `refuse_sustain_samples` (3) samples in a row, and the
+  loop's or the WAL's own signal is at `refuse_above` too — a loop-lag EWMA of 81 ms of
+  `loop_refuse_ms` (100), a WAL write's wait of 450 ms of `storage.wal.max_pending_ms`
+  (500) — `overloaded` names that queue (`loop_lag`, `wal_backlog`) and the HTTP gate
+  refuses client requests with that `429` cause, from a glance at their head, until a
+  sample finds otherwise. Producers that follow the header paused at the first of those
+  samples and sent nothing since; the refusals are for those that did not.
 
 `pressure` is published as a float attribute (atomic under the GIL): the engine's
 `pressure` (the `X-Topicd-Pressure` header, `topicd_pressure`) and the WAL's.
@@ -104,6 +124,7 @@ class Sources:
         decay_sched_latency: Callable[[float], None],
         pool_loads: Callable[[float], list[tuple[str, float, int]]],
         admission: Callable[[float], tuple[float, int, int]] | None = None,
+        backlog: Callable[[], float] | None = None,
         apply: Callable[[float, float, float], None],
         set_defer: Callable[[bool], None],
         on_sample: Callable[[float], None] | None = None,
@@ -117,6 +138,8 @@ class Sources:
         # at a time: (request-seconds spent waiting for a client permit so far,
         # requests refused so far because the waiters were full, permits)
         self.admission = admission
+        # the WAL's queue in time: the fullest shard's drain time ÷ its time bound
+        self.backlog = backlog
         self.apply = apply  # (pressure, coalesce_ms, commit_window_ms)
         self.set_defer = set_defer
         self.on_sample = on_sample  # e.g. the saturation registry's peaks and levels
@@ -134,11 +157,21 @@ class Governor:
         self.cfg = cfg
         self.src = sources
         self.pressure = 0.0
-        self.signals = {"depth": 0.0, "latency": 0.0, "pool": 0.0, "admission": 0.0}
+        self.signals = {
+            "depth": 0.0,
+            "latency": 0.0,
+            "pool": 0.0,
+            "admission": 0.0,
+            "backlog": 0.0,
+        }
         self.loop_lag_ms = 0.0  # EWMA
         self.coalesce_ms = 0.0
         self.commit_window_ms = cfg.commit_window_min_ms
         self.defer_active = False
+        # the queue at its time bound while pressure held the client's pause ("loop_lag",
+        # "wal_backlog"), or None: the HTTP gate refuses client requests with that cause
+        self.overloaded: str | None = None
+        self._held = 0  # consecutive samples at or above refuse_above
         self._above = 0  # consecutive samples above defer_above
         self._pools: dict[str, tuple[float, float]] = {}  # group -> (integral, at)
         self._admission: tuple[float, int, float] | None = None  # (area, refused, at)
@@ -156,6 +189,12 @@ class Governor:
             cfg.latency_signal_max,
             max(src.sched_latency_ms(), self.loop_lag_ms) / cfg.latency_ceiling_ms,
         )
+        lo, hi = cfg.loop_overload_ms, cfg.loop_refuse_ms
+        if hi > lo and self.loop_lag_ms > lo:
+            # a loop batch this long is a queue of requests on the loop: it rises from
+            # the cap to 1.0 at the refusal bound
+            cap = cfg.latency_signal_max
+            latency = max(latency, cap + (1 - cap) * min(1.0, (self.loop_lag_ms - lo) / (hi - lo)))
         pool = 0.0
         for group, integral, tokens in src.pool_loads(now):
             prev = self._pools.get(group)
@@ -175,10 +214,21 @@ class Governor:
         self.signals["depth"] = depth
         self.signals["latency"] = latency
         self.signals["pool"] = pool
+        backlog = min(1.0, max(0.0, src.backlog())) if src.backlog is not None else 0.0
         self.signals["admission"] = admission
-        raw = max(depth, latency, pool, admission)
+        self.signals["backlog"] = backlog
+        raw = max(depth, latency, pool, admission, backlog)
         p = self.pressure + cfg.ewma_alpha * (raw - self.pressure)
         self.pressure = p = min(1.0, max(0.0, p))
+        self._held = self._held + 1 if p >= cfg.refuse_above else 0
+        over: str | None = None
+        if self._held >= cfg.refuse_sustain_samples:
+            # the queue whose own signal is at the pause too
+            if hi > lo and self.loop_lag_ms > lo and latency >= cfg.refuse_above:
+                over = "loop_lag"
+            elif backlog >= cfg.refuse_above:
+                over = "wal_backlog"
+        self.overloaded = over
         self.coalesce_ms = coalesce_ms(p, cfg)
         self.commit_window_ms = commit_window_ms(p, cfg)
         src.apply(p, self.coalesce_ms, self.commit_window_ms)

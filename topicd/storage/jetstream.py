@@ -1212,6 +1212,9 @@ class JetStreamBackend:
     def pool_loads(self, now: float) -> list[tuple[str, float, int]]:
         return []
 
+    def backlog_ratio(self) -> float:
+        return 0.0
+
     def check_stalls(self, now: float) -> None:
         return None
 

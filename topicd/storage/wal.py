@@ -292,6 +292,10 @@ class Shard:
         self.pressure_refused = 0
         self.io_since: float | None = None  # start of the WAL write/sync in flight
         self.ewma_bytes_per_s = 0.0  # commit throughput (retry_after_ms estimate)
+        # the enqueue time of the oldest counted write in the batch being written (inf:
+        # none), and the oldest write's wait at the governor's last sample
+        self.inflight_since = math.inf
+        self.delay_ms = 0.0
         self._work = trio.Event()
         self._room = trio.Event()
         self._room_waiters = 0  # tasks in `wait_for_room`
@@ -340,6 +344,22 @@ class Shard:
             return "shard"
         return None
 
+    def queue_delay_ms(self, now: float) -> float:
+        """How long the oldest accepted, uncommitted write has waited at `now` (queued or
+        in the batch being written), 0 when none waits; kept in `delay_ms` for the
+        ingest's fill until the next call (the governor's sample). Writers that
+        share one group commit wait for the same `fdatasync`, however many they are:
+        their concurrency reads as about one commit; a queue of batches behind the disk
+        reads as the time it holds them."""
+        oldest = self.inflight_since
+        if self.pending:
+            for q in self.queues.values():
+                head = q[0]
+                if head.counted and head.t0 < oldest:
+                    oldest = head.t0
+        self.delay_ms = max(0.0, now - oldest) * 1000 if self.pending else 0.0
+        return self.delay_ms
+
     def check_stall(self, now: float) -> None:
         """Open the breaker when a WAL write or sync has been outstanding longer than
         `breaker.io_stall_ms` (scheduler spec R3.2; the governor's sample calls this)."""
@@ -354,12 +374,16 @@ class Shard:
             )
             self.breaker.record_sync_error(reason)
 
-    def ingest_ratio(self) -> float:
-        """How full the shard's ingest is (the larger of submissions and bytes), 0..1."""
+    def ingest_ratio(self, timed: bool = True) -> float:
+        """How full the shard's ingest is (the largest of submissions, bytes and, when
+        `timed`, the oldest write's wait against their bounds), 0..1 (above 1 past the
+        time bound). An `ephemeral` write does not wait for the disk, so its admission
+        reads the count and bytes only."""
         w = self.wal
         return max(
             self.pending / w.max_pending_per_shard,
             self.pending_bytes / w.max_pending_bytes_per_shard,
+            self.delay_ms / w.max_pending_ms if timed and w.max_pending_ms else 0.0,
         )
 
     def retry_after_ms(self, pressure: float, rng: random.Random) -> int:
@@ -522,6 +546,9 @@ class Shard:
         out: list[bytes] = []
         reserving: dict[Topic, int] = {}
         nbytes, sync = self._take(subs, out, 0, reserving)
+        self.inflight_since = min(
+            (sub.t0 for sub in subs if sub.counted), default=math.inf
+        )  # (the batch's first write; arrivals taken while the window is open are younger)
         enough = self.wal.gc_enough_records
         records = _records(subs, 0)
         if (
@@ -593,6 +620,7 @@ class Shard:
             if reserved > topic.reserved_head:
                 topic.reserved_head = reserved
                 topic.mark_changed()
+        self.inflight_since = math.inf
         self._publish(subs, sync_ms, append_ms if data else None)
         if data and not sync:
             heads = self.unsynced_heads
@@ -640,6 +668,7 @@ class Shard:
 
     def _fail(self, subs: list[Submission], exc: BaseException) -> None:
         """A write/sync/rotation error: fail the batch and the shard's whole tail."""
+        self.inflight_since = math.inf
         inner = exc.exc if isinstance(exc, _WriteFailed | _SyncFailed) else exc
         assert isinstance(inner, OSError)
         what = (
@@ -885,12 +914,13 @@ class WalCommitPath:
 
     def admit(self, topic: Topic, nbytes: int, *, bypass: bool = False) -> None:
         shard = self.shard(topic)
-        if topic.config.durability != "ephemeral":
+        durable = topic.config.durability != "ephemeral"
+        if durable:
             shard.breaker.check()
         if (
             not bypass
             and self.pressure >= self.cfg.governor.throttle_at
-            and shard.ingest_ratio() >= self.cfg.levels.critical
+            and shard.ingest_ratio(timed=durable) >= self.cfg.levels.critical
         ):
             # saturated and this shard's ingest is critical (scheduler spec B.5)
             shard.pressure_refused += 1
@@ -951,12 +981,24 @@ class WalCommitPath:
         """Busy integrals of the offload groups client work waits on (the governor's s3).
         Not the `snapshot` group: its one token is a checkpoint's, which runs for seconds
         on a large data set while clients wait for nothing (topicd decision: counting it
-        pinned pressure at 1.0 through every long checkpoint of an idle server)."""
+        pinned pressure at 1.0 through every long checkpoint of an idle server). Not the
+        `wal` group either: a committer syncing back to back is busy all the time at any
+        load, however many writes each sync carries (it read 0.92–0.97 at the lowest
+        load); the WAL's queue is read in time instead (`backlog_ratio`, s5)."""
         out: list[tuple[str, float, int]] = []
-        for group in ("wal", "misc", "read"):
-            tokens = len(self.shards) if group == "wal" else self.offload.tokens(group)
+        for group in ("misc", "read"):
+            tokens = self.offload.tokens(group)
             out.append((group, self.offload.stats(group).busy_integral(now), max(tokens, 1)))
         return out
+
+    def backlog_ratio(self) -> float:
+        """The longest wait of an uncommitted write over the shards ÷
+        `storage.wal.max_pending_ms` (the governor's s5; 0 with no time bound)."""
+        bound = self.cfg.storage.wal.max_pending_ms
+        if not bound:
+            return 0.0
+        now = trio.current_time()
+        return max(shard.queue_delay_ms(now) for shard in self.shards) / bound
 
     async def wait_for_room(self, topic: Topic, nbytes: int) -> None:
         shard = self.shard(topic)
