@@ -23,6 +23,8 @@ import pytest
 from tests.storage.test_checkpoint import cp, state, write
 from tests.storage.test_segments import newest_body
 from topicd.engine.engine import Engine
+from topicd.engine.topic import Topic
+from topicd.sched.classes import Budget
 from topicd.storage import segments as segs
 from topicd.storage import snapshot
 from topicd.testing.fake_fs import FakeDisk, FaultFs, PowerLoss
@@ -236,8 +238,9 @@ async def test_a_capture_of_inline_topics_keeps_no_tracked_object_per_topic():
         step.finish([(0, 0)] * 2)
 
 
+@pytest.mark.parametrize("every_step_yields", [False, True])
 async def test_no_young_collection_during_a_checkpoint_walks_a_container_of_every_topic(
-    monkeypatch,
+    monkeypatch, every_step_yields
 ):
     """A young garbage collection walks every container of the young generations whole
     (a memory access per element), holding the GIL — the loop — throughout: a young list,
@@ -246,8 +249,25 @@ async def test_no_young_collection_during_a_checkpoint_walks_a_container_of_ever
     therefore lives in arrays, untracked dicts or old containers. Checked here with the
     collector's young generation small (collections every 50 allocations), and in each
     collection that starts during the checkpoints: the full one after a fill, and two
-    incremental ones after a write to every topic."""
+    incremental ones after a write to every topic.
+
+    With `every_step_yields`, every step of the checkpoint yields to the loop, as on a
+    busy machine where each step outlasts its time quantum, and a young collection runs
+    at each yield: no young container of every topic's `Topic` object may be alive
+    across a yield (the changed topics' copy is dropped before its last step yields).
+    The dict of the records of every inline topic captured now (`inline_records`) is
+    young by construction while its checkpoint runs; it is only checked without forced
+    yields."""
     n = 600
+    if every_step_yields:
+        real_pause = Budget.pause
+
+        async def pause(self: Budget) -> None:
+            gc.collect(0)  # a young collection at the yield: it sees what is alive across it
+            await real_pause(self)
+
+        monkeypatch.setattr(Budget, "due", lambda self: True)
+        monkeypatch.setattr(Budget, "pause", pause)
     # (the records and body entries are handled in bounded chunks: smaller than `n` here)
     monkeypatch.setattr(snapshot, "CHUNK_RECORDS", 64)
     monkeypatch.setattr(snapshot, "CHUNK_TOPICS", 64)
@@ -259,6 +279,8 @@ async def test_no_young_collection_during_a_checkpoint_walks_a_container_of_ever
         for g in range(info["generation"] + 1):
             for o in gc.get_objects(generation=g):
                 if isinstance(o, (list, tuple, dict, set, frozenset)) and len(o) >= n:
+                    if every_step_yields and not isinstance(next(iter(o)), Topic):
+                        continue
                     seen.append((type(o).__name__, len(o)))
 
     disk = FakeDisk()
