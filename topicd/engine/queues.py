@@ -323,6 +323,26 @@ class JobQueue:
         if notify:
             self.changed()
 
+    def dropped_plain(self, seqs: list[int]) -> None:
+        """`dropped(seq, 0, notify=False)` for each of `seqs` (a delete of jobs without
+        a priority: `Topic.delete_seqs`), the held ones (acked) first in one pass."""
+        deliveries, held = self.deliveries, self.held
+        rest: list[int] = []
+        for seq in seqs:
+            deliveries.pop(seq, None)
+            if seq in held:
+                held.discard(seq)  # (see `dropped`: in no other state)
+            else:
+                rest.append(seq)
+        live = self.live_by_prio
+        left = live.get(0, 0) - (len(seqs) - len(rest))
+        if left > 0:
+            live[0] = left
+        else:
+            live.pop(0, None)
+        for seq in rest:
+            self.dropped(seq, 0, notify=False)
+
     def _compact(self, level: _Level) -> None:
         """Drop a level's entries of dead jobs (a starved level is never reached, so lazy
         deletion alone would keep them): O(entries), paid for by the deaths counted."""
@@ -935,7 +955,8 @@ def claim_items(topic: Topic, got: list[tuple[Lease, int]]) -> list[bytes] | Non
     tail; the rest go through `claim_item`."""
     items: list[bytes] = []
     shapes, tags, prios = topic.shapes, topic.tags, topic.prios
-    enc_ts = topic.enc_ts
+    run = None
+    base = end = 0
     for lease, n in got:
         seq = lease.seq
         if (shapes and seq in shapes) or (tags and seq in tags) or (prios and seq in prios):
@@ -944,7 +965,11 @@ def claim_items(topic: Topic, got: list[tuple[Lease, int]]) -> list[bytes] | Non
                 return None
             items.append(item)
             continue
-        enc, ts = enc_ts(seq)
+        if run is None or seq < base or seq > end:  # (claimed jobs share a run)
+            run = topic.run_at(seq)
+            assert run is not None  # a claimed job is live until its lease ends
+            base, end = run.base, run.end
+        enc, ts = run.encs[seq - base], run.ts[seq - base]
         if not isinstance(enc, bytes):
             assert enc is EVICTED  # a claimed job is live until its lease ends
             return None
