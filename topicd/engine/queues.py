@@ -41,6 +41,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 import msgspec
@@ -698,13 +699,14 @@ class JobQueue:
         leases, held_set = self.leases, self.held
         held: list[int] = []
         skipped: list[int] = []
-        for i, seq in enumerate(seqs):
+        # (the fences are aligned with `seqs` when given: the body check made sure)
+        for seq, fence in zip(seqs, fences, strict=True) if fences else zip(seqs, repeat("")):
             lease = leases.get(seq)
             if (
                 lease is None
                 or lease.node != node
                 # (`lease_token`, inlined: this runs for every acked job)
-                or (fences and fences[i] and fences[i] != f"lease_{lease.lease_id:x}")
+                or (fence and fence != f"lease_{lease.lease_id:x}")
             ):
                 skipped.append(seq)
                 continue
