@@ -1260,8 +1260,10 @@ class QueueService:
             return
         raise self._depth_throttled(topic, q)
 
-    async def _delete(self, topic: Topic, q: JobQueue, seqs: list[int], now_ms: int) -> float:
-        """Delete the held jobs `seqs` for good (at wall time `now_ms`): a sync-gated
+    async def _delete(
+        self, topic: Topic, q: JobQueue, seqs: list[int], now_ms: int | None = None
+    ) -> float:
+        """Delete the held jobs `seqs` for good (at wall time `now_ms`, default now): a sync-gated
         `RecordsDelete` with explicit seqs on every WAL class, in memory only on
         `ephemeral`. Returns the wait in ms. If the delete fails, the jobs are released
         (claimable again) before the error is raised, and also when the caller was
@@ -1281,7 +1283,10 @@ class QueueService:
         frame = None
         if topic.config.durability != "ephemeral":
             frame = frames.encode_control(
-                frames.RECORDS_DELETE, topic.topic_id, now_ms, {"seqs": seqs}
+                frames.RECORDS_DELETE,
+                topic.topic_id,
+                engine.clock.now_ms() if now_ms is None else now_ms,
+                {"seqs": seqs},
             )
         t0 = perf_ms()
         await engine.commit.control(
@@ -1494,7 +1499,7 @@ class QueueService:
             try:
                 await engine.append(target, WriteIn(records=[record]))
                 with trio.CancelScope(shield=True):  # the copy exists: finish the move
-                    await self._delete(topic, q, [seq], engine.clock.now_ms())
+                    await self._delete(topic, q, [seq])
             except TopicdError as exc:
                 log.warning(
                     "queue %r: moving job %d to dead-letter topic %r failed (%s); it stays "
