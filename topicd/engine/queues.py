@@ -1039,16 +1039,6 @@ def dead_letter_meta(meta: bytes | None, source: str, deliveries: int, seq: int)
 # ---- the endpoints ------------------------------------------------------------------------
 
 
-async def _cancel_point() -> None:
-    """The checkpoint of an endpoint step that never waits (a claim pass without durable
-    leases, an ack that holds nothing, a nack or extend without durable leases): a
-    cancellation point, with no schedule point of its own. The request's schedule point
-    is its answer's send, which yields once the answer is written (`send_answer`); a
-    full checkpoint here gave every claim one more turn of the loop than a write pays,
-    ~8 % of the instructions per job (docs/PERFORMANCE.md)."""
-    await trio.lowlevel.checkpoint_if_cancelled()
-
-
 @dataclass(slots=True)
 class ClaimResult:
     topic: Topic
@@ -1337,7 +1327,7 @@ class QueueService:
         q.last_ms["claim"] = now_ms
         jitter_ms = topic.config.claim_jitter_ms
         if jitter_ms <= 0:
-            await _cancel_point()  # (the pass never waits)
+            await trio.lowlevel.checkpoint()
             if topic.deleted:
                 raise TopicNotFound(name)
             cohort = _Cohort(trio.current_time(), [me])
@@ -1529,7 +1519,7 @@ class QueueService:
             fsync_ms = await self._delete(topic, q, held, now_ms)  # (released if it fails)
             q.note_acks(len(held), trio.current_time(), self.cfg.ack_rate_window_ms / 1000)
         else:
-            await _cancel_point()
+            await trio.lowlevel.checkpoint()
         return SeqsResult(topic, len(held), skipped, q.counts(), fsync_ms=fsync_ms)
 
     async def nack(
@@ -1542,9 +1532,9 @@ class QueueService:
         delay_ms = min(delay_ms, self.cfg.max_nack_delay_ms)
         now = trio.current_time()
         if not leases_durable(topic):
-            await _cancel_point()
             released, skipped = q.nack(node, seqs, fences, delay_ms, now)
             self._schedule(q)
+            await trio.lowlevel.checkpoint()
             return SeqsResult(topic, released, skipped, q.counts())
         # durable leases: log the `released` events first; the leases stay held (and
         # their jobs unclaimable) until the frame commits, then drop at the commit
@@ -1559,7 +1549,7 @@ class QueueService:
             released = await self._log(topic, events, lambda: q.release(leases, delay_ms, now))
             self._schedule(q)
         else:
-            await _cancel_point()
+            await trio.lowlevel.checkpoint()
         return SeqsResult(topic, released, skipped, q.counts())
 
     async def extend(
@@ -1572,9 +1562,9 @@ class QueueService:
         lease_ms = min(max(lease_ms, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
         now = trio.current_time()
         if not leases_durable(topic):
-            await _cancel_point()
             deadlines, skipped = q.extend(node, seqs, fences, lease_ms, now, now_ms)
             self._schedule(q)
+            await trio.lowlevel.checkpoint()
             return SeqsResult(topic, len(deadlines), skipped, q.counts(), deadlines)
         # durable leases: log the `extended` events, move the deadlines at the commit
         leases, skipped = q._holding(node, seqs, fences)
@@ -1597,7 +1587,7 @@ class QueueService:
             skipped.extend(ls.seq for ls in leases if ls.seq not in deadlines)
             self._schedule(q)
         else:
-            await _cancel_point()
+            await trio.lowlevel.checkpoint()
         return SeqsResult(topic, len(deadlines), skipped, q.counts(), deadlines)
 
     # ---- `/work` streams ------------------------------------------------------------------
