@@ -294,9 +294,10 @@ class Engine:
             raise TopicNotFound(name)
         return topic
 
-    def enforce(self, topic: Topic) -> None:
-        """Apply TTL and caps now (before a delivery reads the topic)."""
-        self._enforce(topic, self.clock.now_ms())
+    def enforce(self, topic: Topic, now_ms: int | None = None) -> None:
+        """Apply TTL and caps now (before a delivery reads the topic); `now_ms`: the wall
+        clock as the caller just read it (default: read here)."""
+        self._enforce(topic, self.clock.now_ms() if now_ms is None else now_ms)
 
     def apply_floor(self, topic: Topic, floor: int, runs: list[tuple[int, int, str]]) -> None:
         """Another process's eviction floor for `topic` (`Topic.raise_floor`)."""

@@ -41,6 +41,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Final, NamedTuple, TypeVar
 
 import msgspec
@@ -307,19 +308,42 @@ class JobQueue:
             live[prio] = left
         else:
             live.pop(prio, None)
-        claimable = False
-        if self.leases.pop(seq, None) is None:
-            claimable = self.delayed.pop(seq, None) is None and seq not in self.held
-            self.retrying.discard(seq)
-        self.held.discard(seq)
         self.deliveries.pop(seq, None)
-        level = self.levels.get(prio)
-        if level is not None and claimable:
-            level.dead += 1
-            if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
-                self._compact(level)
+        held = self.held
+        if seq in held:
+            # an ack's or a dead-letter move's delete (the usual case): a held job is in
+            # no other state (not leased, delayed, retrying or in its level)
+            held.discard(seq)
+        elif self.leases.pop(seq, None) is None:
+            claimable = self.delayed.pop(seq, None) is None
+            self.retrying.discard(seq)
+            level = self.levels.get(prio)
+            if level is not None and claimable:
+                level.dead += 1
+                if level.dead > 64 and 2 * level.dead > len(level.fresh) + len(level.retry):
+                    self._compact(level)
         if notify:
             self.changed()
+
+    def dropped_plain(self, seqs: list[int]) -> None:
+        """`dropped(seq, 0, notify=False)` for each of `seqs` (a delete of jobs without
+        a priority: `Topic.delete_seqs`), the held ones (acked) first in one pass."""
+        deliveries, held = self.deliveries, self.held
+        rest: list[int] = []
+        for seq in seqs:
+            deliveries.pop(seq, None)
+            if seq in held:
+                held.discard(seq)  # (see `dropped`: in no other state)
+            else:
+                rest.append(seq)
+        live = self.live_by_prio
+        left = live.get(0, 0) - (len(seqs) - len(rest))
+        if left > 0:
+            live[0] = left
+        else:
+            live.pop(0, None)
+        for seq in rest:
+            self.dropped(seq, 0, notify=False)
 
     def _compact(self, level: _Level) -> None:
         """Drop a level's entries of dead jobs (a starved level is never reached, so lazy
@@ -676,13 +700,14 @@ class JobQueue:
         leases, held_set = self.leases, self.held
         held: list[int] = []
         skipped: list[int] = []
-        for i, seq in enumerate(seqs):
+        # (the fences are aligned with `seqs` when given: the body check made sure)
+        for seq, fence in zip(seqs, fences, strict=True) if fences else zip(seqs, repeat("")):
             lease = leases.get(seq)
             if (
                 lease is None
                 or lease.node != node
                 # (`lease_token`, inlined: this runs for every acked job)
-                or (fences and fences[i] and fences[i] != f"lease_{lease.lease_id:x}")
+                or (fence and fence != f"lease_{lease.lease_id:x}")
             ):
                 skipped.append(seq)
                 continue
@@ -933,7 +958,8 @@ def claim_items(topic: Topic, got: list[tuple[Lease, int]]) -> list[bytes] | Non
     tail; the rest go through `claim_item`."""
     items: list[bytes] = []
     shapes, tags, prios = topic.shapes, topic.tags, topic.prios
-    enc_ts = topic.enc_ts
+    run = None
+    base = end = 0
     for lease, n in got:
         seq = lease.seq
         if (shapes and seq in shapes) or (tags and seq in tags) or (prios and seq in prios):
@@ -942,7 +968,11 @@ def claim_items(topic: Topic, got: list[tuple[Lease, int]]) -> list[bytes] | Non
                 return None
             items.append(item)
             continue
-        enc, ts = enc_ts(seq)
+        if run is None or seq < base or seq > end:  # (claimed jobs share a run)
+            run = topic.run_at(seq)
+            assert run is not None  # a claimed job is live until its lease ends
+            base, end = run.base, run.end
+        enc, ts = run.encs[seq - base], run.ts[seq - base]
         if not isinstance(enc, bytes):
             assert enc is EVICTED  # a claimed job is live until its lease ends
             return None
@@ -1146,11 +1176,11 @@ class QueueService:
 
     # ---- helpers ------------------------------------------------------------------------
 
-    def _queue_of(self, name: str) -> tuple[Topic, JobQueue]:
-        """The live queue topic `name` (`404`, `409 not_a_queue`), retention enforced and
-        due leases swept."""
+    def _queue_of(self, name: str, now_ms: int) -> tuple[Topic, JobQueue]:
+        """The live queue topic `name` (`404`, `409 not_a_queue`), retention enforced (at
+        wall time `now_ms`) and due leases swept."""
         topic, q = self._lookup(name)
-        self.engine.enforce(topic)
+        self.engine.enforce(topic, now_ms)
         q.sweep(trio.current_time())
         self._schedule(q)  # a sweep may have started retry backoffs
         return topic, q
@@ -1227,12 +1257,15 @@ class QueueService:
             return
         raise self._depth_throttled(topic, q)
 
-    async def _delete(self, topic: Topic, q: JobQueue, seqs: list[int]) -> float:
-        """Delete the held jobs `seqs` for good: a sync-gated `RecordsDelete` with
-        explicit seqs on every WAL class, in memory only on `ephemeral`. Returns the wait
-        in ms. If the delete fails, the jobs are released (claimable again) before the
-        error is raised, and also when the caller was cancelled meanwhile: the commit
-        path runs the release whether or not anyone still waits."""
+    async def _delete(
+        self, topic: Topic, q: JobQueue, seqs: list[int], now_ms: int | None = None
+    ) -> float:
+        """Delete the held jobs `seqs` for good (at wall time `now_ms`, default now): a sync-gated
+        `RecordsDelete` with explicit seqs on every WAL class, in memory only on
+        `ephemeral`. Returns the wait in ms. If the delete fails, the jobs are released
+        (claimable again) before the error is raised, and also when the caller was
+        cancelled meanwhile: the commit path runs the release whether or not anyone
+        still waits."""
         engine = self.engine
 
         def abandoned() -> None:
@@ -1247,7 +1280,10 @@ class QueueService:
         frame = None
         if topic.config.durability != "ephemeral":
             frame = frames.encode_control(
-                frames.RECORDS_DELETE, topic.topic_id, engine.clock.now_ms(), {"seqs": seqs}
+                frames.RECORDS_DELETE,
+                topic.topic_id,
+                engine.clock.now_ms() if now_ms is None else now_ms,
+                {"seqs": seqs},
             )
         t0 = perf_ms()
         await engine.commit.control(
@@ -1318,7 +1354,7 @@ class QueueService:
             out = await self._serve_work(name, args)
             topic = self.engine.get(name)
         elif op == "release":
-            topic, q = self._queue_of(name)
+            topic, q = self._queue_of(name, self.engine.clock.now_ms())
             held = args["held"]
             assert isinstance(held, dict)
             out = {"released": q.release_stream({int(s): int(v) for s, v in held.items()})}
@@ -1376,7 +1412,7 @@ class QueueService:
 
     async def _serve_work(self, name: str, args: dict[str, object]) -> dict[str, object]:
         """On the owner: a `/work` refill another process forwarded (`_work_forwarded`)."""
-        topic, q = self._queue_of(name)
+        topic, q = self._queue_of(name, self.engine.clock.now_ms())
         held_in = args.get("held") or {}
         assert isinstance(held_in, dict)
         held: dict[int, int] = {}
@@ -1443,14 +1479,15 @@ class QueueService:
 
     async def _claim(self, topic: Topic, q: JobQueue, me: Claimer) -> ClaimResult:
         name = topic.name
-        q.last_ms["claim"] = self.engine.clock.now_ms()
+        now_ms = self.engine.clock.now_ms()
+        q.last_ms["claim"] = now_ms
         jitter_ms = topic.config.claim_jitter_ms
         if jitter_ms <= 0:
             await trio.lowlevel.checkpoint()
             if topic.deleted:
                 raise TopicNotFound(name)
             cohort = _Cohort(trio.current_time(), [me])
-            diverted = await self._serve(topic, q, cohort)
+            diverted = await self._serve(topic, q, cohort, now_ms)
         else:
             current = q.cohort
             if current is None or current.served:
@@ -1472,7 +1509,7 @@ class QueueService:
                 try:
                     if topic.deleted:
                         raise TopicNotFound(name)
-                    diverted = await self._serve(topic, q, cohort)
+                    diverted = await self._serve(topic, q, cohort, self.engine.clock.now_ms())
                 except TopicdError as exc:
                     cohort.served = True
                     cohort.members[0].error = exc
@@ -1489,15 +1526,15 @@ class QueueService:
         value = topic.config.lease_ms if lease_ms is None else lease_ms
         return min(max(value, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
 
-    async def _serve(self, topic: Topic, q: JobQueue, cohort: _Cohort) -> list[int]:
-        """One pass for a whole cohort (the pass is synchronous: nothing interleaves).
-        With durable leases the leases are staged, logged, and installed when the frame
-        commits; if it fails, every member gets the error and nothing changed."""
+    async def _serve(self, topic: Topic, q: JobQueue, cohort: _Cohort, now_ms: int) -> list[int]:
+        """One pass for a whole cohort at wall time `now_ms` (the pass is synchronous:
+        nothing interleaves). With durable leases the leases are staged, logged, and
+        installed when the frame commits; if it fails, every member gets the error and
+        nothing changed."""
         cohort.served = True
         engine = self.engine
-        engine.enforce(topic)
+        engine.enforce(topic, now_ms)
         now = trio.current_time()
-        now_ms = engine.clock.now_ms()
         q.sweep(now)
         cfg = topic.config
         durable = leases_durable(topic)
@@ -1633,12 +1670,13 @@ class QueueService:
         if fwd is not None:
             args: dict[str, object] = {"node": node, "seqs": seqs, "fences": fences}
             return await self._seqs_forwarded(fwd, name, "ack", args)
-        topic, q = self._queue_of(name)
-        q.last_ms["ack"] = self.engine.clock.now_ms()
+        now_ms = self.engine.clock.now_ms()
+        topic, q = self._queue_of(name, now_ms)
+        q.last_ms["ack"] = now_ms
         held, skipped = q.hold_for_ack(node, seqs, fences)
         fsync_ms = 0.0
         if held:
-            fsync_ms = await self._delete(topic, q, held)  # (released if it fails)
+            fsync_ms = await self._delete(topic, q, held, now_ms)  # (released if it fails)
             q.note_acks(len(held), trio.current_time(), self.cfg.ack_rate_window_ms / 1000)
         else:
             await trio.lowlevel.checkpoint()
@@ -1652,8 +1690,9 @@ class QueueService:
         if fwd is not None:
             args = {"node": node, "seqs": seqs, "fences": fences, "delay_ms": delay_ms}
             return await self._seqs_forwarded(fwd, name, "nack", args)
-        topic, q = self._queue_of(name)
-        q.last_ms["nack"] = self.engine.clock.now_ms()
+        now_ms = self.engine.clock.now_ms()
+        topic, q = self._queue_of(name, now_ms)
+        q.last_ms["nack"] = now_ms
         delay_ms = min(delay_ms, self.cfg.max_nack_delay_ms)
         now = trio.current_time()
         if not leases_durable(topic):
@@ -1666,7 +1705,7 @@ class QueueService:
         leases, skipped = q._holding(node, seqs, fences)
         released = 0
         if leases:
-            ready_ms = self.engine.clock.now_ms() + delay_ms if delay_ms else 0
+            ready_ms = now_ms + delay_ms if delay_ms else 0
             events = [
                 ("released", ls.seq, ls.node, ls.lease_id, ready_ms, q.deliveries.get(ls.seq, 0))
                 for ls in leases
@@ -1685,10 +1724,11 @@ class QueueService:
         if fwd is not None:
             args = {"node": node, "seqs": seqs, "fences": fences, "lease_ms": lease_ms}
             return await self._seqs_forwarded(fwd, name, "extend", args)
-        topic, q = self._queue_of(name)
-        q.last_ms["extend"] = self.engine.clock.now_ms()
+        now_ms = self.engine.clock.now_ms()
+        topic, q = self._queue_of(name, now_ms)
+        q.last_ms["extend"] = now_ms
         lease_ms = min(max(lease_ms, self.cfg.min_lease_ms), self.cfg.max_lease_ms)
-        now, now_ms = trio.current_time(), self.engine.clock.now_ms()
+        now = trio.current_time()
         if not leases_durable(topic):
             deadlines, skipped = q.extend(node, seqs, fences, lease_ms, now, now_ms)
             self._schedule(q)

@@ -882,8 +882,18 @@ class Topic:
         deleted = 0
         freed = 0
         lo, hi = self.earliest_seq, self.head_seq
+        queue = self.queue
+        # a queue's jobs without extras (no tag, node, priority, shape or hop: the usual
+        # acked job) die in this loop, `_kill`'s steps inline, and leave the queue in one
+        # call (`JobQueue.dropped_plain`); any other record goes through `_kill`
+        plain = queue is not None and not (
+            self.tags or self.nodes or self.prios or self.shapes or self.hops
+        )
+        gone: list[int] = []
+        seg_tail = self.seg_tail
         run: Run | None = None
         base = end = 0
+        encs: list[Enc] = []
         for seq in seqs:
             if seq < lo or seq > hi:
                 continue
@@ -891,14 +901,32 @@ class Topic:
                 run = self._run(seq)
                 if run is None:
                     continue
-                base, end = run.base, run.end
-            if run.encs[seq - base] is None:
+                base, end, encs = run.base, run.end, run.encs
+            i = seq - base
+            if encs[i] is None:
                 continue
-            freed += self._kill(seq, run, False)
             deleted += 1
+            if not plain:
+                freed += self._kill(seq, run, False)
+                continue
+            encs[i] = None
+            freed += run.sizes[i]
+            gone.append(seq)
+            if seq <= seg_tail:
+                if self.seg_killed is None:
+                    self.seg_killed = [seq]
+                else:
+                    self.seg_killed.append(seq)
+        if gone:
+            if not self.changed:
+                self.mark_changed()
+            self.count -= len(gone)
+            self.bytes -= freed  # (all of it: `plain` sends no record to `_kill`)
+            assert queue is not None
+            queue.dropped_plain(gone)
         if deleted:
-            if self.queue is not None:
-                self.queue.changed()  # (once for the whole delete, not once per job)
+            if queue is not None:
+                queue.changed()  # (once for the whole delete, not once per job)
             self._advance_earliest()
             self._tidy_tag_index()
         return deleted, freed

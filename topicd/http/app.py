@@ -111,16 +111,27 @@ def error_parts(err: TopicdError) -> tuple[int, list[tuple[bytes, bytes]], bytes
     return err.http_status, headers, body
 
 
+def _server_total_ms(scope: Scope) -> float:
+    t0 = scope.get("topicd.t0")
+    return round(perf_ms() - t0, 3) if isinstance(t0, float) else 0.0
+
+
 def performance(
     extra: dict[str, JsonValue] | None = None, scope: Scope | None = None
 ) -> dict[str, JsonValue]:
     """The `performance` block (README §9) for `scope` (default: the Quart request's)."""
-    t0 = (request.scope if scope is None else scope).get("topicd.t0")
-    total = perf_ms() - t0 if isinstance(t0, float) else 0.0
-    block: dict[str, JsonValue] = {"server_total_ms": round(total, 3)}
+    current = cast("Scope", request.scope) if scope is None else scope
+    block: dict[str, JsonValue] = {"server_total_ms": _server_total_ms(current)}
     if extra:
         block.update(extra)
     return block
+
+
+def performance_json(scope: Scope, tail: bytes = b"") -> bytes:
+    """`orjson.dumps(performance(extra, scope))` formatted directly, without the dict:
+    `tail` is the JSON of the extra keys, each as `,"key":value` (the queue answers,
+    made for every claim and ack)."""
+    return b'{"server_total_ms":%b%b}' % (orjson.dumps(_server_total_ms(scope)), tail)
 
 
 def json_response(
@@ -699,7 +710,9 @@ class Gate:
         if compressor is not None and len(body) >= compressor.min_bytes:
             # a large answer (a claim of many jobs, the seqs of a big write)
             headers.append((b"vary", b"Accept-Encoding"))
-            encoded = await compressor.encode(body, _header(scope, b"accept-encoding"))
+            accept = _header(scope, b"accept-encoding")
+            # (without the header nothing is encoded: no call for it)
+            encoded = None if accept is None else await compressor.encode(body, accept)
             if encoded is not None:
                 body = encoded
                 headers.append((b"content-encoding", b"gzip"))

@@ -15,6 +15,7 @@ from topicd.http.app import (
     check_body,
     decode,
     performance,
+    performance_json,
     principal,
     quart_body,
     raw_json_response,
@@ -60,10 +61,9 @@ class QueueOps:
         return req
 
     @staticmethod
-    def _counted(
-        res: SeqsResult, key: bytes, scope: Scope, perf: dict[str, JsonValue] | None
-    ) -> bytes:
-        """The answer of an ack or nack, one format (keys in the order of the contract)."""
+    def _counted(res: SeqsResult, key: bytes, scope: Scope, perf: bytes) -> bytes:
+        """The answer of an ack or nack, one format (keys in the order of the contract);
+        `perf` is the `performance` block's extra keys (`performance_json`)."""
         counts = res.counts
         return b'{"topic":%b,"%b":%d,"skipped":%b,"ready":%d,"in_flight":%d,"performance":%b}' % (
             res.topic.name_json,
@@ -72,7 +72,7 @@ class QueueOps:
             orjson.dumps(res.skipped) if res.skipped else b"[]",
             counts.ready,
             counts.in_flight,
-            orjson.dumps(performance(perf, scope)),
+            performance_json(scope, perf),
         )
 
     async def claim(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
@@ -83,7 +83,7 @@ class QueueOps:
         req.check(self.max_node)
         want = min(max(req.max, 1), self.max_claim)
         res = await self.ref.engine.queues.claim(topic, req.node, want, req.lease_ms)
-        perf = orjson.dumps(performance({"throttle_wait_ms": 0.0}, scope))
+        perf = performance_json(scope, b',"throttle_wait_ms":0.0')
         return 200, b"".join(
             (
                 b'{"topic":',
@@ -99,14 +99,15 @@ class QueueOps:
     async def ack(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
         req = await self._lease_op(topic, scope, read)
         res = await self.ref.engine.queues.ack(topic, req.node, req.seqs, req.lease_ids or [])
-        return 200, self._counted(res, b"acked", scope, {"fsync_ms": round(res.fsync_ms, 3)})
+        fsync = b',"fsync_ms":%b' % orjson.dumps(round(res.fsync_ms, 3))
+        return 200, self._counted(res, b"acked", scope, fsync)
 
     async def nack(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
         req = await self._lease_op(topic, scope, read)
         res = await self.ref.engine.queues.nack(
             topic, req.node, req.seqs, req.lease_ids or [], req.delay_ms
         )
-        return 200, self._counted(res, b"nacked", scope, None)
+        return 200, self._counted(res, b"nacked", scope, b"")
 
     async def extend(self, topic: str, scope: Scope, read: ReadBody) -> tuple[int, bytes]:
         req = await self._lease_op(topic, scope, read)
