@@ -292,9 +292,9 @@ class Shard:
         self.pressure_refused = 0
         self.io_since: float | None = None  # start of the WAL write/sync in flight
         self.ewma_bytes_per_s = 0.0  # commit throughput (retry_after_ms estimate)
-        # the enqueue time of the oldest counted write in the batch being written (inf:
+        # the enqueue time of the oldest counted write in the batch being written (None:
         # none), and the oldest write's wait at the governor's last sample
-        self.inflight_since = math.inf
+        self.inflight_since: float | None = None
         self.delay_ms = 0.0
         self._work = trio.Event()
         self._room = trio.Event()
@@ -355,9 +355,9 @@ class Shard:
         if self.pending:
             for q in self.queues.values():
                 head = q[0]
-                if head.counted and head.t0 < oldest:
+                if head.counted and (oldest is None or head.t0 < oldest):
                     oldest = head.t0
-        self.delay_ms = max(0.0, now - oldest) * 1000 if self.pending else 0.0
+        self.delay_ms = 0.0 if not self.pending or oldest is None else max(0.0, now - oldest) * 1000
         return self.delay_ms
 
     def check_stall(self, now: float) -> None:
@@ -547,7 +547,7 @@ class Shard:
         reserving: dict[Topic, int] = {}
         nbytes, sync = self._take(subs, out, 0, reserving)
         self.inflight_since = min(
-            (sub.t0 for sub in subs if sub.counted), default=math.inf
+            (sub.t0 for sub in subs if sub.counted), default=None
         )  # (the batch's first write; arrivals taken while the window is open are younger)
         enough = self.wal.gc_enough_records
         records = _records(subs, 0)
@@ -620,7 +620,7 @@ class Shard:
             if reserved > topic.reserved_head:
                 topic.reserved_head = reserved
                 topic.mark_changed()
-        self.inflight_since = math.inf
+        self.inflight_since = None
         self._publish(subs, sync_ms, append_ms if data else None)
         if data and not sync:
             heads = self.unsynced_heads
@@ -668,7 +668,7 @@ class Shard:
 
     def _fail(self, subs: list[Submission], exc: BaseException) -> None:
         """A write/sync/rotation error: fail the batch and the shard's whole tail."""
-        self.inflight_since = math.inf
+        self.inflight_since = None
         inner = exc.exc if isinstance(exc, _WriteFailed | _SyncFailed) else exc
         assert isinstance(inner, OSError)
         what = (
