@@ -11,9 +11,13 @@ mean build-and-serialize time, next to the JSON metrics snapshot (the same numbe
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.http_core import speed_probe
 from topicd.http.metrics import json_snapshot
