@@ -438,7 +438,8 @@ async def test_long_poll_is_woken_by_the_append(autojump_clock):
 
         async with trio.open_nursery() as n:
             n.start_soon(poll)
-            await trio.sleep(2)
+            await trio.testing.wait_all_tasks_blocked()  # the poll waits
+            await advance(autojump_clock, 2)
             await write(engine, "t", 1)
         assert seqs_of(got[0]) == [2]
         assert got[1] == 2

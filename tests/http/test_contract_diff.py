@@ -17,6 +17,7 @@ import re
 import trio
 import trio.testing
 
+from topicd.testing.fake_clock import advance
 from topicd.testing.harness import make_config, open_app
 
 JSON_CT = {"Content-Type": "application/json"}
@@ -490,9 +491,9 @@ async def test_tighter_cap_produces_tombstone(client):
 async def test_ttl_tombstone_without_writes(client, harness, autojump_clock):
     await put(client, "t.ttl", {"ttl_ms": 1000})
     await write_n(client, "t.ttl", 2)
-    await trio.sleep(0.5)
+    await advance(autojump_clock, 0.5)
     await write(client, "t.ttl", {"data": "young"})
-    await trio.sleep(0.5625)  # ages: 1062 ms, 1062 ms, 562 ms
+    await advance(autojump_clock, 0.5625)  # ages: 1062 ms, 1062 ms, 562 ms
     body = await diff(client, "t.ttl")
     assert body["tombstone"] == tomb(1, 2, "ttl", 3, 3)
     assert [rec["data"] for rec in body["records"]] == ["young"]
@@ -503,11 +504,11 @@ async def test_ttl_tombstone_without_writes(client, harness, autojump_clock):
 
 async def test_ttl_expiry_is_strictly_greater_than(client, autojump_clock):
     await write_n(client, "t.ttlb", 1, config={"ttl_ms": 1000})
-    await trio.sleep(1.0)  # age exactly 1000 ms: still live
+    await advance(autojump_clock, 1.0)  # age exactly 1000 ms: still live
     body = await diff(client, "t.ttlb")
     assert seqs_of(body) == [1]
     assert body["tombstone"] is None
-    await trio.sleep(0.0625)
+    await advance(autojump_clock, 0.0625)
     body = await diff(client, "t.ttlb")
     assert body["records"] == []
     assert body["tombstone"] == tomb(1, 1, "ttl", 2, 1)
@@ -517,7 +518,7 @@ async def test_ttl_expiry_is_strictly_greater_than(client, autojump_clock):
 async def test_mixed_tombstone_and_per_range_reason(client, autojump_clock):
     await put(client, "t.mix", {"cap_records": 2, "ttl_ms": 1000})
     await write_n(client, "t.mix", 3)  # seq 1 evicted by the cap
-    await trio.sleep(1.0625)  # seqs 2 and 3 expire
+    await advance(autojump_clock, 1.0625)  # seqs 2 and 3 expire
     body = await diff(client, "t.mix")
     assert body["tombstone"] == tomb(1, 3, "mixed", 4, 3)
     assert body["records"] == []
@@ -529,7 +530,7 @@ async def test_mixed_tombstone_and_per_range_reason(client, autojump_clock):
 async def test_mixed_range_cap_then_ttl_and_ttl_only_subrange(client, autojump_clock):
     await put(client, "t.caponly", {"cap_records": 2, "ttl_ms": 1000})
     await write_n(client, "t.caponly", 4)  # 1 and 2 evicted by the cap
-    await trio.sleep(1.0625)  # 3 and 4 expire
+    await advance(autojump_clock, 1.0625)  # 3 and 4 expire
     await write(client, "t.caponly", {"data": "new"})
     body = await diff(client, "t.caponly")
     assert body["tombstone"] == tomb(1, 4, "mixed", 5, 5)
