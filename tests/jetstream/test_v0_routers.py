@@ -3,10 +3,11 @@
 The tests are the ones of `tests/http/test_contract_routers.py` that use only the
 `client` fixture (every one but the two that build an app of their own config), taken
 into this module so they run under this directory's `harness`/`client` fixtures,
-parametrized by backend: `memory` (the in-memory engine) and `jetstream` (one front,
+parametrized by backend: `memory` (the in-memory engine), `jetstream` (one front,
 whose copies are materialized in the destination's stream: docs/jetstream.md,
-"Routers"). The `fronts` backend is not run here: routers are served only by a front
-that owns every shard, and three fronts each own one.
+"Routers") and `fronts` (three fronts, one owner shard each, each request to the next
+front in turn: a router's calls reach the front running it, the destination's owner,
+directly and through the others, and its source may be another front's).
 """
 
 from __future__ import annotations
@@ -44,11 +45,6 @@ PICKED = [
     "test_a_full_reject_dest_holds_the_cursor_never_drops",
     "test_records_the_source_evicted_first_are_source_trim",
 ]
-
-
-@pytest.fixture(params=["memory", "jetstream"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 for _name in PICKED:

@@ -803,21 +803,25 @@ class Engine:
                     {"topic": topic.name, "count": topic.count},
                 )
         self.check_open()
-        routers = self.routers.touching(topic)
+        routers = await self.routers.touching_all(topic)
+        elsewhere = sorted(set(routers) - set(self.routers.touching(topic)))
         frame = frames.encode_control(
             frames.TOPIC_DELETE, topic.topic_id, now, {"if_empty": if_empty, "routers": routers}
         )
         topic.deleting = done = trio.Event()
 
         def apply() -> tuple[bool, list[str]]:
-            removed = self.routers.touching(topic)
+            removed = sorted({*self.routers.touching(topic), *elsewhere})
             return self.apply_delete_topic(topic, if_empty, self.clock.now_ms()), removed
 
         try:
-            return await self.commit.control(topic, frame, apply)
+            result = await self.commit.control(topic, frame, apply)
         finally:
             topic.deleting = None
             done.set()
+        if result[0] and elsewhere:
+            await self.routers.deleted_with(topic, elsewhere)
+        return result
 
     # ------------------------------------------------------------------------------------
     # POST /v0/topics/:topic
@@ -1014,6 +1018,7 @@ class Engine:
             await forward.catch_up(name, touch=True)  # (a diff is a read: `_read`)
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
+        await self.routers.sync_sources(topic)
         self.routers.catch_up(topic)  # read-your-writes through routers
         if self.routers.in_flight or self.routers.wants:
             await self.routers.settle(topic)

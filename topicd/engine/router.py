@@ -405,12 +405,51 @@ class RouterService:
                         self.retired.append(rr)
         return names
 
+    def endpoints(self) -> dict[str, tuple[str, str]]:
+        """(source, dest) of every router of the deployment, by name (a backend whose
+        routers run on several processes knows the others' too)."""
+        return {name: (r.d.source, r.d.dest) for name, r in self.routers.items()}
+
+    async def lookup(self, name: str) -> Router:
+        """`get` for a read (`GET /v0/routers/:r`): on a backend whose routers run on
+        several processes, a router run elsewhere comes back with its runner's state."""
+        await trio.lowlevel.checkpoint()
+        return self.get(name)
+
+    async def definition(self, name: str) -> RouterDef | None:
+        """The definition of router `name`, wherever it runs (None: there is none)."""
+        await trio.lowlevel.checkpoint()
+        r = self.routers.get(name)
+        return None if r is None else r.d
+
+    async def sync_listing(self) -> None:
+        """Before `page`: learn the routers run elsewhere (nothing here)."""
+        await trio.lowlevel.checkpoint()
+
+    def listed(self) -> dict[str, Router]:
+        """The routers `page` lists, by name."""
+        return self.routers
+
+    async def touching_all(self, topic: Topic) -> list[str]:
+        """`touching`, counting the routers run elsewhere (a topic delete's cascade)."""
+        await trio.lowlevel.checkpoint()
+        return self.touching(topic)
+
+    async def deleted_with(self, topic: Topic, names: list[str]) -> None:
+        """After `topic`'s delete: forget the routers of `names` run elsewhere."""
+        await trio.lowlevel.checkpoint()
+
+    async def sync_sources(self, dest: Topic) -> None:
+        """Before a read of `dest`: bring the sources of its feed up to date when another
+        process writes them (nothing here: every source is this process's)."""
+        await trio.lowlevel.checkpoint()
+
     def _path(self, start: str, goal: str, skip: str | None) -> list[str] | None:
         """A topic path `start .. goal` over existing routers (BFS), or None."""
         edges: dict[str, list[str]] = {}
-        for r in self.routers.values():
-            if r.d.name != skip:
-                edges.setdefault(r.d.source, []).append(r.d.dest)
+        for name, (source, dest) in self.endpoints().items():
+            if name != skip:
+                edges.setdefault(source, []).append(dest)
         parent: dict[str, str | None] = {start: None}
         queue = [start]
         for here in queue:
@@ -446,6 +485,13 @@ class RouterService:
     async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
         """Create or configure a router (checks in the API's order). Returns (router,
         created). The caller has checked scopes and prefixes."""
+        d = self.definition_of(name, req)
+        async with self._exclusive(name):
+            return await self._put(d, req.create_dest)
+
+    def definition_of(self, name: str, req: RouterIn) -> RouterDef:
+        """The checks of a `PUT` that need no state (in the API's order), and the
+        definition it asks for."""
         from topicd.engine.engine import parse_match
 
         check_router_name(name)
@@ -464,8 +510,7 @@ class RouterService:
             req.allow_cycle,
             req.guarantee,
         )
-        async with self._exclusive(name):
-            return await self._put(d, req.create_dest)
+        return d
 
     async def _put(self, d: RouterDef, create_dest: bool) -> tuple[Router, bool]:
         engine = self.engine
@@ -482,19 +527,21 @@ class RouterService:
                         f"{other.d.name!r} from another source ({other.d.source!r})",
                         {"topic": d.dest, "reason": "router_dest_fan_in"},
                     )
-        if existing is not None and (existing.d.source, existing.d.dest) != (d.source, d.dest):
+        ends = self.endpoints()
+        have = ends.get(name)
+        if have is not None and have != (d.source, d.dest):
             raise TopicExistsIncompatible(
                 f"router {name!r} exists with another source or dest; delete and recreate it "
                 "to re-point",
                 {
                     "router": name,
                     "reason": "router_repoint_forbidden",
-                    "existing_source": existing.d.source,
-                    "existing_dest": existing.d.dest,
+                    "existing_source": have[0],
+                    "existing_dest": have[1],
                 },
             )
         cap = engine.cfg.limits.max_routers
-        if existing is None and cap and len(self.routers) >= cap:
+        if have is None and cap and len(ends) >= cap:
             raise Throttled.limit("max_routers", cap)
         if not d.allow_cycle:
             path = self._path(d.dest, d.source, name)
@@ -584,11 +631,12 @@ class RouterService:
         page_size: int,
         allowed: object = None,
     ) -> tuple[list[Router], str | None]:
-        names = sorted(self.routers)
+        listed = self.listed()
+        names = sorted(listed)
         i = bisect.bisect_right(names, after) if after is not None else 0
         out: list[Router] = []
         while i < len(names):
-            r = self.routers[names[i]]
+            r = listed[names[i]]
             i += 1
             if not r.d.name.startswith(prefix):
                 continue

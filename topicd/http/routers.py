@@ -51,7 +51,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
         p = principal()
         p.require("read", router, detail_key="router")
         routers = ref.engine.routers
-        r = routers.get(router)
+        r = await routers.lookup(router)
         p.require("read", r.d.source, r.d.dest)
         if routers.in_flight or routers.wants:  # (copies being stored: jetstream)
             await routers.settle(r.dst)
@@ -63,6 +63,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
         p.require("read")
         cursor = request.args.get("cursor") or None
         after = decode_list_cursor(cursor) if cursor is not None else None
+        await ref.engine.routers.sync_listing()
         items, last = ref.engine.routers.page(
             request.args.get("prefix", ""),
             request.args.get("source"),
@@ -91,8 +92,8 @@ def register(app: QuartTrio, ref: EngineRef, config: Config) -> None:
         p = principal()
         p.require("delete", router, detail_key="router")
         check_router_name(router)
-        existing = ref.engine.routers.routers.get(router)
+        existing = await ref.engine.routers.definition(router)
         if existing is not None:
-            p.require("delete", existing.d.source, existing.d.dest)
+            p.require("delete", existing.source, existing.dest)
         deleted = await ref.engine.routers.delete(router)
         return json_response({"router": router, "deleted": deleted})

@@ -2026,8 +2026,9 @@ async def open_jetstream_engine(
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
                 topics, records = await _rebuild(engine, backend, clock.now_ms, repair=owner)
-                if owner:  # (routers run on the front that owns every shard)
-                    await routers.rebuild(repair=True)
+                # (the routers into this front's topics; `repair` when it owns every
+                # shard: no other front may be creating one right now)
+                await routers.rebuild(repair=owner)
                 break
             except JetStreamUnavailable:
                 raise

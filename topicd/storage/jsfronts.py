@@ -52,6 +52,7 @@ import trio
 import xxhash
 
 from topicd.engine.engine import DeleteResult, WriteResult
+from topicd.engine.router import RouterService
 from topicd.errors import (
     Internal,
     StorageUnavailable,
@@ -279,7 +280,7 @@ class Fronts:
         self._set_role()
         routers = self.engine.routers
         if isinstance(routers, JsRouters):
-            routers.drop()  # (routers run on a front that owns every shard)
+            routers.drop(k)  # (a router runs on its destination's owner)
 
     async def _give_up(self, k: int, why: str) -> None:
         """Hand shard `k` over: stop running its mutations, then expire its lease so the
@@ -313,8 +314,10 @@ class Fronts:
         self.owned.add(k)
         self._set_role()
         routers = self.engine.routers
-        if self.owner and isinstance(routers, JsRouters):
-            await routers.rebuild(repair=False)  # the routers run here from now on
+        if isinstance(routers, JsRouters):
+            # the routers into the shard's topics run here from now on, at the cursors
+            # the catch-up found in their streams (copies the last owner stored)
+            await routers.rebuild(repair=False)
         self.promoted.set()
         log.warning("front %s: took the owner lease of shard %d", self.front_id, k)
 
@@ -360,8 +363,14 @@ class Fronts:
         head = orjson.loads(head_raw)
         op = head["op"]
         if op == "reads":
+            return await self._serve_reads(head)
+        routers = self.engine.routers
+        assert isinstance(routers, JsRouters)
+        if op == "router_totals":
             await trio.lowlevel.checkpoint()
-            return self._serve_reads(head)
+            names = head.get("routers") or []
+            assert isinstance(names, list)
+            return orjson.dumps({"ok": {"totals": routers.totals([str(n) for n in names])}})
         name = head["topic"]
         if not self.owns(name):
             await trio.lowlevel.checkpoint()
@@ -386,6 +395,11 @@ class Fronts:
         if op == "delete_records":
             result = await engine.delete_records(name, DELETE_DECODER.decode(body))
             return orjson.dumps({"ok": {"deleted": result.deleted}})
+        if op in ("router_put", "router_get", "router_delete"):
+            return orjson.dumps({"ok": await routers.serve(op, str(head["router"]), body)})
+        if op == "ensure":  # a router's endpoint, created with defaults when absent
+            await RouterService._ensure(routers, name)
+            return orjson.dumps({"ok": {}})
         if op == "queue":
             args = head["args"]
             assert isinstance(args, dict)
@@ -393,14 +407,25 @@ class Fronts:
             return orjson.dumps({"ok": ok})
         raise AssertionError(f"unknown forwarded op {op!r}")
 
-    def _serve_reads(self, head: dict[str, JsonValue]) -> bytes:
+    async def _serve_reads(self, head: dict[str, JsonValue]) -> bytes:
         """A follower's read times: take the newer ones; answer this front's (of the
-        topics asked about, or, with `all`, of every topic of its shards)."""
+        topics asked about, or, with `all`, of every topic of its shards). A router
+        destination run here asked about is brought up to date first (its feed's copies
+        stored) and its head answered, which the follower's read then loads up to."""
         engine = self.engine
+        routers = engine.routers
+        heads: dict[str, int] = {}
         out: dict[str, int] = {}
         queues: dict[str, list[int]] = {}  # queue topics asked about: the owner's counts
         reads = head.get("reads") or {}
         assert isinstance(reads, dict)
+        for key in list(reads):
+            topic = engine.by_id.get(int(key))
+            if topic is not None and isinstance(routers, JsRouters) and routers.feed(topic):
+                with contextlib.suppress(TopicdError):
+                    await routers.freshen(topic)
+                heads[key] = topic.head_seq
+        await trio.lowlevel.checkpoint()
         for key, ts in reads.items():
             topic = engine.by_id.get(int(key))
             if topic is None:
@@ -417,13 +442,36 @@ class Fronts:
             for topic in engine.by_id.values():
                 if topic.last_read_ts is not None and self.owns(topic.name):
                     out[str(topic.topic_id)] = topic.last_read_ts
-        return orjson.dumps({"ok": {"reads": out, "queues": queues}})
+        return orjson.dumps({"ok": {"reads": out, "queues": queues, "heads": heads}})
 
     # ---- the follower: read times --------------------------------------------------------
 
     def _reads_request(self, reads: dict[int, int | None], everything: bool = False) -> bytes:
         head = {"op": "reads", "reads": {str(k): v for k, v in reads.items()}, "all": everything}
         return orjson.dumps(head) + b"\n"
+
+    def runner_of(self, topic: Topic) -> str | None:
+        """The request subject of the front running the routers into `topic` (its
+        owner), when another front."""
+        return self._owner_of(topic)
+
+    async def router_call(self, op: str, topic: str, router: str, body: bytes) -> dict[str, object]:
+        """A router call (`JsRouters.serve`, or `ensure` of topic `topic`) run by the
+        owner of topic `topic` (a router's destination)."""
+        return await self._forward({"op": op, "topic": topic, "router": router}, body)
+
+    async def router_totals(self, subject: str, names: list[str]) -> dict[str, tuple[int, int]]:
+        """The cursors and totals of the routers of `names` from the front at `subject`
+        (what it does not answer in time stays as the registry has it)."""
+        payload = orjson.dumps({"op": "router_totals", "routers": names}) + b"\n"
+        raw = await self.backend.bridge.call(
+            partial(self.store.ask, subject, payload, self.store.timeout)
+        )
+        ok = None if raw is None else orjson.loads(raw).get("ok")
+        got = ok.get("totals") if isinstance(ok, dict) else None
+        if not isinstance(got, dict):
+            return {}
+        return {str(n): (int(v[0]), int(v[1])) for n, v in got.items() if isinstance(v, list)}
 
     def _owner_of(self, topic: Topic) -> str | None:
         """The request subject of `topic`'s owner, when another front (else None)."""
@@ -637,7 +685,10 @@ class Fronts:
             ask = pending = None
             if subject is not None:
                 pending, lane.read_pending = lane.read_pending, None
-                ask = (subject, self._reads_request({tid: pending}), READS_WAIT_S)
+                # (a router destination: its owner stores the copies first)
+                routed = any(b.get("dest_id") == tid for b in self._routers_known())
+                wait = self.store.timeout if routed else READS_WAIT_S
+                ask = (subject, self._reads_request({tid: pending}), wait)
             entry, newer, answer = await backend._call(
                 partial(self.store.probe, tid, topic.head_seq, ask)
             )
@@ -647,6 +698,7 @@ class Fronts:
                 self._drop(topic)
                 return None
             self._apply_entry(topic, lane, entry)
+            newer = newer or _answered_head(answer, tid) > topic.head_seq
             if newer and not lane.busy and not lane.pending:
                 engine = self.engine
                 await _load_topic(engine, backend, topic, engine.clock.now_ms, topic.head_seq + 1)
@@ -666,6 +718,10 @@ class Fronts:
             if exchange:
                 lane.reads_done = number
             return topic
+
+    def _routers_known(self) -> list[dict[str, object]]:
+        routers = self.engine.routers
+        return list(routers.known.values()) if isinstance(routers, JsRouters) else []
 
     async def _remove(self, topic: Topic) -> None:
         """Drop a topic whose registry entry is gone (not while a catch-up loads it)."""
@@ -785,7 +841,11 @@ class Fronts:
                 topic = self.engine.by_id.get(tid)
                 if topic is not None and (
                     self.owns(topic.name)
-                    or not (topic.has_waiters or topic in self.engine.watch.watchers)
+                    or not (
+                        topic.has_waiters
+                        or topic in self.engine.watch.watchers
+                        or self.engine.routers.feeds_out(topic)  # (a feed run here)
+                    )
                 ):
                     # its own, or nobody waits on it here: a read catches it up when
                     # one comes (and the poll within a second), not every write
@@ -854,6 +914,17 @@ class Fronts:
 
 def _gone(topic: Topic) -> bool:
     return topic.deleted
+
+
+def _answered_head(raw: bytes | None, tid: int) -> int:
+    """The head of topic `tid` an owner's `reads` answer gives (a router destination it
+    brought up to date), or 0."""
+    if raw is None:
+        return 0
+    ok = orjson.loads(raw).get("ok")
+    heads = ok.get("heads") if isinstance(ok, dict) else None
+    head = heads.get(str(tid)) if isinstance(heads, dict) else None
+    return head if isinstance(head, int) else 0
 
 
 def _merge_read(topic: Topic, ts: int) -> None:

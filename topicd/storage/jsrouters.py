@@ -22,7 +22,12 @@ where copies live (docs/jetstream.md, "Routers"):
   definition, both topic ids, the bases, and the cursor and `forwarded_total` as the
   `RouterCursor` frames last logged them (every `routers.cursor_log_ms`).
 * **The destination's owner runs the feed**: its stream is the one written. With
-  several fronts, routers are served only by a front that owns every shard (docs).
+  several owner fronts, a router is attached (its feed run) only on the front that
+  owns its destination's shard, catching the source up as a follower when another
+  front owns that. Every other front forwards `PUT`/`DELETE` there, reads definitions
+  from the registry and asks the runner for the cursor (`GET`, listings); a front
+  taking a shard over attaches the routers into its topics, one losing it detaches
+  them (docs: "Several fronts").
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ import logging
 from functools import partial
 from typing import TYPE_CHECKING, Final, TypeVar
 
+import msgspec
 import orjson
 import trio
 
 from topicd.engine.router import Router, RouterDef, RouterService
-from topicd.errors import InvalidRequest, TopicdError
+from topicd.errors import RouterNotFound, TopicdError
 from topicd.storage import frame as frames
+from topicd.wire import ROUTER_DECODER, check_router_name
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,6 +53,7 @@ if TYPE_CHECKING:
     from topicd.engine.engine import Engine
     from topicd.engine.topic import DerivedSlot, Topic
     from topicd.storage.jetstream import JetStreamBackend, JetStreamStore, StoredMsg, _Lane
+    from topicd.storage.jsfronts import Fronts
     from topicd.wire import RouterIn
 
 log = logging.getLogger("topicd.storage.jsrouters")
@@ -140,6 +148,43 @@ async def put_router(store: JetStreamStore, name: str, body: dict[str, object]) 
     await store.kv.put(router_key(name), orjson.dumps(body))
 
 
+async def update_router(store: JetStreamStore, name: str, body: dict[str, object]) -> bool:
+    """Rewrite an existing router entry (a cursor log): False when it is gone (the
+    router was deleted with a topic by another front), so a cursor log never brings a
+    deleted router back."""
+    import nats.js.errors
+
+    assert store.kv is not None
+    for _ in range(3):
+        try:
+            got = await store.kv.get(router_key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        if not got.value:
+            return False
+        try:
+            await store.kv.update(router_key(name), orjson.dumps(body), last=got.revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+        return True
+    return False
+
+
+async def router_entry(store: JetStreamStore, name: str) -> dict[str, object] | None:
+    """The `router.*` entry of `name`, or None."""
+    import nats.js.errors
+
+    assert store.kv is not None
+    try:
+        got = await store.kv.get(router_key(name))
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    if not got.value:
+        return None
+    body = orjson.loads(got.value)
+    return body if isinstance(body, dict) else None
+
+
 async def delete_router(store: JetStreamStore, name: str) -> None:
     import nats.js.errors
 
@@ -161,17 +206,15 @@ async def router_entries(store: JetStreamStore) -> dict[str, dict[str, object]]:
         keys = await store.kv.keys()
     except nats.js.errors.NoKeysError:
         return {}
-    out: dict[str, dict[str, object]] = {}
-    for key in keys:
-        if not key.startswith(ROUTER_PREFIX):
-            continue
-        got = await store.kv.get(key)
-        if not got.value:
-            continue
-        body = orjson.loads(got.value)
-        if isinstance(body, dict):
-            out[bytes.fromhex(key[len(ROUTER_PREFIX) :]).decode()] = body
-    return out
+    import asyncio
+
+    names = [
+        bytes.fromhex(key[len(ROUTER_PREFIX) :]).decode()
+        for key in keys
+        if key.startswith(ROUTER_PREFIX)
+    ]
+    got = await asyncio.gather(*(router_entry(store, name) for name in names))
+    return {name: body for name, body in zip(names, got, strict=True) if body is not None}
 
 
 class JsRouters(RouterService):
@@ -182,26 +225,248 @@ class JsRouters(RouterService):
         super().__init__(engine)
         self.backend = backend
         self.defs: dict[str, dict[str, object]] = {}  # the registry entries, by name
+        # several owner fronts: every router's registry entry as last read (by name), and
+        # the routers run on other fronts as the last listing showed them
+        self.known: dict[str, dict[str, object]] = {}
+        self.views: dict[str, Router] = {}
         self.waits: dict[Topic, trio.Event] = {}  # destinations with copies in flight
 
-    async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
+    # ---- several owner fronts -----------------------------------------------------------
+
+    def _shared(self) -> Fronts | None:
+        """The fronts, when this front does not own every shard (then routers run on
+        several fronts: each on its destination's owner); else None."""
         fronts = self.backend.fronts
-        if fronts is not None and not fronts.owner:
+        return None if fronts is None or fronts.owner else fronts
+
+    def runs(self, dest: str) -> bool:
+        """Whether this front runs the routers into topic `dest` (owns its shard)."""
+        fronts = self.backend.fronts
+        return fronts is None or fronts.owns(dest)
+
+    async def _load_known(self) -> dict[str, dict[str, object]]:
+        self.known = await self.backend._call(partial(router_entries, self.backend.store))
+        return self.known
+
+    def endpoints(self) -> dict[str, tuple[str, str]]:
+        out = {}
+        if self._shared() is not None:
+            out = {n: (str(b.get("source")), str(b.get("dest"))) for n, b in self.known.items()}
+        out.update(super().endpoints())
+        return out
+
+    def listed(self) -> dict[str, Router]:
+        if self._shared() is None:
+            return self.routers
+        return self.views | self.routers
+
+    async def put(self, name: str, req: RouterIn) -> tuple[Router, bool]:
+        fronts = self._shared()
+        if fronts is None:
+            return await super().put(name, req)
+        self.definition_of(name, req)  # (the checks that need no state, here)
+        if not fronts.owns(req.dest):
+            ok = await fronts.router_call("router_put", req.dest, name, msgspec.json.encode(req))
+            return await self._view(ok), bool(ok["created"])
+        await self._load_known()  # (other fronts' routers: names, cycles, the cap)
+        await self.engine.sync_topic(req.source)
+        r, created = await super().put(name, req)
+        return r, created
+
+    async def _ensure(self, name: str) -> Topic:
+        fronts = self.backend.fronts
+        if fronts is None or fronts.owns(name):
+            return await super()._ensure(name)
+        for _ in range(3):
+            await self.engine.sync_topic(name)
+            topic = self.engine.topics.get(name)
+            if topic is not None and topic.deleting is None:
+                return topic
+            # created (with defaults) by its owner when absent, then caught up here
+            await fronts.router_call("ensure", name, "", b"")
+        return self.engine.get(name)
+
+    def answer(self, r: Router, created: bool | None = None) -> dict[str, object]:
+        """A router's state as the front running it answers another front."""
+        return {
+            "def": r.d.to_frame(),
+            "src_base": r.src_base,
+            "dest_base": r.dest_base,
+            "cursor": r.cursor,
+            "forwarded_total": r.forwarded_total,
+            "created": created,
+        }
+
+    async def _view(self, ok: dict[str, object]) -> Router:
+        """A router run by another front, as its answer `ok` shows it (not attached)."""
+        body = ok["def"]
+        assert isinstance(body, dict)
+        d = RouterDef.from_frame(body)
+        await self.engine.sync_topic(d.source)
+        if d.dest not in self.engine.topics:
+            await self.engine.sync_topic(d.dest)
+        src, dst = self.engine.topics.get(d.source), self.engine.topics.get(d.dest)
+        if src is None or dst is None:
+            raise RouterNotFound(f"router {d.name!r} does not exist", {"router": d.name})
+        src_base, dest_base, cursor, total = (
+            int(str(ok[k])) for k in ("src_base", "dest_base", "cursor", "forwarded_total")
+        )
+        return Router(d, src, dst, src_base, dest_base, cursor, total)
+
+    async def _entry_of(self, name: str) -> dict[str, object] | None:
+        return await self.backend._call(partial(router_entry, self.backend.store, name))
+
+    async def sync_sources(self, dest: Topic) -> None:
+        feed = self.by_dest.get(dest)
+        fronts = self.backend.fronts
+        if not feed or fronts is None or fronts.owns(feed[0].src.name):
             await trio.lowlevel.checkpoint()
-            raise InvalidRequest(
-                "routers are served only by a front that owns every shard on the jetstream "
-                "storage backend yet (docs/jetstream.md)",
-                {"backend": "jetstream", "unsupported": "routers on a front that is not the owner"},
-            )
-        return await super().put(name, req)
+            return
+        await self.engine.sync_topic(feed[0].src.name)
+
+    async def freshen(self, dest: Topic) -> None:
+        """A read of `dest` (run here) on any front: its source caught up, its feed
+        forwarded and the copies stored (read-your-writes through routers)."""
+        await self.sync_sources(dest)
+        if dest.deleted:
+            return
+        self.catch_up(dest)
+        if self.in_flight or self.wants:
+            await self.settle(dest)
+
+    async def lookup(self, name: str) -> Router:
+        fronts = self._shared()
+        r = self.routers.get(name)
+        if r is not None or fronts is None:
+            r = await super().lookup(name)
+            if fronts is not None:
+                await self.freshen(r.dst)
+            return r
+        check_router_name(name)
+        body = await self._entry_of(name)
+        if body is None:
+            raise RouterNotFound(f"router {name!r} does not exist", {"router": name})
+        dest = str(body.get("dest"))
+        if fronts.owns(dest):  # (this front took the shard a moment ago)
+            await self.rebuild(repair=False)
+            r = await super().lookup(name)
+            await self.freshen(r.dst)
+            return r
+        return await self._view(await fronts.router_call("router_get", dest, name, b""))
+
+    async def definition(self, name: str) -> RouterDef | None:
+        r = self.routers.get(name)
+        if r is not None or self._shared() is None:
+            return await super().definition(name)
+        check_router_name(name)
+        body = await self._entry_of(name)
+        return None if body is None else RouterDef.from_frame(body)
+
+    async def delete(self, name: str) -> bool:
+        fronts = self._shared()
+        if fronts is None or name in self.routers:
+            return await super().delete(name)
+        check_router_name(name)
+        body = await self._entry_of(name)
+        if body is None:
+            return False
+        dest = str(body.get("dest"))
+        if not fronts.owns(dest):
+            ok = await fronts.router_call("router_delete", dest, name, b"")
+            return bool(ok["deleted"])
+        await self.rebuild(repair=False)
+        if name in self.routers:
+            return await super().delete(name)
+        # (its topics are gone: only the entry is left)
+        await self.backend._call(partial(delete_router, self.backend.store, name))
+        return True
+
+    async def sync_listing(self) -> None:
+        fronts = self._shared()
+        if fronts is None:
+            await trio.lowlevel.checkpoint()
+            return
+        engine = self.engine
+        await engine.sync_listing()  # (every topic: a router's endpoints by id)
+        entries = await self._load_known()
+        views: dict[str, Router] = {}
+        asks: dict[str, list[str]] = {}  # the runners' request subjects: their routers
+        missing = False
+        for name, body in entries.items():
+            if name in self.routers:
+                continue
+            try:
+                d = RouterDef.from_frame(body)
+                nums = [
+                    int(str(body.get(k, 0)))
+                    for k in ("src_id", "dest_id", "src_base", "dest_base", "cursor")
+                ]
+                total = int(str(body.get("forwarded_total", 0)))
+            except (ValueError, TypeError, KeyError, frames.FrameError):
+                continue
+            src, dst = engine.by_id.get(nums[0]), engine.by_id.get(nums[1])
+            if src is None or dst is None:
+                continue  # (a topic deleted with it: its entry goes with the delete)
+            if fronts.owns(dst.name):
+                missing = True
+                continue
+            views[name] = Router(d, src, dst, nums[2], nums[3], nums[4], total)
+            subject = fronts.runner_of(dst)
+            if subject is not None:
+                asks.setdefault(subject, []).append(name)
+        if missing:  # (a shard taken over a moment ago)
+            await self.rebuild(repair=False)
+        for subject, names in sorted(asks.items()):
+            for name, (cursor, total) in (await fronts.router_totals(subject, names)).items():
+                view = views.get(name)
+                if view is not None:
+                    view.cursor, view.forwarded_total = cursor, total
+        self.views = views
+
+    def totals(self, names: list[str]) -> dict[str, list[int]]:
+        """The cursors and totals of the routers of `names` run here (a listing on
+        another front asks)."""
+        return {
+            n: [r.cursor, r.forwarded_total]
+            for n in names
+            if (r := self.routers.get(n)) is not None
+        }
+
+    async def serve(self, op: str, name: str, body: bytes) -> dict[str, object]:
+        """A router call forwarded by another front to this one, the destination's
+        owner (`op`: `router_put`, `router_get`, `router_delete`)."""
+        if op == "router_put":
+            req = ROUTER_DECODER.decode(body)
+            r, created = await self.put(name, req)
+            return self.answer(r, created)
+        if op == "router_get":
+            return self.answer(await self.lookup(name))
+        assert op == "router_delete", op
+        return {"deleted": await self.delete(name)}
+
+    async def touching_all(self, topic: Topic) -> list[str]:
+        names = set(self.touching(topic))
+        if self._shared() is not None:
+            tid = topic.topic_id
+            for name, body in (await self._load_known()).items():
+                if tid in (body.get("src_id"), body.get("dest_id")):
+                    names.add(name)
+        else:
+            await trio.lowlevel.checkpoint()
+        return sorted(names)
+
+    async def deleted_with(self, topic: Topic, names: list[str]) -> None:
+        # (the front running each detaches it when it drops `topic`, its source)
+        for name in names:
+            await self.backend._call(partial(delete_router, self.backend.store, name))
+            self.known.pop(name, None)
 
     # ---- forwarding ----------------------------------------------------------------------
 
     def forward(self, dst: Topic, limit: int, now: int | None = None) -> int:
         if dst in self.waits:
             return 0  # one copy batch in flight per destination
-        fronts = self.backend.fronts
-        if fronts is not None and not fronts.owner:
+        if not self.runs(dst.name):
             return 0  # (stepping down: `drop` detaches the routers)
         lane = self.backend._lanes.get(dst.topic_id)
         if lane is not None and lane.diverged:
@@ -336,7 +601,9 @@ class JsRouters(RouterService):
                 await trio.lowlevel.checkpoint()
                 return apply()
             stored = prev | {"cursor": cursor, "forwarded_total": total}
-            await call(partial(put_router, store, name, stored))
+            if not await call(partial(update_router, store, name, stored)):
+                await trio.lowlevel.checkpoint()
+                return apply()  # (deleted with its source by another front)
             self.defs[name] = stored
             return apply()
         assert ftype == frames.ROUTER_CREATE
@@ -369,20 +636,25 @@ class JsRouters(RouterService):
         self.defs[name] = stored
         return apply()
 
-    def drop(self) -> None:
-        """This front no longer owns every shard: its routers stop here (their entries
-        stay; the front that owns them now attaches them)."""
+    def drop(self, shard: int | None = None) -> None:
+        """This front no longer owns `shard` (None: any): the routers into its topics
+        stop here (their entries stay; the front that owns it now attaches them)."""
+        fronts = self.backend.fronts
         for name in sorted(self.routers):
-            self._detach(self.routers[name])
-        self.defs.clear()
+            r = self.routers[name]
+            if shard is None or fronts is None or fronts.shard_of(r.dst.name) == shard:
+                self._detach(r)
+                self.defs.pop(name, None)
 
     async def rebuild(self, *, repair: bool) -> int:
-        """Attach every router of the registry whose topics exist and that is not
-        attached yet, at its stored cursor (see the module docstring): at start, and when
-        a front comes to own every shard (a takeover). With `repair`, remove the entries
-        of routers whose topic is gone. Returns how many were attached."""
+        """Attach every router of the registry whose topics exist, whose destination's
+        shard this front owns and that is not attached yet, at its stored cursor (see the
+        module docstring): at start, and when a front takes a shard over. With `repair`
+        (a front owning every shard), remove the entries of routers whose topic is gone.
+        Returns how many were attached."""
         engine = self.engine
         entries = await self.backend._call(partial(router_entries, self.backend.store))
+        self.known = entries
         attached = 0
         for name in sorted(entries):
             if name in self.routers:
@@ -398,6 +670,8 @@ class JsRouters(RouterService):
             if src is None or dst is None:
                 if repair:
                     await self.backend._call(partial(delete_router, self.backend.store, name))
+                continue
+            if not self.runs(dst.name):
                 continue
             at, done = int(str(cursor)), int(str(total))
             got = self.backend.lane(dst).feed.get(name)
