@@ -839,6 +839,10 @@ class Engine:
         forward = self._forwarder(name)
         if forward is not None:
             return await forward.append(name, req, header_key, can_admin)
+        if self.routers.syncs_sources and name in self.topics:
+            # a router destination whose source another process writes: the source
+            # records acknowledged before this write are copied first (arrival order)
+            await self.routers.sync_sources(self.topics[name])
         if req.config is not None and not can_admin and name not in self.topics:
             raise Forbidden(
                 "creating a topic with an inline config needs the admin scope", {"topic": name}

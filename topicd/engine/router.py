@@ -368,7 +368,7 @@ class RouterService:
 
     def _recycle(self) -> None:
         """Re-mark which routers lie on a cycle (only they carry hop counts)."""
-        on = cyclic_edges([(r.d.source, r.d.dest) for r in self.routers.values()])
+        on = cyclic_edges(list(self.endpoints().values()))
         for r in self.routers.values():
             r.cyclic = (r.d.source, r.d.dest) in on
 
@@ -438,6 +438,11 @@ class RouterService:
     async def deleted_with(self, topic: Topic, names: list[str]) -> None:
         """After `topic`'s delete: forget the routers of `names` run elsewhere."""
         await trio.lowlevel.checkpoint()
+
+    @property
+    def syncs_sources(self) -> bool:
+        """Whether some feed's source is written by another process (`sync_sources`)."""
+        return False
 
     async def sync_sources(self, dest: Topic) -> None:
         """Before a read of `dest`: bring the sources of its feed up to date when another

@@ -1899,8 +1899,11 @@ async def _load_topic(
             nodes: dict[int, str] = {}
             prios: dict[int, int] = {}
             shapes: dict[int, tuple[int, int]] = {}
+            hops: dict[int, int] = {}
             for k, m in enumerate(run):
                 extra = _extras(m.headers)
+                if "h" in extra:
+                    hops[start + k] = int(str(extra["h"]))
                 if "t" in extra:
                     tags[k] = str(extra["t"])
                 if "n" in extra:
@@ -1928,6 +1931,10 @@ async def _load_topic(
                 shapes,
                 now_ms(),
             )
+            if hops:  # (router copies on a cycle: their hop counts)
+                if not topic.hops:
+                    topic.hops = {}
+                topic.hops.update(hops)
             loaded += len(run)
             i = j
         seq = after

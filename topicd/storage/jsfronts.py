@@ -395,7 +395,7 @@ class Fronts:
         if op == "delete_records":
             result = await engine.delete_records(name, DELETE_DECODER.decode(body))
             return orjson.dumps({"ok": {"deleted": result.deleted}})
-        if op in ("router_put", "router_get", "router_delete"):
+        if op in ("router_put", "router_get", "router_delete", "router_reload"):
             return orjson.dumps({"ok": await routers.serve(op, str(head["router"]), body)})
         if op == "ensure":  # a router's endpoint, created with defaults when absent
             await RouterService._ensure(routers, name)
@@ -419,11 +419,17 @@ class Fronts:
         queues: dict[str, list[int]] = {}  # queue topics asked about: the owner's counts
         reads = head.get("reads") or {}
         assert isinstance(reads, dict)
+        depth = head.get("depth")
         for key in list(reads):
             topic = engine.by_id.get(int(key))
-            if topic is not None and isinstance(routers, JsRouters) and routers.feed(topic):
+            if (
+                isinstance(depth, int)
+                and topic is not None
+                and isinstance(routers, JsRouters)
+                and routers.feed(topic)
+            ):
                 with contextlib.suppress(TopicdError):
-                    await routers.freshen(topic)
+                    await routers.freshen(topic, depth)
                 heads[key] = topic.head_seq
         await trio.lowlevel.checkpoint()
         for key, ts in reads.items():
@@ -446,8 +452,18 @@ class Fronts:
 
     # ---- the follower: read times --------------------------------------------------------
 
-    def _reads_request(self, reads: dict[int, int | None], everything: bool = False) -> bytes:
-        head = {"op": "reads", "reads": {str(k): v for k, v in reads.items()}, "all": everything}
+    def _reads_request(
+        self, reads: dict[int, int | None], everything: bool = False, depth: int | None = None
+    ) -> bytes:
+        """A `reads` request; with `depth` (a client's read, `depth` router hops from
+        it), the owner also brings the router destinations among them up to date."""
+        head: dict[str, JsonValue] = {
+            "op": "reads",
+            "reads": {str(k): v for k, v in reads.items()},
+            "all": everything,
+        }
+        if depth is not None:
+            head["depth"] = depth
         return orjson.dumps(head) + b"\n"
 
     def runner_of(self, topic: Topic) -> str | None:
@@ -641,7 +657,9 @@ class Fronts:
         await self.catch_up(name)
         return DeleteResult(self.engine.get(name), int(str(ok["deleted"])))
 
-    async def catch_up(self, name: str, *, touch: bool = False, reads: bool = False) -> None:
+    async def catch_up(
+        self, name: str, *, touch: bool = False, reads: bool = False, depth: int | None = None
+    ) -> None:
         for _ in range(2):  # (a second round: the instance known here was deleted)
             topic = self.engine.topics.get(name)
             if topic is None:
@@ -651,27 +669,47 @@ class Fronts:
                     return
             # (also after a discovery: another task may be loading the topic, or have
             # loaded it before the write this read must see)
-            if await self.refresh(topic, reads=reads, touch=touch) is not None:
+            if await self.refresh(topic, reads=reads, touch=touch, depth=depth) is not None:
                 return
 
     # ---- following ---------------------------------------------------------------------
 
     async def refresh(
-        self, topic: Topic, *, reads: bool = False, touch: bool = False
+        self, topic: Topic, *, reads: bool = False, touch: bool = False, depth: int | None = None
     ) -> Topic | None:
         """Bring `topic` up to its registry entry and stream; None when it is gone.
         `reads`: also its read time up to the owner's; `touch`: this front's read of it
-        now reaches the owner first (both in the same round trip)."""
+        now reaches the owner first (both in the same round trip); `depth`: the owner
+        also brings it up to date as a router destination first (the read-path
+        catch-up of a router chain `depth` hops from the read)."""
+        client = reads or touch  # (a client's read: router copies it must see first)
+        reads = reads or depth is not None
         backend = self.backend
         lane = backend.lane(topic)
         if touch:
             lane.read_pending = max(lane.read_pending or 0, self.clock.now_ms())
         ticket = lane.syncs_begun
+        tid = topic.topic_id
+        early = self._owner_of(topic)
+        asked = False
+        sent = early_answer = None
+        if early is not None and (
+            depth is not None
+            or (client and any(b.get("dest_id") == tid for b in self._routers_known()))
+        ):
+            # a router destination: its owner copies into it and stores the copies
+            # first, and answers its head. Asked before the catch-up, not while holding
+            # the lane (on a cycle of routers, that owner asks this front back)
+            asked, sent = True, lane.read_pending
+            payload = self._reads_request({tid: sent}, depth=depth or 0)
+            early_answer = await backend._call(
+                partial(self.store.ask, early, payload, self.store.timeout)
+            )
         async with lane.resync_lock:
             if topic.deleted:
                 await trio.lowlevel.checkpoint()
                 return None
-            if (lane.reads_done if reads or touch else lane.syncs_done) > ticket:
+            if not asked and (lane.reads_done if reads or touch else lane.syncs_done) > ticket:
                 # a catch-up that began after this call did has finished: it saw at
                 # least what this one would, this call's read time included
                 # (concurrent reads share one round trip)
@@ -679,19 +717,22 @@ class Fronts:
                 return topic
             lane.syncs_begun += 1
             number = lane.syncs_begun
-            tid = topic.topic_id
             exchange = reads or touch or lane.read_pending is not None
-            subject = self._owner_of(topic) if exchange else None
+            subject = self._owner_of(topic) if exchange and not asked else None
             ask = pending = None
             if subject is not None:
                 pending, lane.read_pending = lane.read_pending, None
-                # (a router destination: its owner stores the copies first)
-                routed = any(b.get("dest_id") == tid for b in self._routers_known())
-                wait = self.store.timeout if routed else READS_WAIT_S
-                ask = (subject, self._reads_request({tid: pending}), wait)
+                payload = self._reads_request({tid: pending}, depth=0 if client else None)
+                ask = (subject, payload, READS_WAIT_S)
+            elif asked:
+                pending = sent
+                if lane.read_pending == sent:
+                    lane.read_pending = None
             entry, newer, answer = await backend._call(
                 partial(self.store.probe, tid, topic.head_seq, ask)
             )
+            if asked:
+                answer = early_answer
             if _gone(topic):  # dropped while we waited
                 return None
             if entry is None:

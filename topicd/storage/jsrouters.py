@@ -131,6 +131,8 @@ def encode_copies(
             extra["p"] = slot.prio
         if slot.shape is not None:
             extra["s"] = list(slot.shape)
+        if slot.hop:  # (a copy on a cycle: the front loading it counts on from here)
+            extra["h"] = slot.hop
         if extra:
             headers[H_EXTRA] = json.dumps(extra, separators=(",", ":"))
         msgs.append((store.subject(tid, slot.tag), enc, headers))
@@ -246,6 +248,7 @@ class JsRouters(RouterService):
 
     async def _load_known(self) -> dict[str, dict[str, object]]:
         self.known = await self.backend._call(partial(router_entries, self.backend.store))
+        self._recycle()  # (a cycle may run through other fronts' routers)
         return self.known
 
     def endpoints(self) -> dict[str, tuple[str, str]]:
@@ -271,6 +274,14 @@ class JsRouters(RouterService):
         await self._load_known()  # (other fronts' routers: names, cycles, the cap)
         await self.engine.sync_topic(req.source)
         r, created = await super().put(name, req)
+        if r.cyclic:
+            # the routers of the cycle run elsewhere learn it before the answer: their
+            # copies carry hop counts from now on, so a record stops at the hop cap
+            ends = {(r.src.name, r.dst.name)} | {
+                e for n, e in self.endpoints().items() if n not in self.routers
+            }
+            for dest in sorted({d for _, d in ends if not fronts.owns(d)}):
+                await fronts.router_call("router_reload", dest, name, b"")
         return r, created
 
     async def _ensure(self, name: str) -> Topic:
@@ -316,18 +327,43 @@ class JsRouters(RouterService):
     async def _entry_of(self, name: str) -> dict[str, object] | None:
         return await self.backend._call(partial(router_entry, self.backend.store, name))
 
-    async def sync_sources(self, dest: Topic) -> None:
+    @property
+    def syncs_sources(self) -> bool:
+        return self._shared() is not None and bool(self.by_dest)
+
+    async def sync_sources(self, dest: Topic, depth: int = 0) -> None:
+        """Catch `dest`'s source up when another front owns it, and forward what it
+        brought (before a read of `dest`, and before a direct write to it: copies and
+        direct writes interleave in arrival order across fronts too).
+
+        The source's owner is asked to bring it up to date first when it is itself a
+        router destination (a chain), down to `max_hops` fronts; a feed on a cycle asks
+        only from the read's own front (`depth` 0), which repeats the round until
+        nothing moves (each round: the other front copies, then this one)."""
         feed = self.by_dest.get(dest)
         fronts = self.backend.fronts
         if not feed or fronts is None or fronts.owns(feed[0].src.name):
             await trio.lowlevel.checkpoint()
             return
-        await self.engine.sync_topic(feed[0].src.name)
+        src = feed[0].src
+        cyclic = any(r.cyclic for r in feed)
+        onward = depth == 0 or (not cyclic and depth < self.cfg.max_hops)
+        rounds = 2 * self.cfg.max_hops + 2 if cyclic and depth == 0 else 1
+        for _ in range(rounds):
+            before = (src.head_seq, dest.head_seq)
+            await fronts.catch_up(src.name, depth=depth + 1 if onward else None)
+            if dest.deleted or src.deleted:
+                return
+            self.catch_up(dest)
+            if self.in_flight or self.wants:
+                await self.settle(dest)
+            if (src.head_seq, dest.head_seq) == before:
+                break
 
-    async def freshen(self, dest: Topic) -> None:
+    async def freshen(self, dest: Topic, depth: int = 0) -> None:
         """A read of `dest` (run here) on any front: its source caught up, its feed
         forwarded and the copies stored (read-your-writes through routers)."""
-        await self.sync_sources(dest)
+        await self.sync_sources(dest, depth)
         if dest.deleted:
             return
         self.catch_up(dest)
@@ -441,6 +477,9 @@ class JsRouters(RouterService):
             return self.answer(r, created)
         if op == "router_get":
             return self.answer(await self.lookup(name))
+        if op == "router_reload":
+            await self._load_known()
+            return {}
         assert op == "router_delete", op
         return {"deleted": await self.delete(name)}
 
