@@ -141,23 +141,59 @@ async def test_topicd_serve_killed_while_copying_copies_each_record_once(cluster
         assert server.run.problems() == []
 
 
-async def test_a_front_that_does_not_own_every_shard_refuses_routers(cluster):
-    """With several owner fronts, routers are refused (`400 invalid_request`, the
-    canonical body) on every front, and nothing is created (not even the destination)."""
-    from tests.jetstream.conftest import open_fronts
+def _names_by_shard(shards: int) -> dict[int, str]:
+    """A topic name for each of `shards` shards."""
+    from topicd.storage.jsfronts import Fronts
 
-    async with open_fronts(jetstream_config(cluster), 2) as hs:
-        for h in hs:
-            c = h.app.test_client()
-            r = await c.put("/v0/routers/r", json={"source": "src", "dest": "dst"})
-            err = (await _json(r, 400))["error"]
-            assert err["code"] == "invalid_request"
-            assert err["detail"] == {
-                "backend": "jetstream",
-                "unsupported": "routers on a front that is not the owner",
-            }
-        for h in hs:
-            assert set(h.engine.topics) == set()
+    names: dict[int, str] = {}
+    for i in range(200):
+        names.setdefault(Fronts.shard_of_name(f"k{i}", shards), f"k{i}")
+    assert len(names) == shards
+    return names
+
+
+async def test_a_router_created_on_a_follower_runs_on_the_destinations_owner(cluster):
+    """Three fronts, one shard each; source and destination on two of them. The router
+    is created through the third front: it runs on the destination's owner only (the
+    source caught up there as a follower), every front answers `GET` and the listing
+    alike, writes through every front are copied once at their seqs, and a delete
+    through a follower stops it everywhere."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+
+    src, dst = _names_by_shard(3)[1], _names_by_shard(3)[2]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        runner = next(i for i, f in enumerate(fr) if f.owns(dst))
+        third = next(i for i, f in enumerate(fr) if not f.owns(dst) and not f.owns(src))
+        cs = [h.app.test_client() for h in hs]
+        r = await cs[third].put("/v0/routers/r", json={"source": src, "dest": dst})
+        assert (await _json(r, 201))["router"] == "r"
+        assert [list(h.engine.routers.routers) for h in hs] == [
+            ["r"] if i == runner else [] for i in range(3)
+        ]
+        for i, c in enumerate(cs):
+            await _write(c, src, {"data": i, "tag": f"t{i}"})
+        await _write(cs[third], dst, {"data": "direct"})
+        await _write(cs[0], src, {"data": 3})
+        want = [(1, 0, "t0"), (2, 1, "t1"), (3, 2, "t2"), (4, "direct", None), (5, 3, None)]
+        for c in cs:
+            assert await _records(c, dst) == want
+            state = await _json(await c.get("/v0/routers/r"), 200)
+            assert (state["forwarded_total"], state["cursor_lag"]) == (4, 0)
+            listed = (await _json(await c.get("/v0/routers"), 200))["routers"]
+            assert [(x["router"], x["forwarded_total"]) for x in listed] == [("r", 4)]
+        # the repoint and fan-in refusals see the router from every front
+        r = await cs[third].put("/v0/routers/r", json={"source": src, "dest": "elsewhere"})
+        assert (await _json(r, 409))["error"]["detail"]["reason"] == "router_repoint_forbidden"
+        r = await cs[third].put("/v0/routers/r2", json={"source": "other", "dest": dst})
+        assert (await _json(r, 409))["error"]["detail"]["reason"] == "router_dest_fan_in"
+        assert (await _json(await cs[third].delete("/v0/routers/r"), 200))["deleted"] is True
+        await _write(cs[0], src, {"data": 4})
+        for c in cs:
+            assert await _records(c, dst) == want
+            r = await c.get("/v0/routers/r")
+            assert (await _json(r, 404))["error"]["code"] == "router_not_found"
+        assert all(not h.engine.routers.routers for h in hs)
 
 
 async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(cluster):
@@ -212,6 +248,95 @@ async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(clust
             assert [(s, x) for s, x, _ in await _records(cb, "d")] == source
             state = await _json(await cb.get("/v0/routers/s->d"), 200)
             assert (state["forwarded_total"], state["cursor_lag"]) == (6, 0)
+
+
+async def test_kill9_of_the_destinations_owner_among_three_fronts(cluster, tmp_path):
+    """Three `topicd serve` fronts, three shards: the first front keeps the
+    destination's shard (the others take the rest as they join), the source is another
+    front's. The router is created through a follower; writers on the two other fronts
+    flood the source (idempotency keys, retried on 503 or a lost connection) while the
+    destination's owner is killed with SIGKILL. A survivor takes the shard, attaches
+    the router at the cursor the destination's stream holds and copies the rest: on
+    both survivors each acknowledged source record is in the destination once, at its
+    source seq (both topics started empty), and nothing else."""
+    from tests.crash.harness import Server
+
+    names = _names_by_shard(3)
+    src, dst = names[1], names[0]  # (the first front gives up the highest shards first)
+    env = {
+        **cluster.env(),
+        "TOPICD_JETSTREAM_PREFIX": "routers9x3",
+        "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
+        "TOPICD_STORAGE_JETSTREAM_SHARDS": "3",
+        "TOPICD_ROUTER_CURSOR_LOG_MS": "60000",
+    }
+    async with trio.open_nursery() as nursery:
+        servers = []
+        for i in range(3):
+            (tmp_path / f"f{i}").mkdir()
+            s = Server(nursery, tmp_path / f"f{i}")
+            s.extra_env = dict(env)
+            await s.start()
+            servers.append(s)
+        try:
+            owner, others = servers[0], servers[1:]
+            with trio.fail_after(30):
+                while not all("took the owner lease" in f.run.text for f in others):
+                    await trio.sleep(0.1)  # (the lease checks of other processes)
+            async with http_client(others[0]) as hc:
+                r = await hc.put("/v0/routers/s->d", json={"source": src, "dest": dst})
+                assert r.status_code == 201, r.text
+            acked: dict[str, int] = {}
+            enough = trio.Event()
+
+            async def writer(server: Server, who: str) -> None:
+                async with http_client(server) as hc:
+                    for i in range(40):
+                        key = f"{who}-{i}"
+                        with trio.fail_after(30):
+                            while True:
+                                try:
+                                    r = await hc.post(
+                                        f"/v0/topics/{src}",
+                                        json={"records": [{"data": key}]},
+                                        headers={"Idempotency-Key": key},
+                                    )
+                                except httpx.HTTPError:
+                                    continue
+                                if r.status_code == 503:
+                                    await trio.sleep(0.05)  # the retry's pace, not a wait
+                                    continue
+                                assert r.status_code in (200, 201), r.text
+                                break
+                        acked[key] = r.json()["first_seq"]
+                        if len(acked) >= 30:
+                            enough.set()
+
+            async with trio.open_nursery() as n:
+                for j, f in enumerate(others):
+                    n.start_soon(writer, f, f"w{j}")
+                await enough.wait()
+                await owner.kill()
+            assert len(acked) == 80
+            with trio.fail_after(30):  # (the survivors' lease checks: a third of lease_ms)
+                while not any("took the owner lease of shard 0" in f.run.text for f in others):
+                    await trio.sleep(0.1)
+            want = sorted((seq, key) for key, seq in acked.items())
+            assert [s for s, _ in want] == list(range(1, 81))
+            for f in others:
+                async with http_client(f) as hc:
+                    r = await hc.post(f"/v0/topics/{src}/diff", json={"limit": 1000})
+                    assert [(x["$seq"], x["data"]) for x in r.json()["records"]] == want
+                    r = await hc.post(f"/v0/topics/{dst}/diff", json={"limit": 1000})
+                    assert [(x["$seq"], x["data"]) for x in r.json()["records"]] == want
+                    state = (await hc.get("/v0/routers/s->d")).json()
+                    assert (state["forwarded_total"], state["cursor_lag"]) == (80, 0)
+            assert sum("took the owner lease of shard 0" in f.run.text for f in others) == 1
+            assert all(f.run.problems() == [] for f in others)
+        finally:
+            for s in servers:
+                with trio.CancelScope(shield=True):
+                    await s.close()
 
 
 async def test_kill9_of_the_owner_front_while_copying_then_a_takeover(cluster, tmp_path):

@@ -474,7 +474,31 @@ class Fronts:
     async def router_call(self, op: str, topic: str, router: str, body: bytes) -> dict[str, object]:
         """A router call (`JsRouters.serve`, or `ensure` of topic `topic`) run by the
         owner of topic `topic` (a router's destination)."""
-        return await self._forward({"op": op, "topic": topic, "router": router}, body)
+        import nats.errors
+
+        head: dict[str, JsonValue] = {"op": op, "topic": topic, "router": router}
+        try:
+            return await self._forward(head, body)
+        except StorageUnavailable as exc:
+            if not isinstance(exc.__cause__, nats.errors.NoRespondersError):
+                raise
+        # the owner this front knew is gone (killed): another front may have taken the
+        # shard since, before this front's next lease check. Router calls are idempotent
+        # (a PUT of the same definition, a DELETE, a read): ask the lease, send it there
+        k = self.shard_of(topic)
+        value, _ = await self.backend._call(partial(self.store.lease, k))
+        if (
+            value is None
+            or value.get("front") == self.front_id
+            or str(value.get("subject")) == self.owner_subjects.get(k)
+            or int(str(value.get("until_ms", 0))) <= self.clock.now_ms()
+        ):
+            raise StorageUnavailable(
+                "the owner front is gone and no other holds the lease yet; retry",
+                {"backend": "jetstream"},
+            )
+        self.owner_subjects[k] = str(value.get("subject"))
+        return await self._forward(head, body)
 
     async def router_totals(self, subject: str, names: list[str]) -> dict[str, tuple[int, int]]:
         """The cursors and totals of the routers of `names` from the front at `subject`

@@ -270,6 +270,7 @@ class JsRouters(RouterService):
         self.definition_of(name, req)  # (the checks that need no state, here)
         if not fronts.owns(req.dest):
             ok = await fronts.router_call("router_put", req.dest, name, msgspec.json.encode(req))
+            await self._load_known()  # (reads of its destination here ask its runner)
             return await self._view(ok), bool(ok["created"])
         await self._load_known()  # (other fronts' routers: names, cycles, the cap)
         await self.engine.sync_topic(req.source)
@@ -400,7 +401,12 @@ class JsRouters(RouterService):
 
     async def delete(self, name: str) -> bool:
         fronts = self._shared()
-        if fronts is None or name in self.routers:
+        r = self.routers.get(name)
+        if fronts is None or r is not None:
+            if r is not None and fronts is not None:
+                # the source records acknowledged before the delete (maybe by another
+                # front, not caught up here yet) are copied first, as on one process
+                await self.freshen(r.dst)
             return await super().delete(name)
         check_router_name(name)
         body = await self._entry_of(name)
