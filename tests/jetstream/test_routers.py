@@ -7,6 +7,9 @@ destination's stream (materialized), so the destination must come back exactly a
 was, and copying must go on from where it stopped: every source record copied once, none
 twice, none skipped. The kill test logs cursors to the registry only once a minute, so a
 new front can only learn where copying stopped from the cursors the copy batches carry.
+With several owner fronts, a router runs on its destination's owner: a router created
+through a front that owns neither topic, and the destination's owner killed among three
+`topicd serve` fronts while the source is flooded through the others.
 """
 
 from __future__ import annotations

@@ -1022,7 +1022,8 @@ class Engine:
             await forward.catch_up(name, touch=True)  # (a diff is a read: `_read`)
         topic = self.get(name)
         wait_ms = min(req.wait_ms, self.cfg.protocol.max_wait_ms)
-        await self.routers.sync_sources(topic)
+        if self.routers.syncs_sources:  # (a source another process writes)
+            await self.routers.sync_sources(topic)
         self.routers.catch_up(topic)  # read-your-writes through routers
         if self.routers.in_flight or self.routers.wants:
             await self.routers.settle(topic)
