@@ -199,6 +199,45 @@ async def test_a_router_created_on_a_follower_runs_on_the_destinations_owner(clu
         assert all(not h.engine.routers.routers for h in hs)
 
 
+async def test_a_cycle_across_fronts_stops_at_the_hop_cap_and_is_known_everywhere(cluster):
+    """Two routers closing a cycle between topics of two fronts, each created through the
+    third: both runners mark their router as on a cycle before the second `PUT` is
+    answered, a record loops to the hop cap (the hop counts travel with the copies
+    between fronts) and a read through any front sees all of it; deleting one router
+    takes the other off the cycle on its runner before the `DELETE` is answered, so a
+    later record is copied once, with no hop count."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+
+    names = _names_by_shard(3)
+    p, q = names[1], names[2]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        run_q = next(i for i, f in enumerate(fr) if f.owns(q))
+        run_p = next(i for i, f in enumerate(fr) if f.owns(p))
+        third = 3 - run_p - run_q
+        cs = [h.app.test_client() for h in hs]
+        await _json(await cs[third].put("/v0/routers/pq", json={"source": p, "dest": q}), 201)
+        assert hs[run_q].engine.routers.routers["pq"].cyclic is False
+        r = await cs[third].put(
+            "/v0/routers/qp", json={"source": q, "dest": p, "allow_cycle": True}
+        )
+        await _json(r, 201)
+        assert hs[run_q].engine.routers.routers["pq"].cyclic is True
+        assert hs[run_p].engine.routers.routers["qp"].cyclic is True
+        await _write(cs[third], p, {"data": 1})
+        # p(0) q(1) p(2) q(3) p(4) q(5) p(6) q(7) p(8): the hop cap is 8
+        assert [x[1] for x in await _records(cs[third], p)] == [1] * 5
+        for c in cs:
+            assert len(await _records(c, p)) == 5
+            assert len(await _records(c, q)) == 4
+        await _json(await cs[third].delete("/v0/routers/qp"), 200)
+        assert hs[run_q].engine.routers.routers["pq"].cyclic is False
+        await _write(cs[run_p], p, {"data": 2})
+        for c in cs:
+            assert [x[1] for x in await _records(c, q)] == [1, 1, 1, 1, 2]
+            assert [x[1] for x in await _records(c, p)] == [1] * 5 + [2]
+
+
 async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(cluster):
     """Two fronts, one shard: the owner runs a router fed through both fronts, then
     closes with source records not copied yet (the router's registry cursor is never

@@ -42,7 +42,7 @@ import msgspec
 import orjson
 import trio
 
-from topicd.engine.router import Router, RouterDef, RouterService
+from topicd.engine.router import Router, RouterDef, RouterService, cyclic_edges
 from topicd.errors import RouterNotFound, TopicdError
 from topicd.storage import frame as frames
 from topicd.wire import ROUTER_DECODER, check_router_name
@@ -278,12 +278,19 @@ class JsRouters(RouterService):
         if r.cyclic:
             # the routers of the cycle run elsewhere learn it before the answer: their
             # copies carry hop counts from now on, so a record stops at the hop cap
-            ends = {(r.src.name, r.dst.name)} | {
-                e for n, e in self.endpoints().items() if n not in self.routers
-            }
-            for dest in sorted({d for _, d in ends if not fronts.owns(d)}):
-                await fronts.router_call("router_reload", dest, name, b"")
+            await self._tell_cycle(fronts, name)
         return r, created
+
+    async def _tell_cycle(self, fronts: Fronts, name: str) -> None:
+        await self._reload(fronts, name, cyclic_edges(list(self.endpoints().values())))
+
+    async def _reload(self, fronts: Fronts, name: str, edges: set[tuple[str, str]]) -> None:
+        """The runners of the routers of `edges` (routers on a cycle) that run on other
+        fronts re-read the registry: whether a router lies on a cycle decides its hop
+        counts and which source seqs it passes over, so every front must agree on it
+        before the `PUT` or `DELETE` of router `name` that changed it is answered."""
+        for dest in sorted({d for _, d in edges if not fronts.owns(d)}):
+            await fronts.router_call("router_reload", dest, name, b"")
 
     async def _ensure(self, name: str) -> Topic:
         fronts = self.backend.fronts
@@ -403,11 +410,18 @@ class JsRouters(RouterService):
         fronts = self._shared()
         r = self.routers.get(name)
         if fronts is None or r is not None:
-            if r is not None and fronts is not None:
-                # the source records acknowledged before the delete (maybe by another
-                # front, not caught up here yet) are copied first, as on one process
-                await self.freshen(r.dst)
-            return await super().delete(name)
+            if r is None or fronts is None:
+                return await super().delete(name)
+            # the source records acknowledged before the delete (maybe by another
+            # front, not caught up here yet) are copied first, as on one process
+            await self.freshen(r.dst)
+            was = cyclic_edges(list(self.endpoints().values())) if r.cyclic else set()
+            deleted = await super().delete(name)
+            self.known.pop(name, None)
+            self._recycle()
+            # the runners of the cycle it was on: their routers may be off every cycle now
+            await self._reload(fronts, name, was)
+            return deleted
         check_router_name(name)
         body = await self._entry_of(name)
         if body is None:
@@ -502,9 +516,15 @@ class JsRouters(RouterService):
 
     async def deleted_with(self, topic: Topic, names: list[str]) -> None:
         # (the front running each detaches it when it drops `topic`, its source)
+        was = cyclic_edges(list(self.endpoints().values()))
         for name in names:
             await self.backend._call(partial(delete_router, self.backend.store, name))
             self.known.pop(name, None)
+        self._recycle()
+        fronts = self._shared()
+        if fronts is not None and names:
+            with contextlib.suppress(TopicdError):  # (the topic is gone either way)
+                await self._reload(fronts, names[0], was)
 
     # ---- forwarding ----------------------------------------------------------------------
 
