@@ -408,10 +408,10 @@ class JsRouters(RouterService):
 
     async def delete(self, name: str) -> bool:
         fronts = self._shared()
+        if fronts is None:
+            return await super().delete(name)
         r = self.routers.get(name)
-        if fronts is None or r is not None:
-            if r is None or fronts is None:
-                return await super().delete(name)
+        if r is not None:  # (run here)
             # the source records acknowledged before the delete (maybe by another
             # front, not caught up here yet) are copied first, as on one process
             await self.freshen(r.dst)
@@ -420,7 +420,10 @@ class JsRouters(RouterService):
             self.known.pop(name, None)
             self._recycle()
             # the runners of the cycle it was on: their routers may be off every cycle now
-            await self._reload(fronts, name, was)
+            try:
+                await self._reload(fronts, name, was)
+            except TopicdError as exc:  # (deleted all the same: a retry finds it gone)
+                log.warning("router %r deleted; a front on its cycle not told: %s", name, exc)
             return deleted
         check_router_name(name)
         body = await self._entry_of(name)
@@ -430,9 +433,9 @@ class JsRouters(RouterService):
         if not fronts.owns(dest):
             ok = await fronts.router_call("router_delete", dest, name, b"")
             return bool(ok["deleted"])
-        await self.rebuild(repair=False)
+        await self.rebuild(repair=False)  # (this front took the shard a moment ago)
         if name in self.routers:
-            return await super().delete(name)
+            return await self.delete(name)
         # (its topics are gone: only the entry is left)
         await self.backend._call(partial(delete_router, self.backend.store, name))
         return True
@@ -490,7 +493,8 @@ class JsRouters(RouterService):
 
     async def serve(self, op: str, name: str, body: bytes) -> dict[str, object]:
         """A router call forwarded by another front to this one, the destination's
-        owner (`op`: `router_put`, `router_get`, `router_delete`)."""
+        owner (`op`: `router_put`, `router_get`, `router_delete`, or `router_reload`:
+        re-read every router's entry, a cycle changed)."""
         if op == "router_put":
             req = ROUTER_DECODER.decode(body)
             r, created = await self.put(name, req)
@@ -523,8 +527,10 @@ class JsRouters(RouterService):
         self._recycle()
         fronts = self._shared()
         if fronts is not None and names:
-            with contextlib.suppress(TopicdError):  # (the topic is gone either way)
+            try:
                 await self._reload(fronts, names[0], was)
+            except TopicdError as exc:  # (the topic is gone either way)
+                log.warning("routers %s deleted; a front on their cycle not told: %s", names, exc)
 
     # ---- forwarding ----------------------------------------------------------------------
 
@@ -748,4 +754,5 @@ class JsRouters(RouterService):
             self.defs[name] = body
             self._attach(r)
             attached += 1
+        self._recycle()  # (the cycles the registry's routers make)
         return attached
