@@ -200,21 +200,24 @@ async def delete_router(store: JetStreamStore, name: str) -> None:
 
 
 async def router_entries(store: JetStreamStore) -> dict[str, dict[str, object]]:
-    """Every `router.*` entry, by router name."""
-    import nats.js.errors
-
-    assert store.kv is not None
-    try:
-        keys = await store.kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
+    """Every `router.*` entry, by router name. The keys are the bucket stream's subjects
+    as its leader lists them (a key listing through a consumer may be a lagging
+    replica's, and miss a router created a moment ago); each entry is read from the
+    leader too."""
     import asyncio
 
-    names = [
-        bytes.fromhex(key[len(ROUTER_PREFIX) :]).decode()
-        for key in keys
-        if key.startswith(ROUTER_PREFIX)
-    ]
+    assert store.nc is not None
+    pre = f"$KV.{store.bucket}.{ROUTER_PREFIX}"
+    msg = await store.nc.request(
+        f"$JS.API.STREAM.INFO.KV_{store.bucket}",
+        orjson.dumps({"subjects_filter": pre + "*"}),
+        timeout=store.timeout,
+    )
+    resp = orjson.loads(msg.data)
+    if "error" in resp:
+        raise RuntimeError(f"listing the routers: {resp['error']}")
+    subjects = resp.get("state", {}).get("subjects") or {}
+    names = sorted(bytes.fromhex(subject[len(pre) :]).decode() for subject in subjects)
     got = await asyncio.gather(*(router_entry(store, name) for name in names))
     return {name: body for name, body in zip(names, got, strict=True) if body is not None}
 
