@@ -306,6 +306,11 @@ class Fronts:
         mutations."""
         await self.sync_all(k)
         for topic in list(self.engine.by_id.values()):
+            lane = self.backend.lane(topic)
+            if lane.move is not None and self.shard_of(topic.name) == k:
+                # a stream move the last owner left: keep the stream the entry names
+                async with lane.registry_lock:
+                    await self.backend.finish_move(topic, lane)
             if topic.queue is not None and self.shard_of(topic.name) == k:
                 await self.backend.journals.take_over(topic, self.front_id)
         next_id = await self.backend.bridge.call(self.store.next_id)
@@ -684,10 +689,15 @@ class Fronts:
     def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
         engine = self.engine
         now = self.clock.now_ms()
-        reserved = entry.get("reserved")  # (an `ephemeral` topic's seq reservation)
+        # an `ephemeral` topic's stream is in memory, with a seq reservation
+        lane.memory = entry.get("storage") == "memory"
+        reserved = entry.get("reserved")
         if isinstance(reserved, int):
-            lane.memory = True
             lane.reserved = max(lane.reserved, reserved)
+        # the stream holding the records (another than the topic's own once they moved)
+        self.backend.set_sid(lane, int(str(entry.get("stream", topic.topic_id))))
+        move = entry.get("move")
+        lane.move = [int(str(x)) for x in move] if isinstance(move, list) else None
         feed = entry.get("feed")  # (a router destination's stored cursors)
         if isinstance(feed, dict):
             merge_feed(lane.feed, feed)
@@ -771,7 +781,7 @@ class Fronts:
         for topic in list(self.engine.by_id.values()):
             if topic.topic_id not in ids:
                 await self._remove(topic)
-        for tid in sorted((ids | streams) - set(self.engine.by_id)):
+        for tid in sorted(self._unknown(ids, streams)):
             await self._install_id(tid)
         for topic in list(self.engine.by_id.values()):
             if shard is None or self.shard_of(topic.name) == shard:
@@ -837,19 +847,29 @@ class Fronts:
         created, records it wrote): those were acknowledged, so they are taken in."""
         backend = self.backend
         engine = self.engine
-        heads = await backend._call(self.store.stream_heads)
+        heads = await backend._call(self.store.stream_heads)  # (by stream id)
         ids = await backend._call(self.store.entry_ids)
         for topic in list(engine.by_id.values()):
             tid = topic.topic_id
+            sid = self.store.sid(tid)
             if self.owns(topic.name):
-                if heads.get(tid, 0) > topic.head_seq:
+                if heads.get(sid, 0) > topic.head_seq:
                     await backend.resync(topic)
             elif tid not in ids:
                 await self._remove(topic)
-            elif heads.get(tid, 0) > topic.head_seq:
+            elif heads.get(sid, 0) > topic.head_seq or sid not in heads:
+                # (new records; or its stream is gone: its records moved to another)
                 await self.refresh(topic)
-        for tid in sorted((ids | set(heads)) - set(engine.by_id)):
+        for tid in sorted(self._unknown(ids, set(heads))):
             await self._install_id(tid)
+
+    def _unknown(self, ids: set[int], streams: set[int]) -> set[int]:
+        """The topic ids among the registry's `ids` and the `streams` (stream ids: a
+        stream is made before its entry) that this front does not serve; the streams
+        of its topics (their own ids, or where their records moved) are not topics."""
+        engine = self.engine
+        known = set(engine.by_id) | {self.store.sid(t) for t in engine.by_id}
+        return (ids | streams) - known
 
 
 def _gone(topic: Topic) -> bool:

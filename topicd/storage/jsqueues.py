@@ -213,6 +213,10 @@ class Journals:
         self.backend = backend
         self.heads: dict[int, int] = {}  # topic id -> the journal's last seq seen here
         self.locks: dict[int, trio.Lock] = {}
+        # acks journaled whose jobs are still being deleted from the stream and applied
+        # (per topic id), and an event set when the last of a topic's finishes
+        self.inflight: dict[int, int] = {}
+        self.idle: dict[int, trio.Event] = {}
 
     def lock(self, topic_id: int) -> trio.Lock:
         lock = self.locks.get(topic_id)
@@ -263,15 +267,37 @@ class Journals:
     async def ack(self, topic: Topic, seqs: list[int], apply: Callable[[], _T]) -> _T:
         """An ack's delete: journaled (the commit point), the jobs deleted from the
         stream, then applied."""
-        async with self.lock(topic.topic_id):
+        tid = topic.topic_id
+        async with self.lock(tid):
             if topic.deleted:
                 raise TopicNotFound(topic.name)
             await self._publish(topic, {"k": "ack", "seqs": seqs})
+            self.inflight[tid] = self.inflight.get(tid, 0) + 1
         try:
-            await self.backend._call(partial(delete_jobs, self.backend.store, topic.topic_id, seqs))
-        except Exception as exc:  # journaled: the next load of the journal finishes it
-            log.warning("queue %r: acked jobs not deleted from the stream yet: %s", topic.name, exc)
-        return apply()
+            try:
+                await self.backend._call(partial(delete_jobs, self.backend.store, tid, seqs))
+            except Exception as exc:  # journaled: the next load of the journal finishes it
+                log.warning(
+                    "queue %r: acked jobs not deleted from the stream yet: %s", topic.name, exc
+                )
+            return apply()
+        finally:
+            self.inflight[tid] -= 1
+            if not self.inflight[tid]:
+                del self.inflight[tid]
+                idle = self.idle.pop(tid, None)
+                if idle is not None:
+                    idle.set()
+
+    async def settled(self, topic_id: int) -> None:
+        """Until the acks journaled so far have deleted their jobs and been applied
+        (with the journal lock held: no new ack starts meanwhile)."""
+        while self.inflight.get(topic_id):
+            idle = self.idle.get(topic_id)
+            if idle is None:
+                idle = self.idle[topic_id] = trio.Event()
+            await idle.wait()
+        await trio.lowlevel.checkpoint()
 
     async def lease(self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]) -> _T:
         async with self.lock(topic.topic_id):
