@@ -88,6 +88,9 @@ READS_WAIT_S: Final = 0.5
 # a readiness probe on a follower waits this long for the registry's topic count (then
 # answers this front's own)
 COUNT_WAIT_S: Final = 0.5
+# a follower reading which records a stream holds (record deletes it missed) reads the
+# entry again after the stream; while the entry keeps changing, at most this many rounds
+RECONCILE_ATTEMPTS: Final = 8
 
 
 class Fronts:
@@ -651,7 +654,12 @@ class Fronts:
             if entry is None:
                 self._drop(topic)
                 return None
-            self._apply_entry(topic, lane, entry)
+            if self._apply_entry(topic, lane, entry):
+                # record deletes passed this front by (more than the entry keeps): the
+                # stream says which seqs are left
+                await self._reconcile(topic, lane, entry)
+                if _gone(topic):
+                    return None
             if newer and not lane.busy and not lane.pending:
                 engine = self.engine
                 await _load_topic(engine, backend, topic, engine.clock.now_ms, topic.head_seq + 1)
@@ -686,7 +694,10 @@ class Fronts:
         """Take over what another front wrote into `topic`'s entry (see `_apply_entry`)."""
         self._apply_entry(topic, lane, entry)
 
-    def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+    def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> bool:
+        """Bring `topic` to its registry entry: config, stream, floor, record deletes.
+        True when record deletes passed this front by (the entry keeps the last
+        `DELETES_KEPT`): they are not all applied then (`_reconcile` finishes)."""
         engine = self.engine
         now = self.clock.now_ms()
         # an `ephemeral` topic's stream is in memory, with a seq reservation
@@ -712,17 +723,19 @@ class Fronts:
             engine.apply_floor(topic, floor, [(int(a), int(b), str(c)) for a, b, c in runs])
         deletes = entry.get("deletes") or []
         assert isinstance(deletes, list)
+        missed = bool(deletes) and int(deletes[0][0]) > lane.deletes_applied + 1
+        if missed:
+            log.info(
+                "topic %r: record deletes %d..%d passed this front by; reading which "
+                "records its stream still holds",
+                topic.name,
+                lane.deletes_applied + 1,
+                int(deletes[0][0]) - 1,
+            )
         for op in deletes:
             number, before, match, bound = op
             if int(number) <= lane.deletes_applied:
                 continue
-            if int(number) > lane.deletes_applied + 1 and lane.deletes_applied:
-                log.warning(
-                    "topic %r: record deletes %d..%d passed this front by",
-                    topic.name,
-                    lane.deletes_applied + 1,
-                    int(number) - 1,
-                )
             engine.apply_records_delete(
                 topic,
                 None if before is None else int(before),
@@ -736,6 +749,52 @@ class Fronts:
         # what the entry holds: after a takeover, the floor task writes this front's own
         # (possibly higher) floor
         lane.floor_written = int(str(entry.get("floor", 1)))
+        return missed
+
+    async def _reconcile(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+        """Drop the records this front holds that the topic's stream no longer does:
+        record deletes it missed are purges and message deletes there, so the stream
+        is the truth (its first seq, last seq and deleted seqs: one request, no payload).
+
+        The stream is read after the entry, and the entry again after the stream: when
+        the entry did not change in between, every purge the stream shows below the
+        entry's floor is an eviction this front applied from it (a cap or TTL
+        tombstone), and every other seq gone is a record delete (no tombstone), as on
+        the owner; otherwise the newer entry is applied and the stream read again."""
+        backend = self.backend
+        call = backend._call
+        tid = topic.topic_id
+        rev = int(str(entry.get(REV, 0)))
+        for _ in range(RECONCILE_ATTEMPTS):
+            first, last, gone = await call(partial(self.store.state, tid))
+            again, _ = await call(partial(self.store.entry, tid))
+            if _gone(topic):
+                return
+            if again is None:
+                self._drop(topic)
+                return
+            if int(str(again.get(REV, 0))) == rev:
+                break
+            entry, rev = again, int(str(again.get(REV, 0)))
+            self._apply_entry(topic, lane, entry)
+        else:
+            raise StorageUnavailable(
+                f"topic {topic.name!r}: its registry entry keeps changing; retry",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+        absent = set(gone)
+        dead = [
+            seq
+            for seq in _live_seqs(topic, min(topic.head_seq, last))
+            if seq < first or seq in absent
+        ]
+        if dead:
+            self.engine.apply_seqs_delete(topic, dead)
+            log.info("topic %r: %d records deleted elsewhere dropped", topic.name, len(dead))
+        deletes = entry.get("deletes") or []
+        assert isinstance(deletes, list)
+        if deletes:
+            lane.deletes_applied = max(lane.deletes_applied, int(deletes[-1][0]))
 
     async def _discover(self, name: str) -> None:
         """A name this front does not serve: load its live instance, if the registry
@@ -870,6 +929,16 @@ class Fronts:
         engine = self.engine
         known = set(engine.by_id) | {self.store.sid(t) for t in engine.by_id}
         return (ids | streams) - known
+
+
+def _live_seqs(topic: Topic, upto: int) -> list[int]:
+    """The seqs of `topic`'s live records up to `upto`."""
+    out: list[int] = []
+    for run in topic.runs:
+        encs, base = run.encs, run.base
+        lo, hi = max(topic.earliest_seq, base), min(upto, run.end)
+        out.extend(seq for seq in range(lo, hi + 1) if encs[seq - base] is not None)
+    return out
 
 
 def _gone(topic: Topic) -> bool:
