@@ -1156,6 +1156,7 @@ class JetStreamBackend:
             while True:
                 await trio.sleep(FLOOR_INTERVAL_S)
                 await self.write_floors()
+                await self.compact_journals()
 
     async def drain(self) -> None:
         """Wait for every accepted write to be published or failed, then write floors."""
@@ -2022,6 +2023,25 @@ class JetStreamBackend:
                 await self._call(partial(self.store.purge, tid, floor))
             except Exception as exc:
                 log.warning("topic %r: eviction floor not stored yet: %s", topic.name, exc)
+
+    async def compact_journals(self) -> None:
+        """Compact the journals of the queues this front owns that have grown enough
+        since their last snapshot (`Journals.compact`)."""
+        engine = self.engine
+        fronts = self.fronts
+        if engine is None or (fronts is not None and not fronts.owned):
+            await trio.lowlevel.checkpoint()
+            return
+        for topic in list(engine.by_id.values()):
+            if topic.deleted or not self.journals.compact_due(topic):
+                continue
+            if fronts is not None and not fronts.owns(topic.name):
+                continue
+            try:
+                await self.journals.compact(topic)
+            except Exception as exc:
+                log.warning("queue %r: journal not compacted: %s", topic.name, exc)
+        await trio.lowlevel.checkpoint()
 
 
 _ROUTER_FRAMES: Final = (frames.ROUTER_CREATE, frames.ROUTER_DELETE, frames.ROUTER_CURSOR)

@@ -751,6 +751,18 @@ class Fronts:
         lane.floor_written = int(str(entry.get("floor", 1)))
         return missed
 
+    async def reconcile(self, topic: Topic) -> None:
+        """Drop the records this front holds that `topic`'s stream no longer does (acks
+        of a queue whose journal was compacted past this front's reads; `_reconcile`)."""
+        entry, _ = await self.backend._call(partial(self.store.entry, topic.topic_id))
+        if entry is None or _gone(topic):
+            if not _gone(topic):
+                self._drop(topic)
+            return
+        lane = self.backend.lane(topic)
+        self._apply_entry(topic, lane, entry)
+        await self._reconcile(topic, lane, entry)
+
     async def _reconcile(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
         """Drop the records this front holds that the topic's stream no longer does:
         record deletes it missed are purges and message deletes there, so the stream
