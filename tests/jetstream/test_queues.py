@@ -19,6 +19,7 @@ from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
+from topicd.errors import StorageUnavailable
 from topicd.storage import jsqueues
 from topicd.testing.sse import open_sse
 
@@ -250,7 +251,8 @@ async def test_a_takeover_after_compaction_recovers_the_same_leases(cluster, mon
     acked jobs (their acks are purged; the stream says they are gone); a takeover then
     reads only the snapshot and what came after it, and keeps every lease (holder, id,
     deadline), nack delay and delivery count the old owner had."""
-    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 32)
+    # (the owners' background compaction waits until the test compacts below)
+    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)
     cfg = _sharded(cluster, 1)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
@@ -268,8 +270,11 @@ async def test_a_takeover_after_compaction_recovers_the_same_leases(cluster, mon
         assert again["$seq"] == 44
         backend = _fronts(a).backend
         topic = a.engine.topics["cq"]
+        assert not backend.journals.compact_due(topic)
+        monkeypatch.setattr(jsqueues, "COMPACT_MIN", 32)
         assert backend.journals.compact_due(topic)
-        await backend.compact_journals()
+        await backend.compact_journals()  # (no checkpoint in between: nothing else ran)
+        monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)
         first, count = await _journal_state(backend, topic.topic_id)
         assert (first > 80, count) == (True, 1)  # the snapshot alone
         assert not backend.journals.compact_due(topic)
@@ -284,6 +289,10 @@ async def test_a_takeover_after_compaction_recovers_the_same_leases(cluster, mon
             partial(fb.store.write_lease, fb._lease_value(), rev)
         )
         await fb._promote(0)
+        # the deposed owner, not aware yet, cannot compact: its snapshot fails its fence
+        with pytest.raises(StorageUnavailable):
+            await backend.journals.compact(topic)
+        assert (await _journal_state(backend, topic.topic_id))[0] == first
         assert (await _queue(cb, "cq"), await _data(cb, "cq")) == want
         got = await _claim(cb, "cq", "w2", 20, lease_ms=600_000)  # none of the leased
         assert [j["$seq"] for j in got] == list(range(45, 61))
@@ -301,7 +310,7 @@ async def test_a_takeover_after_compaction_recovers_the_same_leases(cluster, mon
 async def test_a_restart_after_compaction_reads_the_snapshot(cluster, monkeypatch):
     """A front restart after a compaction (and acks after it) rebuilds the same queue:
     the acked jobs stay gone, the leases stay with their holders."""
-    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 8)
+    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)  # (compacted by hand below)
     cfg = jetstream_config(cluster)
     async with open_jetstream_app(cfg) as h:
         c = h.app.test_client()

@@ -1644,7 +1644,7 @@ class JetStreamBackend:
                 await self._call(partial(self.store.delete_name, topic.name, tid))
             self._lanes.pop(tid, None)
             assert self._nursery is not None
-            self._nursery.start_soon(self._delete_stream, topic)
+            self._nursery.start_soon(self._delete_stream, topic, lane.move)
             return result
         if ftype == frames.RECORDS_DELETE and "seqs" not in body:
             return await self._delete_records(topic, body, apply)
@@ -1909,11 +1909,14 @@ class JetStreamBackend:
         )
         await self._call(partial(store.delete_stream, tid, sid=dead))
 
-    async def _delete_stream(self, topic: Topic) -> None:
+    async def _delete_stream(self, topic: Topic, move: list[int] | None = None) -> None:
         """A deleted topic's stream goes after the answer (its registry entry is gone, so
-        a stream left behind by a failure here is an orphan the next start removes)."""
+        a stream left behind by a failure here is an orphan the next start removes),
+        with the other stream of a move its entry still recorded."""
         try:
             await self._call(partial(self.store.delete_stream, topic.topic_id))
+            for sid in move or ():
+                await self._call(partial(self.store.delete_stream, topic.topic_id, sid=sid))
             if topic.config.type == "queue":
                 await self.journals.delete(topic.topic_id)
         except Exception as exc:
