@@ -294,3 +294,41 @@ async def test_a_takeover_settles_a_move_the_killed_owner_left(cluster, tmp_path
             for s in servers:
                 with trio.CancelScope(shield=True):
                     await s.close()
+
+
+async def test_writes_and_deletes_during_a_move_land_on_the_new_stream(cluster):
+    """Writers (through the owner and a follower) and a record delete run while the
+    topic moves to `ephemeral` and back: every acknowledged write is on both fronts
+    once, at its seq, the seqs are 1..n, and the delete's gaps are the same everywhere."""
+    cfg = _sharded(cluster, 1)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "w", *({"data": f"pre{i}", "tag": "old"} for i in range(50)))
+        acked: dict[str, int] = {}
+        moved = trio.Event()
+
+        async def writer(c, who: str) -> None:
+            i = 0
+            while not moved.is_set() or i < 5:
+                key = f"{who}{i}"
+                got = await _write(c, "w", {"data": key}, idempotency_key=key)
+                acked[key] = got["first_seq"]
+                i += 1
+
+        async with trio.open_nursery() as n:
+            n.start_soon(writer, ca, "a")
+            n.start_soon(writer, cb, "b")
+            for durability in ("ephemeral", "disk"):
+                r = await cb.put("/v0/topics/w", json={"durability": durability})
+                assert (await _json(r, 200))["config"]["durability"] == durability
+                r = await ca.post("/v0/topics/w/delete", json={"match": "old", "before_seq": 10})
+                await _json(r, 200)
+            moved.set()
+        seqs = sorted(acked.values())
+        assert seqs == list(range(51, 51 + len(seqs)))
+        for c in (ca, cb):
+            d = await _diff(c, "w")
+            got = {x["data"]: x["$seq"] for x in d["records"] if not x["data"].startswith("pre")}
+            assert got == acked
+            pre = [x["$seq"] for x in d["records"] if x["data"].startswith("pre")]
+            assert pre == list(range(10, 51))
