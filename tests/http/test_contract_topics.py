@@ -288,6 +288,29 @@ async def test_put_durability_is_mutable_in_place(client):
     assert body["created"] is False
 
 
+async def test_put_durability_change_across_ephemeral_keeps_the_records(client):
+    """The class changes the next writes' durability; the records, their seqs, tags,
+    the gaps record deletes left and the idempotency window stay, and seqs go on."""
+    await ok(await put(client, "cfg.dx", {"durability": "disk"}), 201)
+    await write(client, "cfg.dx", {"data": 1, "tag": "a"}, {"data": 2}, {"data": 3, "tag": "a"})
+    await write(client, "cfg.dx", {"data": 4}, idempotency_key="k")
+    await ok(await client.post("/v0/topics/cfg.dx/delete", json={"before_seq": 2}))
+    expected = [(2, 2, None), (3, 3, "a"), (4, 4, None)]
+    for durability, seq in (("ephemeral", 5), ("fsync", 6), ("memory", 7), ("ephemeral", 8)):
+        body = await ok(await put(client, "cfg.dx", {"durability": durability}), 200)
+        assert body["config"]["durability"] == durability
+        r = await client.post(
+            "/v0/topics/cfg.dx/diff", json={"from_seq": 0, "limit": 100, "include_tags": True}
+        )
+        got = [(x["$seq"], x["data"], x.get("$tag")) for x in (await ok(r))["records"]]
+        assert got == expected
+        again = await write(client, "cfg.dx", {"data": 4}, idempotency_key="k")
+        assert (again["first_seq"], again["deduped"]) == (4, True)
+        assert (await write(client, "cfg.dx", {"data": seq}))["first_seq"] == seq
+        expected.append((seq, seq, None))
+    assert (await state(client, "cfg.dx"))["head_seq"] == 8
+
+
 async def test_put_dead_letter_must_be_a_valid_name(client):
     err = await fail(
         await put(client, "cfg.dl", {"type": "queue", "dead_letter": "bad name"}),

@@ -676,8 +676,8 @@ async def test_ephemeral_topics_on_an_in_memory_stream(tmp_path):
     a server restart loses them, as the class allows: the topic comes back empty and its
     seqs are never handed out again (it resumes above the reservation in its registry
     entry), after a restart of the front and under a running one alike. Record deletes
-    reach the stream; the durability change out of `ephemeral` is refused (the stream
-    cannot move out of memory), the one into it is taken (the stream stays file-backed)."""
+    reach the stream (durability changes, which move the records to another stream:
+    `test_moves.py`)."""
     root = tmp_path / "nats"
     server = start_nats(require_binary(), root)
     port = server.url.rsplit(":", 1)[1]
@@ -707,11 +707,6 @@ async def test_ephemeral_topics_on_an_in_memory_stream(tmp_path):
             assert (str(info.config.storage), info.config.num_replicas) == ("memory", 1)
             r = await c.post("/v0/topics/e/delete", json={"before_seq": 2})
             assert (await _json(r, 200))["deleted"] == 1
-            r = await c.put("/v0/topics/e", json={"durability": "disk"})
-            err = (await _json(r, 400))["error"]
-            assert err["detail"]["field"] == "config.durability"
-            r = await c.put("/v0/topics/d", json={"durability": "ephemeral"})
-            assert (await _json(r, 200))["config"]["durability"] == "ephemeral"
         async with open_jetstream_app(cfg) as h:  # the front restarts, the server does not
             c = h.app.test_client()
             assert [x["data"] for x in (await _diff(c, "e"))["records"]] == [2, 3]

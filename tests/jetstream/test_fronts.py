@@ -26,7 +26,7 @@ from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import Deployment, jetstream_config, open_jetstream_app
 from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
-from topicd.storage.jetstream import JetStreamBackend, JetStreamUnavailable
+from topicd.storage.jetstream import DELETES_KEPT, JetStreamBackend, JetStreamUnavailable
 from topicd.storage.jsfronts import Fronts
 from topicd.testing.fake_clock import FakeWallClock
 
@@ -170,6 +170,39 @@ async def test_config_record_deletes_and_topic_deletes_are_seen_by_every_front(c
         w = await _write(ca, "d", {"data": "new"})
         assert (w["created"], w["first_seq"]) == (True, 1)
         assert await _data(cb, "d") == ["new"]
+
+
+async def test_a_follower_converges_after_more_record_deletes_than_the_entry_keeps(cluster):
+    """More record deletes on the owner between two reads of a follower than the
+    registry entry keeps (`DELETES_KEPT`): the follower reads which records the stream
+    still holds and drops the rest, so its reads and counts match the owner's exactly,
+    the `cap` tombstone included; the deletes after that apply from the entry again."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _json(await ca.put("/v0/topics/x", json={"cap_records": 290}), 201)
+        await _write(ca, "x", *({"data": i, "tag": f"t{i}"} for i in range(300)))
+        assert len(await _data(cb, "x")) == 290  # (the follower has loaded it)
+        assert DELETES_KEPT < 100
+        r = await ca.post("/v0/topics/x/delete", json={"before_seq": 15})
+        assert (await _json(r, 200))["deleted"] == 4  # (1..10 were evicted by the cap)
+        for i in range(20, 140):  # 120 deletes of one record each, then one of many
+            r = await ca.post("/v0/topics/x/delete", json={"match": f"t{i}"})
+            assert (await _json(r, 200))["deleted"] == 1
+        r = await ca.post("/v0/topics/x/delete", json={"match": "t2*", "before_seq": 260})
+        assert (await _json(r, 200))["deleted"] > 0
+        want = await _diff(ca, "x")
+        assert want["tombstone"]["reason"] == "cap"
+        got = await _diff(cb, "x")
+        assert got["records"] == want["records"]
+        assert got["tombstone"] == want["tombstone"]
+        sa = await _json(await ca.get("/v0/topics/x", query_string={"touch": "false"}), 200)
+        sb = await _json(await cb.get("/v0/topics/x", query_string={"touch": "false"}), 200)
+        keys = ("count", "bytes", "earliest_seq", "head_seq")
+        assert {k: sb[k] for k in keys} == {k: sa[k] for k in keys}
+        r = await ca.post("/v0/topics/x/delete", json={"match": "t299"})
+        assert (await _json(r, 200))["deleted"] == 1
+        assert await _data(cb, "x") == await _data(ca, "x")
 
 
 async def test_a_long_poll_on_a_follower_wakes_on_a_write_through_the_owner(cluster):

@@ -19,6 +19,7 @@ from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
 from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
+from topicd.errors import StorageUnavailable
 from topicd.storage import jsqueues
 from topicd.testing.sse import open_sse
 
@@ -234,3 +235,102 @@ async def test_a_journal_without_its_queue_is_removed_at_start(cluster):
         ids = await backend.bridge.call(partial(jsqueues.journal_ids, backend.store))
         assert live in ids
         assert 987654 not in ids
+
+
+async def _journal_state(backend, tid: int) -> tuple[int, int]:
+    """(first seq, messages) of a queue's journal."""
+    info = await backend.bridge.call(
+        partial(backend.store.js.stream_info, jsqueues.stream(backend.store, tid))
+    )
+    return int(info.state.first_seq), int(info.state.messages)
+
+
+async def test_a_takeover_after_compaction_recovers_the_same_leases(cluster, monkeypatch):
+    """The owner compacts a busy queue's journal (a snapshot of its lease state, then a
+    purge below it); a follower that had not read the queue since the acks drops the
+    acked jobs (their acks are purged; the stream says they are gone); a takeover then
+    reads only the snapshot and what came after it, and keeps every lease (holder, id,
+    deadline), nack delay and delivery count the old owner had."""
+    # (the owners' background compaction waits until the test compacts below)
+    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)
+    cfg = _sharded(cluster, 1)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        r = await ca.put("/v0/topics/cq", json={"type": "queue", "leases_durable": True})
+        await _json(r, 201)
+        await _write(ca, "cq", *({"data": i} for i in range(1, 61)))
+        assert len(await _data(cb, "cq")) == 60  # (`b` follows the queue from here)
+        for _ in range(40):  # 80 journal messages: a lease and an ack per job
+            (job,) = await _claim(ca, "cq", "w1", 1)
+            await _op(ca, "ack", "cq", "w1", [job["$seq"]], lease_ids=[job["lease_id"]])
+        held = await _claim(ca, "cq", "holder", 3, lease_ms=600_000)
+        assert [j["$seq"] for j in held] == [41, 42, 43]
+        await _op(ca, "nack", "cq", "holder", [43], delay_ms=600_000)
+        again = (await _claim(ca, "cq", "w3", 1, lease_ms=600_000))[0]
+        assert again["$seq"] == 44
+        backend = _fronts(a).backend
+        topic = a.engine.topics["cq"]
+        assert not backend.journals.compact_due(topic)
+        monkeypatch.setattr(jsqueues, "COMPACT_MIN", 32)
+        assert backend.journals.compact_due(topic)
+        await backend.compact_journals()  # (no checkpoint in between: nothing else ran)
+        monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)
+        first, count = await _journal_state(backend, topic.topic_id)
+        assert (first > 80, count) == (True, 1)  # the snapshot alone
+        assert not backend.journals.compact_due(topic)
+        want = (await _queue(ca, "cq"), await _data(ca, "cq"))
+        assert want[0] == {"ready": 16, "in_flight": 3, "dead_lettered": 0}
+        # the follower behind the compaction converges
+        assert (await _queue(cb, "cq"), await _data(cb, "cq")) == want
+        # the new owner reads the snapshot and the messages after it
+        fb = _fronts(b)
+        _, rev = await fb.backend.bridge.call(fb.store.lease)
+        fb.lease_revs[0] = await fb.backend.bridge.call(
+            partial(fb.store.write_lease, fb._lease_value(), rev)
+        )
+        await fb._promote(0)
+        # the deposed owner, not aware yet, cannot compact: its snapshot fails its fence
+        with pytest.raises(StorageUnavailable):
+            await backend.journals.compact(topic)
+        assert (await _journal_state(backend, topic.topic_id))[0] == first
+        assert (await _queue(cb, "cq"), await _data(cb, "cq")) == want
+        got = await _claim(cb, "cq", "w2", 20, lease_ms=600_000)  # none of the leased
+        assert [j["$seq"] for j in got] == list(range(45, 61))
+        lids = [j["lease_id"] for j in held[:2]]
+        body = await _op(cb, "ack", "cq", "holder", [41, 42], lease_ids=lids)
+        assert (body["acked"], body["skipped"]) == (2, [])
+        body = await _op(cb, "extend", "cq", "w3", [44], lease_ms=1000)
+        assert body["extended"] == 1
+        # 43 is in its nack delay, claimed once before: not handed out
+        assert await _claim(cb, "cq", "w4", 5) == []
+        q = b.engine.topics["cq"].queue
+        assert q.deliveries[43] == 1 and 43 in q.delayed
+
+
+async def test_a_restart_after_compaction_reads_the_snapshot(cluster, monkeypatch):
+    """A front restart after a compaction (and acks after it) rebuilds the same queue:
+    the acked jobs stay gone, the leases stay with their holders."""
+    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)  # (compacted by hand below)
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        await _json(
+            await c.put("/v0/topics/rq", json={"type": "queue", "leases_durable": True}), 201
+        )
+        await _write(c, "rq", *({"data": i} for i in range(1, 21)))
+        for seq in range(1, 11):
+            (job,) = await _claim(c, "rq", "w", 1)
+            assert job["$seq"] == seq
+            await _op(c, "ack", "rq", "w", [seq], lease_ids=[job["lease_id"]])
+        held = await _claim(c, "rq", "holder", 2, lease_ms=600_000)
+        assert await _fronts(h).backend.journals.compact(h.engine.topics["rq"])
+        (job,) = await _claim(c, "rq", "w", 1)
+        await _op(c, "ack", "rq", "w", [13], lease_ids=[job["lease_id"]])
+        want = (await _queue(c, "rq"), await _data(c, "rq"))
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert (await _queue(c, "rq"), await _data(c, "rq")) == want
+        assert [j["$seq"] for j in await _claim(c, "rq", "w", 20)] == list(range(14, 21))
+        lids = [j["lease_id"] for j in held]
+        body = await _op(c, "ack", "rq", "holder", [11, 12], lease_ids=lids)
+        assert (body["acked"], body["skipped"]) == (2, [])

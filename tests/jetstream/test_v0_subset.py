@@ -47,6 +47,7 @@ PICKED = {
         "test_put_priority_outside_i32_is_a_type_error",
         "test_put_durable_alias",
         "test_put_durability_is_mutable_in_place",
+        "test_put_durability_change_across_ephemeral_keeps_the_records",
         "test_put_dead_letter_must_be_a_valid_name",
         "test_put_dead_letter_on_queue_must_differ_from_topic",
         "test_put_queue_only_fields_echoed_on_log",

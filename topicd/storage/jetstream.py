@@ -40,8 +40,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import random
 import re
+import signal
 import uuid
 from collections import deque
 from contextlib import asynccontextmanager
@@ -160,15 +162,19 @@ def name_key(name: str) -> str:
     return "name." + name.encode().hex()
 
 
-def check_config(
-    topic_config_wire: dict[str, JsonValue], field_prefix: str = "config", *, memory: bool = False
-) -> None:
-    """Refuse the topic configs this backend does not serve (a durability other than
-    `ephemeral` for a topic whose stream is in memory: `memory`)."""
-    if memory and topic_config_wire.get("durability") != "ephemeral":
-        raise not_supported(
-            'a durability change of a topic created "ephemeral"', f"{field_prefix}.durability"
-        )
+# a test's fault point (`TOPICD_JETSTREAM_FAULT=<name>`): the process kills itself
+# (SIGKILL) there, so a crash at that exact step is reproducible with `topicd serve`
+FAULT_ENV: Final = "TOPICD_JETSTREAM_FAULT"
+# a stream move's filler messages (seqs the new stream must pass over): this subject token,
+# purged before the move commits
+FILLER: Final = "g"
+
+
+def fault(point: str) -> None:
+    """Die here (SIGKILL) when the fault point `point` is set in the environment."""
+    if os.environ.get(FAULT_ENV) == point:
+        log.warning("fault point %s: killing this process", point)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(eq=False, slots=True)
@@ -215,6 +221,13 @@ class _Lane:
             self.room = None
 
     registry_lock: trio.Lock = field(default_factory=trio.Lock)
+    # held by the publishing task around each publish, and by a stream move for its
+    # whole length (writes then queue up and go to the new stream)
+    publish_lock: trio.Lock = field(default_factory=trio.Lock)
+    # the id of the stream holding the records when not the topic's own (it moved), and
+    # a move under way or not cleaned up yet: [from stream id, to stream id]
+    sid: int = 0
+    move: list[int] | None = None
     floor_written: int = 1  # the eviction floor the registry entry holds
     # an `ephemeral` topic's stream is R1 in server memory: a server restart empties it,
     # so the entry reserves seqs ahead of every publish (`reserved`), and a stream found
@@ -273,14 +286,28 @@ class JetStreamStore:
         # one topic-id allocation at a time per front: the compare-and-set on
         # `meta.next_id` then only races other fronts, never this front's own creates
         self.id_lock = asyncio.Lock()
+        # topic id -> the id of its stream, for topics whose records moved to another
+        # stream (a durability change across `ephemeral`); absent: the topic's own id
+        self.sids: dict[int, int] = {}
 
     # ---- names -------------------------------------------------------------------------
 
+    def sid(self, topic_id: int) -> int:
+        """The id of the stream holding `topic_id`'s records."""
+        return self.sids.get(topic_id, topic_id)
+
     def stream(self, topic_id: int) -> str:
-        return f"{self.prefix}_T{topic_id}"
+        return self.stream_name(self.sid(topic_id))
+
+    def stream_name(self, sid: int) -> str:
+        return f"{self.prefix}_T{sid}"
 
     def subject(self, topic_id: int, tag: str | None) -> str:
-        return f"{self.prefix}.t.{topic_id}.{tag_token(tag)}"
+        return f"{self.prefix}.t.{self.sid(topic_id)}.{tag_token(tag)}"
+
+    def retarget(self, topic_id: int, subject: str) -> str:
+        """`subject` (a record's, of any stream the topic had) on its current stream."""
+        return f"{self.prefix}.t.{self.sid(topic_id)}.{subject.rsplit('.', 1)[-1]}"
 
     # ---- connection --------------------------------------------------------------------
 
@@ -419,16 +446,22 @@ class JetStreamStore:
         (subject, payload, wait) to a front, in parallel)."""
         entry_task = asyncio.ensure_future(self.entry(topic_id))
         ask_task = None if ask is None else asyncio.ensure_future(self.ask(*ask))
+        sid = self.sid(topic_id)
         try:
             try:
-                _, last = await self.bounds(topic_id)
-                newer = last > after
+                _, last = await self.bounds_of(sid)
             except Exception:
                 entry, _ = await entry_task
                 if entry is None:
                     return None, False, None  # (a deleted topic's stream is gone too)
-                raise
+                if int(str(entry.get("stream", topic_id))) == sid:
+                    raise
+                last = -1  # (its records moved to another stream: asked below)
             entry, _ = await entry_task
+            if entry is not None and int(str(entry.get("stream", topic_id))) != sid:
+                # the records moved to another stream since this front last looked
+                _, last = await self.bounds_of(int(str(entry["stream"])))
+            newer = last > after
             return entry, newer, None if ask_task is None else await ask_task
         finally:
             for task in (entry_task, ask_task):
@@ -809,31 +842,61 @@ class JetStreamStore:
 
     # ---- streams -----------------------------------------------------------------------
 
-    async def create_stream(self, topic_id: int, *, memory: bool = False) -> None:
-        """The topic's stream: file-backed with `replicas` replicas, or (`memory`, an
-        `ephemeral` topic) one replica in a server's memory."""
+    async def create_stream(
+        self, topic_id: int, *, memory: bool = False, sid: int | None = None, first_seq: int = 1
+    ) -> None:
+        """The topic's stream (or stream `sid`): file-backed with `replicas` replicas, or
+        (`memory`, an `ephemeral` topic) one replica in a server's memory; its first
+        message gets seq `first_seq`."""
         from nats.js import api
 
         assert self.js is not None
+        sid = self.sid(topic_id) if sid is None else sid
         await self.js.add_stream(
             api.StreamConfig(
-                name=self.stream(topic_id),
-                subjects=[f"{self.prefix}.t.{topic_id}.*"],
+                name=self.stream_name(sid),
+                subjects=[f"{self.prefix}.t.{sid}.*"],
                 storage=api.StorageType.MEMORY if memory else api.StorageType.FILE,
                 num_replicas=1 if memory else self.replicas,
                 allow_direct=True,
                 allow_atomic=True,
                 deny_delete=False,
                 deny_purge=False,
+                first_seq=first_seq if first_seq > 1 else None,
             )
         )
 
-    async def delete_stream(self, topic_id: int) -> None:
+    async def delete_stream(self, topic_id: int, *, sid: int | None = None) -> None:
         import nats.js.errors
 
         assert self.js is not None
+        name = self.stream(topic_id) if sid is None else self.stream_name(sid)
         with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self.js.delete_stream(self.stream(topic_id))
+            await self.js.delete_stream(name)
+
+    async def purge_subject(self, sid: int, token: str) -> None:
+        """Remove every message of stream `sid` on its subject `token`."""
+        assert self.js is not None
+        await self.js.purge_stream(self.stream_name(sid), subject=f"{self.prefix}.t.{sid}.{token}")
+
+    async def purge_sid(self, sid: int, below: int) -> None:
+        assert self.js is not None
+        await self.js.purge_stream(self.stream_name(sid), seq=below)
+
+    async def state(self, topic_id: int) -> tuple[int, int, list[int]]:
+        """(first seq, last seq, the seqs deleted between them) of the topic's stream,
+        from its leader: which seqs the stream holds, without reading them."""
+        assert self.nc is not None
+        msg = await self.nc.request(
+            f"$JS.API.STREAM.INFO.{self.stream(topic_id)}",
+            orjson.dumps({"deleted_details": True}),
+            timeout=self.timeout,
+        )
+        resp = orjson.loads(msg.data)
+        if "error" in resp:
+            raise RuntimeError(f"stream info of {self.stream(topic_id)}: {resp['error']}")
+        st = resp["state"]
+        return int(st["first_seq"]), int(st["last_seq"]), [int(s) for s in st.get("deleted") or []]
 
     async def stream_ids(self) -> list[int]:
         """The topic ids of every stream of this prefix."""
@@ -841,15 +904,23 @@ class JetStreamStore:
 
     async def bounds(self, topic_id: int) -> tuple[int, int]:
         """(first seq, last seq) of the topic's stream."""
+        return await self.bounds_of(self.sid(topic_id))
+
+    async def bounds_of(self, sid: int) -> tuple[int, int]:
+        """(first seq, last seq) of stream `sid`."""
         assert self.js is not None
-        info = await self.js.stream_info(self.stream(topic_id))
+        info = await self.js.stream_info(self.stream_name(sid))
         return info.state.first_seq, info.state.last_seq
 
     async def publish(
-        self, topic_id: int, expected_last: int, msgs: list[tuple[str, bytes, dict[str, str]]]
+        self,
+        topic_id: int,
+        expected_last: int,
+        msgs: list[tuple[str, bytes, dict[str, str]]],
+        notice: bool = True,
     ) -> int:
-        """Publish `msgs` at seqs `expected_last + 1 ..`: one message, or an atomic batch.
-        Returns the last seq the stream assigned."""
+        """Publish `msgs` at seqs `expected_last + 1 ..`: one message, or an atomic batch
+        (on the stream their subjects name). Returns the last seq the stream assigned."""
         import nats.js.errors
 
         assert self.nc is not None
@@ -859,7 +930,8 @@ class JetStreamStore:
             subject, payload, headers = msgs[0]
             headers["Nats-Expected-Last-Sequence"] = fence
             ack = await self.js.publish(subject, payload, headers=headers)
-            await self._notice(topic_id, int(ack.seq))
+            if notice:
+                await self._notice(topic_id, int(ack.seq))
             return int(ack.seq)
         batch_id = self.nc.new_inbox()[7:]  # a unique token
         last = len(msgs)
@@ -876,7 +948,8 @@ class JetStreamStore:
         resp = json.loads(reply.data)
         if "error" in resp:
             raise nats.js.errors.APIError.from_error(resp["error"])
-        await self._notice(topic_id, int(resp["seq"]))
+        if notice:
+            await self._notice(topic_id, int(resp["seq"]))
         return int(resp["seq"])
 
     async def _notice(self, topic_id: int, seq: int) -> None:
@@ -927,7 +1000,10 @@ class JetStreamStore:
         assert self.js is not None
         try:
             msg = await self.js.get_msg(
-                self.stream(topic_id), seq=lo, subject=f"{self.prefix}.t.{topic_id}.*", next=True
+                self.stream(topic_id),
+                seq=lo,
+                subject=f"{self.prefix}.t.{self.sid(topic_id)}.*",
+                next=True,
             )
         except nats.js.errors.NotFoundError:
             return False
@@ -1026,6 +1102,10 @@ def _entry(
         out["reserved"] = lane.reserved
     if lane is not None and lane.feed:
         out["feed"] = {k: list(v) for k, v in lane.feed.items()}
+    if lane is not None and lane.sid and lane.sid != topic.topic_id:
+        out["stream"] = lane.sid
+    if lane is not None and lane.move is not None:
+        out["move"] = list(lane.move)
     return out
 
 
@@ -1076,6 +1156,7 @@ class JetStreamBackend:
             while True:
                 await trio.sleep(FLOOR_INTERVAL_S)
                 await self.write_floors()
+                await self.compact_journals()
 
     async def drain(self) -> None:
         """Wait for every accepted write to be published or failed, then write floors."""
@@ -1131,6 +1212,9 @@ class JetStreamBackend:
             await trio.lowlevel.checkpoint()
             return False
         try:
+            if lane.move is not None:  # a stream move whose outcome this front lost
+                async with lane.registry_lock:
+                    await self.finish_move(topic, lane)
             last = await self._last_seq(lane)
             if last < topic.head_seq and lane.memory:
                 await self._lost(lane, topic, last)
@@ -1244,76 +1328,83 @@ class JetStreamBackend:
         assert hooks is not None
         try:
             while lane.pending:
-                first = lane.pending.popleft()
-                if isinstance(first, CopyBatch):
-                    await self._publish_copies(lane, first)
-                    continue
-                group = [first]
-                total = first.count
-                while lane.pending and total + lane.pending[0].count <= BATCH_MAX:
-                    nxt = lane.pending[0]
-                    if isinstance(nxt, CopyBatch):
-                        break
-                    total += nxt.count
-                    group.append(nxt)
-                    lane.pending.popleft()
-                topic = lane.topic
-                expected = group[0].first_seq - 1
-                msgs = _encode_msgs(self.store, group)
-                t0 = trio.current_time()
-                reserved = True
-                if lane.memory and expected + total > lane.reserved:
-                    try:
-                        await self._reserve(lane, expected + total, total)
-                    except TopicdError as exc:  # nothing was published
-                        log.warning("topic %r: no seq reservation: %s", topic.name, exc)
-                        reserved = False
-                try:
-                    if not reserved:
-                        committed = False
-                    else:
-                        last = await self.bridge.call(  # raw errors: `_settle` tells them apart
-                            partial(self.store.publish, topic.topic_id, expected, msgs)
-                        )
-                        committed = last == expected + total
-                        if not committed:
-                            log.error(
-                                "topic %r: JetStream stored seqs up to %d, expected %d",
-                                topic.name,
-                                last,
-                                expected + total,
-                            )
-                            lane.diverged = True
-                except Exception as exc:
-                    committed = await self._settle(lane, expected, msgs, exc)
-                ms = (trio.current_time() - t0) * 1000
-                self.published_batches += 1
-                if committed:
-                    for batch in group:
-                        batch.wal_append_ms = ms
-                        lane.settled(batch)
-                        hooks.publish_append(batch)
-                    self._release(topic)
-                else:
-                    self.failures += 1
-                    error: TopicdError = (
-                        TopicNotFound(topic.name)
-                        if topic.deleted
-                        else StorageUnavailable(
-                            f"topic {topic.name!r}: the JetStream write failed",
-                            {"topic": topic.name, "backend": "jetstream"},
-                        )
-                    )
-                    for batch in group:
-                        lane.settled(batch)
-                        hooks.fail_append(batch, error)
-                    self._fail_queued(lane, error)
-                    hooks.rewind(topic)
+                async with lane.publish_lock:  # (a stream move holds it: wait for it)
+                    if lane.pending:
+                        await self._publish_next(lane, hooks)
         finally:
             lane.busy = False
             self._busy -= 1
             if not self._busy and self._idle is not None:
                 self._idle.set()
+
+    async def _publish_next(self, lane: _Lane, hooks: CommitHooks) -> None:
+        """Publish the next batch of router copies, or the next writes (as many as one
+        JetStream batch holds)."""
+        first = lane.pending.popleft()
+        if isinstance(first, CopyBatch):
+            await self._publish_copies(lane, first)
+            return
+        group = [first]
+        total = first.count
+        while lane.pending and total + lane.pending[0].count <= BATCH_MAX:
+            nxt = lane.pending[0]
+            if isinstance(nxt, CopyBatch):
+                break
+            total += nxt.count
+            group.append(nxt)
+            lane.pending.popleft()
+        topic = lane.topic
+        expected = group[0].first_seq - 1
+        msgs = _encode_msgs(self.store, group)
+        t0 = trio.current_time()
+        reserved = True
+        if lane.memory and expected + total > lane.reserved:
+            try:
+                await self._reserve(lane, expected + total, total)
+            except TopicdError as exc:  # nothing was published
+                log.warning("topic %r: no seq reservation: %s", topic.name, exc)
+                reserved = False
+        try:
+            if not reserved:
+                committed = False
+            else:
+                last = await self.bridge.call(  # raw errors: `_settle` tells them apart
+                    partial(self.store.publish, topic.topic_id, expected, msgs)
+                )
+                committed = last == expected + total
+                if not committed:
+                    log.error(
+                        "topic %r: JetStream stored seqs up to %d, expected %d",
+                        topic.name,
+                        last,
+                        expected + total,
+                    )
+                    lane.diverged = True
+        except Exception as exc:
+            committed = await self._settle(lane, expected, msgs, exc)
+        ms = (trio.current_time() - t0) * 1000
+        self.published_batches += 1
+        if committed:
+            for batch in group:
+                batch.wal_append_ms = ms
+                lane.settled(batch)
+                hooks.publish_append(batch)
+            self._release(topic)
+        else:
+            self.failures += 1
+            error: TopicdError = (
+                TopicNotFound(topic.name)
+                if topic.deleted
+                else StorageUnavailable(
+                    f"topic {topic.name!r}: the JetStream write failed",
+                    {"topic": topic.name, "backend": "jetstream"},
+                )
+            )
+            for batch in group:
+                lane.settled(batch)
+                hooks.fail_append(batch, error)
+            self._fail_queued(lane, error)
+            hooks.rewind(topic)
 
     def _fail_queued(self, lane: _Lane, error: TopicdError) -> None:
         """A publish failed: what is queued behind it expected its seqs and fails too."""
@@ -1345,6 +1436,8 @@ class JetStreamBackend:
         assert hooks is not None
         topic = lane.topic
         expected = batch.first_seq - 1
+        # (made before a stream move, published after it: the subjects of the new stream)
+        batch.msgs = [(self.store.retarget(topic.topic_id, m[0]), m[1], m[2]) for m in batch.msgs]
         try:
             if lane.memory and expected + batch.count > lane.reserved:
                 await self._reserve(lane, expected + batch.count, batch.count)
@@ -1493,7 +1586,6 @@ class JetStreamBackend:
         tid = topic.topic_id
         if ftype == frames.TOPIC_CREATE:
             config = topic.config.to_wire()
-            check_config(config)
             memory = config.get("durability") == "ephemeral"
             # the id comes from the registry (the engine's guess is its lower bound): the
             # topic is not registered anywhere yet, so it may still change. Its lane is
@@ -1525,9 +1617,12 @@ class JetStreamBackend:
         if ftype == frames.TOPIC_CONFIG:
             wire = body["config"]
             assert isinstance(wire, dict)
-            check_config(wire, memory=lane.memory)
             if topic.deleted:
                 raise TopicNotFound(topic.name)
+            if (wire.get("durability") == "ephemeral") != lane.memory:
+                # `ephemeral` lives in an R1 memory stream, the rest in replicated file
+                # streams: the records move to a new stream of the other kind
+                return await self.move_stream(topic, lane, wire, apply)
             async with lane.registry_lock:
                 # the new config with the current floor: evictions the new caps cause
                 # are redone by a rebuild until the floor task stores them
@@ -1549,7 +1644,7 @@ class JetStreamBackend:
                 await self._call(partial(self.store.delete_name, topic.name, tid))
             self._lanes.pop(tid, None)
             assert self._nursery is not None
-            self._nursery.start_soon(self._delete_stream, topic)
+            self._nursery.start_soon(self._delete_stream, topic, lane.move)
             return result
         if ftype == frames.RECORDS_DELETE and "seqs" not in body:
             return await self._delete_records(topic, body, apply)
@@ -1595,11 +1690,233 @@ class JetStreamBackend:
             partial(self.store.put_entry, tid, build(), lane.entry_rev)
         )
 
-    async def _delete_stream(self, topic: Topic) -> None:
+    # ---- stream moves (a durability change across `ephemeral`) -----------------------
+
+    def set_sid(self, lane: _Lane, sid: int) -> None:
+        """The topic's records are in stream `sid` from now on."""
+        tid = lane.topic.topic_id
+        lane.sid = 0 if sid == tid else sid
+        if sid == tid:
+            self.store.sids.pop(tid, None)
+        else:
+            self.store.sids[tid] = sid
+
+    async def move_stream(
+        self, topic: Topic, lane: _Lane, wire: dict[str, JsonValue], apply: Callable[[], _T]
+    ) -> _T:
+        """A config change whose durability crosses `ephemeral`: the records move to a new
+        stream (R1 memory for `ephemeral`, else file-backed with `replicas` replicas) at
+        their seqs, then the registry entry names it (the commit point), then the old
+        stream goes (docs/jetstream.md, "Durability changes").
+
+        Writes queue up meanwhile (the lane's publish lock) and go to the new stream;
+        record deletes and floors (the registry lock) and a queue's acks (its journal
+        lock, after those in flight finished) wait too, so the copy is exact. A crash
+        at any step leaves the entry naming one stream, old or new, and recording the
+        move (`move`): a restart or a takeover keeps the one named and deletes the
+        other (`finish_move`)."""
+        memory = wire.get("durability") == "ephemeral"
+        tid = topic.topic_id
+        async with lane.publish_lock, lane.registry_lock:
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            if lane.diverged:
+                raise StorageUnavailable(
+                    f"topic {topic.name!r}: its stream is being read back; retry shortly",
+                    {"topic": topic.name, "backend": "jetstream"},
+                )
+            if lane.move is not None:  # (one left unsettled by an earlier failure)
+                await self.finish_move(topic, lane)
+            if (wire.get("durability") == "ephemeral") == lane.memory:
+                await self._put_entry(topic, lane, lambda: lane.entry() | {"config": wire})
+                return apply()
+            if topic.queue is None:
+                return await self._move(topic, lane, wire, memory, apply)
+            async with self.journals.lock(tid):
+                await self.journals.settled(tid)
+                return await self._move(topic, lane, wire, memory, apply)
+
+    async def _move(
+        self,
+        topic: Topic,
+        lane: _Lane,
+        wire: dict[str, JsonValue],
+        memory: bool,
+        apply: Callable[[], _T],
+    ) -> _T:
+        store = self.store
+        engine = self.engine
+        assert engine is not None
+        tid = topic.topic_id
+        old = store.sid(tid)
+        async with self._id_lock:
+            new = await self._call(partial(store.allocate_id, engine.next_topic_id))
+        engine.next_topic_id = max(engine.next_topic_id, new + 1)
+        # the intent first: a crash from here on leaves a move the entry records
+        await self._put_entry(topic, lane, lambda: lane.entry() | {"move": [old, new]})
+        lane.move = [old, new]
+        fault("move.after_intent")
+        try:
+            await self._copy_stream(topic, lane, old, new, memory)
+            fault("move.after_copy")
+            entry = lane.entry() | {"config": wire, "stream": new}
+            if memory:
+                ahead = self.cfg.storage.wal.ephemeral_head_reserve_ahead
+                entry["storage"] = "memory"
+                entry["reserved"] = max(lane.reserved, topic.head_seq + ahead)
+            else:
+                entry.pop("storage", None)
+                entry.pop("reserved", None)
+            # the commit point (compare-and-set: a front that took the topic over or
+            # settled the move since makes it fail)
+            lane.entry_rev = await self._call(partial(store.put_entry, tid, entry, lane.entry_rev))
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(store.timeout * 4):
+                try:
+                    await self.finish_move(topic, lane)
+                except Exception as exc:  # (settled at the next read-back or takeover)
+                    log.warning("topic %r: stream move not settled yet: %s", topic.name, exc)
+                    lane.diverged = True
+            raise
+        self.set_sid(lane, new)
+        lane.memory = memory
+        reserved = entry.get("reserved")
+        if isinstance(reserved, int):
+            lane.reserved = reserved
+        fault("move.after_switch")
+        result = apply()
+        log.info("topic %r: records moved to stream %s", topic.name, store.stream_name(new))
+        try:  # committed: what fails here, a read-back, restart or takeover finishes
+            await self._call(partial(store.delete_stream, tid, sid=old))
+            if topic.evict_floor > 1:  # (records copied, then evicted during the copy)
+                await self._call(partial(store.purge, tid, topic.evict_floor))
+            await self._put_entry(topic, lane, lambda: _without_move(lane.entry()))
+            lane.move = None
+        except TopicdError as exc:
+            log.warning("topic %r: the old stream is not removed yet: %s", topic.name, exc)
+        return result
+
+    async def _copy_stream(
+        self, topic: Topic, lane: _Lane, old: int, new: int, memory: bool
+    ) -> None:
+        """Create stream `new` and copy the topic's records from stream `old` at their
+        seqs: every live record (its stored bytes and headers: tags, idempotency keys,
+        router cursors), router hole and trim markers; a seq holding nothing gets a filler
+        message, purged at the end, so the new stream ends at the topic's head."""
+        store = self.store
+        tid = topic.topic_id
+        head = topic.head_seq
+        first, last = await self._call(partial(store.bounds_of, old))
+        if last != head:
+            # another writer (a deposed owner), or a memory stream emptied by a server
+            # restart: the read-back settles it first
+            lane.diverged = True
+            raise StorageUnavailable(
+                f"topic {topic.name!r}: its stream ends at {last}, not at the head {head}; "
+                "retry shortly",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+        start = max(first, topic.evict_floor)
+        await self._call(partial(store.create_stream, tid, memory=memory, sid=new, first_seq=start))
+        fault("move.after_create")
+        base = f"{store.prefix}.t.{new}."
+        out: list[tuple[str, bytes, dict[str, str]]] = []
+        kept: list[int] = []
+        expected = start - 1
+        at = start  # the new stream's next seq
+
+        async def flush(all_of_it: bool) -> None:
+            nonlocal expected
+            while len(out) >= (1 if all_of_it else BATCH_MAX):
+                chunk = out[:BATCH_MAX]
+                del out[:BATCH_MAX]
+                got = await self._call(partial(store.publish, tid, expected, chunk, False))
+                if got != expected + len(chunk):
+                    raise StorageUnavailable(
+                        f"topic {topic.name!r}: the new stream took seqs up to {got}",
+                        {"topic": topic.name, "backend": "jetstream"},
+                    )
+                expected = got
+
+        seq = start
+        while seq <= head:
+            msgs = await self._call(partial(store.read, tid, seq, head, READ_PAGE_BYTES))
+            if not msgs:
+                break
+            for m in msgs:
+                out.extend((base + FILLER, b"", {}) for _ in range(m.seq - at))
+                headers = {k: v for k, v in m.headers.items() if k.startswith("Topicd-")}
+                if H_SLOT in headers or topic.live(m.seq):
+                    if H_SLOT not in headers:
+                        kept.append(m.seq)
+                    token = tag_token(_extras(headers).get("t"))  # type: ignore[arg-type]
+                    out.append((base + token, bytes(m.data), headers))
+                elif H_FEED in headers:  # (a dead record carrying router cursors)
+                    out.append((base + "_", b"", {H_SLOT: "hole", H_FEED: headers[H_FEED]}))
+                else:
+                    out.append((base + FILLER, b"", {}))
+                at = m.seq + 1
+                await flush(False)
+            seq = msgs[-1].seq + 1
+        while at <= head:
+            n = min(head - at + 1, BATCH_MAX)
+            out.extend((base + FILLER, b"", {}) for _ in range(n))
+            at += n
+            await flush(False)
+        await flush(True)
+        await self._call(partial(store.purge_subject, new, FILLER))
+        # every record memory holds must be in the new stream (a memory stream that lost
+        # them to a server restart would hand fewer)
+        if sum(1 for s in kept if topic.live(s)) != topic.count:
+            lane.diverged = True
+            raise StorageUnavailable(
+                f"topic {topic.name!r}: its stream does not hold every record; retry shortly",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+
+    async def finish_move(self, topic: Topic, lane: _Lane) -> None:
+        """Settle a stream move the registry entry records: the stream it names stays,
+        the other is deleted. The entry is rewritten without the move first (compare-and
+        -set, so a mover still at work fails its switch), then the stream goes. The
+        entry's config, stream and the rest are taken as found (a switch whose answer
+        was lost did commit)."""
+        store = self.store
+        tid = topic.topic_id
+        entry, _ = await self._call(partial(store.entry, tid))
+        if entry is None:
+            raise TopicNotFound(topic.name)
+        fronts = self.fronts
+        assert fronts is not None
+        fronts.adopt(topic, lane, entry)
+        move = lane.move
+        if move is None:
+            return
+        current = store.sid(tid)
+        lane.move = None
+        try:
+            lane.entry_rev = await self._call(
+                partial(store.put_entry, tid, lane.entry(), lane.entry_rev)
+            )
+        except BaseException:
+            lane.move = move
+            raise
+        dead = move[0] if current == move[1] else move[1]
+        log.warning(
+            "topic %r: a stream move %s: stream %s removed",
+            topic.name,
+            "finished" if dead == move[0] else "rolled back",
+            store.stream_name(dead),
+        )
+        await self._call(partial(store.delete_stream, tid, sid=dead))
+
+    async def _delete_stream(self, topic: Topic, move: list[int] | None = None) -> None:
         """A deleted topic's stream goes after the answer (its registry entry is gone, so
-        a stream left behind by a failure here is an orphan the next start removes)."""
+        a stream left behind by a failure here is an orphan the next start removes),
+        with the other stream of a move its entry still recorded."""
         try:
             await self._call(partial(self.store.delete_stream, topic.topic_id))
+            for sid in move or ():
+                await self._call(partial(self.store.delete_stream, topic.topic_id, sid=sid))
             if topic.config.type == "queue":
                 await self.journals.delete(topic.topic_id)
         except Exception as exc:
@@ -1607,6 +1924,17 @@ class JetStreamBackend:
 
     async def _delete_records(
         self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]
+    ) -> _T:
+        lane = self.lane(topic)
+        # (under the registry lock: a stream move never copies records a delete is
+        # removing, and the delete reaches the stream that holds them)
+        async with lane.registry_lock:
+            if topic.deleted:
+                raise TopicNotFound(topic.name)
+            return await self._delete_records_locked(topic, lane, body, apply)
+
+    async def _delete_records_locked(
+        self, topic: Topic, lane: _Lane, body: dict[str, object], apply: Callable[[], _T]
     ) -> _T:
         before = body.get("before_seq")
         bound = body["bound"]
@@ -1628,7 +1956,6 @@ class JetStreamBackend:
                 await self._call(partial(self.store.delete_msgs, tid, seqs))
         # the other fronts apply the same delete from the registry entry (written before
         # memory changes: a failure here is a 503 the client retries; purges are idempotent)
-        lane = self.lane(topic)
         record: list[JsonValue] = [0, before, match, bound]  # type: ignore[list-item]
         log_after: list[JsonValue] = []
 
@@ -1637,12 +1964,9 @@ class JetStreamBackend:
             log_after[:] = [*lane.deletes, record][-DELETES_KEPT:]
             return _entry(topic, log_after, lane)
 
-        async with lane.registry_lock:
-            if topic.deleted:
-                raise TopicNotFound(topic.name)
-            await self._put_entry(topic, lane, build)
-            lane.deletes = log_after
-            lane.deletes_applied = int(str(record[0]))
+        await self._put_entry(topic, lane, build)
+        lane.deletes = log_after
+        lane.deletes_applied = int(str(record[0]))
         return apply()
 
     def status(self) -> dict[str, JsonValue] | None:
@@ -1703,6 +2027,25 @@ class JetStreamBackend:
             except Exception as exc:
                 log.warning("topic %r: eviction floor not stored yet: %s", topic.name, exc)
 
+    async def compact_journals(self) -> None:
+        """Compact the journals of the queues this front owns that have grown enough
+        since their last snapshot (`Journals.compact`)."""
+        engine = self.engine
+        fronts = self.fronts
+        if engine is None or (fronts is not None and not fronts.owned):
+            await trio.lowlevel.checkpoint()
+            return
+        for topic in list(engine.by_id.values()):
+            if topic.deleted or not self.journals.compact_due(topic):
+                continue
+            if fronts is not None and not fronts.owns(topic.name):
+                continue
+            try:
+                await self.journals.compact(topic)
+            except Exception as exc:
+                log.warning("queue %r: journal not compacted: %s", topic.name, exc)
+        await trio.lowlevel.checkpoint()
+
 
 _ROUTER_FRAMES: Final = (frames.ROUTER_CREATE, frames.ROUTER_DELETE, frames.ROUTER_CURSOR)
 _FEATURES: Final = {
@@ -1713,6 +2056,11 @@ _FEATURES: Final = {
 
 
 # ---- rebuild ---------------------------------------------------------------------------
+
+
+def _without_move(entry: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    entry.pop("move", None)
+    return entry
 
 
 def _extras(headers: dict[str, str]) -> dict[str, object]:
@@ -1733,31 +2081,51 @@ async def _rebuild(
     store = backend.store
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
-    for tid in sorted(streams - set(entries)):
+    for tid in sorted(streams - _named(entries)):
         # (the key listing is a consumer's, which a lagging replica may serve: the
         # leader says whether the entry exists before its stream is called an orphan)
         entry, _ = await backend.bridge.call(partial(store.entry, tid))
         if entry is not None:
             entries[tid] = entry
     if repair:
-        for orphan in sorted(streams - set(entries)):
+        # (a stream a recorded move names is settled by `finish_move` instead)
+        for orphan in sorted(streams - _named(entries, moves=True)):
             log.warning("removing stream %s: no registry entry names it", store.stream(orphan))
             await backend.bridge.call(partial(store.delete_stream, orphan))
         await backend.journals.sweep(set(entries))
     engine.replaying = True
     records = 0
     for tid in sorted(entries):
-        if tid not in streams and not repair:
+        sid = _sid(tid, entries[tid])
+        if sid not in streams and not repair:
             continue  # being created or deleted by the owner right now
-        _, loaded = await _install(
-            engine, backend, tid, entries[tid], repair=repair, have_stream=tid in streams
+        topic, loaded = await _install(
+            engine, backend, tid, entries[tid], repair=repair, have_stream=sid in streams
         )
         records += loaded
+        if repair and backend.lane(topic).move is not None:
+            await backend.finish_move(topic, backend.lane(topic))
     engine.next_topic_id = max(engine.next_topic_id, next_id)
     engine.finish_replay(now_ms())
     for topic in engine.topics.values():
         engine.payloads.release(topic, topic.head_seq)
     return len(entries), records
+
+
+def _sid(tid: int, entry: dict[str, object]) -> int:
+    """The id of the stream entry `tid` names (its own unless its records moved)."""
+    return int(str(entry.get("stream", tid)))
+
+
+def _named(entries: dict[int, dict[str, object]], *, moves: bool = False) -> set[int]:
+    """The stream ids the entries name (and, with `moves`, those of recorded moves)."""
+    out = {_sid(tid, e) for tid, e in entries.items()}
+    if moves:
+        for e in entries.values():
+            move = e.get("move")
+            if isinstance(move, list):
+                out.update(int(str(x)) for x in move)
+    return out
 
 
 async def _install(
@@ -1803,6 +2171,9 @@ async def _fill(
     tid = topic.topic_id
     lane = backend.lane(topic)
     lane.memory = entry.get("storage") == "memory"
+    backend.set_sid(lane, _sid(tid, entry))
+    move = entry.get("move")
+    lane.move = [int(str(x)) for x in move] if isinstance(move, list) else None
     reserved = entry.get("reserved", 0)
     assert isinstance(reserved, int)
     lane.reserved = reserved
@@ -2048,6 +2419,8 @@ async def open_jetstream_engine(
                 log.warning("rebuild from JetStream failed (%s); trying again", exc)
                 await trio.sleep(REBUILD_RETRY_S)
         for topic in list(engine.by_id.values()):
+            if fronts.owns(topic.name) and backend.lane(topic).move is not None:
+                await backend.finish_move(topic, backend.lane(topic))
             if topic.queue is not None and fronts.owns(topic.name):
                 await backend.journals.fence(topic, front_id)
         engine.recovery = {"duration_ms": (trio.current_time() - t0) * 1000}

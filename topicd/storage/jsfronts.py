@@ -89,6 +89,9 @@ READS_WAIT_S: Final = 0.5
 # a readiness probe on a follower waits this long for the registry's topic count (then
 # answers this front's own)
 COUNT_WAIT_S: Final = 0.5
+# a follower reading which records a stream holds (record deletes it missed) reads the
+# entry again after the stream; while the entry keeps changing, at most this many rounds
+RECONCILE_ATTEMPTS: Final = 8
 
 
 class Fronts:
@@ -307,6 +310,11 @@ class Fronts:
         mutations."""
         await self.sync_all(k)
         for topic in list(self.engine.by_id.values()):
+            lane = self.backend.lane(topic)
+            if lane.move is not None and self.shard_of(topic.name) == k:
+                # a stream move the last owner left: keep the stream the entry names
+                async with lane.registry_lock:
+                    await self.backend.finish_move(topic, lane)
             if topic.queue is not None and self.shard_of(topic.name) == k:
                 await self.backend.journals.take_over(topic, self.front_id)
         next_id = await self.backend.bridge.call(self.store.next_id)
@@ -762,7 +770,12 @@ class Fronts:
             if entry is None:
                 self._drop(topic)
                 return None
-            self._apply_entry(topic, lane, entry)
+            if self._apply_entry(topic, lane, entry):
+                # record deletes passed this front by (more than the entry keeps): the
+                # stream says which seqs are left
+                await self._reconcile(topic, lane, entry)
+                if _gone(topic):
+                    return None
             newer = newer or _answered_head(answer, tid) > topic.head_seq
             if newer and not lane.busy and not lane.pending:
                 engine = self.engine
@@ -802,13 +815,21 @@ class Fronts:
         """Take over what another front wrote into `topic`'s entry (see `_apply_entry`)."""
         self._apply_entry(topic, lane, entry)
 
-    def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+    def _apply_entry(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> bool:
+        """Bring `topic` to its registry entry: config, stream, floor, record deletes.
+        True when record deletes passed this front by (the entry keeps the last
+        `DELETES_KEPT`): they are not all applied then (`_reconcile` finishes)."""
         engine = self.engine
         now = self.clock.now_ms()
-        reserved = entry.get("reserved")  # (an `ephemeral` topic's seq reservation)
+        # an `ephemeral` topic's stream is in memory, with a seq reservation
+        lane.memory = entry.get("storage") == "memory"
+        reserved = entry.get("reserved")
         if isinstance(reserved, int):
-            lane.memory = True
             lane.reserved = max(lane.reserved, reserved)
+        # the stream holding the records (another than the topic's own once they moved)
+        self.backend.set_sid(lane, int(str(entry.get("stream", topic.topic_id))))
+        move = entry.get("move")
+        lane.move = [int(str(x)) for x in move] if isinstance(move, list) else None
         feed = entry.get("feed")  # (a router destination's stored cursors)
         if isinstance(feed, dict):
             merge_feed(lane.feed, feed)
@@ -823,17 +844,19 @@ class Fronts:
             engine.apply_floor(topic, floor, [(int(a), int(b), str(c)) for a, b, c in runs])
         deletes = entry.get("deletes") or []
         assert isinstance(deletes, list)
+        missed = bool(deletes) and int(deletes[0][0]) > lane.deletes_applied + 1
+        if missed:
+            log.info(
+                "topic %r: record deletes %d..%d passed this front by; reading which "
+                "records its stream still holds",
+                topic.name,
+                lane.deletes_applied + 1,
+                int(deletes[0][0]) - 1,
+            )
         for op in deletes:
             number, before, match, bound = op
             if int(number) <= lane.deletes_applied:
                 continue
-            if int(number) > lane.deletes_applied + 1 and lane.deletes_applied:
-                log.warning(
-                    "topic %r: record deletes %d..%d passed this front by",
-                    topic.name,
-                    lane.deletes_applied + 1,
-                    int(number) - 1,
-                )
             engine.apply_records_delete(
                 topic,
                 None if before is None else int(before),
@@ -847,6 +870,64 @@ class Fronts:
         # what the entry holds: after a takeover, the floor task writes this front's own
         # (possibly higher) floor
         lane.floor_written = int(str(entry.get("floor", 1)))
+        return missed
+
+    async def reconcile(self, topic: Topic) -> None:
+        """Drop the records this front holds that `topic`'s stream no longer does (acks
+        of a queue whose journal was compacted past this front's reads; `_reconcile`)."""
+        entry, _ = await self.backend._call(partial(self.store.entry, topic.topic_id))
+        if entry is None or _gone(topic):
+            if not _gone(topic):
+                self._drop(topic)
+            return
+        lane = self.backend.lane(topic)
+        self._apply_entry(topic, lane, entry)
+        await self._reconcile(topic, lane, entry)
+
+    async def _reconcile(self, topic: Topic, lane: _Lane, entry: dict[str, object]) -> None:
+        """Drop the records this front holds that the topic's stream no longer does:
+        record deletes it missed are purges and message deletes there, so the stream
+        is the truth (its first seq, last seq and deleted seqs: one request, no payload).
+
+        The stream is read after the entry, and the entry again after the stream: when
+        the entry did not change in between, every purge the stream shows below the
+        entry's floor is an eviction this front applied from it (a cap or TTL
+        tombstone), and every other seq gone is a record delete (no tombstone), as on
+        the owner; otherwise the newer entry is applied and the stream read again."""
+        backend = self.backend
+        call = backend._call
+        tid = topic.topic_id
+        rev = int(str(entry.get(REV, 0)))
+        for _ in range(RECONCILE_ATTEMPTS):
+            first, last, gone = await call(partial(self.store.state, tid))
+            again, _ = await call(partial(self.store.entry, tid))
+            if _gone(topic):
+                return
+            if again is None:
+                self._drop(topic)
+                return
+            if int(str(again.get(REV, 0))) == rev:
+                break
+            entry, rev = again, int(str(again.get(REV, 0)))
+            self._apply_entry(topic, lane, entry)
+        else:
+            raise StorageUnavailable(
+                f"topic {topic.name!r}: its registry entry keeps changing; retry",
+                {"topic": topic.name, "backend": "jetstream"},
+            )
+        absent = set(gone)
+        dead = [
+            seq
+            for seq in _live_seqs(topic, min(topic.head_seq, last))
+            if seq < first or seq in absent
+        ]
+        if dead:
+            self.engine.apply_seqs_delete(topic, dead)
+            log.info("topic %r: %d records deleted elsewhere dropped", topic.name, len(dead))
+        deletes = entry.get("deletes") or []
+        assert isinstance(deletes, list)
+        if deletes:
+            lane.deletes_applied = max(lane.deletes_applied, int(deletes[-1][0]))
 
     async def _discover(self, name: str) -> None:
         """A name this front does not serve: load its live instance, if the registry
@@ -892,7 +973,7 @@ class Fronts:
         for topic in list(self.engine.by_id.values()):
             if topic.topic_id not in ids:
                 await self._remove(topic)
-        for tid in sorted((ids | streams) - set(self.engine.by_id)):
+        for tid in sorted(self._unknown(ids, streams)):
             await self._install_id(tid)
         for topic in list(self.engine.by_id.values()):
             if shard is None or self.shard_of(topic.name) == shard:
@@ -962,19 +1043,39 @@ class Fronts:
         created, records it wrote): those were acknowledged, so they are taken in."""
         backend = self.backend
         engine = self.engine
-        heads = await backend._call(self.store.stream_heads)
+        heads = await backend._call(self.store.stream_heads)  # (by stream id)
         ids = await backend._call(self.store.entry_ids)
         for topic in list(engine.by_id.values()):
             tid = topic.topic_id
+            sid = self.store.sid(tid)
             if self.owns(topic.name):
-                if heads.get(tid, 0) > topic.head_seq:
+                if heads.get(sid, 0) > topic.head_seq:
                     await backend.resync(topic)
             elif tid not in ids:
                 await self._remove(topic)
-            elif heads.get(tid, 0) > topic.head_seq:
+            elif heads.get(sid, 0) > topic.head_seq or sid not in heads:
+                # (new records; or its stream is gone: its records moved to another)
                 await self.refresh(topic)
-        for tid in sorted((ids | set(heads)) - set(engine.by_id)):
+        for tid in sorted(self._unknown(ids, set(heads))):
             await self._install_id(tid)
+
+    def _unknown(self, ids: set[int], streams: set[int]) -> set[int]:
+        """The topic ids among the registry's `ids` and the `streams` (stream ids: a
+        stream is made before its entry) that this front does not serve; the streams
+        of its topics (their own ids, or where their records moved) are not topics."""
+        engine = self.engine
+        known = set(engine.by_id) | {self.store.sid(t) for t in engine.by_id}
+        return (ids | streams) - known
+
+
+def _live_seqs(topic: Topic, upto: int) -> list[int]:
+    """The seqs of `topic`'s live records up to `upto`."""
+    out: list[int] = []
+    for run in topic.runs:
+        encs, base = run.encs, run.base
+        lo, hi = max(topic.earliest_seq, base), min(upto, run.end)
+        out.extend(seq for seq in range(lo, hi + 1) if encs[seq - base] is not None)
+    return out
 
 
 def _gone(topic: Topic) -> bool:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 import orjson
 import trio
 
-from topicd.engine.queues import leases_durable
+from topicd.engine.queues import QueueSnap, leases_durable
 from topicd.errors import StorageUnavailable, TopicNotFound
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ log = logging.getLogger("topicd.storage.jsqueues")
 _T = TypeVar("_T")
 
 PAGE: Final = 256  # journal messages per direct get
+# an owner compacts a queue's journal once this many messages are above its last
+# snapshot (and twice the snapshot's own messages)
+COMPACT_MIN: Final = 1024
+SNAP_PART: Final = 4096  # lease entries per snapshot message
 READ_ATTEMPTS: Final = 20  # direct gets behind the leader's last seq: retries, 50 ms apart
 
 
@@ -101,10 +105,15 @@ async def append(store: JetStreamStore, topic_id: int, expected_last: int, paylo
     return int(ack.seq)
 
 
-async def read(store: JetStreamStore, topic_id: int, after: int) -> tuple[list[bytes], int]:
-    """(the journal's messages above seq `after`, its last seq), as its leader holds them:
-    the leader's last seq first, then batched direct gets up to it (a journal has no
-    interior gaps, so a short answer is a lagging replica's and is retried)."""
+async def read(
+    store: JetStreamStore, topic_id: int, after: int
+) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """(the journal's messages above seq `after` with their seqs, its last seq, whether
+    it was compacted past `after`: messages above `after` were purged, and a snapshot
+    stands for them), as its leader holds them: the leader's last seq first, then
+    batched direct gets up to it (a journal has no interior gaps, so a short answer is a
+    lagging replica's and is retried, or a compaction's purge: then the read goes on
+    from the new first seq)."""
     import nats.js.errors
 
     assert store.js is not None
@@ -113,19 +122,24 @@ async def read(store: JetStreamStore, topic_id: int, after: int) -> tuple[list[b
     try:
         info = await store.js.stream_info(name)
     except nats.js.errors.NotFoundError:
-        return [], after
+        return [], after, False
     first, last = int(info.state.first_seq), int(info.state.last_seq)
-    out: list[bytes] = []
+    skipped = first > after + 1 and last > after
+    out: list[tuple[int, bytes]] = []
     seq = max(after + 1, first)
     attempts = 0
     while seq <= last:
         got = await _direct(store, name, seq, min(PAGE, last - seq + 1))
-        run: list[bytes] = []
+        run: list[tuple[int, bytes]] = []
         for s, data in sorted(got):
             if s != seq + len(run):
                 break
-            run.append(data)
+            run.append((s, data))
         if not run:
+            info = await store.js.stream_info(name)
+            if int(info.state.first_seq) > seq:  # purged meanwhile by a compaction
+                seq, skipped = int(info.state.first_seq), True
+                continue
             attempts += 1
             if attempts >= READ_ATTEMPTS:
                 raise RuntimeError(f"direct gets from {name} stay behind its leader")
@@ -133,7 +147,13 @@ async def read(store: JetStreamStore, topic_id: int, after: int) -> tuple[list[b
             continue
         out.extend(run)
         seq += len(run)
-    return out, max(last, after)
+    return out, max(last, after), skipped
+
+
+async def purge(store: JetStreamStore, topic_id: int, below: int) -> None:
+    """Remove the journal's messages below seq `below` (a snapshot stands for them)."""
+    assert store.js is not None
+    await store.js.purge_stream(stream(store, topic_id), seq=below)
 
 
 async def _direct(store: JetStreamStore, name: str, lo: int, n: int) -> list[tuple[int, bytes]]:
@@ -213,6 +233,17 @@ class Journals:
         self.backend = backend
         self.heads: dict[int, int] = {}  # topic id -> the journal's last seq seen here
         self.locks: dict[int, trio.Lock] = {}
+        # acks journaled whose jobs are still being deleted from the stream and applied
+        # (per topic id), and an event set when the last of a topic's finishes
+        self.inflight: dict[int, int] = {}
+        self.idle: dict[int, trio.Event] = {}
+        # acked jobs whose delete from the stream failed (a compaction retries them
+        # first: every ack below a snapshot must have its jobs gone from the stream)
+        self.undeleted: dict[int, set[int]] = {}
+        # the seq of the last snapshot (its first part) each journal holds, as far as
+        # this front knows; a snapshot being read: its parts so far
+        self.snap_at: dict[int, int] = {}
+        self._parts: dict[int, list[dict[str, object]]] = {}
 
     def lock(self, topic_id: int) -> trio.Lock:
         lock = self.locks.get(topic_id)
@@ -237,6 +268,8 @@ class Journals:
     async def delete(self, topic_id: int) -> None:
         self.heads.pop(topic_id, None)
         self.locks.pop(topic_id, None)
+        self.snap_at.pop(topic_id, None)
+        self.undeleted.pop(topic_id, None)
         await self.backend._call(partial(delete, self.backend.store, topic_id))
 
     async def _publish(self, topic: Topic, msg: dict[str, object]) -> None:
@@ -263,15 +296,38 @@ class Journals:
     async def ack(self, topic: Topic, seqs: list[int], apply: Callable[[], _T]) -> _T:
         """An ack's delete: journaled (the commit point), the jobs deleted from the
         stream, then applied."""
-        async with self.lock(topic.topic_id):
+        tid = topic.topic_id
+        async with self.lock(tid):
             if topic.deleted:
                 raise TopicNotFound(topic.name)
             await self._publish(topic, {"k": "ack", "seqs": seqs})
+            self.inflight[tid] = self.inflight.get(tid, 0) + 1
         try:
-            await self.backend._call(partial(delete_jobs, self.backend.store, topic.topic_id, seqs))
-        except Exception as exc:  # journaled: the next load of the journal finishes it
-            log.warning("queue %r: acked jobs not deleted from the stream yet: %s", topic.name, exc)
-        return apply()
+            try:
+                await self.backend._call(partial(delete_jobs, self.backend.store, tid, seqs))
+            except Exception as exc:  # journaled: the next load of the journal finishes it
+                log.warning(
+                    "queue %r: acked jobs not deleted from the stream yet: %s", topic.name, exc
+                )
+                self.undeleted.setdefault(tid, set()).update(seqs)
+            return apply()
+        finally:
+            self.inflight[tid] -= 1
+            if not self.inflight[tid]:
+                del self.inflight[tid]
+                idle = self.idle.pop(tid, None)
+                if idle is not None:
+                    idle.set()
+
+    async def settled(self, topic_id: int) -> None:
+        """Until the acks journaled so far have deleted their jobs and been applied
+        (with the journal lock held: no new ack starts meanwhile)."""
+        while self.inflight.get(topic_id):
+            idle = self.idle.get(topic_id)
+            if idle is None:
+                idle = self.idle[topic_id] = trio.Event()
+            await idle.wait()
+        await trio.lowlevel.checkpoint()
 
     async def lease(self, topic: Topic, body: dict[str, object], apply: Callable[[], _T]) -> _T:
         async with self.lock(topic.topic_id):
@@ -285,22 +341,53 @@ class Journals:
         records here; lease events go into the logged projection. Returns how many."""
         backend = self.backend
         tid = topic.topic_id
-        msgs, last = await backend._call(partial(read, backend.store, tid, self.heads.get(tid, 0)))
+        msgs, last, skipped = await backend._call(
+            partial(read, backend.store, tid, self.heads.get(tid, 0))
+        )
         if topic.deleted:
             return 0
         self._apply(topic, msgs)
         self.heads[tid] = max(self.heads.get(tid, 0), last)
+        if skipped:
+            await self._acked_elsewhere(topic)
         return len(msgs)
 
-    def _apply(self, topic: Topic, msgs: list[bytes]) -> list[int]:
+    async def _acked_elsewhere(self, topic: Topic) -> None:
+        """The journal was compacted past what this front had read: the acks it missed
+        are gone from it, and their jobs from the stream (a compaction deletes every
+        acked job first), so the records the stream no longer holds are dropped here."""
+        fronts = self.backend.fronts
+        assert fronts is not None
+        log.info("queue %r: its journal was compacted past this front's reads", topic.name)
+        await fronts.reconcile(topic)
+
+    def _apply(self, topic: Topic, msgs: list[tuple[int, bytes]]) -> list[int]:
         """Apply journal messages; returns the acked seqs whose records were still live."""
         engine = self.backend.engine
         assert engine is not None
         q = topic.queue
+        tid = topic.topic_id
         live: list[int] = []
-        for raw in msgs:
+        for seq, raw in msgs:
             msg = orjson.loads(raw)
             kind = msg.get("k")
+            parts = self._parts.get(tid)
+            if kind == "snap":
+                part, count = int(msg["part"]), int(msg["parts"])
+                if part == 0:
+                    parts = self._parts[tid] = []
+                if parts is None or len(parts) != part:
+                    self._parts.pop(tid, None)  # (a torn snapshot: its owner stopped)
+                    continue
+                parts.append(msg)
+                if len(parts) == count:  # complete: it stands for everything before it
+                    del self._parts[tid]
+                    self.snap_at[tid] = seq - count + 1
+                    if q is not None:
+                        q.restore(_snap_of(parts))
+                continue
+            if parts is not None:  # a snapshot cut short by another message: not one
+                del self._parts[tid]
             if kind == "ack":
                 acked = [int(s) for s in msg["seqs"]]
                 if q is not None:  # (an acked job's lease events are history)
@@ -321,12 +408,15 @@ class Journals:
         `repair` deleted from the stream)."""
         backend = self.backend
         tid = topic.topic_id
-        msgs, last = await backend._call(partial(read, backend.store, tid, 0))
+        self._parts.pop(tid, None)
+        msgs, last, skipped = await backend._call(partial(read, backend.store, tid, 0))
         if repair and last == 0:
             # a queue made before journals existed, or whose journal a crash lost: make one
             await backend._call(partial(create, backend.store, tid))
         stale = self._apply(topic, msgs)
         self.heads[tid] = last
+        if skipped:
+            await self._acked_elsewhere(topic)
         if repair and stale:
             await backend._call(partial(delete_jobs, backend.store, tid, stale))
 
@@ -335,6 +425,66 @@ class Journals:
         previous owner out."""
         async with self.lock(topic.topic_id):
             await self._publish(topic, {"k": "own", "front": front})
+
+    def compact_due(self, topic: Topic) -> bool:
+        """Whether `topic`'s journal holds enough messages above its last snapshot for a
+        compaction to pay (`COMPACT_MIN` and twice the messages a snapshot takes)."""
+        q = topic.queue
+        tid = topic.topic_id
+        if q is None or tid not in self.heads:
+            return False
+        above = self.heads[tid] - self.snap_at.get(tid, 0)
+        entries = len(q.leases) + len(q.deliveries) + len(q.delayed)
+        return above >= max(COMPACT_MIN, 2 * (1 + entries // SNAP_PART))
+
+    async def compact(self, topic: Topic) -> bool:
+        """The owner's compaction of `topic`'s journal: a snapshot of the queue's lease
+        state (its leases, delivery counters and nack delays) appended, fenced like any
+        append (a deposed owner's fails), then the journal purged below it. Before it,
+        every ack journaled has its jobs deleted from the stream, so a front that reads
+        the journal from the snapshot on finds the stream holding no acked job. Returns
+        whether it compacted."""
+        engine = self.backend.engine
+        assert engine is not None
+        tid = topic.topic_id
+        q = topic.queue
+        if q is None:
+            return False
+        async with self.lock(tid):
+            if topic.deleted:
+                return False
+            await self.settled(tid)  # (acks in flight: their jobs deleted, applied)
+            undeleted = self.undeleted.pop(tid, None)
+            if undeleted:
+                try:
+                    await self.backend._call(
+                        partial(delete_jobs, self.backend.store, tid, sorted(undeleted))
+                    )
+                except BaseException:
+                    self.undeleted.setdefault(tid, set()).update(undeleted)
+                    raise
+            if leases_durable(topic):
+                snap = q.export(trio.current_time(), engine.clock.now_ms())
+            else:  # (nothing about leases is journaled: an empty snapshot)
+                snap = QueueSnap([], [], [])
+            bodies = _snap_messages(snap)
+            first = self.heads.get(tid, 0) + 1
+            for body in bodies:
+                await self._publish(topic, body)
+            if self.heads[tid] != first + len(bodies) - 1:
+                return False  # (another front's messages came in between: not one)
+            self.snap_at[tid] = first
+        from topicd.storage.jetstream import fault
+
+        fault("journal.after_snapshot")
+        await self.backend._call(partial(purge, self.backend.store, tid, first))
+        log.info(
+            "queue %r: journal compacted below seq %d (%d snapshot messages)",
+            topic.name,
+            first,
+            len(bodies),
+        )
+        return True
 
     async def take_over(self, topic: Topic, front: str) -> None:
         """This front now owns `topic` (a queue): rebuild its leases from the journal, as
@@ -355,3 +505,35 @@ class Journals:
             q.resume(trio.current_time(), engine.clock.now_ms())
             engine.queues._schedule(q)
             q.changed()
+
+
+def _snap_messages(snap: QueueSnap) -> list[dict[str, object]]:
+    """A snapshot's journal messages: its leases, counters and delays, `SNAP_PART`
+    entries per message (every message names its part and the count)."""
+    rows: list[tuple[str, list[object]]] = []
+    rows.extend(("l", [*x]) for x in snap.leases)
+    rows.extend(("d", [*x]) for x in snap.deliveries)
+    rows.extend(("w", [*x]) for x in snap.delays)
+    chunks = [rows[i : i + SNAP_PART] for i in range(0, len(rows), SNAP_PART)] or [[]]
+    out: list[dict[str, object]] = []
+    for i, chunk in enumerate(chunks):
+        body: dict[str, object] = {"k": "snap", "part": i, "parts": len(chunks)}
+        for key in ("l", "d", "w"):
+            body[key] = [row for kind, row in chunk if kind == key]
+        out.append(body)
+    return out
+
+
+def _snap_of(parts: list[dict[str, object]]) -> QueueSnap:
+    """The lease state a complete snapshot's messages carry."""
+    leases: list[tuple[int, str, int, int]] = []
+    deliveries: list[tuple[int, int]] = []
+    delays: list[tuple[int, int]] = []
+    for part in parts:
+        for a, b, c, d in part["l"]:  # type: ignore[attr-defined]
+            leases.append((int(a), str(b), int(c), int(d)))
+        for a, b in part["d"]:  # type: ignore[attr-defined]
+            deliveries.append((int(a), int(b)))
+        for a, b in part["w"]:  # type: ignore[attr-defined]
+            delays.append((int(a), int(b)))
+    return QueueSnap(leases, deliveries, delays)
