@@ -134,6 +134,30 @@ async def test_power_loss_keeps_fsync_acks_and_announces_the_disk_tail(autojump_
         assert (again.gap_from, again.gap_to) == (tomb.gap_from, tomb.gap_to)
 
 
+async def test_a_disk_write_is_durable_only_once_the_tail_sync_covers_it(autojump_clock):
+    disk = FakeDisk()
+    fs = FaultFs(disk)
+    cfg = durable_config(wal={"disk_fsync_interval_ms": 1000})
+    async with open_durable(fs, cfg) as engine:
+        await put(engine, "d", durability="disk")
+        await write(engine, "d", b"0")  # its reservation syncs with it
+        topic = engine.get("d")
+        assert topic.durable_head == 1
+        syncs = sum(1 for c in fs.calls if c[0] == "fdatasync")
+        async with trio.open_nursery() as n:  # several writes, one unsynced batch or more
+            for i in range(1, 6):
+                n.start_soon(write, engine, "d", b"%d" % i, b"x")
+        assert topic.head_seq == 11
+        shard = wal(engine).shard(topic)
+        assert shard.unsynced_heads == {topic: 11}  # written and visible, not yet synced
+        assert topic.durable_head == 1
+        assert sum(1 for c in fs.calls if c[0] == "fdatasync") == syncs
+        await trio.sleep(1.5)  # the background tail sync (at 1.0 s) covers them
+        assert topic.durable_head == 11
+        assert shard.unsynced_heads == {}
+        assert sum(1 for c in fs.calls if c[0] == "fdatasync") == syncs + 1
+
+
 async def test_process_crash_of_disk_class_makes_no_lost_range():
     disk = FakeDisk()
     async with open_durable(disk) as engine:

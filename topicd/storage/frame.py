@@ -213,7 +213,8 @@ _EXTRAS_DEC: Final = msgspec.msgpack.Decoder(Extras)
 
 
 def _u32s(values: list[int]) -> bytes:
-    arr = array("I", values)
+    arr = array("I")
+    arr.fromlist(values)  # (reads the list directly: no sequence protocol per item)
     if not _LITTLE:  # pragma: no cover - big-endian hosts
         arr.byteswap()
     return arr.tobytes()
@@ -238,7 +239,7 @@ def encode_append(
     last flagged `FLAG_MORE`; recovery applies them all or none (docs/storage.md).
     """
     n = len(encs)
-    blob = b"" if extras == _EMPTY_EXTRAS else _EXTRAS_ENC.encode(extras)
+    blob = b"" if extras is NO_EXTRAS or extras == NO_EXTRAS else _EXTRAS_ENC.encode(extras)
     text = len(joined) if joined is not None else sum(map(len, encs)) + n - 1
     if MIN_FRAME_LEN + 8 + 8 * n + len(blob) + text > max_frame:
         return b"".join(
@@ -279,7 +280,7 @@ def _append_frame(
     return _frame_of(APPEND, topic_id, first_seq, ts_ms, n, body, flags)
 
 
-_EMPTY_EXTRAS: Final = Extras()
+NO_EXTRAS: Final = Extras()  # shared by every write without extras (never mutated)
 # what an Append frame's extras may add per record beyond a tag's or node's text (msgpack
 # map keys, integers and string headers; generous)
 _EXTRA_SLACK: Final = 24
@@ -330,7 +331,7 @@ def _split_append(
             _window(extras.prios, a, b),
             _window(extras.shapes, a, b),
         )
-        blob = b"" if part == _EMPTY_EXTRAS else _EXTRAS_ENC.encode(part)
+        blob = b"" if part == NO_EXTRAS else _EXTRAS_ENC.encode(part)
         piece = None if joined is None else joined[starts[a] : starts[b] - 1]
         frame = _append_frame(
             topic_id, first_seq + a, ts_ms, encs[a:b], sizes[a:b], blob, fsync_class, piece, b < n
@@ -402,7 +403,7 @@ class FrameError(ValueError):
 
 def _extras(body: memoryview, pos: int, length: int) -> Extras:
     if not length:
-        return _EMPTY_EXTRAS
+        return NO_EXTRAS
     try:
         return _EXTRAS_DEC.decode(body[pos : pos + length])
     except msgspec.DecodeError as exc:

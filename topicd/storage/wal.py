@@ -550,12 +550,11 @@ class Shard:
             (sub.t0 for sub in subs if sub.counted), default=None
         )  # (the batch's first write; arrivals taken while the window is open are younger)
         enough = self.wal.gc_enough_records
-        records = _records(subs, 0)
         if (
             sync
             and (len(subs) > 1 or self.ready)
             and any(sub.sync for sub in subs)
-            and records < enough
+            and (records := _records(subs, 0)) < enough
         ):
             # concurrent durable writers: keep taking arrivals while they keep coming (a
             # lone durable write with nothing else pending syncs at once; a sync that only
@@ -612,22 +611,13 @@ class Shard:
                 self._synced(sync_ms, sum(s.batch.count for s in subs if s.batch is not None))
             else:
                 self.unsynced = True
-                for sub in subs:
-                    if sub.batch is not None and sub.frame:
-                        sub.batch.synced = False
         append_ms = perf_ms() - t0
         for topic, reserved in reserving.items():
             if reserved > topic.reserved_head:
                 topic.reserved_head = reserved
                 topic.mark_changed()
         self.inflight_since = None
-        self._publish(subs, sync_ms, append_ms if data else None)
-        if data and not sync:
-            heads = self.unsynced_heads
-            for sub in subs:
-                batch = sub.batch
-                if batch is not None and not batch.synced and not batch.completion.error:
-                    heads[batch.topic] = batch.head_after
+        self._publish(subs, sync_ms, append_ms if data else None, unsynced=bool(data) and not sync)
 
     def _durable(self) -> None:
         """A sync covered everything written: tell the engine which heads are on disk."""
@@ -649,15 +639,31 @@ class Shard:
         self.records_synced += records
         self.fsync_buckets[bisect.bisect_left(FSYNC_BUCKETS_US, us)] += 1
 
-    def _publish(self, subs: list[Submission], sync_ms: float, append_ms: float | None) -> None:
-        """Publish a committed batch in order (one synchronous block)."""
+    def _publish(
+        self,
+        subs: list[Submission],
+        sync_ms: float,
+        append_ms: float | None,
+        *,
+        unsynced: bool = False,
+    ) -> None:
+        """Publish a committed batch in order (one synchronous block). `unsynced`: the
+        batch was written without a sync, so its record frames are published as not yet
+        durable and their topics' heads wait in `unsynced_heads` for the next sync."""
+        heads = self.unsynced_heads
         for sub in subs:
             self._released(sub)
             batch = sub.batch
             if batch is not None:
                 batch.fsync_ms = sync_ms
                 batch.wal_append_ms = append_ms
-                self.hooks.publish_append(batch)
+                if unsynced and sub.frame:
+                    batch.synced = False
+                    self.hooks.publish_append(batch)
+                    if not batch.completion.error:
+                        heads[batch.topic] = batch.head_after
+                else:
+                    self.hooks.publish_append(batch)
             elif sub.apply is not None:
                 try:
                     sub.result = sub.apply()
@@ -1017,7 +1023,11 @@ class WalCommitPath:
             frame = b""
         else:
             p = batch.prepared
-            extras = frames.Extras(batch.idem_key, p.tags, p.nodes, p.prios, p.shapes)
+            extras = (
+                frames.NO_EXTRAS
+                if batch.idem_key is None and not (p.tags or p.nodes or p.prios or p.shapes)
+                else frames.Extras(batch.idem_key, p.tags, p.nodes, p.prios, p.shapes)
+            )
             frame = frames.encode_append(
                 topic.topic_id,
                 batch.first_seq,
