@@ -876,8 +876,8 @@ class EngineConfig:
     gil_switch_interval_us: int = key(
         1000,
         "GIL switch interval while serving (µs; Python's default is 5000): the longest the "
-        "event loop waits for the GIL behind a thread running Python (a checkpoint's "
-        "absorb) each time it comes back from a blocking call.",
+        "event loop waits for the GIL behind a worker thread running Python each time it "
+        "comes back from a blocking call.",
         min=100,
         max=100000,
     )

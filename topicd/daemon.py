@@ -86,10 +86,10 @@ def settle_gc(threshold0: int) -> None:
 def settle_switch_interval(interval_us: int) -> None:
     """Set the GIL switch interval for serving (`engine.gil_switch_interval_us`). Each
     time the loop thread comes back from a blocking call (a socket read, the `epoll`
-    wait) while a worker thread runs Python (a checkpoint's absorb), it waits for the
-    GIL until that thread's interval ends; a request crosses several such points, so
-    Python's 5 ms default adds tens of milliseconds to a request served during a
-    checkpoint. (Recovery keeps the default: nothing is served yet.)"""
+    wait) while a worker thread runs Python (a WAL committer, a checkpoint's absorb
+    between its C calls), it waits for the GIL until that thread releases it or its
+    interval ends, and a request crosses several such points: with Python's 5 ms
+    default, up to 5 ms each. (Recovery keeps the default: nothing is served yet.)"""
     sys.setswitchinterval(interval_us / 1_000_000)
 
 
