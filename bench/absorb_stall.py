@@ -13,8 +13,8 @@ system temp dir) in a Trio worker thread, while on the loop (a) a task sleeps 1 
 time and records how late it wakes, and (b) a task does a 100-byte round trip over a
 local socket pair (send, then receive on the other end: two blocking calls), and
 records its time. Variants, alternated round after round in one process: Python's
-default GIL switch interval (5 ms) and the one topicd serves with
-(`engine.gil_switch_interval_us`, 1 ms).
+default GIL switch interval (5 ms, also `engine.gil_switch_interval_us`'s default) and
+1 ms.
 
 Reported per variant: the median over rounds of the absorb's wall time, and of the
 lateness / round-trip p50, p99 and max.

@@ -874,8 +874,8 @@ class EngineConfig:
         min=100,
     )
     gil_switch_interval_us: int = key(
-        1000,
-        "GIL switch interval while serving (µs; Python's default is 5000): the longest the "
+        5000,
+        "GIL switch interval while serving (µs; 5000 is Python's own): the longest the "
         "event loop waits for the GIL behind a worker thread running Python each time it "
         "comes back from a blocking call.",
         min=100,

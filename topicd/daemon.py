@@ -89,7 +89,8 @@ def settle_switch_interval(interval_us: int) -> None:
     wait) while a worker thread runs Python (a WAL committer, a checkpoint's absorb
     between its C calls), it waits for the GIL until that thread releases it or its
     interval ends, and a request crosses several such points: with Python's 5 ms
-    default, up to 5 ms each. (Recovery keeps the default: nothing is served yet.)"""
+    (the setting's default), up to 5 ms each. (Recovery keeps Python's own interval:
+    nothing is served yet.)"""
     sys.setswitchinterval(interval_us / 1_000_000)
 
 
