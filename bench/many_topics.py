@@ -5,9 +5,10 @@
 
 Two fresh processes on one data directory (under `--dir`, default the system temp dir),
 each an engine on the real file system with the daemon's thread offload and, like the
-daemon, its start-up objects `gc.freeze()`-d and the daemon's collector thresholds
-(`topicd.daemon.settle_gc`). `--long-steps-ms N` lists each checkpoint's loop steps of
-at least N ms (wall time, the loop thread's CPU, collections, where the task ran):
+daemon, its start-up objects `gc.freeze()`-d, the daemon's collector thresholds
+(`topicd.daemon.settle_gc`) and its GIL switch interval. `--long-steps-ms N` lists each
+checkpoint's loop steps of at least N ms (wall time, the loop thread's CPU, collections,
+where the task ran):
 
 1. **fill**: `--topics` topics get 3 records of about 100 bytes (one write each, which
    creates the topic). Reported: the RSS after the fill and after the first checkpoint
@@ -277,8 +278,12 @@ def show_sites(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, n: int
 
 def settle_gc(cfg: Config) -> None:
     """What the daemon does once recovery is done (`topicd.daemon`; it turned automatic
-    collections off before recovery)."""
+    collections off before recovery): the collector's settings and, where the daemon
+    has one, its GIL switch interval."""
     daemon.settle_gc(cfg.engine.gc_threshold0)
+    settle_switch = getattr(daemon, "settle_switch_interval", None)
+    if settle_switch is not None:  # (an older checkout's daemon has none)
+        settle_switch(cfg.engine.gil_switch_interval_us)
 
 
 def report_rss(what: str, rss0: float, n: int) -> None:

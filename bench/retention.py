@@ -13,12 +13,13 @@ rate of the first and of the last 64 MiB (records/s; a `429` — the checkpoint 
 full — is retried after its hint and counted; the first 64 MiB run before any checkpoint,
 so the second 64 MiB, the first beside a checkpoint's absorb, is reported too), the
 server's RSS at the end and its largest sample while filling (every 0.5 s), the
-checkpoints' duration (`topicd_checkpoint_duration_ms`, largest seen while filling and
-the last one) and the longest `GET /v0/health` of a probe every 20 ms on its own
-connection (an upper bound on the event-loop stalls, checkpoints' included: a stall
-delays the probe's answer; the probe also waits behind the filler's requests), split
-into the longest probe that overlapped a checkpoint (its span from the server's log line)
-and the longest that overlapped none.
+checkpoints' duration (the longest the server's log reported while filling, and the
+last one, `topicd_checkpoint_duration_ms`) and the longest `GET /v0/health` of a probe
+every 20 ms on its own connection (an upper bound on the event-loop stalls,
+checkpoints' included: a stall delays the probe's answer; the probe also waits behind
+the filler's requests, never behind the `/v0/metrics` scrape its own thread makes
+after it every 0.5 s), split into the probes that overlapped a checkpoint (its span from
+the server's log line) and those that overlapped none: the longest and the p99 of each.
 **Reads**: `big` from 100,000 records below its head (the cached tail, pages of 1000),
 then from its oldest record after the segment files were dropped from the page cache
 (`posix_fadvise(DONTNEED)`), records/s each and their ratio (the tail is read before and
@@ -78,7 +79,6 @@ class Server:
         self.conn: loadgen.BlockingConn | None = None
         self.max_lag_ms = 0.0
         self.probes: list[tuple[float, float]] = []  # (monotonic start, ms) of each probe
-        self.max_checkpoint_ms = 0.0
         self.max_rss_mib = 0.0
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -123,9 +123,17 @@ class Server:
                 out[m.group(1)] = float(m.group(2))
         return out
 
+    @property
+    def max_checkpoint_ms(self) -> float:
+        """The longest checkpoint the server's log reported (every one of them)."""
+        assert self.srv is not None
+        return max((ms for _, ms in self.srv.checkpoints), default=0.0)
+
     def _sample(self) -> None:
         """Every 20 ms time a `GET /v0/health` (its latency includes any loop stall);
-        every 0.5 s read the checkpoint duration."""
+        every 0.5 s read the RSS (from `/proc`) and scrape `/v0/metrics` (on the same
+        connection, after the probe: with 1,001 topics the Prometheus text is itself a
+        20-35 ms loop step, which delays the filler's writes but never the probe)."""
         assert self.srv is not None
         conn = loadgen.BlockingConn(HOST, self.srv.port)
         health = loadgen.build_request(HOST, self.srv.port, "/v0/health", b"", method="GET")
@@ -140,27 +148,31 @@ class Server:
                 n += 1
                 if n % 25 == 0:
                     self.max_rss_mib = max(self.max_rss_mib, self.rss_mib())
-                    m = self.metrics(conn)
-                    self.max_checkpoint_ms = max(
-                        self.max_checkpoint_ms, m.get("topicd_checkpoint_duration_ms", 0.0)
-                    )
+                    self.metrics(conn)  # (as a scraper would; the sampler waits for it)
         conn.close()
 
-    def lag_split(self) -> tuple[float, float]:
-        """The longest probe that overlapped a checkpoint (from its start, its log line's
-        arrival less its duration, to that arrival) and the longest that overlapped none:
-        whether the worst stall is a checkpoint's or the loop's other work (the probe
-        also queues behind the filler's 1 MiB writes)."""
+    def lag_split(self) -> dict[str, float]:
+        """The probes that overlapped a checkpoint (from its start, its log line's
+        arrival less its duration, to that arrival) and those that overlapped none: the
+        longest and the p99 of each, and how many (whether the worst stall is a
+        checkpoint's or the loop's other work; the probe also queues behind the filler's
+        1 MiB writes)."""
         assert self.srv is not None
         spans = [(t - ms / 1000, t) for t, ms in self.srv.checkpoints]
-        during = outside = 0.0
+        during: list[float] = []
+        outside: list[float] = []
         for t0, ms in self.probes:
             t1 = t0 + ms / 1000
-            if any(a < t1 and t0 < b for a, b in spans):
-                during = max(during, ms)
-            else:
-                outside = max(outside, ms)
-        return during, outside
+            (during if any(a < t1 and t0 < b for a, b in spans) else outside).append(ms)
+        out: dict[str, float] = {}
+        for name, lags in (("checkpoint", during), ("other", outside)):
+            lags.sort()
+            out[f"lag_{name}_ms"] = lags[-1] if lags else 0.0
+            out[f"lag_{name}_p99_ms"] = (
+                lags[min(len(lags) - 1, len(lags) * 99 // 100)] if lags else 0.0
+            )
+            out[f"lag_{name}_n"] = len(lags)
+        return out
 
     def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, Any]:
         assert self.srv is not None
@@ -259,7 +271,7 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
         out["checkpoint_max_ms"] = s.max_checkpoint_ms
         out["loop_lag_max_ms"] = s.max_lag_ms
-        out["lag_checkpoint_ms"], out["lag_other_ms"] = s.lag_split()
+        out.update(s.lag_split())
         out["cache_mib"] = m.get("topicd_payload_cache_bytes", 0.0) / MIB
         _, st = s.post("/v0/topics/big", b"", method="GET")
         head = st["head_seq"]
@@ -327,7 +339,9 @@ def main() -> int:
                 f"(cache {r['cache_mib']:.0f} MiB); checkpoint last {r['checkpoint_last_ms']:.0f}"
                 f" ms, max {r['checkpoint_max_ms']:.0f} ms; loop lag max "
                 f"{r['loop_lag_max_ms']:.1f} ms (during checkpoints "
-                f"{r['lag_checkpoint_ms']:.1f}, outside {r['lag_other_ms']:.1f}); diff tail "
+                f"{r['lag_checkpoint_ms']:.1f}, p99 {r['lag_checkpoint_p99_ms']:.1f} of "
+                f"{r['lag_checkpoint_n']:.0f} probes; outside {r['lag_other_ms']:.1f}, p99 "
+                f"{r['lag_other_p99_ms']:.1f} of {r['lag_other_n']:.0f}); diff tail "
                 f"{r['diff_tail_rps']:,.0f} rec/s, "
                 f"oldest (page cache dropped) {r['diff_oldest_rps']:,.0f} rec/s "
                 f"({r['diff_oldest_rps'] / r['diff_tail_rps']:.2f}x); restart to ready "

@@ -873,6 +873,14 @@ class EngineConfig:
         "Generation-0 GC threshold after start-up (start-up objects are gc.freeze()-d).",
         min=100,
     )
+    gil_switch_interval_us: int = key(
+        5000,
+        "GIL switch interval while serving (µs; 5000 is Python's own): the longest the "
+        "event loop waits for the GIL behind a worker thread running Python each time it "
+        "comes back from a blocking call.",
+        min=100,
+        max=100000,
+    )
 
 
 @dataclass(frozen=True)

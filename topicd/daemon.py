@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -80,6 +81,17 @@ def settle_gc(threshold0: int) -> None:
     gc.freeze()
     gc.set_threshold(threshold0, GC_THRESHOLD1, GC_THRESHOLD2)
     gc.enable()
+
+
+def settle_switch_interval(interval_us: int) -> None:
+    """Set the GIL switch interval for serving (`engine.gil_switch_interval_us`). Each
+    time the loop thread comes back from a blocking call (a socket read, the `epoll`
+    wait) while a worker thread runs Python (a WAL committer, a checkpoint's absorb
+    between its C calls), it waits for the GIL until that thread releases it or its
+    interval ends, and a request crosses several such points: with Python's 5 ms
+    (the setting's default), up to 5 ms each. (Recovery keeps Python's own interval:
+    nothing is served yet.)"""
+    sys.setswitchinterval(interval_us / 1_000_000)
 
 
 def bind_error(cfg: Config, exc: BaseException) -> BindError:
@@ -220,10 +232,12 @@ async def run_daemon(
                 # grown by a quarter, took 40 % of a restart at 10,000 topics; one
                 # collection once recovery is done, and the state is frozen
                 gc.disable()
+                switch_interval = sys.getswitchinterval()
                 try:
                     async with _open_storage(cfg, offload, clock, lifecycle) as engine:
                         ref.engine = engine
                         settle_gc(cfg.engine.gc_threshold0)
+                        settle_switch_interval(cfg.engine.gil_switch_interval_us)
                         lifecycle.set_serving()
                         log.info(
                             "topicd %s listening on %s (data dir %s, %d topics, %s)",
@@ -247,6 +261,7 @@ async def run_daemon(
                     raise
                 finally:
                     gc.enable()  # (also when recovery failed or was cancelled)
+                    sys.setswitchinterval(switch_interval)
                     offload.close()  # the engine is closed: no WAL call is left
             root.cancel_scope.cancel("drained")
         lifecycle.phase.value = Phase.STOPPED

@@ -15,6 +15,7 @@ internal`, counted in `topicd_segment_corruption_total`, never served.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import posixpath
 
 import msgspec
@@ -28,6 +29,8 @@ from topicd.config import Config
 from topicd.engine import payloads
 from topicd.engine.engine import Engine
 from topicd.engine.topic import EVICTED, Topic
+from topicd.sched.classes import Budget
+from topicd.storage import checkpoint
 from topicd.storage import segments as segs
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, open_durable, open_durable_app
@@ -102,6 +105,55 @@ async def test_records_not_yet_absorbed_stay_pinned_whatever_the_bound():
         assert await cp(engine).checkpoint()
         eph = engine.get("eph")
         assert all(isinstance(eph.enc(s), bytes) for s in range(1, 10))
+
+
+async def test_a_checkpoint_evicts_a_few_chunks_per_loop_turn(monkeypatch):
+    # evicting is a list write and a free per record: a checkpoint that absorbed much
+    # evicts `TRIM_CHUNKS` chunks a turn, yielding between, not all in one turn
+    monkeypatch.setattr(checkpoint, "TRIM_CHUNKS", 3)
+    turns: list[int] = []
+    disk = FakeDisk()
+    async with open_durable(disk, config(cache_bytes=0)) as engine:
+        await fill(engine, "t", 80)
+        await fill(engine, "u", 41)
+        real_pause = Budget.pause
+
+        async def pause(self: Budget) -> None:
+            turns.append(engine.payloads.evicted_chunks)
+            await real_pause(self)
+
+        monkeypatch.setattr(Budget, "pause", pause)
+        turns.append(engine.payloads.evicted_chunks)
+        assert await cp(engine).checkpoint()
+        turns.append(engine.payloads.evicted_chunks)
+        # every whole chunk of both topics left (20 + 10), at most 3 between two yields
+        assert engine.payloads.evicted_chunks == 30
+        steps = [b - a for a, b in itertools.pairwise(turns)]
+        assert max(steps) == 3
+        assert sum(steps) == 30
+        assert engine.payloads.stats().bytes == 0 == resident_absorbed(engine)
+        t = engine.get("t")
+        assert all(t.enc(seq) is EVICTED for seq in range(1, 80))
+
+
+async def test_trim_stops_after_its_chunks_and_says_whether_more_remain():
+    disk = FakeDisk()
+    async with open_durable(disk, config()) as engine:
+        await fill(engine, "t", 41)
+        assert await cp(engine).checkpoint()  # 10 whole chunks released, all resident
+        cache = engine.payloads
+        assert cache.stats().chunks == 10 and cache.evicted_chunks == 0
+        cache.bound = 0
+        assert cache.trim(4) is True
+        assert cache.evicted_chunks == 4
+        assert cache.trim(4) is True
+        assert cache.trim(4) is False  # the last two: the bound holds
+        assert cache.evicted_chunks == 10 and cache.bytes == 0 == resident_absorbed(engine)
+        assert cache.trim(4) is False  # nothing left to do
+        with cache.hold() as hold:  # a held chunk over the bound: no endless "more"
+            assert await cache.load(engine.get("t"), 1, 4, 1 << 20, hold) == 4
+            assert cache.trim(4) is False
+            assert cache.bytes > cache.bound
 
 
 async def diffs(engine: Engine, name: str) -> list[object]:

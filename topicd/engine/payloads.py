@@ -115,9 +115,11 @@ class PayloadCache:
 
     # ---- chunks enter, move, leave ----------------------------------------------------
 
-    def release(self, topic: Topic, absorbed: int) -> None:
+    def release(self, topic: Topic, absorbed: int, *, trim: bool = True) -> None:
         """Records up to `absorbed` are durable in segments: their whole chunks become
-        evictable (they enter the LRU at the young end); then the bound is enforced."""
+        evictable (they enter the LRU at the young end); then the bound is enforced
+        (unless `trim` is False: the caller then calls `trim` itself, a slice at a
+        time)."""
         topic.absorbed_to = max(topic.absorbed_to, absorbed)
         shift = self.shift
         top = (absorbed + 1) >> shift  # chunks below this end at or before `absorbed`
@@ -128,7 +130,8 @@ class PayloadCache:
                 nbytes = topic.resident_bytes(k << shift, ((k + 1) << shift) - 1)
                 if nbytes:
                     self._add(topic, k, nbytes)
-        self.trim()
+        if trim:
+            self.trim()
 
     def _add(self, topic: Topic, k: int, nbytes: int) -> None:
         key = (topic.topic_id, k)
@@ -152,13 +155,19 @@ class PayloadCache:
                 lru.move_to_end((tid, k))
                 self.hits += 1
 
-    def trim(self) -> None:
-        """Evict the oldest chunks (never a held one) until the bound holds."""
+    def trim(self, chunks: int = 0) -> bool:
+        """Evict the oldest chunks (never a held one) until the bound holds, or (with
+        `chunks` > 0) until that many were evicted. True when it stopped at `chunks`
+        with the bound still exceeded: call again (a checkpoint's install yields
+        between calls, since evicting is a list write and a free per record)."""
         lru = self._lru
         if self.bytes <= self.bound:
-            return
+            return False
         skipped: list[tuple[tuple[int, int], int]] = []
+        left = chunks
         while self.bytes > self.bound and lru:
+            if chunks and not left:
+                break
             key, nbytes = lru.popitem(last=False)
             if key in self._held:
                 skipped.append((key, nbytes))
@@ -174,10 +183,12 @@ class PayloadCache:
                 topic.cached = None
                 del self._topics[key[0]]
             self.evicted_chunks += 1
+            left -= 1
         for key, nbytes in reversed(skipped):  # back at the old end, in their order
             lru[key] = nbytes
             lru.move_to_end(key, last=False)
             self.bytes += nbytes
+        return bool(chunks) and not left and self.bytes > self.bound
 
     def forget(self, topic: Topic) -> None:
         """A deleted topic's chunks leave the LRU (its slots go with the topic)."""
