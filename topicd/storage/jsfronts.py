@@ -395,7 +395,7 @@ class Fronts:
         if op == "delete_records":
             result = await engine.delete_records(name, DELETE_DECODER.decode(body))
             return orjson.dumps({"ok": {"deleted": result.deleted}})
-        if op in ("router_put", "router_get", "router_delete", "router_reload"):
+        if op in ("router_put", "router_get", "router_delete", "router_reload", "router_drain"):
             return orjson.dumps({"ok": await routers.serve(op, str(head["router"]), body)})
         if op == "ensure":  # a router's endpoint, created with defaults when absent
             await RouterService._ensure(routers, name)
@@ -975,6 +975,9 @@ class Fronts:
                 await self.refresh(topic)
         for tid in sorted((ids | set(heads)) - set(engine.by_id)):
             await self._install_id(tid)
+        routers = engine.routers
+        if isinstance(routers, JsRouters):
+            await routers.tend()  # (a router notice this front missed)
 
 
 def _gone(topic: Topic) -> bool:
