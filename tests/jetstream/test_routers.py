@@ -459,7 +459,6 @@ def _barrier(n: int):
     async def hook() -> None:
         nonlocal arrived
         arrived += 1
-        print("HOOK", arrived, flush=True)
         if arrived <= n:
             if arrived == n:
                 all_in.set()
@@ -473,9 +472,7 @@ async def _race(puts) -> list[tuple[int, dict]]:
     out: list[tuple[int, dict]] = [(0, {})] * len(puts)
 
     async def one(i, c, name, body) -> None:
-        print("PUT", name, body, flush=True)
         r = await c.put(f"/v0/routers/{name}", json=body)
-        print("ANS", name, r.status_code, flush=True)
         out[i] = (r.status_code, json.loads(await r.get_data()))
 
     async with trio.open_nursery() as nursery:
@@ -492,7 +489,6 @@ async def test_racing_puts_on_two_runners_one_wins_as_on_one_process(cluster):
     is created and the other gets the refusal one process gives the later of the two;
     every front then shows the same single router."""
     from tests.jetstream.conftest import fronts_of, open_fronts
-
     from topicd.storage.jsfronts import Fronts
 
     by_shard: dict[int, list[str]] = {}
