@@ -343,6 +343,15 @@ class JsRouters(RouterService):
         if rev != self.graph_rev:
             await self._load_known()
 
+    async def _forget(self, names: list[str]) -> None:
+        """Remove deleted routers (their entries gone) from the graph. A failure is only
+        logged: the delete stands, and the next graph write a minute on drops members
+        with no entry."""
+        try:
+            await self._graph_edit({}, names)
+        except TopicdError as exc:
+            log.warning("routers %s deleted; left in the router graph for now: %s", names, exc)
+
     def _pruned(self, graph: Graph) -> Graph:
         """`graph` without the members a stopped front left (module constant
         `GRAPH_STALE_MS`)."""
@@ -691,7 +700,7 @@ class JsRouters(RouterService):
         for name in names:
             await self.backend._call(partial(delete_router, self.backend.store, name))
             self.known.pop(name, None)
-        await self._graph_edit({}, names)
+        await self._forget(names)
         self._recycle()
         fronts = self._shared()
         if fronts is not None and names:
@@ -827,7 +836,7 @@ class JsRouters(RouterService):
         if ftype == frames.ROUTER_DELETE:
             await call(partial(delete_router, store, name))
             self.defs.pop(name, None)
-            await self._graph_edit({}, [name])
+            await self._forget([name])
             return apply()
         if ftype == frames.ROUTER_CURSOR:
             prev = self.defs.get(name)
