@@ -448,3 +448,194 @@ async def test_kill9_of_the_owner_front_while_copying_then_a_takeover(cluster, t
             for s in servers:
                 with trio.CancelScope(shield=True):
                     await s.close()
+
+
+def _barrier(n: int):
+    """A `graph_hook`: the first `n` calls wait until all `n` have come (two `PUT`s
+    checked, neither written yet); later calls (a loser's second try) go on."""
+    arrived = 0
+    all_in = trio.Event()
+
+    async def hook() -> None:
+        nonlocal arrived
+        arrived += 1
+        if arrived <= n:
+            if arrived == n:
+                all_in.set()
+            await all_in.wait()
+
+    return hook
+
+
+async def _race(puts) -> list[tuple[int, dict]]:
+    """Send the `PUT`s at once; their answers (status, body), in order."""
+    out: list[tuple[int, dict]] = [(0, {})] * len(puts)
+
+    async def one(i, c, name, body) -> None:
+        r = await c.put(f"/v0/routers/{name}", json=body)
+        out[i] = (r.status_code, json.loads(await r.get_data()))
+
+    async with trio.open_nursery() as nursery:
+        for i, (c, name, body) in enumerate(puts):
+            nursery.start_soon(one, i, c, name, body)
+    return out
+
+
+async def test_racing_puts_on_two_runners_one_wins_as_on_one_process(cluster):
+    """Conflicting `PUT`s sent at once to the runners of two destinations, held between
+    their checks and their writes until both have checked (the graph fault point): the
+    same new name with two destinations, two routers that together close a cycle, and
+    two routers for the last place under `limits.max_routers`. Each time exactly one
+    is created and the other gets the refusal one process gives the later of the two;
+    every front then shows the same single router."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+    from topicd.storage.jsfronts import Fronts
+
+    by_shard: dict[int, list[str]] = {}
+    for i in range(400):
+        by_shard.setdefault(Fronts.shard_of_name(f"k{i}", 3), []).append(f"k{i}")
+    src, (d1, p, x), (d2, q, y) = by_shard[0][0], by_shard[1][:3], by_shard[2][:3]
+    base = jetstream_config(cluster)
+    cfg = dataclasses.replace(base, limits=dataclasses.replace(base.limits, max_routers=3))
+    async with open_fronts(cfg) as hs:
+        fr = [fronts_of(h) for h in hs]
+        cs = [h.app.test_client() for h in hs]
+        at = {t: next(i for i, f in enumerate(fr) if f.owns(t)) for t in (d1, d2)}
+        # (the endpoints exist: two fronts auto-creating one topic at once is not raced)
+
+        def hold() -> None:
+            hook = _barrier(2)
+            for h in hs:
+                h.engine.routers.graph_hook = hook
+
+        for t in (src, d1, d2, p, q, x, y):
+            await _write(cs[0], t, {"data": t})
+        # one name, two destinations
+        hold()
+        got = await _race(
+            [
+                (cs[at[d1]], "r", {"source": src, "dest": d1}),
+                (cs[at[d2]], "r", {"source": src, "dest": d2}),
+            ]
+        )
+        assert sorted(s for s, _ in got) == [201, 409], got
+        lost = next(b for s, b in got if s == 409)["error"]
+        assert lost["detail"]["reason"] == "router_repoint_forbidden"
+        won = d1 if got[0][0] == 201 else d2
+        assert lost["detail"]["existing_dest"] == won
+        for c in cs:
+            assert (await _json(await c.get("/v0/routers/r"), 200))["dest"] == won
+        assert sum("r" in h.engine.routers.routers for h in hs) == 1
+
+        # two routers closing a cycle (neither allows one)
+        hold()
+        got = await _race(
+            [
+                (cs[at[d1]], "up", {"source": q, "dest": p}),
+                (cs[at[d2]], "down", {"source": p, "dest": q}),
+            ]
+        )
+        assert sorted(s for s, _ in got) == [201, 409], got
+        lost = next(b for s, b in got if s == 409)["error"]
+        assert lost["code"] == "router_cycle"
+        listed = (await _json(await cs[0].get("/v0/routers"), 200))["routers"]
+        assert len(listed) == 2  # r and the winner
+
+        # the last place under max_routers (3)
+        hold()
+        got = await _race(
+            [
+                (cs[at[d1]], "x", {"source": src, "dest": x}),
+                (cs[at[d2]], "y", {"source": src, "dest": y}),
+            ]
+        )
+        statuses = sorted(s for s, _ in got)
+        assert statuses[0] in (200, 201) and statuses[1] == 429, got
+        lost = next(b for s, b in got if s == 429)["error"]
+        assert lost["detail"]["limit"] == "max_routers"
+        for c in cs:
+            assert len((await _json(await c.get("/v0/routers"), 200))["routers"]) == 3
+
+
+async def test_a_source_deleted_through_its_owner_is_drained_by_the_runner_first(cluster):
+    """The router's source on one front, its destination (and the router) on another
+    that has not caught the source up (its notices and its poll held back): deleting the
+    source through its owner first has the runner copy every source record acknowledged
+    before the delete, as one process does; then the router is gone everywhere."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+
+    names = _names_by_shard(3)
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        src, dst = names[1], names[2]
+        own = next(i for i, f in enumerate(fr) if f.owns(src))
+        run = next(i for i, f in enumerate(fr) if f.owns(dst))
+        cs = [h.app.test_client() for h in hs]
+        await _json(await cs[run].put("/v0/routers/r", json={"source": src, "dest": dst}), 201)
+        await _write(cs[own], src, {"data": 0})
+        assert [x[1] for x in await _records(cs[run], dst)] == [0]
+        routers = hs[run].engine.routers
+        held = fr[run]
+
+        async def no_poll() -> None:
+            await trio.lowlevel.checkpoint()
+
+        feeds_out, poll_once = routers.feeds_out, held.poll_once
+        routers.feeds_out = lambda topic: False  # (its notices: nobody waits on src here)
+        held.poll_once = no_poll
+        try:
+            for i in (1, 2, 3):
+                await _write(cs[own], src, {"data": i})
+            assert hs[run].engine.topics[src].head_seq == 1  # (not caught up)
+            r = await cs[own].delete(f"/v0/topics/{src}")
+            assert (await _json(r, 200))["routers_removed"] == ["r"]
+        finally:
+            routers.feeds_out, held.poll_once = feeds_out, poll_once
+        await held.poll_once()  # (the runner learns of the delete: the router stops)
+        assert not routers.routers
+        for c in cs:
+            assert [x[1] for x in await _records(c, dst)] == [0, 1, 2, 3]
+            assert (await _json(await c.get("/v0/routers/r"), 404))["error"]["code"] == (
+                "router_not_found"
+            )
+
+
+async def test_a_lost_cycle_notice_on_delete_converges_at_the_next_poll(cluster):
+    """A router delete that takes its partner off a cycle: the notice to the partner's
+    runner fails (a fault injected), the delete answers all the same, and the
+    partner's runner re-reads the router graph at its next poll (its revision moved), so
+    its router is off the cycle there too and a later record is copied once."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+    from topicd.errors import StorageUnavailable
+
+    names = _names_by_shard(3)
+    p, q = names[1], names[2]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        run_q = next(i for i, f in enumerate(fr) if f.owns(q))
+        run_p = next(i for i, f in enumerate(fr) if f.owns(p))
+        cs = [h.app.test_client() for h in hs]
+        await _json(await cs[run_q].put("/v0/routers/pq", json={"source": p, "dest": q}), 201)
+        r = await cs[run_p].put(
+            "/v0/routers/qp", json={"source": q, "dest": p, "allow_cycle": True}
+        )
+        await _json(r, 201)
+        assert hs[run_q].engine.routers.routers["pq"].cyclic is True
+        call = fr[run_p].router_call
+
+        async def lossy(op: str, topic: str, router: str, body: bytes) -> dict[str, object]:
+            if op == "router_reload":
+                raise StorageUnavailable("injected", {})
+            return await call(op, topic, router, body)
+
+        fr[run_p].router_call = lossy
+        try:
+            await _json(await cs[run_p].delete("/v0/routers/qp"), 200)
+        finally:
+            fr[run_p].router_call = call
+        assert hs[run_q].engine.routers.routers["pq"].cyclic is True  # (not told)
+        await fr[run_q].poll_once()
+        assert hs[run_q].engine.routers.routers["pq"].cyclic is False
+        await _write(cs[run_p], p, {"data": 2})
+        for c in cs:
+            assert [x[1] for x in await _records(c, q)] == [2]

@@ -819,8 +819,8 @@ class Engine:
         finally:
             topic.deleting = None
             done.set()
-        if result[0] and elsewhere:
-            await self.routers.deleted_with(topic, elsewhere)
+        if result[0] and result[1]:
+            await self.routers.deleted_with(topic, result[1])
         return result
 
     # ------------------------------------------------------------------------------------

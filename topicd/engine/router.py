@@ -436,7 +436,8 @@ class RouterService:
         return self.touching(topic)
 
     async def deleted_with(self, topic: Topic, names: list[str]) -> None:
-        """After `topic`'s delete: forget the routers of `names` run elsewhere."""
+        """After `topic`'s delete: the routers of `names` were removed with it (a backend
+        keeping their definitions apart, or running some elsewhere, forgets them)."""
         await trio.lowlevel.checkpoint()
 
     @property

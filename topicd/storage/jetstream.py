@@ -8,9 +8,9 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
   instance's name, config, eviction floor, eviction runs and last record deletes (JSON);
   `meta.next_id` the next topic id (ids are never reused); `name.<hex>` the id of a
   name's live instance; `front.owner.<shard>` the owner leases, `front.members` the
-  live fronts, `meta.shards` the shard count. Writing the `topic.<id>`
-  entry is the commit point of a topic create or config change; deleting it, of a topic
-  delete.
+  live fronts, `meta.shards` the shard count, `meta.routers` the router graph. Writing
+  the `topic.<id>` entry is the commit point of a topic create or config change;
+  deleting it, of a topic delete.
 * **Records** — topic id N is the stream `<prefix>_T<N>` with the subjects
   `<prefix>.t.<N>.*`; the last token encodes the record's tag (`_` untagged, `x` + hex
   of its UTF-8 otherwise) so exact-tag deletes are filtered purges. A record's `$seq` *is*

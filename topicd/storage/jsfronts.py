@@ -403,7 +403,7 @@ class Fronts:
         if op == "delete_records":
             result = await engine.delete_records(name, DELETE_DECODER.decode(body))
             return orjson.dumps({"ok": {"deleted": result.deleted}})
-        if op in ("router_put", "router_get", "router_delete", "router_reload"):
+        if op in ("router_put", "router_get", "router_delete", "router_reload", "router_drain"):
             return orjson.dumps({"ok": await routers.serve(op, str(head["router"]), body)})
         if op == "ensure":  # a router's endpoint, created with defaults when absent
             await RouterService._ensure(routers, name)
@@ -1058,6 +1058,9 @@ class Fronts:
                 await self.refresh(topic)
         for tid in sorted(self._unknown(ids, set(heads))):
             await self._install_id(tid)
+        routers = engine.routers
+        if isinstance(routers, JsRouters):
+            await routers.tend()  # (a router notice this front missed)
 
     def _unknown(self, ids: set[int], streams: set[int]) -> set[int]:
         """The topic ids among the registry's `ids` and the `streams` (stream ids: a

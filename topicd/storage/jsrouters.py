@@ -33,6 +33,7 @@ where copies live (docs/jetstream.md, "Routers"):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 from functools import partial
@@ -43,12 +44,17 @@ import orjson
 import trio
 
 from topicd.engine.router import Router, RouterDef, RouterService, cyclic_edges
-from topicd.errors import RouterNotFound, TopicdError
+from topicd.errors import (
+    RouterNotFound,
+    StorageUnavailable,
+    TopicdError,
+    TopicExistsIncompatible,
+)
 from topicd.storage import frame as frames
 from topicd.wire import ROUTER_DECODER, check_router_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from topicd.engine.engine import Engine
     from topicd.engine.topic import DerivedSlot, Topic
@@ -61,6 +67,25 @@ log = logging.getLogger("topicd.storage.jsrouters")
 _T = TypeVar("_T")
 
 ROUTER_PREFIX: Final = "router."
+# the router graph: `{name: [source, dest, ms]}`, rewritten by compare-and-set by every
+# router create, configure and delete after its checks (docs/jetstream.md, "Routers
+# across several fronts")
+GRAPH_KEY: Final = "meta.routers"
+# a graph member with no `router.*` entry this old was left by a front that stopped
+# between the graph's write and the entry's: the next write of the graph drops it
+GRAPH_STALE_MS: Final = 60_000
+GRAPH_TRIES: Final = 16  # a PUT's checks redone after a lost compare-and-set, at most
+
+Graph = dict[str, list[object]]
+
+# the graph a `PUT` running in this task checked against: (its revision, the graph)
+_CHECKED: contextvars.ContextVar[tuple[int, Graph] | None] = contextvars.ContextVar(
+    "topicd_router_graph", default=None
+)
+
+
+class _GraphMoved(StorageUnavailable):
+    """The router graph changed between a `PUT`'s checks and its write: check again."""
 
 
 def router_key(name: str) -> str:
@@ -199,6 +224,35 @@ async def delete_router(store: JetStreamStore, name: str) -> None:
         return
 
 
+async def router_graph(store: JetStreamStore) -> tuple[Graph, int]:
+    """The router graph and its revision (0: never written)."""
+    import nats.js.errors
+
+    assert store.kv is not None
+    try:
+        got = await store.kv.get(GRAPH_KEY)
+    except nats.js.errors.KeyNotFoundError:
+        return {}, 0
+    body = orjson.loads(got.value) if got.value else {}
+    graph = {str(k): v for k, v in body.items() if isinstance(v, list) and len(v) == 3}
+    return graph, int(got.revision or 0)
+
+
+async def put_graph(store: JetStreamStore, graph: Graph, last: int) -> int | None:
+    """Write the router graph if its revision is still `last`: the new revision, or
+    None when another front wrote it first."""
+    import nats.js.errors
+
+    assert store.kv is not None
+    value = orjson.dumps(graph)
+    try:
+        if last == 0:
+            return int(await store.kv.create(GRAPH_KEY, value))
+        return int(await store.kv.update(GRAPH_KEY, value, last=last))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        return None
+
+
 async def router_entries(store: JetStreamStore) -> dict[str, dict[str, object]]:
     """Every `router.*` entry, by router name. The keys are the bucket stream's subjects
     as its leader lists them (a key listing through a consumer may be a lagging
@@ -235,6 +289,12 @@ class JsRouters(RouterService):
         self.known: dict[str, dict[str, object]] = {}
         self.views: dict[str, Router] = {}
         self.waits: dict[Topic, trio.Event] = {}  # destinations with copies in flight
+        # the router graph as last read, and its revision (the `PUT` checks' snapshot)
+        self.graph: Graph = {}
+        self.graph_rev = 0
+        # a fault point: awaited between a `PUT`'s checks and its graph write (tests
+        # force two racing `PUT`s to interleave there)
+        self.graph_hook: Callable[[], Awaitable[None]] | None = None
 
     # ---- several owner fronts -----------------------------------------------------------
 
@@ -249,17 +309,73 @@ class JsRouters(RouterService):
         fronts = self.backend.fronts
         return fronts is None or fronts.owns(dest)
 
+    async def _snapshot(self) -> tuple[int, Graph, dict[str, dict[str, object]]]:
+        """The router graph, its revision and every router's entry, read in that order:
+        a router whose graph write a `PUT` lost to is in the graph read after it."""
+        store = self.backend.store
+        graph, rev = await self.backend._call(partial(router_graph, store))
+        known = await self.backend._call(partial(router_entries, store))
+        return rev, graph, known
+
     async def _load_known(self) -> dict[str, dict[str, object]]:
-        self.known = await self.backend._call(partial(router_entries, self.backend.store))
+        self.graph_rev, self.graph, self.known = await self._snapshot()
         self._recycle()  # (a cycle may run through other fronts' routers)
         return self.known
 
     def endpoints(self) -> dict[str, tuple[str, str]]:
         out = {}
         if self._shared() is not None:
-            out = {n: (str(b.get("source")), str(b.get("dest"))) for n, b in self.known.items()}
+            # the registry's routers and those being written (graph members whose
+            # entry is not stored yet)
+            out = {n: (str(m[0]), str(m[1])) for n, m in self.graph.items()}
+            out |= {n: (str(b.get("source")), str(b.get("dest"))) for n, b in self.known.items()}
         out.update(super().endpoints())
         return out
+
+    async def tend(self) -> None:
+        """The poll's step: re-read the routers' entries when the graph changed since
+        this front last read it (a router notice it missed: a delete's cycle notice that
+        failed, say), so whether each router lies on a cycle converges."""
+        if self._shared() is None or not self.routers:
+            await trio.lowlevel.checkpoint()
+            return
+        _, rev = await self.backend._call(partial(router_graph, self.backend.store))
+        if rev != self.graph_rev:
+            await self._load_known()
+
+    async def _forget(self, names: list[str]) -> None:
+        """Remove deleted routers (their entries gone) from the graph. A failure is only
+        logged: the delete stands, and the next graph write a minute on drops members
+        with no entry."""
+        try:
+            await self._graph_edit({}, names)
+        except TopicdError as exc:
+            log.warning("routers %s deleted; left in the router graph for now: %s", names, exc)
+
+    def _pruned(self, graph: Graph) -> Graph:
+        """`graph` without the members a stopped front left (module constant
+        `GRAPH_STALE_MS`)."""
+        now = self.engine.clock.now_ms()
+        return {
+            n: m
+            for n, m in graph.items()
+            if n in self.known or n in self.routers or now - int(str(m[2])) < GRAPH_STALE_MS
+        }
+
+    async def _graph_edit(self, add: Graph, remove: list[str]) -> None:
+        """Add and remove graph members, whatever else changed (no check depends on
+        it: a delete, a configure on one front, a topic delete's cascade)."""
+        store = self.backend.store
+        for _ in range(GRAPH_TRIES):
+            graph, rev = await self.backend._call(partial(router_graph, store))
+            new = {n: m for n, m in self._pruned(graph).items() if n not in remove} | add
+            if new == graph and rev:
+                return
+            got = await self.backend._call(partial(put_graph, store, new, rev))
+            if got is not None:
+                self.graph, self.graph_rev = new, got
+                return
+        raise StorageUnavailable("the router graph kept changing; retry", {"backend": "jetstream"})
 
     def listed(self) -> dict[str, Router]:
         if self._shared() is None:
@@ -275,9 +391,7 @@ class JsRouters(RouterService):
             ok = await fronts.router_call("router_put", req.dest, name, msgspec.json.encode(req))
             await self._load_known()  # (reads of its destination here ask its runner)
             return await self._view(ok), bool(ok["created"])
-        await self._load_known()  # (other fronts' routers: names, cycles, the cap)
-        await self.engine.sync_topic(req.source)
-        r, created = await super().put(name, req)
+        r, created = await super().put(name, req)  # (`_put`: checked against the graph)
         if r.cyclic:
             # the routers of the cycle run elsewhere learn it before the answer: their
             # copies carry hop counts from now on, so a record stops at the hop cap
@@ -294,6 +408,45 @@ class JsRouters(RouterService):
         before the `PUT` or `DELETE` of router `name` that changed it is answered."""
         for dest in sorted({d for _, d in edges if not fronts.owns(d)}):
             await fronts.router_call("router_reload", dest, name, b"")
+
+    async def _put(self, d: RouterDef, create_dest: bool) -> tuple[Router, bool]:
+        """With several runners: the checks are made against one snapshot of the router
+        graph (other fronts' routers: names, cycles, fan-in, the cap), and the write
+        replaces that graph by compare-and-set; a `PUT` that loses to another front's
+        write checks again, so of two conflicting `PUT`s one is refused as on one
+        process."""
+        if self._shared() is None:
+            return await super()._put(d, create_dest)
+        for _ in range(GRAPH_TRIES):
+            snap = await self._snapshot()
+            await self.engine.sync_topic(d.source)
+            # (from here to the base checks, no await: they see exactly this snapshot)
+            self.graph_rev, self.graph, self.known = snap
+            self._recycle()
+            self._fan_in(d, create_dest)
+            token = _CHECKED.set((snap[0], snap[1]))
+            try:
+                return await super()._put(d, create_dest)
+            except _GraphMoved:
+                continue
+            finally:
+                _CHECKED.reset(token)
+        raise StorageUnavailable(
+            "the router graph kept changing; retry", {"backend": "jetstream", "router": d.name}
+        )
+
+    def _fan_in(self, d: RouterDef, create_dest: bool) -> None:
+        """The fan-in check against every front's routers (a router into the same
+        destination being created on this front's other task included)."""
+        if d.dest not in self.engine.topics and not create_dest:
+            return  # (the base check refuses it first)
+        for other, (source, dest) in sorted(self.endpoints().items()):
+            if dest == d.dest and source != d.source and other != d.name:
+                raise TopicExistsIncompatible(
+                    f"topic {d.dest!r} is already the destination of router "
+                    f"{other!r} from another source ({source!r})",
+                    {"topic": d.dest, "reason": "router_dest_fan_in"},
+                )
 
     async def _ensure(self, name: str) -> Topic:
         fronts = self.backend.fronts
@@ -497,7 +650,8 @@ class JsRouters(RouterService):
     async def serve(self, op: str, name: str, body: bytes) -> dict[str, object]:
         """A router call forwarded by another front to this one, the destination's
         owner (`op`: `router_put`, `router_get`, `router_delete`, or `router_reload`:
-        re-read every router's entry, a cycle changed)."""
+        re-read every router's entry, a cycle changed; `router_drain`: copy what the
+        source holds now, it is about to be deleted)."""
         if op == "router_put":
             req = ROUTER_DECODER.decode(body)
             r, created = await self.put(name, req)
@@ -507,16 +661,35 @@ class JsRouters(RouterService):
         if op == "router_reload":
             await self._load_known()
             return {}
+        if op == "router_drain":  # (its source is about to be deleted by its owner)
+            live = self.routers.get(name)
+            if live is not None:
+                await self.freshen(live.dst)
+            return {}
         assert op == "router_delete", op
         return {"deleted": await self.delete(name)}
 
     async def touching_all(self, topic: Topic) -> list[str]:
+        """Before `topic`'s delete: the routers of it, and the runners on other fronts
+        of the routers from it copy what it holds first (the source records acknowledged
+        before the delete are copied, as the drain after each write does on one
+        process)."""
         names = set(self.touching(topic))
-        if self._shared() is not None:
+        fronts = self._shared()
+        if fronts is not None:
             tid = topic.topic_id
-            for name, body in (await self._load_known()).items():
-                if tid in (body.get("src_id"), body.get("dest_id")):
-                    names.add(name)
+            for name, body in sorted((await self._load_known()).items()):
+                if tid not in (body.get("src_id"), body.get("dest_id")):
+                    continue
+                names.add(name)
+                dest = str(body.get("dest"))
+                if body.get("src_id") == tid and not fronts.owns(dest):
+                    try:
+                        await fronts.router_call("router_drain", dest, name, b"")
+                    except TopicdError as exc:  # (its runner is gone: nothing copies now)
+                        log.warning(
+                            "router %r: not drained before its source's delete: %s", name, exc
+                        )
         else:
             await trio.lowlevel.checkpoint()
         return sorted(names)
@@ -527,6 +700,7 @@ class JsRouters(RouterService):
         for name in names:
             await self.backend._call(partial(delete_router, self.backend.store, name))
             self.known.pop(name, None)
+        await self._forget(names)
         self._recycle()
         fronts = self._shared()
         if fronts is not None and names:
@@ -662,6 +836,7 @@ class JsRouters(RouterService):
         if ftype == frames.ROUTER_DELETE:
             await call(partial(delete_router, store, name))
             self.defs.pop(name, None)
+            await self._forget([name])
             return apply()
         if ftype == frames.ROUTER_CURSOR:
             prev = self.defs.get(name)
@@ -706,6 +881,21 @@ class JsRouters(RouterService):
                 "cursor": src_base,
                 "forwarded_total": 0,
             }
+        member: Graph = {name: [d.source, d.dest, self.engine.clock.now_ms()]}
+        checked = _CHECKED.get()
+        if checked is None:
+            await self._graph_edit(member, [])
+        else:  # the graph the `PUT`'s checks saw, or none of it (check again)
+            if self.graph_hook is not None:
+                await self.graph_hook()
+            rev, graph = checked
+            new = self._pruned(graph) | member
+            got = await call(partial(put_graph, store, new, rev))
+            if got is None:
+                raise _GraphMoved(
+                    "the router graph changed meanwhile", {"backend": "jetstream", "router": name}
+                )
+            self.graph, self.graph_rev = new, got
         await call(partial(put_router, store, name, stored))
         self.defs[name] = stored
         return apply()
