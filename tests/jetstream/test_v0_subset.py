@@ -5,7 +5,7 @@ directory's `harness`/`client` fixtures, parametrized by backend: `memory` (the 
 engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff,
 record-delete, error, probe, query-boolean, auth, smoke and watch-create contract tests
 that use only `client`/`harness` (those taking
-`autojump_clock` need virtual time, which a real network cannot follow). On `jetstream`,
+`autojump_clock` run in `test_v0_timed.py`). On `jetstream`,
 the ones exercising what the backend does differently by design (the batch ceiling;
 see docs/jetstream.md) are marked, and `test_backend.py` checks it. The queue and router
 contract tests run in `test_v0_queues.py` and `test_v0_routers.py`.
