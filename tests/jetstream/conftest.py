@@ -348,6 +348,15 @@ JETSTREAM_DELTAS: dict[str, Delta] = {
 # opens on the front that created its session, `StickyWatchApp`)
 FRONTS_DELTAS: dict[str, Delta] = {}
 
+# ... and these may fail with several fronts, depending on timing (not strict): live
+# frames of topics with different owners reach a watch stream in the order its front
+# catches each topic up, not in the order the writes were acknowledged
+FRONTS_RACES: dict[str, Delta] = {
+    "test_contract_watch_frames::test_live_record_frame_after_caught_up": (
+        "live frames of two topics owned by different fronts: order not kept across topics"
+    ),
+}
+
 
 def delta_reason(table: dict[str, Delta], item: pytest.Item) -> str | None:
     """The reason `item` is a delta in `table`, or None."""
@@ -373,6 +382,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             reason = delta_reason(FRONTS_DELTAS, item)
         if reason is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend} delta: {reason}"))
+        elif backend == "fronts" and (race := delta_reason(FRONTS_RACES, item)) is not None:
+            item.add_marker(pytest.mark.xfail(strict=False, reason=f"fronts delta: {race}"))
 
 
 @asynccontextmanager

@@ -11,10 +11,10 @@ With three fronts, a watch stream is opened on the front that created its sessio
 deletes of the same test go to every front in turn, so a stream on one front is fed by
 writes that the topic's owner, often another front, made.
 
-Also here: the query-boolean spellings that reach the backend (touch, return_seqs,
-if_empty, lenient), left out of the subset. Left out: refusals the HTTP layer decides
-before any backend is asked (bad query values, bodies, media types, methods, watch
-bodies and names), the tests that open their own in-memory app (auth keys, caps on
+Left out: what the HTTP layer decides before any backend is asked (query-boolean
+spellings, refusals of bad bodies, media types, methods, watch bodies and names,
+`Accept` values, undecodable `Last-Event-ID`s: many cases, each starting
+its fronts), the tests that open their own in-memory app (auth keys, caps on
 connections), which would run on `memory` whatever the backend, and the two that walk
 minutes of virtual time through every timer (`test_heartbeat_period_and_clamp`, 8 cases,
 and `test_effective_priority_manual_and_auto_decay`: 12-25 s each here; they pass).
@@ -26,7 +26,6 @@ import pytest
 
 from tests.http import (
     test_contract_diff,
-    test_contract_query_bools,
     test_contract_record_deletes,
     test_contract_topics,
     test_contract_writes,
@@ -79,16 +78,6 @@ PICKED = {
     test_contract_record_deletes: [
         "test_only_live_records_count_as_deleted",
     ],
-    test_contract_query_bools: [
-        "test_if_empty_true_spellings_refuse_a_non_empty_topic",
-        "test_if_empty_false_spellings_and_absence_delete",
-        "test_return_seqs_spellings",
-        "test_touch_spellings_on_the_state_read",
-        "test_touch_spellings_on_the_list",
-        "test_lenient_true_spellings_drop_unknown_topics",
-        "test_lenient_false_spellings_and_absence_refuse_unknown_topics",
-        "test_page_size_is_clamped_never_refused",
-    ],
     test_contract_watch_create: [
         "test_tail_session_streams_only_new_records",
         "test_lenient_drops_unknown_topics",
@@ -126,7 +115,6 @@ PICKED = {
         "test_create_session_returns_all_topics_in_id_even_if_untouched",
     ],
     test_contract_watch_open: [
-        "test_acceptable_accept",
         "test_response_headers",
         "test_unknown_wid_is_404",
         "test_wid_prefix_or_extension_is_404",
@@ -147,7 +135,6 @@ PICKED = {
         "test_higher_id_does_not_advance_before_any_delivery",
         "test_rewind_below_the_initial_from_seq",
         "test_missing_topics_keep_their_cursor_unknown_are_ignored",
-        "test_undecodable_id_is_ignored",
         "test_padded_base64url_is_accepted",
         "test_id_with_unsorted_keys_or_spaces_still_rewinds",
         "test_cursor_query_used_when_header_absent",
