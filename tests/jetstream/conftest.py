@@ -15,13 +15,16 @@ the tests instead.
 The `harness` and `client` fixtures are overridden here, parametrized by backend:
 `memory` (the in-memory engine the contract tests use elsewhere), `jetstream` (one front)
 and `fronts` (three fronts on one deployment, three owner shards spread over them, and a
-client that sends each request to the next front in turn: no load balancer).
+client that sends each request to the next front in turn: no load balancer). So is
+`autojump_clock`: on the jetstream backends, virtual time that stands still while a
+request to the servers is in flight (`NetworkClock`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import re
 import shutil
@@ -37,17 +40,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import trio
+import trio.testing
 
 from topicd.config import Config
 from topicd.engine import payloads
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
 from topicd.lifecycle import Lifecycle
+from topicd.storage.jsbridge import AsyncioBridge
 from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.harness import AppHarness, open_app
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator, Sequence
+
+    from quart_trio import QuartTrio
 
     from topicd.storage.jsfronts import Fronts
 
@@ -320,15 +328,47 @@ def jetstream_config(
 
 # The documented deltas of the jetstream backend (docs/jetstream.md): these contract tests
 # fail on it by design, and must (strict): a delta that disappears is removed from here.
-JETSTREAM_DELTAS = {
-    "test_limit_default_zero_and_clamp": "writes are capped at 1000 records (batch ceiling)",
+# A key is `module::test` (the contract module the test comes from); a value is the
+# reason, or (the reason, the parameter values of the cases it applies to).
+Delta = str | tuple[str, dict[str, object]]
+JETSTREAM_DELTAS: dict[str, Delta] = {
+    "test_contract_diff::test_limit_default_zero_and_clamp": (
+        "writes are capped at 1000 records (batch ceiling)"
+    ),
+    "test_contract_watch_frames::test_limit_default_zero_and_clamp": (
+        "writes are capped at 1000 records (batch ceiling)",
+        {"written": 1200},
+    ),
 }
 
 
 # ... and these fail with clients spread over several fronts, by design (docs/jetstream.md,
 # "Across several fronts"), on top of the ones above (none at present: read times and the
-# readiness probe's topic count are the deployment's, not one front's)
-FRONTS_DELTAS: dict[str, str] = {}
+# readiness probe's topic count are the deployment's, not one front's; a watch stream
+# opens on the front that created its session, `StickyWatchApp`)
+FRONTS_DELTAS: dict[str, Delta] = {}
+
+# ... and these may fail with several fronts, depending on timing (not strict): live
+# frames of topics with different owners reach a watch stream in the order its front
+# catches each topic up, not in the order the writes were acknowledged
+FRONTS_RACES: dict[str, Delta] = {
+    "test_contract_watch_frames::test_live_record_frame_after_caught_up": (
+        "live frames of two topics owned by different fronts: order not kept across topics"
+    ),
+}
+
+
+def delta_reason(table: dict[str, Delta], item: pytest.Item) -> str | None:
+    """The reason `item` is a delta in `table`, or None."""
+    function = getattr(item, "function", None)
+    module = getattr(function, "__module__", "").rsplit(".", 1)[-1]
+    entry = table.get(f"{module}::{item.originalname}")  # type: ignore[attr-defined]
+    if entry is None or isinstance(entry, str):
+        return entry
+    reason, params = entry
+    callspec = getattr(item, "callspec", None)
+    got = {} if callspec is None else callspec.params
+    return reason if all(got.get(k) == v for k, v in params.items()) else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -337,12 +377,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         backend = None if callspec is None else callspec.params.get("backend")
         if backend not in ("jetstream", "fronts"):
             continue
-        name = item.originalname  # type: ignore[attr-defined]
-        reason = JETSTREAM_DELTAS.get(name)
+        reason = delta_reason(JETSTREAM_DELTAS, item)
         if reason is None and backend == "fronts":
-            reason = FRONTS_DELTAS.get(name)
+            reason = delta_reason(FRONTS_DELTAS, item)
         if reason is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{backend} delta: {reason}"))
+        elif backend == "fronts" and (race := delta_reason(FRONTS_RACES, item)) is not None:
+            item.add_marker(pytest.mark.xfail(strict=False, reason=f"fronts delta: {race}"))
 
 
 @asynccontextmanager
@@ -438,9 +479,138 @@ class SpreadLifecycle:
 
 @dataclasses.dataclass
 class FrontsHarness(AppHarness):
-    """The `fronts` backend: `engine`/`app` are the first front's; `client()` spreads."""
+    """The `fronts` backend: `engine` is the first front's, `app` opens a watch stream
+    on the front that created its session (`StickyWatchApp`); `client()` spreads."""
 
     fronts: list[AppHarness] = dataclasses.field(default_factory=list)
+
+
+class SpreadEngine:
+    """`harness.engine` for the `fronts` backend: the first front's engine, except that
+    what a contract test does to "the server" (set its published pressure, begin a
+    drain) is done to every front, as a whole deployment would see it."""
+
+    def __init__(self, hs: Sequence[AppHarness]) -> None:
+        object.__setattr__(self, "_engines", [h.engine for h in hs])
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engines[0], name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        for engine in self._engines:
+            setattr(engine, name, value)
+
+    def begin_drain(self) -> None:
+        for engine in self._engines:
+            engine.begin_drain()
+
+
+class StickyWatchApp:
+    """`app.asgi_app` for the `fronts` backend: `GET /v0/watch/:wid` goes to the front
+    that created the session (sessions live there: a documented difference), any other
+    request to the next front in turn."""
+
+    def __init__(self, hs: Sequence[AppHarness]) -> None:
+        self._hs = list(hs)
+        self._next = 0
+
+    def _front(self, path: str) -> QuartTrio:
+        if path.startswith("/v0/watch/"):
+            wid = path.split("/")[3]
+            for h in self._hs:
+                if wid in h.engine.watch.sessions:
+                    return h.app
+        self._next += 1
+        return self._hs[self._next % len(self._hs)].app
+
+    async def asgi_app(self, scope: dict[str, object], receive: object, send: object) -> None:
+        app = self._front(str(scope["path"]))
+        await app.asgi_app(scope, receive, send)  # type: ignore[arg-type]
+
+    def test_client(self) -> object:
+        return SpreadClient(self._hs)
+
+
+# ---- virtual time on a real network -------------------------------------------------------
+
+GRACE_S = 0.05  # real seconds after a request is answered before virtual time may jump
+
+
+class NetworkClock:
+    """`autojump_clock` for the jetstream backends: a `MockClock` whose virtual time
+    stands still while anything runs and jumps to the next deadline once every task
+    waits, like `MockClock(autojump_threshold=0)`, except that it never jumps while a
+    request to the NATS servers is in flight (the bridge tells this object:
+    `AsyncioBridge.observer`), nor within `GRACE_S` real seconds of the last answer (a
+    notice one front sends another after a write is not a request: it is given that
+    long to arrive). So the contract tests that move time (TTLs, heartbeats, long-poll
+    waits, session reclaim) run unchanged: a real round trip takes no virtual time, as
+    the in-memory engine's work takes none."""
+
+    def __init__(self) -> None:
+        self.clock = trio.testing.MockClock(autojump_threshold=0)
+        self.in_flight = 0
+        self.answered = 0.0  # (real time of the last answer)
+        self._settled: trio.Event | None = None
+        jump = self.clock._autojump
+
+        def autojump() -> None:  # (the runner calls it when every task waits)
+            wait = self.answered + GRACE_S - time.monotonic()
+            if wait > 0:
+                self.clock.autojump_threshold = wait  # (then it calls this again)
+                return
+            self.clock.autojump_threshold = 0
+            jump()
+
+        self.clock._autojump = autojump  # type: ignore[method-assign]
+
+    def call_began(self) -> None:
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self.clock.autojump_threshold = math.inf
+
+    def call_ended(self) -> None:
+        self.in_flight -= 1
+        self.answered = time.monotonic()
+        if self.in_flight == 0:
+            self.clock.autojump_threshold = 0
+            if self._settled is not None:
+                self._settled.set()
+                self._settled = None
+
+    async def settled(self) -> None:
+        """Until no request is in flight."""
+        if self.in_flight:
+            if self._settled is None:
+                self._settled = trio.Event()
+            await self._settled.wait()
+
+    async def wait_all_tasks_blocked(self, cushion: float = 0.0) -> None:
+        """`trio.testing.wait_all_tasks_blocked` that also waits for the requests in
+        flight to be answered (and what they wake to run), and `GRACE_S` of quiet."""
+        while True:
+            await _blocked(max(cushion, GRACE_S))
+            if not self.in_flight:
+                return
+            await self.settled()
+
+
+_blocked = trio.testing.wait_all_tasks_blocked
+
+
+@pytest.fixture
+def autojump_clock(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> trio.testing.MockClock:
+    """pytest-trio's `autojump_clock` on `memory`; a `NetworkClock`'s on the jetstream
+    backends (the bridge's observer, and `wait_all_tasks_blocked` waits for it)."""
+    backend = request.getfixturevalue("backend") if "backend" in request.fixturenames else None
+    if backend not in ("jetstream", "fronts"):
+        return trio.testing.MockClock(autojump_threshold=0)
+    network = NetworkClock()
+    monkeypatch.setattr(AsyncioBridge, "observer", network)
+    monkeypatch.setattr(trio.testing, "wait_all_tasks_blocked", network.wait_all_tasks_blocked)
+    return network.clock
 
 
 @pytest.fixture(params=["memory", "jetstream", "fronts"])
@@ -466,8 +636,11 @@ async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
     # one-seq chunks and a 0-byte cache: every published record leaves memory at once,
     # so every read of one goes back to its stream
     monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
-    cfg = jetstream_config(deployment, base)
+    # (a module may keep the default cache instead: `JETSTREAM_CACHE_BYTES`)
+    cache_bytes = getattr(request.module, "JETSTREAM_CACHE_BYTES", 0)
+    if not cache_bytes:
+        monkeypatch.setattr(payloads, "CHUNK_SHIFT", 0)
+    cfg = jetstream_config(deployment, base, cache_bytes=cache_bytes)
     if backend == "jetstream":
         async with open_jetstream_app(cfg) as h:
             yield h
@@ -476,7 +649,9 @@ async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
     async with open_fronts(cfg) as hs:
         first = hs[0]
         lifecycle = SpreadLifecycle(hs)
-        yield FrontsHarness(first.app, first.engine, lifecycle, first.clock, hs)  # type: ignore[arg-type]
+        sticky = StickyWatchApp(hs)
+        engine = SpreadEngine(hs)
+        yield FrontsHarness(sticky, engine, lifecycle, first.clock, hs)  # type: ignore[arg-type]
         loaded[request.node.nodeid] = sum(h.engine.payloads.stats().loaded_records for h in hs)
 
 

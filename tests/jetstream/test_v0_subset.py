@@ -5,7 +5,7 @@ directory's `harness`/`client` fixtures, parametrized by backend: `memory` (the 
 engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff,
 record-delete, error, probe, query-boolean, auth, smoke and watch-create contract tests
 that use only `client`/`harness` (those taking
-`autojump_clock` need virtual time, which a real network cannot follow). On `jetstream`,
+`autojump_clock` run in `test_v0_timed.py`). On `jetstream`,
 the ones exercising what the backend does differently by design (the batch ceiling;
 see docs/jetstream.md) are marked, and `test_backend.py` checks it. The queue and router
 contract tests run in `test_v0_queues.py` and `test_v0_routers.py`.
@@ -26,7 +26,7 @@ from tests.http import (
     test_contract_writes,
     test_smoke,
 )
-from tests.watch import test_contract_watch_create
+from tests.watch import test_contract_watch_create, test_contract_watch_frames
 
 pytestmark = pytest.mark.slow
 
@@ -234,6 +234,13 @@ PICKED = {
     ],
     test_contract_auth: [
         "test_dev_mode_ignores_the_header",
+    ],
+    # (these move virtual time, as `test_v0_timed.py`'s do; here, with the 0-byte cache,
+    # every live record's bytes are loaded back from the stream before a watch stream
+    # gets them: it must still get one record frame each and no second `caught-up`)
+    test_contract_watch_frames: [
+        "test_live_records_do_not_repeat_caught_up",
+        "test_heartbeat_counts_silence_from_the_last_frame",
     ],
 }
 

@@ -367,6 +367,9 @@ class Conn:
         self.lagged_since: float | None = None
         self.first_read: set[str] = set(session.topics)
         self.announce: set[str] = set(session.topics)  # owe a `caught-up` at head
+        # topics switched to pull only because a drain met bytes no longer in memory:
+        # the stream was live and is not behind, so it owes no `caught-up`
+        self.quiet_pull: set[str] = set()
         self.stop: bytes | None = None  # a terminal frame to write, then end
         self.stop_with_id = False  # prefix it with the `id:` of the position (shutdown)
         self.cancel_scope = trio.CancelScope()
@@ -461,15 +464,22 @@ class Conn:
             self.mode[name] = PULL
         self.poke()
 
-    def set_pull(self, name: str) -> None:
-        """Switch one topic to pull; the pump catches it up from its position."""
+    def set_pull(self, name: str, *, quiet: bool = False) -> None:
+        """Switch one topic to pull; the pump catches it up from its position (`quiet`:
+        only to load bytes a drain did not find in memory; the catch-up then ends
+        without a `caught-up`, as the live frames it stands for would have)."""
         if self.mode.get(name) == LIVE:
             self.mode[name] = PULL
+            if quiet:
+                self.quiet_pull.add(name)
             self.poke()
+        if not quiet:
+            self.quiet_pull.discard(name)
 
     def mark_lagged(self) -> None:
         """The channel is full: buffer nothing more, every topic reads from the log."""
         self.ready_at = -1
+        self.quiet_pull.clear()
         if not self.lagged:
             self.lagged = True
             self.lagged_since = trio.current_time()
@@ -487,6 +497,7 @@ class Conn:
             return True  # pull mode: the pump reads from its position
         if self.lagged:
             self.mode[name] = PULL  # rejoined live while others still catch up: re-read
+            self.quiet_pull.discard(name)
             return True
         if self.enqueued_to.get(name) != ref.from_seq:
             self.set_pull(name)  # range mismatch: never guess
@@ -911,13 +922,15 @@ def catch_up(
                 pos[name] = ref.to_seq
                 if ref.body is not None:
                     out.append(b"id: " + composite_id(pos) + b"\n" + ref.body)
-                    conn.announce.add(name)
+                    if name not in conn.quiet_pull:
+                        conn.announce.add(name)
             if frames:
                 moved = True
                 topic.last_read_ts = now_ms  # watch delivery is a read (recency)
                 topic.mark_changed()
         if pos[name] >= bound and pos[name] <= topic.head_seq:
             mode[name] = LIVE  # at the head: the drains feed it from here
+            conn.quiet_pull.discard(name)
             conn.enqueued_to[name] = pos[name]
             if name in conn.announce:
                 conn.announce.discard(name)

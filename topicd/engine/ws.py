@@ -76,6 +76,7 @@ class Sub:
     mode: int = PULL
     enqueued_to: int = -1  # live: the end of the last frame handed to the connection
     announce: bool = True  # owe a `caught_up` when it reaches the head
+    quiet: bool = False  # pulling only to load bytes a drain missed: owes no `caught_up`
 
 
 class WsConn:
@@ -167,9 +168,11 @@ class WsConn:
             return True  # unsubscribed meanwhile, or pulling from its position
         if self.lagged:
             sub.mode = PULL  # rejoined live while others still catch up: re-read
+            sub.quiet = False
             return True
         if sub.enqueued_to != ref.from_seq:
             sub.mode = PULL  # range mismatch: never guess
+            sub.quiet = False
             self.poke()
             return True
         if self.idle and self.direct is not None and self.stop is None:
@@ -215,12 +218,14 @@ class WsConn:
         for sub in self.subs.values():
             if sub.mode == LIVE:
                 sub.mode = PULL
+                sub.quiet = False
 
     def on_deleted(self, name: str) -> None:
         """The topic was deleted: the writer reports it (`topic_deleted`)."""
         sub = self.subs.get(name)
         if sub is not None and sub.mode == LIVE:
             sub.mode = PULL
+            sub.quiet = False
         self.poke()
 
     def poke(self) -> None:
@@ -236,12 +241,14 @@ class WsConn:
     def pulling(self) -> bool:
         return any(sub.mode == PULL for sub in self.subs.values())
 
-    def set_pull(self, name: str) -> None:
+    def set_pull(self, name: str, *, quiet: bool = False) -> None:
         """Switch one subscription to pull (a drain met records whose bytes are only in
-        their segment); the writer catches it up from its position, loading them."""
+        their segment); the writer catches it up from its position, loading them
+        (`quiet`: the subscription is not behind, so it owes no `caught_up` for it)."""
         sub = self.subs.get(name)
         if sub is not None and sub.mode == LIVE:
             sub.mode = PULL
+            sub.quiet = quiet
             self.poke()
 
     # ---- subscriptions ----------------------------------------------------------------
@@ -369,12 +376,13 @@ def catch_up(
                 if ref.body is not None:
                     out.append(ref.body)
                     size += ref.nbytes
-                    sub.announce = True
+                    sub.announce = sub.announce or not sub.quiet
             if frames:
                 moved = True
                 topic.last_read_ts = now_ms  # delivery is a read (recency)
         if sub.pos == topic.head_seq:
             sub.mode = LIVE  # at the head: the drains feed it from here
+            sub.quiet = False
             sub.enqueued_to = sub.pos
             if sub.announce:
                 sub.announce = False
@@ -479,6 +487,7 @@ async def ws_pump(
                             size += ref.nbytes
                     elif ref.to_seq > sub.pos and sub.mode == LIVE:
                         sub.mode = PULL  # not contiguous: re-read from the position
+                        sub.quiet = False
                 if size >= COALESCE_BYTES or len(out) >= COALESCE_FRAMES or conn.stop:
                     break
                 try:

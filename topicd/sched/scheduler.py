@@ -374,7 +374,7 @@ class DeliveryScheduler:
                 # bytes only in a segment (a drain far behind): each stream catches up
                 # from its own position, loading them off the loop
                 for conn in conns:
-                    conn.set_pull(topic.name)
+                    conn.set_pull(topic.name, quiet=True)
             delivered = True
         if routers is not None and not topic.deleted:
             # router work, in this topic's band, under the same quantum

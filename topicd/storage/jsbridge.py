@@ -11,6 +11,11 @@ for it (a publish already sent may still land: the backend's sequence fencing de
 
 Nothing else crosses the threads: the client's objects live on the asyncio thread and are
 only touched by coroutines the bridge runs there.
+
+`AsyncioBridge.observer` (None in a server) is told when a call begins and ends, except
+calls that park until something arrives from outside (`parks=True`: the next forwarded
+request, the next notice). The tests' virtual clock uses it to move time only while no
+request to the servers is in flight (tests/jetstream/conftest.py).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 import trio
 
@@ -29,8 +34,18 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
+class CallObserver(Protocol):
+    """Told (on the Trio thread) when a bridged call begins and when it ends."""
+
+    def call_began(self) -> None: ...
+
+    def call_ended(self) -> None: ...
+
+
 class AsyncioBridge:
     """An asyncio event loop running on its own thread (`start` / `close`)."""
+
+    observer: ClassVar[CallObserver | None] = None  # (a test seam; see the module doc)
 
     def __init__(self, name: str = "topicd-asyncio") -> None:
         self._name = name
@@ -71,8 +86,21 @@ class AsyncioBridge:
         loop.close()
         self._loop = self._thread = None
 
-    async def call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
-        """Run `factory()` on the asyncio loop; return its result or raise its exception."""
+    async def call(
+        self, factory: Callable[[], Coroutine[object, object, _T]], *, parks: bool = False
+    ) -> _T:
+        """Run `factory()` on the asyncio loop; return its result or raise its exception
+        (`parks`: the call waits for something from outside, not for a reply)."""
+        observer = None if parks else AsyncioBridge.observer
+        if observer is None:
+            return await self._call(factory)
+        observer.call_began()
+        try:
+            return await self._call(factory)
+        finally:
+            observer.call_ended()
+
+    async def _call(self, factory: Callable[[], Coroutine[object, object, _T]]) -> _T:
         loop = self._loop
         assert loop is not None, "the bridge is not started"
         token = trio.lowlevel.current_trio_token()

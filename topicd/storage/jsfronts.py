@@ -348,7 +348,7 @@ class Fronts:
         call = self.backend.bridge.call
         async with trio.open_nursery() as nursery:
             while True:
-                for msg in await call(self.store.next_requests):
+                for msg in await call(self.store.next_requests, parks=True):
                     await self._limit.acquire()
                     nursery.start_soon(self._answer, msg)
 
@@ -982,7 +982,7 @@ class Fronts:
     async def _follow_notices(self) -> None:
         call = self.backend.bridge.call
         while True:
-            tids = await call(self.store.next_notices)  # (a local queue: it never fails)
+            tids = await call(self.store.next_notices, parks=True)  # (a local queue: never fails)
             for tid in tids:
                 topic = self.engine.by_id.get(tid)
                 if topic is not None and (
