@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from functools import partial
 
 import httpx
@@ -384,6 +385,38 @@ async def test_a_deposed_owner_is_fenced_off_the_registry_and_then_follows(clust
         assert await _data(ca, "f") == [1, 2]
 
 
+async def test_an_owner_whose_term_runs_out_unrenewed_steps_down_and_catches_up(cluster):
+    """The owner's lease check is stuck (a slow round trip, a long takeover of another
+    shard) past the end of its term: another front takes the lease by expiry and writes
+    the topic. The owner's term watch steps it down, so its next read catches the topic
+    up from the stream instead of answering from memory without the new owner's writes
+    (issue: `test_kill9_of_an_owner_front_during_writes` saw a surviving front miss the
+    last acknowledged writes this way)."""
+    cfg = _sharded(cluster, 1)  # (a long lease: the test runs the checks)
+    clock = FakeWallClock()  # (one wall clock: the terms compare across fronts)
+    async with open_jetstream_app(cfg, clock) as a, open_jetstream_app(cfg, clock) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        fa, fb = _fronts(a), _fronts(b)
+        await _write(ca, "f", {"data": 1})
+        assert await _data(cb, "f") == [1]
+        await fa._tend_lease()  # (`a` counts `b` among the members)
+        assert fa.owner and fa.live == 2
+        fa.check_terms()  # within its term: `a` stays the owner
+        assert fa.owner
+        fa._tend_lease = trio.lowlevel.checkpoint  # `a`'s lease check is stuck from now on
+        clock.jump(cfg.storage.jetstream.lease_ms + 1)
+        await fb._tend_lease()  # `a`'s term is over: `b` takes the lease
+        assert fb.owner and fa.owner  # `a` has not renewed, so it has not noticed
+        w = await _write(cb, "f", {"data": 2})
+        assert w["first_seq"] == 2
+        fa.check_terms()  # `a`'s term watch (its task, at its next tick)
+        assert not fa.owner and 0 not in fa.owned
+        assert await _data(ca, "f") == [1, 2]  # caught up as a follower
+        w = await _write(ca, "f", {"data": 3})  # forwarded to `b`
+        assert w["first_seq"] == 3
+        assert await _data(cb, "f") == [1, 2, 3]
+
+
 async def test_a_lease_whose_holder_is_gone_is_taken_at_once(cluster):
     """The lease names a front nobody listens for (its connection closed) and runs for an
     hour yet: a starting front asks, gets *no responders*, and takes it at once."""
@@ -489,7 +522,8 @@ async def test_kill9_of_an_owner_front_during_writes(cluster, tmp_path, shards):
     is on both surviving fronts, once, at its seq, and each topic's seqs are 1..n."""
     env = {
         **cluster.env(),
-        "TOPICD_JETSTREAM_PREFIX": f"fronts9s{shards}",
+        # (a prefix per run: `pytest --count N` repeats it on one deployment)
+        "TOPICD_JETSTREAM_PREFIX": f"fronts9s{shards}r{zlib.crc32(str(tmp_path).encode())}",
         "TOPICD_STORAGE_JETSTREAM_LEASE_MS": "1500",
         "TOPICD_STORAGE_JETSTREAM_SHARDS": str(shards),
     }

@@ -14,7 +14,9 @@ each read (docs/jetstream.md, "Several fronts"):
   its share (`ceil(shards / live fronts)`, the live fronts being `front.members`), or
   when its holder is gone; an owner renews its leases every third of
   `storage.jetstream.lease_ms`, gives up the ones over its share, and steps down from
-  one whose renewal finds another revision. Safety does not rest on the leases (wall
+  one whose renewal finds another revision, or whose term nearly ran out unrenewed
+  (`check_terms`: past it another front may write the shard, and an owner's reads do
+  not catch up). Safety does not rest on the leases (wall
   clocks may disagree): every record write is fenced by the stream's expected last
   sequence and every registry write by compare-and-set.
 * **Forwarding.** A follower sends a mutation to the owner's subject as one NATS
@@ -94,6 +96,11 @@ COUNT_WAIT_S: Final = 0.5
 RECONCILE_ATTEMPTS: Final = 8
 
 
+# an owner steps down from a shard whose term has less than this share of `lease_ms`
+# left (its lease check, every third of it, is then two checks late)
+LAPSE_MARGIN: Final = 0.1
+
+
 class Fronts:
     """This front's role among the deployment's fronts; the engine's `Forwarder` unless
     it owns every shard (see the module docstring)."""
@@ -112,6 +119,9 @@ class Fronts:
         self.shards = js_cfg.shards
         self.owned: set[int] = set()  # the shards this front owns
         self.lease_revs: dict[int, int] = {}
+        # shard -> the end of the term this front last wrote into its lease (its own
+        # clock): past it (less `LAPSE_MARGIN`), another front may hold the shard
+        self.lease_until: dict[int, int] = {}
         self.owner_subjects: dict[int, str] = {}  # shard -> its owner's request subject
         self.live = 1  # fronts alive (the membership table), this one included
         self.promoted = trio.Event()  # set when this front takes a lease over
@@ -191,13 +201,15 @@ class Fronts:
                 return False
         elif not may_take:  # absent, or this front's own, given up
             return False
-        got = await call(partial(self.store.write_lease, self._lease_value(), rev, k))
+        term = self._lease_value()
+        got = await call(partial(self.store.write_lease, term, rev, k))
         if got is None:  # someone else moved first: follow them
             value, rev = await call(partial(self.store.lease, k))
             if value is not None:
                 self.owner_subjects[k] = str(value.get("subject"))
             return False
         self.lease_revs[k] = got
+        self.lease_until[k] = int(str(term["until_ms"]))
         self.owner_subjects[k] = self.subject
         return True
 
@@ -243,6 +255,7 @@ class Fronts:
             nursery.start_soon(self._serve)
             nursery.start_soon(self._follow_notices)
             nursery.start_soon(self._poll)
+            nursery.start_soon(self._watch_terms)
             task_status.started()
             while True:
                 await trio.sleep(self.lease_ms / 3000)
@@ -261,11 +274,11 @@ class Fronts:
             # (a renewal that fails for want of the cluster changes nothing: this front
             # cannot write either then, and it steps down only once it learns another
             # front holds the lease; the fences keep two owners apart meanwhile)
-            got = await call(
-                partial(self.store.write_lease, self._lease_value(), self.lease_revs[k], k)
-            )
+            value = self._lease_value()
+            got = await call(partial(self.store.write_lease, value, self.lease_revs[k], k))
             if got is not None:
                 self.lease_revs[k] = got
+                self.lease_until[k] = int(str(value["until_ms"]))
             else:
                 self._step_down(k, "another front holds its lease")
         while len(self.owned) > self.quota():
@@ -275,6 +288,31 @@ class Fronts:
                 continue
             if await self._check_shard(k, may_take=len(self.owned) < self.quota()):
                 await self._promote(k)
+
+    async def _watch_terms(self) -> None:
+        """Step down from a shard whose term runs out before the lease check renewed it
+        (`check_terms`), at a tenth of `lease_ms`: independent of the lease check, which
+        may be stuck behind a slow round trip or a long takeover."""
+        while True:
+            await trio.sleep(self.lease_ms / 10_000)
+            self.check_terms()
+
+    def check_terms(self) -> None:
+        """Step down from every owned shard whose term (as this front last wrote it)
+        ends within `LAPSE_MARGIN` of `lease_ms`: from then on another front may take
+        the lease by expiry and write the shard's topics, and an owner serves reads from
+        its memory without catching up, so it would answer reads that miss those
+        writes. As a follower it catches each topic up before a read; its next lease
+        check takes the shard back (a full takeover) if nobody else did. A front alone
+        among the members keeps its shards (nobody else could take them; a wall clock
+        stepped forward would only cost a takeover)."""
+        if self.live <= 1:
+            return
+        now = self.clock.now_ms()
+        margin = self.lease_ms * LAPSE_MARGIN
+        for k in sorted(self.owned):
+            if now >= self.lease_until.get(k, 0) - margin:
+                self._step_down(k, "its term ran out before this front renewed it")
 
     def _step_down(self, k: int, why: str) -> None:
         log.warning("front %s: no longer the owner of shard %d (%s)", self.front_id, k, why)
@@ -319,6 +357,16 @@ class Fronts:
                 await self.backend.journals.take_over(topic, self.front_id)
         next_id = await self.backend.bridge.call(self.store.next_id)
         self.engine.next_topic_id = max(self.engine.next_topic_id, next_id)
+        # the catch-up may have outlasted the term taken: renew it before owning
+        value = self._lease_value()
+        got = await self.backend.bridge.call(
+            partial(self.store.write_lease, value, self.lease_revs.get(k, 0), k)
+        )
+        if got is None:
+            log.warning("front %s: shard %d was taken while catching it up", self.front_id, k)
+            return
+        self.lease_revs[k] = got
+        self.lease_until[k] = int(str(value["until_ms"]))
         self.owned.add(k)
         self._set_role()
         routers = self.engine.routers
