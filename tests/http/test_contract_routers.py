@@ -78,6 +78,53 @@ async def test_put_creates_and_echoes_every_field(client):
     assert (await client.get("/v0/topics/b")).status_code == 200
 
 
+async def test_two_routers_auto_creating_one_source_at_once_both_land(harness, monkeypatch):
+    """Two `PUT`s of different routers naming one absent source, the first one's
+    creation of it held until the second has asked to create it too: the second waits
+    for that creation (it must not loop without yielding, which would block the event
+    loop and the held creation with it), and both routers are created on the one topic."""
+    import trio
+
+    engine, commit = harness.engine, harness.engine.commit
+    asked = 0
+    both_asked = trio.Event()
+    real_default, real_control = engine.create_default, commit.control
+
+    async def create_default(name: str):
+        nonlocal asked
+        if name == "src":
+            asked += 1
+            assert asked <= 2, "a caller spins on the source's creation without yielding"
+            if asked == 2:
+                both_asked.set()
+        return await real_default(name)
+
+    async def control(topic, frame, apply, **kw):
+        if topic.name == "src" and not both_asked.is_set():
+            await both_asked.wait()  # (the first creation of the source, held)
+        return await real_control(topic, frame, apply, **kw)
+
+    monkeypatch.setattr(engine, "create_default", create_default)
+    monkeypatch.setattr(commit, "control", control)
+    client = harness.app.test_client()
+    got: dict[str, int] = {}
+
+    async def put(name: str, dest: str) -> None:
+        r = await client.put(f"/v0/routers/{name}", json={"source": "src", "dest": dest})
+        got[name] = r.status_code
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(put, "r1", "d1")
+            nursery.start_soon(put, "r2", "d2")
+    assert got == {"r1": 201, "r2": 201}
+    assert asked == 2
+    await write(client, "src", {"data": 1})
+    for d in ("d1", "d2"):
+        assert [x["data"] for x in (await read(client, d))["records"]] == [1]
+    assert (await body(await client.get("/v0/topics/src")))["head_seq"] == 1
+
+
 async def test_put_identical_is_200_noop_that_keeps_the_cursor(client):
     await put_router(client, "a->b", source="a", dest="b")
     await write(client, "a", {"data": 1}, {"data": 2})

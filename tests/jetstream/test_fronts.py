@@ -637,3 +637,50 @@ async def test_a_client_failure_in_a_followers_catch_up_is_a_503_not_its_end(clu
             await _write(ca, "f", {"data": 2})  # the next notice catches it up
         assert [x["data"] for x in got[0]["records"]] == [1, 2]
         assert await _data(cb, "f") == [0, 1, 2]
+
+
+async def test_two_writes_through_two_fronts_lazily_create_one_topic_once(cluster, monkeypatch):
+    """Two first writes of one absent topic sent at once through the two fronts that do
+    not own it, the owner holding the first creation until the second write has asked
+    to create the topic too: the second waits for that creation (it does not loop on
+    it, nor create a second instance), and both records land in the one topic."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        name = next(f"w{i}" for i in range(400) if fr[0].owns(f"w{i}"))
+        owner = hs[0].engine
+        asked = 0
+        both_asked = trio.Event()
+        real_lazy, real_control = owner._lazy_create, owner.commit.control
+
+        async def lazy_create(topic, req):
+            nonlocal asked
+            if topic == name:
+                asked += 1
+                assert asked <= 2, "the owner loops on the topic's creation"
+                if asked == 2:
+                    both_asked.set()
+            return await real_lazy(topic, req)
+
+        async def control(topic, frame, apply, **kw):
+            if topic.name == name and not both_asked.is_set():
+                await both_asked.wait()  # (the first creation, held)
+            return await real_control(topic, frame, apply, **kw)
+
+        monkeypatch.setattr(owner, "_lazy_create", lazy_create)
+        monkeypatch.setattr(owner.commit, "control", control)
+        got: dict[int, dict] = {}
+
+        async def write(i: int) -> None:
+            got[i] = await _write(hs[i].app.test_client(), name, {"data": i})
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write, 1)
+                nursery.start_soon(write, 2)
+        assert asked == 2
+        assert sorted(w["created"] for w in got.values()) == [False, True]
+        assert sorted(w["first_seq"] for w in got.values()) == [1, 2]
+        for h in hs:
+            assert sorted(await _data(h.app.test_client(), name)) == [1, 2]

@@ -501,7 +501,7 @@ async def test_racing_puts_on_two_runners_one_wins_as_on_one_process(cluster):
         fr = [fronts_of(h) for h in hs]
         cs = [h.app.test_client() for h in hs]
         at = {t: next(i for i, f in enumerate(fr) if f.owns(t)) for t in (d1, d2)}
-        # (the endpoints exist: two fronts auto-creating one topic at once is not raced)
+        # (the endpoints exist: the auto-create race has its own test below)
 
         def hold() -> None:
             hook = _barrier(2)
@@ -639,3 +639,139 @@ async def test_a_lost_cycle_notice_on_delete_converges_at_the_next_poll(cluster)
         await _write(cs[run_p], p, {"data": 2})
         for c in cs:
             assert [x[1] for x in await _records(c, q)] == [2]
+
+
+async def test_racing_puts_through_two_fronts_auto_create_one_absent_source(cluster, monkeypatch):
+    """Two `PUT`s sent at once through the owners of two destinations, both naming one
+    source that does not exist yet: each front asks the source's owner (a third front) to
+    create it, and the owner holds the first creation until the second has asked too.
+    The second waits for the first (it once looped on it without yielding, which blocked
+    the owner's event loop — every front's, here, on one loop — for good); the source is
+    created once, both routers are created, and both copy what is written to it."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+    from topicd.storage.jsfronts import Fronts
+
+    by_shard: dict[int, list[str]] = {}
+    for i in range(400):
+        by_shard.setdefault(Fronts.shard_of_name(f"a{i}", 3), []).append(f"a{i}")
+    src, d1, d2 = by_shard[0][0], by_shard[1][0], by_shard[2][0]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        cs = [h.app.test_client() for h in hs]
+        at = {t: next(i for i, f in enumerate(fr) if f.owns(t)) for t in (src, d1, d2)}
+        assert len(set(at.values())) == 3
+        for t in (d1, d2):
+            await _write(cs[0], t, {"data": t})
+        owner = hs[at[src]].engine
+        asked = 0
+        both_asked = trio.Event()
+        real_default, real_control = owner.create_default, owner.commit.control
+
+        async def create_default(name: str):
+            nonlocal asked
+            if name == src:
+                asked += 1
+                assert asked <= 2, "the owner spins on the source's creation"
+                if asked == 2:
+                    both_asked.set()
+            return await real_default(name)
+
+        async def control(topic, frame, apply, **kw):
+            if topic.name == src and not both_asked.is_set():
+                await both_asked.wait()  # (the first creation of the source, held)
+            return await real_control(topic, frame, apply, **kw)
+
+        monkeypatch.setattr(owner, "create_default", create_default)
+        monkeypatch.setattr(owner.commit, "control", control)
+        with trio.fail_after(60):
+            got = await _race(
+                [
+                    (cs[at[d1]], "r1", {"source": src, "dest": d1}),
+                    (cs[at[d2]], "r2", {"source": src, "dest": d2}),
+                ]
+            )
+        assert [s for s, _ in got] == [201, 201], got
+        assert asked == 2
+        await _write(cs[at[src]], src, {"data": "x"})
+        for c in cs:
+            assert (await _json(await c.get(f"/v0/topics/{src}"), 200))["head_seq"] == 1
+            for d in (d1, d2):
+                assert [x[1] for x in await _records(c, d)] == [d, "x"]
+
+
+async def test_a_router_put_and_a_first_write_through_two_fronts_create_one_source(
+    cluster, monkeypatch
+):
+    """A first write of an absent topic and a router `PUT` naming it as its source, sent
+    at once through the two fronts that do not own it, the owner holding the write's
+    creation of the topic until the router's runner has asked for it too: the runner
+    waits for that creation, and the router starts at the head the write left (no
+    backfill) and copies the next write."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+    from topicd.storage.jsfronts import Fronts
+
+    by_shard: dict[int, list[str]] = {}
+    for i in range(400):
+        by_shard.setdefault(Fronts.shard_of_name(f"b{i}", 3), []).append(f"b{i}")
+    src, dest = by_shard[0][0], by_shard[1][0]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        cs = [h.app.test_client() for h in hs]
+        at_src, at_dest = (next(i for i, f in enumerate(fr) if f.owns(t)) for t in (src, dest))
+        writer = ({0, 1, 2} - {at_src, at_dest}).pop()
+        await _write(cs[0], dest, {"data": "d"})
+        owner = hs[at_src].engine
+        asked: list[str] = []
+        both_asked, write_asked = trio.Event(), trio.Event()
+        real_lazy, real_default = owner._lazy_create, owner.create_default
+        real_control = owner.commit.control
+
+        def ask(how: str) -> None:
+            asked.append(how)
+            assert len(asked) <= 2, f"the owner loops on the topic's creation: {asked}"
+            if {"write", "ensure"} <= set(asked):
+                both_asked.set()
+
+        async def lazy_create(topic, req):
+            if topic == src:
+                ask("write")
+                write_asked.set()
+            return await real_lazy(topic, req)
+
+        async def create_default(topic):
+            if topic == src:
+                with trio.fail_after(30):
+                    await write_asked.wait()  # (the write's creation first)
+                ask("ensure")
+            return await real_default(topic)
+
+        async def control(topic, frame, apply, **kw):
+            if topic.name == src and not both_asked.is_set():
+                await both_asked.wait()  # (the first creation, held)
+            return await real_control(topic, frame, apply, **kw)
+
+        monkeypatch.setattr(owner, "_lazy_create", lazy_create)
+        monkeypatch.setattr(owner, "create_default", create_default)
+        monkeypatch.setattr(owner.commit, "control", control)
+        got: dict[str, object] = {}
+
+        async def write() -> None:
+            got["write"] = await _write(cs[writer], src, {"data": "first"})
+
+        async def put() -> None:
+            r = await cs[at_dest].put("/v0/routers/r", json={"source": src, "dest": dest})
+            got["put"] = r.status_code
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write)
+                nursery.start_soon(put)
+        assert asked == ["write", "ensure"]
+        assert got["put"] == 201
+        await _write(cs[writer], src, {"data": "next"})
+        for c in cs:
+            assert [x[1] for x in await _records(c, src)] == ["first", "next"]
+            copied = [x[1] for x in await _records(c, dest)]
+            # the router starts at the source's head when it was created: the first
+            # write is copied only if the router came first
+            assert copied in (["d", "next"], ["d", "first", "next"]), copied

@@ -776,7 +776,10 @@ class Engine:
         return deleted
 
     async def create_default(self, name: str) -> Topic | None:
-        """Create `name` with the default config (router auto-create); None if it exists."""
+        """Create `name` with the default config (router auto-create); None if it exists
+        (after waiting out a creation of it already under way: a caller that loops until
+        the topic exists must not spin without yielding while another task creates it)."""
+        await self._wait_creating(name)
         return await self._create(name, self.resolve_config(name, None))
 
     async def delete_topic_cascade(self, name: str, if_empty: bool) -> tuple[bool, list[str]]:
