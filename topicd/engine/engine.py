@@ -361,6 +361,8 @@ class Engine:
     async def _create(self, name: str, config: TopicConfig) -> Topic | None:
         """Create `name` (control mutation). Returns None if someone else created it first."""
         if name in self._creating or name in self.topics:
+            # (a checkpoint all the same: a caller's retry loop always yields)
+            await trio.lowlevel.checkpoint()
             return None
         cap = self.cfg.limits.max_topics
         if cap and len(self.topics) + len(self._creating) >= cap:
