@@ -740,6 +740,25 @@ class GovernorConfig:
         "throttled cause loop_lag once pressure held refuse_above (0 = neither).",
         min=0,
     )
+    sojourn_overload_ms: float = key(
+        50.0,
+        "Median sojourn of client writes (head read to answer ready, ms) at which the "
+        "sojourn signal (s6) reads latency_signal_max (proportional below); above it the "
+        "signal rises linearly to 1.0 at sojourn_refuse_ms.",
+        min=0,
+    )
+    sojourn_refuse_ms: float = key(
+        200.0,
+        "Median write sojourn (ms) at which s6 reads 1.0, and client requests get 429 "
+        "throttled cause write_delay once pressure held refuse_above (0 = neither).",
+        min=0,
+    )
+    sojourn_window_ms: float = key(
+        300.0,
+        "The writes answered in this last span (ms) make the median of s6 (at most the "
+        "newest 1024).",
+        min=1,
+    )
     admission_waiters_per_permit: float = key(
         1.0,
         "Client requests waiting for a permit, per permit, that read as saturation "
@@ -769,9 +788,10 @@ class GovernorConfig:
     refuse_above: float = key(
         0.9,
         "Pressure that, held for refuse_sustain_samples while the loop-lag signal (s2, "
-        "past loop_overload_ms) or the WAL backlog signal (s5) is at it too, makes client "
-        "requests get 429 (cause loop_lag or wal_backlog); 0.9 is the client library's "
-        "pause, so producers that follow the header are not the ones refused.",
+        "past loop_overload_ms), the WAL backlog signal (s5) or the write sojourn signal "
+        "(s6) is at it too, makes client requests get 429 (cause loop_lag, wal_backlog or "
+        "write_delay); 0.9 is the client library's pause, so producers that follow the "
+        "header are not the ones refused.",
         min=0,
         max=1,
     )

@@ -223,3 +223,64 @@ async def test_warning_is_logged_at_most_once_per_ten_seconds(autojump_clock, ca
     await bp.wait("t")
     warnings = [r for r in caplog.records if r.name == "topicd.client"]
     assert len(warnings) == 2
+
+
+async def test_concurrent_batches_of_one_client_take_their_delays_in_turn(autojump_clock):
+    """Three writes in flight at once in the amber band are sent one delay apart (at 250,
+    500 and 750 ms), not all three at 250 ms: the law spaces a producer's sends however
+    many it keeps in flight. A green batch arriving while the others wait its turn too."""
+    signals, bp = _gate()
+    signals.observe_pressure("0.750")  # 250 ms
+    t0 = trio.current_time()
+    sent = []
+
+    async def batch(i):
+        waited = await bp.wait("t")
+        sent.append((i, round(trio.current_time() - t0, 6), round(waited, 3)))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(batch, i)
+        await trio.testing.wait_all_tasks_blocked()
+        signals.observe_pressure("0.5")  # green now: the queued batches need no delay
+        nursery.start_soon(batch, 3)
+    times = sorted(t for _, t, _ in sent)
+    assert times == [0.25, 0.25, 0.25, 0.25]  # the first slept 250 ms; the rest read green
+    signals.observe_pressure("0.750")
+    t0 = trio.current_time()
+    sent.clear()
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(batch, i)
+    assert sorted(t for _, t, _ in sent) == [0.25, 0.5, 0.75]
+    # each reports the ms from its own start (its turn included)
+    assert sorted(w for _, _, w in sent) == [250.0, 500.0, 750.0]
+
+
+async def test_green_batches_do_not_queue_when_nobody_waits(autojump_clock):
+    _, bp = _gate()
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(bp.wait, "t")
+    assert trio.current_time() == t0
+
+
+async def test_max_pause_counts_from_the_batch_start_not_its_turn(autojump_clock):
+    """A batch queued behind a paused one gives up `max_pause_ms` after it began waiting,
+    not after its own turn came."""
+    policy = BackpressurePolicy(max_pause_ms=1000, signal_ttl_ms=60000)
+    signals, bp = _gate(policy)
+    signals.observe_pressure("0.95")
+    t0 = trio.current_time()
+    gave_up = []
+
+    async def batch():
+        with pytest.raises(BackpressureTimeout):
+            await bp.wait("t")
+        gave_up.append(round(trio.current_time() - t0, 6))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(batch)
+        nursery.start_soon(batch)
+    assert gave_up == [1.0, 1.0]

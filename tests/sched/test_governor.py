@@ -23,7 +23,13 @@ from topicd.client.backpressure import BackpressurePolicy, delay_ms
 from topicd.errors import Throttled
 from topicd.http.app import gate_of
 from topicd.offload import InlineOffload
-from topicd.sched.governor import Governor, Sources, coalesce_ms, commit_window_ms
+from topicd.sched.governor import (
+    Governor,
+    Sources,
+    coalesce_ms,
+    commit_window_ms,
+    sojourn_signal,
+)
 from topicd.testing.fake_clock import advance
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, make_config, open_app, open_durable
@@ -581,6 +587,63 @@ def test_backlog_signal_is_the_wal_drain_time_share_clamped_to_1():
     ratio[0] = 0.89
     g.sample(2.3)
     assert g.overloaded is None
+
+
+@pytest.mark.parametrize(
+    ("median_ms", "expected"),
+    [
+        (0.0, 0.0),
+        (25.0, 0.3),  # proportional below sojourn_overload_ms (50)
+        (50.0, 0.6),  # the client's soft threshold at the overload bound
+        (50.001, 0.6),  # continuous there
+        (162.5, 0.9),  # the client's pause
+        (200.0, 1.0),  # sojourn_refuse_ms
+        (5000.0, 1.0),
+    ],
+)
+def test_sojourn_signal_is_proportional_to_the_overload_bound_then_rises_to_1(median_ms, expected):
+    assert sojourn_signal(median_ms, CFG) == pytest.approx(expected, abs=1e-5)
+
+
+def test_sojourn_signal_with_the_bounds_0_or_inverted():
+    off = make_config(governor={"sojourn_refuse_ms": 0}).governor
+    assert sojourn_signal(10_000.0, off) == 0.0
+    flat = make_config(governor={"sojourn_overload_ms": 0}).governor  # no soft part
+    assert sojourn_signal(100.0, flat) == pytest.approx(0.3)
+    assert sojourn_signal(200.0, flat) == 1.0
+
+
+def test_write_sojourns_held_past_the_pause_refuse_with_write_delay():
+    """s6 is the median sojourn of the writes answered lately. No write answered is no
+    evidence (0). Held at 0.9 or more with pressure at the pause for 3 samples, the gate's
+    `overloaded` names it `write_delay`, and a sample below 0.9 (a median of 160 ms) ends
+    the refusal."""
+    fake = FakeSources()
+    median: list[float | None] = [None]
+    src = fake.sources()
+    src.sojourn = lambda now: median[0]
+    g = Governor(CFG, src)
+    g.sample(0.1)
+    assert g.signals["sojourn"] == 0.0 and g.sojourn_ms == 0.0
+    median[0] = 20.0  # a busy server keeping up (group commits, a full loop)
+    for i in range(50):
+        g.sample(0.2 + 0.1 * i)
+    assert g.signals["sojourn"] == pytest.approx(0.24)
+    assert g.pressure < 0.3 and g.overloaded is None
+    median[0] = 250.0  # a standing queue: every other write waits a quarter second
+    t, held = 5.2, 0
+    while held < 3:
+        t += 0.1
+        g.sample(t)
+        held = held + 1 if g.pressure >= 0.9 else 0
+        assert g.overloaded == ("write_delay" if held >= 3 else None)
+    assert g.sojourn_ms == 250.0
+    median[0] = 160.0  # s6 0.89: pressure still above 0.9, but the queue is not at it
+    g.sample(t + 0.1)
+    assert g.pressure > 0.9 and g.overloaded is None
+    median[0] = None  # nothing answered since: no refusal on no evidence
+    g.sample(t + 0.2)
+    assert g.signals["sojourn"] == 0.0 and g.overloaded is None
 
 
 async def test_a_wal_backlog_read_in_time_refuses_writes_and_group_commit_does_not(

@@ -347,3 +347,39 @@ async def test_an_overloaded_loop_refuses_client_requests_from_a_glance_and_prob
             verdict["overloaded"] = None
             r = await http.post("/v0/topics/t", json={"records": [{"data": 1}]})
             assert r.status_code in (200, 201) and r.json()["seqs"] == [1]
+
+
+async def test_writes_served_directly_record_their_sojourn_and_nothing_else_does():
+    """The governor's s6 reads client writes only, from their head to their answer: a
+    write on the direct path is recorded, a diff (which may long-poll), a read, a probe
+    and a write refused from a glance (`write_delay`, the verdict s6 gives) are not."""
+    cfg = make_config(server={"port": 0})
+    async with served(cfg) as (engine, app, host, port):
+        pool = gate_of(app).permits
+        assert pool is not None
+        soj = engine.sojourns
+        async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
+            assert (await http.put("/v0/topics/t", json={})).status_code in (200, 201)
+            for i in range(2):
+                r = await http.post("/v0/topics/t", json={"records": [{"data": i}]})
+                assert r.status_code in (200, 201)
+            assert soj.recorded == 2
+            median = soj.median_ms(trio.current_time())
+            assert median is not None and 0 <= median < 10_000
+            assert (await http.post("/v0/topics/t/diff", json={"from_seq": 0})).status_code == 200
+            assert (await http.get("/v0/topics/t")).status_code == 200
+            assert (await http.get("/v0/health")).status_code == 200
+            assert soj.recorded == 2
+            verdict: dict[str, str | None] = {"overloaded": "write_delay"}
+            pool.overloaded = lambda: verdict["overloaded"]
+            r = await http.post("/v0/topics/t", json={"records": [{"data": 3}]})
+            assert r.status_code == 429
+            assert r.json()["error"]["detail"]["cause"] == "write_delay"
+            assert int(r.headers["retry-after"]) >= 1
+            assert soj.recorded == 2  # a refusal is not a served write
+            assert engine.throttled.get("write_delay") == 1
+            verdict["overloaded"] = None
+            metrics = (await http.get("/v0/metrics")).text
+            assert 'topicd_throttled_total{cause="write_delay"} 1.0' in metrics
+            assert "topicd_write_sojourn_ms " in metrics
+            assert 'topicd_pressure_signal{signal="sojourn"}' in metrics

@@ -16,6 +16,15 @@ batch, before it is sent. A pause re-reads the signals every `hard_poll_ms` unti
 below `hard` or go stale (then the delay for the value read applies, as before any batch),
 and gives up with `BackpressureTimeout` after `max_pause_ms`.
 
+The batches of one client take their delay **in turn**: a batch that must wait (amber or
+red) waits for the batches ahead of it to have waited theirs, then waits its own, so
+successive sends of one client are at least one delay apart however many writes it has
+in flight. The law moderates the producer's rate: with one batch in flight the delay is
+the gap between batches, and with N in flight side by side N delays slept at once would
+shrink that gap N times (a producer keeping 8 writes in flight against a server at
+0.8 would still send 8 batches every 330 ms). A green batch does not queue behind
+anyone unless a delay is being waited. `max_pause_ms` counts from the batch's own start.
+
 Time comes from a `Clock` (the event loop's clock by default, so Trio's `MockClock`
 drives every wait in tests); every wait is a checkpoint, so cancelling the producer stops
 it at once.
@@ -212,6 +221,8 @@ class Backpressure:
         self.refresh = refresh
         self.on_zone = on_zone
         self._last_warn: float | None = None
+        # the client's batches wait their delays one at a time (module docstring)
+        self._turn = anyio.Lock()
 
     def decide(self, topic: str) -> tuple[Delay, float | None, float | None]:
         """(delay, pressure, in_flight) from the fresh signals."""
@@ -247,13 +258,23 @@ class Backpressure:
         waited. Raises `BackpressureTimeout` after `max_pause_ms` in a pause."""
         if not self.policy.enabled:
             return 0.0
+        start = self.clock.now()
+        d, pressure, in_flight = self.decide(topic)
+        if d == 0 and not self._turn.locked():
+            self._report(ZoneReport(topic, "green", 0.0, pressure, in_flight))
+            return 0.0
+        async with self._turn:
+            # (the signals may have moved while the batches ahead waited)
+            return await self._wait_turn(topic, start)
+
+    async def _wait_turn(self, topic: str, start: float) -> float:
+        """`wait` for a batch whose turn it is (the client's other batches wait)."""
         d, pressure, in_flight = self.decide(topic)
         if not isinstance(d, _Pause):
             self._report(ZoneReport(topic, "green" if d == 0 else "amber", d, pressure, in_flight))
             if d > 0:
                 await self.clock.sleep(d / 1000)
-            return d
-        start = self.clock.now()
+            return (self.clock.now() - start) * 1000
         poll_s = self.policy.hard_poll_ms / 1000
         while True:
             waited_ms = (self.clock.now() - start) * 1000

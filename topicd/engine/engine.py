@@ -48,6 +48,7 @@ from topicd.sched.classes import Budget, give_back
 from topicd.sched.governor import Governor, Sources, retry_after_ms
 from topicd.sched.saturation import SaturationRegistry
 from topicd.sched.scheduler import DeliveryScheduler
+from topicd.sched.sojourn import Sojourns
 from topicd.storage import frame as frames
 from topicd.wire import (
     DeleteIn,
@@ -147,6 +148,8 @@ class Engine:
         self.watch = WatchRegistry(config)
         self.sched = DeliveryScheduler(config, clock, self.watch, self.enforce)
         self._applied = (0.0, config.governor.commit_window_min_ms)  # coalesce, window
+        # client writes' head-to-answer times, recorded by the HTTP gate (s6)
+        self.sojourns = Sojourns(config.governor.sojourn_window_ms / 1000)
         self.governor = Governor(
             config.governor,
             Sources(
@@ -157,6 +160,7 @@ class Engine:
                 decay_sched_latency=self._decay_sched_latency,
                 pool_loads=lambda now: self.commit.pool_loads(now),
                 backlog=lambda: self.commit.backlog_ratio(),
+                sojourn=self.sojourns.median_ms,
                 admission=lambda now: self.admission(now),
                 apply=self._govern,
                 set_defer=self._set_defer,

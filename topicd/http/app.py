@@ -353,8 +353,11 @@ class Gate:
         fast_routes: FastRoutes | None = None,
         compressor: Compressor | None = None,
         dashboard: DashboardHub | None = None,
+        on_sojourn: Callable[[float, float], None] | None = None,
     ) -> None:
         self.app = app
+        # (head complete at, answered at) of each write served directly (governor s6)
+        self.on_sojourn = on_sojourn
         self.compressor = compressor
         self.work = work
         self.dashboard = dashboard
@@ -636,6 +639,14 @@ class Gate:
             self._release(permit, key_id)
             lifecycle.request_finished()
         status, headers, out = answer
+        head_at = scope.get("topicd.head_at")
+        if (
+            status < 300  # a write served (not one refused on its way in)
+            and head_at is not None
+            and self.on_sojourn is not None
+            and scope.get("topicd.sojourn")
+        ):
+            self.on_sojourn(cast("float", head_at), trio.current_time())
         # (the pressure as the answer is made, as `__call__`'s `send_stamped` stamps it)
         headers.append((b"x-topicd-pressure", self.pressure_header()))
         if self.access:
@@ -1052,6 +1063,7 @@ def create_app(
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
         compressor=compressor,
         dashboard=hub,
+        on_sojourn=lambda head_at, now: ref.engine.sojourns.record(head_at, now),
     )
     gate = gate_of(app)
     endpoint = ws.WsEndpoint(

@@ -194,6 +194,7 @@ class _Collector:
                 "client_waiters",
                 "loop_lag",
                 "wal_backlog",
+                "write_delay",
                 "queue_depth",
                 *engine.throttled,
             }
@@ -301,7 +302,8 @@ class _Collector:
         gov = engine.governor
         signals = GaugeMetricFamily(
             "topicd_pressure_signal",
-            "Governor input signals 0.0-1.0 (depth, latency, pool, admission, backlog); "
+            "Governor input signals 0.0-1.0 (depth, latency, pool, admission, backlog, "
+            "sojourn); "
             "pressure follows the max.",
             labels=["signal"],
         )
@@ -339,6 +341,12 @@ class _Collector:
         )
         yield gauge_of(
             "topicd_loop_lag_ms", "Event-loop lag EWMA: one scheduling batch (ms).", gov.loop_lag_ms
+        )
+        yield gauge_of(
+            "topicd_write_sojourn_ms",
+            "Median time from a client write's head read to its answer, over the writes "
+            "answered in the last governor.sojourn_window_ms (ms; 0 when none was).",
+            gov.sojourn_ms,
         )
         dropped = CounterMetricFamily(
             "topicd_dropped_total",

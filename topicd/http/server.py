@@ -743,6 +743,8 @@ class Listener:
             if parsed.handoff or not (self.all_http1 or sniff(head)):
                 break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
             scope = head_scope(parsed, addrs)
+            # the head is in hand: a write's sojourn (governor s6) counts from here
+            scope["topicd.head_at"] = trio.current_time()
             bodiless_get = parsed.method == b"GET" and parsed.length is None
             keep = parsed.version == b"1.1" and not parsed.close
             if bodiless_get and cast("str", scope["path"]) in PROBE_PATHS:

@@ -193,6 +193,9 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
 
             return diff
 
+        # a write: the gate records its sojourn (governor s6; diffs may long-poll)
+        scope["topicd.sojourn"] = True
+
         async def write(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
             header = scope_header(scope)
             return await write_records(ref, topic, scope, read, header, _no_query, max_body)

@@ -9,7 +9,7 @@ metrics, SSE heartbeats, the governor and the scheduler (control and delivery wo
 which take no permit) are served within one batch however many clients push. At most
 `classes.client_waiters` requests wait for a permit; beyond that a request gets `429
 throttled` with `cause:"client_waiters"` before its body is parsed (and with
-`cause:"loop_lag"` or `"wal_backlog"` while the governor finds the server
+`cause:"loop_lag"`, `"wal_backlog"` or `"write_delay"` while the governor finds the server
 overloaded) (the direct HTTP path
 answers from a glance at the head and reads the body off the socket unparsed, so the
 connection stays usable; see `http/server.py`).
@@ -51,7 +51,7 @@ class PermitStats:
     peak_waiting: int = 0
     waited: int = 0  # admissions that had to wait
     rejected: int = 0  # 429 client_waiters
-    overload_rejected: int = 0  # 429 loop_lag, wal_backlog
+    overload_rejected: int = 0  # 429 loop_lag, wal_backlog, write_delay
     wait_s_total: float = 0.0
     wait_area: float = 0.0  # ∫ waiting dt (request-seconds spent waiting), up to `area_at`
     area_at: float = 0.0

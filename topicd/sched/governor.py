@@ -1,6 +1,6 @@
 """The pressure governor (scheduler spec A.6, B.5).
 
-One task samples every `governor.sample_interval_ms` (100 ms) and folds four cheap
+One task samples every `governor.sample_interval_ms` (100 ms) and folds six cheap
 signals into `pressure ∈ [0, 1]`:
 
 * **s1 depth** — ripe dirty topics ÷ (delivery shards × `depth_per_worker`). Topics
@@ -39,9 +39,18 @@ signals into `pressure ∈ [0, 1]`:
   refuses writes to it once pressure reaches `throttle_at`). Writers sharing one group
   commit wait for the same `fdatasync` however many they are, so the concurrency a group
   commit absorbs reads as about one commit's time; a queue of batches behind the disk
-  reads as the time it holds them, and rises before the refusal.
+  reads as the time it holds them, and rises before the refusal;
+* **s6 sojourn** (topicd) — the median time from a client write's request head in hand
+  to its answer ready, over the writes answered in the last `sojourn_window_ms` (300;
+  `topicd.sched.sojourn`): proportional up to `latency_signal_max` at
+  `sojourn_overload_ms` (50), then linear to 1.0 at `sojourn_refuse_ms` (200). What each
+  write actually waited, whichever queue held it: loop turns reading its body, a permit,
+  its commit. s2 and s5 read one queue each at the instant of a sample; a flood of large
+  writes spreads its wait over both and swings from one sample to the next, while its
+  writes wait a steady few hundred ms. Writers sharing a group commit (four times the
+  peak concurrency of one-record writes) wait about 15 ms.
 
-`raw = max(s1, s2, s3, s4, s5)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
+`raw = max(s1, s2, s3, s4, s5, s6)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
 sample, the ladder's controls (all lossless: latency, never correctness):
 
 * `coalesce_ms` = 0 up to `coalesce_above`, then linear to `coalesce_max_ms` at 1.0: a
@@ -60,9 +69,11 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   pressure the governor hands it);
 * **overload refusal** (topicd): once pressure has been at or above `refuse_above` (0.9,
   the client library's pause) for `refuse_sustain_samples` (3) samples in a row, and the
-  loop's or the WAL's own signal is at `refuse_above` too — a loop-lag EWMA of 81 ms of
-  `loop_refuse_ms` (100), a WAL write's wait of 450 ms of `storage.wal.max_pending_ms`
-  (500) — `overloaded` names that queue (`loop_lag`, `wal_backlog`) and the HTTP gate
+  loop's, the WAL's or the writes' own signal is at `refuse_above` too — a loop-lag EWMA
+  of 81 ms of `loop_refuse_ms` (100), a WAL write's wait of 450 ms of
+  `storage.wal.max_pending_ms` (500), a median write sojourn of 162.5 ms of
+  `sojourn_refuse_ms` (200) — `overloaded` names that queue (`loop_lag`, `wal_backlog`,
+  `write_delay`) and the HTTP gate
   refuses client requests with that `429` cause, from a glance at their head, until a
   sample finds otherwise. Producers that follow the header paused at the first of those
   samples and sent nothing since; the refusals are for those that did not.
@@ -104,6 +115,20 @@ def commit_window_ms(pressure: float, cfg: GovernorConfig) -> float:
     return cfg.commit_window_min_ms + span * min(1.0, (pressure - lo) / (1 - lo))
 
 
+def sojourn_signal(median_ms: float, cfg: GovernorConfig) -> float:
+    """s6 for a median write sojourn of `median_ms`: proportional up to
+    `latency_signal_max` at `sojourn_overload_ms`, then linear to 1.0 at
+    `sojourn_refuse_ms` (0 when that is 0: the signal is off)."""
+    lo, hi, cap = cfg.sojourn_overload_ms, cfg.sojourn_refuse_ms, cfg.latency_signal_max
+    if hi <= 0 or median_ms <= 0:
+        return 0.0
+    if lo <= 0 or lo >= hi:
+        return 1.0 if median_ms >= hi else cap * min(1.0, median_ms / hi)
+    if median_ms <= lo:
+        return cap * median_ms / lo
+    return cap + (1 - cap) * min(1.0, (median_ms - lo) / (hi - lo))
+
+
 def retry_after_ms(pressure: float, cfg: BackpressureConfig, drain_ms: float = 0.0) -> float:
     """Scheduler spec B.5 before jitter: `clamp(max(min + span·pressure, drain_ms), min,
     max)`, `drain_ms` being how long the queue in question needs to drain."""
@@ -125,6 +150,7 @@ class Sources:
         pool_loads: Callable[[float], list[tuple[str, float, int]]],
         admission: Callable[[float], tuple[float, int, int]] | None = None,
         backlog: Callable[[], float] | None = None,
+        sojourn: Callable[[float], float | None] | None = None,
         apply: Callable[[float, float, float], None],
         set_defer: Callable[[bool], None],
         on_sample: Callable[[float], None] | None = None,
@@ -140,6 +166,9 @@ class Sources:
         self.admission = admission
         # the WAL's queue in time: the fullest shard's drain time ÷ its time bound
         self.backlog = backlog
+        # at a time: the median sojourn (ms) of the client writes answered lately, or
+        # None when none was (`topicd.sched.sojourn.Sojourns.median_ms`)
+        self.sojourn = sojourn
         self.apply = apply  # (pressure, coalesce_ms, commit_window_ms)
         self.set_defer = set_defer
         self.on_sample = on_sample  # e.g. the saturation registry's peaks and levels
@@ -163,7 +192,9 @@ class Governor:
             "pool": 0.0,
             "admission": 0.0,
             "backlog": 0.0,
+            "sojourn": 0.0,
         }
+        self.sojourn_ms = 0.0  # the median write sojourn at the last sample (0: none)
         self.loop_lag_ms = 0.0  # EWMA
         self.coalesce_ms = 0.0
         self.commit_window_ms = cfg.commit_window_min_ms
@@ -217,7 +248,11 @@ class Governor:
         backlog = min(1.0, max(0.0, src.backlog())) if src.backlog is not None else 0.0
         self.signals["admission"] = admission
         self.signals["backlog"] = backlog
-        raw = max(depth, latency, pool, admission, backlog)
+        median = src.sojourn(now) if src.sojourn is not None else None
+        self.sojourn_ms = median or 0.0
+        sojourn = sojourn_signal(self.sojourn_ms, cfg)
+        self.signals["sojourn"] = sojourn
+        raw = max(depth, latency, pool, admission, backlog, sojourn)
         p = self.pressure + cfg.ewma_alpha * (raw - self.pressure)
         self.pressure = p = min(1.0, max(0.0, p))
         self._held = self._held + 1 if p >= cfg.refuse_above else 0
@@ -228,6 +263,8 @@ class Governor:
                 over = "loop_lag"
             elif backlog >= cfg.refuse_above:
                 over = "wal_backlog"
+            elif sojourn >= cfg.refuse_above:
+                over = "write_delay"
         self.overloaded = over
         self.coalesce_ms = coalesce_ms(p, cfg)
         self.commit_window_ms = commit_window_ms(p, cfg)

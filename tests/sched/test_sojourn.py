@@ -1,0 +1,53 @@
+"""The write sojourn tracker behind the governor's s6 (`topicd.sched.sojourn`).
+
+Method: pure arithmetic on scripted (head, answer) times: the median over the window, its
+edges (a write answered exactly at the horizon stays, one just older goes), no evidence
+when nothing was answered, and the bound on what is kept.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from topicd.sched.sojourn import SAMPLES_MAX, Sojourns
+
+
+def test_no_write_answered_is_no_evidence():
+    s = Sojourns(0.3)
+    assert s.median_ms(10.0) is None
+
+
+def test_median_of_an_odd_and_an_even_count():
+    s = Sojourns(0.3)
+    for wait in (0.010, 0.200, 0.050):
+        s.record(10.0 - wait, 10.0)
+    assert s.median_ms(10.0) == pytest.approx(50.0)
+    s.record(9.6, 10.0)  # 400 ms
+    assert s.median_ms(10.0) == pytest.approx((50.0 + 200.0) / 2)
+
+
+def test_writes_answered_before_the_window_are_forgotten_at_its_edge():
+    s = Sojourns(0.3)
+    s.record(0.5, 1.0)  # 500 ms, answered at 1.0
+    s.record(1.19, 1.2)  # 10 ms, answered at 1.2
+    assert s.median_ms(1.3) == pytest.approx(255.0)  # 1.0 is exactly at the horizon: kept
+    assert s.median_ms(1.3 + 1e-9) == pytest.approx(10.0)
+    assert s.median_ms(1.6) is None
+    assert s.recorded == 2
+
+
+def test_a_clock_step_back_never_makes_a_negative_sojourn():
+    s = Sojourns(0.3)
+    s.record(2.0, 1.0)
+    assert s.median_ms(1.0) == 0.0
+
+
+def test_only_the_newest_samples_max_are_kept():
+    s = Sojourns(10.0)
+    for _ in range(SAMPLES_MAX):
+        s.record(0.0, 1.0)  # 1 s each
+    assert s.median_ms(1.0) == pytest.approx(1000.0)
+    for _ in range(SAMPLES_MAX // 2 + 1):
+        s.record(1.0, 1.0)  # 0 ms: now the majority of what is kept
+    assert s.median_ms(1.0) == 0.0
+    assert s.recorded == SAMPLES_MAX + SAMPLES_MAX // 2 + 1
