@@ -9,8 +9,9 @@ probes `GET /v0/health` every 20 ms on its own connection and samples the server
 Afterwards every acknowledged record is read back through diff.
 
 Asserted: every answer is a success, a `429` or a `503`, each refusal with
-`Retry-After` and a known cause (a bound's, or the governor's overload refusal); no transport error or timeout; every acknowledged write is readable with
-its exact data; health p99 stays under 100 ms; RSS stays bounded.
+`Retry-After` and a known cause (a bound's, or the governor's overload refusal); no
+transport error or timeout; every acknowledged write is readable with its exact data;
+health p99 stays under 100 ms; RSS stays bounded.
 """
 
 from __future__ import annotations
