@@ -539,12 +539,17 @@ class JetStreamStore:
         return obj, int(got.revision or 0)
 
     async def entry_ids(self) -> set[int]:
-        """The ids of every `topic.<id>` key: the bucket stream's subjects, listed by its
-        leader (a key listing through a consumer may be a lagging replica's). A key
-        deleted by an older version may still hold its delete marker: its id is listed,
-        and reading its entry finds none."""
+        """The ids of every `topic.<id>` key (`keys_under`). A key deleted by an older
+        version may still hold its delete marker: its id is listed, and reading its
+        entry finds none."""
+        return {int(k) for k in await self.keys_under("topic.") if k.isdigit()}
+
+    async def keys_under(self, prefix: str) -> list[str]:
+        """The rest of every registry key starting with `prefix`: the bucket stream's
+        subjects, listed by its leader (a key listing through a consumer may be a
+        lagging replica's, and miss a key written a moment ago)."""
         assert self.nc is not None
-        pre = f"$KV.{self.bucket}.topic."
+        pre = f"$KV.{self.bucket}.{prefix}"
         msg = await self.nc.request(
             f"$JS.API.STREAM.INFO.KV_{self.bucket}",
             orjson.dumps({"subjects_filter": pre + "*"}),
@@ -552,10 +557,9 @@ class JetStreamStore:
         )
         resp = orjson.loads(msg.data)
         if "error" in resp:
-            raise RuntimeError(f"listing the registry: {resp['error']}")
+            raise RuntimeError(f"listing the registry keys {prefix}*: {resp['error']}")
         subjects = resp.get("state", {}).get("subjects") or {}
-        tail = len(pre)
-        return {int(s[tail:]) for s in subjects if s[tail:].isdigit()}
+        return [str(s)[len(pre) :] for s in subjects]
 
     async def next_id(self) -> int:
         import nats.js.errors

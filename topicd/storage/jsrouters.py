@@ -260,18 +260,7 @@ async def router_entries(store: JetStreamStore) -> dict[str, dict[str, object]]:
     leader too."""
     import asyncio
 
-    assert store.nc is not None
-    pre = f"$KV.{store.bucket}.{ROUTER_PREFIX}"
-    msg = await store.nc.request(
-        f"$JS.API.STREAM.INFO.KV_{store.bucket}",
-        orjson.dumps({"subjects_filter": pre + "*"}),
-        timeout=store.timeout,
-    )
-    resp = orjson.loads(msg.data)
-    if "error" in resp:
-        raise RuntimeError(f"listing the routers: {resp['error']}")
-    subjects = resp.get("state", {}).get("subjects") or {}
-    names = sorted(bytes.fromhex(subject[len(pre) :]).decode() for subject in subjects)
+    names = sorted(bytes.fromhex(key).decode() for key in await store.keys_under(ROUTER_PREFIX))
     got = await asyncio.gather(*(router_entry(store, name) for name in names))
     return {name: body for name, body in zip(names, got, strict=True) if body is not None}
 
