@@ -9,9 +9,12 @@ it owns (its renewal has not run), so the fence is what stops it.
 
 from __future__ import annotations
 
+import time
+import uuid
 from functools import partial
 
 import httpx
+import orjson
 import pytest
 import trio
 
@@ -21,6 +24,8 @@ from tests.jetstream.conftest import jetstream_config, open_jetstream_app
 from tests.jetstream.test_fronts import _data, _fronts, _json, _sharded, _write
 from topicd.errors import StorageUnavailable
 from topicd.storage import jsqueues
+from topicd.storage.jetstream import FAULT_ENV
+from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.sse import open_sse
 
 pytestmark = pytest.mark.slow
@@ -334,3 +339,103 @@ async def test_a_restart_after_compaction_reads_the_snapshot(cluster, monkeypatc
         lids = [j["lease_id"] for j in held]
         body = await _op(c, "ack", "rq", "holder", [11, 12], lease_ids=lids)
         assert (body["acked"], body["skipped"]) == (2, [])
+
+
+def _lease_state(h, name: str) -> tuple:
+    """A queue's exact lease state on a front: its leases (seq, holder, id, deadline),
+    delivery counters and the jobs in a nack delay."""
+    q = h.engine.topics[name].queue
+    snap = q.export(trio.current_time(), h.engine.clock.now_ms())
+    return snap.leases, snap.deliveries, [s for s, _ in snap.delays]
+
+
+async def test_topicd_serve_killed_between_snapshot_and_purge(cluster, tmp_path, monkeypatch):
+    """`topicd serve` owns a queue with durable leases whose journal has grown past the
+    compaction threshold; it kills itself (SIGKILL) right after writing the snapshot,
+    before the purge (`journal.after_snapshot`). The journal then holds the snapshot on
+    top of everything it stands for; the next start reads it and keeps the same leases
+    (holder, id, deadline), nack delay, delivery counts and acked jobs gone, and a later
+    compaction purges below a new snapshot and keeps them again."""
+    prefix = "jc9" + uuid.uuid4().hex[:8]
+    cfg = jetstream_config(cluster, prefix=prefix)
+    # (the journal is filled by a front in this process, which must not compact it; the
+    # fronts here run on the real wall clock, as `topicd serve` does, so the leases'
+    # deadlines mean the same to both)
+    monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)
+
+    def wall() -> FakeWallClock:
+        return FakeWallClock(epoch0_ms=round(time.time() * 1000))
+
+    async with open_jetstream_app(cfg, wall()) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/topics/kq", json={"type": "queue", "leases_durable": True})
+        await _json(r, 201)
+        await _write(c, "kq", *({"data": i} for i in range(1, 11)))
+        for seq in (1, 2, 3):  # acked: gone for good
+            (job,) = await _claim(c, "kq", "w1", 1)
+            assert job["$seq"] == seq
+            await _op(c, "ack", "kq", "w1", [seq], lease_ids=[job["lease_id"]])
+        (job,) = await _claim(c, "kq", "w1", 1)  # 4: nacked, then leased again
+        await _op(c, "nack", "kq", "w1", [4])
+        held = await _claim(c, "kq", "holder", 2, lease_ms=600_000)
+        assert [j["$seq"] for j in held] == [4, 5]
+        await _op(c, "nack", "kq", "holder", [5], delay_ms=600_000)  # 5: in its delay
+        (six,) = await _claim(c, "kq", "w6", 1, lease_ms=600_000)
+        assert six["$seq"] == 6
+        # past the threshold: each extend is one journal message
+        for _ in range(1024):
+            await _op(c, "extend", "kq", "w6", [6], lease_ms=600_000)
+        want = (await _queue(c, "kq"), await _data(c, "kq"), _lease_state(h, "kq"))
+        assert want[0] == {"ready": 4, "in_flight": 2, "dead_lettered": 0}
+        assert want[1] == [4, 5, 6, 7, 8, 9, 10]
+        assert [s for s, *_ in want[2][0]] == [4, 6]
+        assert want[2][1:] == ([(4, 2), (5, 1), (6, 1)], [5])
+        tid = h.engine.topics["kq"].topic_id
+        last = _fronts(h).backend.journals.heads[tid]
+        assert last > 1024
+    env = {**cluster.env(), "TOPICD_JETSTREAM_PREFIX": prefix, FAULT_ENV: "journal.after_snapshot"}
+    async with trio.open_nursery() as nursery:
+        s = Server(nursery, tmp_path)
+        s.extra_env = dict(env)
+        try:
+            await s.start()
+            with trio.fail_after(10):  # (its first compaction pass, a second after start)
+                assert await s.run.proc.wait() == -9
+            assert "fault point journal.after_snapshot" in s.run.text
+            s.extra_env.pop(FAULT_ENV)
+            await s.start()
+            async with http_client(s) as hc:
+                r = await hc.get("/v0/topics/kq", params={"touch": "false"})
+                assert r.json()["queue"] == want[0]
+                r = await hc.post("/v0/topics/kq/diff", json={"from_seq": 0})
+                assert [x["data"] for x in r.json()["records"]] == want[1]
+            assert s.run.problems() == []
+        finally:
+            with trio.CancelScope(shield=True):
+                await s.close()
+    async with open_jetstream_app(cfg, wall()) as h:
+        c = h.app.test_client()
+        backend = _fronts(h).backend
+        # the snapshot was written, the purge was not: the whole journal is still there
+        msgs, _, skipped = await backend.bridge.call(partial(jsqueues.read, backend.store, tid, 0))
+        kinds = [orjson.loads(m)["k"] for _, m in msgs]
+        assert (msgs[0][0], skipped, kinds.count("snap")) == (1, False, 1)
+        assert kinds.index("snap") == last + 1  # (after the killed front's `own` marker)
+        assert (await _queue(c, "kq"), await _data(c, "kq"), _lease_state(h, "kq")) == want
+        # a later compaction works: the journal is purged below a new snapshot
+        topic = h.engine.topics["kq"]
+        monkeypatch.setattr(jsqueues, "COMPACT_MIN", 2)
+        assert backend.journals.compact_due(topic)
+        assert await backend.journals.compact(topic)
+        monkeypatch.setattr(jsqueues, "COMPACT_MIN", 1 << 62)
+        first, count = await _journal_state(backend, tid)
+        assert (first > len(msgs), count) == (True, 1)
+    async with open_jetstream_app(cfg, wall()) as h:
+        c = h.app.test_client()
+        assert (await _queue(c, "kq"), await _data(c, "kq"), _lease_state(h, "kq")) == want
+        again = await _claim(c, "kq", "w7", 10)
+        assert [(j["$seq"], j["deliveries"]) for j in again] == [(7, 1), (8, 1), (9, 1), (10, 1)]
+        body = await _op(c, "ack", "kq", "holder", [4], lease_ids=[held[0]["lease_id"]])
+        assert (body["acked"], body["skipped"]) == (1, [])
+        body = await _op(c, "ack", "kq", "w6", [6], lease_ids=[six["lease_id"]])
+        assert (body["acked"], body["skipped"]) == (1, [])
