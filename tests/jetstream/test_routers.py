@@ -322,9 +322,9 @@ async def test_kill9_of_the_destinations_owner_among_three_fronts(cluster, tmp_p
             servers.append(s)
         try:
             owner, others = servers[0], servers[1:]
-            with trio.fail_after(30):
-                while not all("took the owner lease" in f.run.text for f in others):
-                    await trio.sleep(0.1)  # (the lease checks of other processes)
+            with trio.fail_after(30):  # (the lease checks of other processes)
+                for f in others:
+                    assert await f.run.wait_line("took the owner lease")
             async with http_client(others[0]) as hc:
                 r = await hc.put("/v0/routers/s->d", json={"source": src, "dest": dst})
                 assert r.status_code == 201, r.text
@@ -361,8 +361,15 @@ async def test_kill9_of_the_destinations_owner_among_three_fronts(cluster, tmp_p
                 await owner.kill()
             assert len(acked) == 80
             with trio.fail_after(30):  # (the survivors' lease checks: a third of lease_ms)
-                while not any("took the owner lease of shard 0" in f.run.text for f in others):
-                    await trio.sleep(0.1)
+                async with trio.open_nursery() as n:  # (whichever survivor takes it)
+
+                    async def took(f: Server) -> None:
+                        if await f.run.wait_line("took the owner lease of shard 0"):
+                            n.cancel_scope.cancel()
+
+                    for f in others:
+                        n.start_soon(took, f)
+            assert any(f.run.has_line("took the owner lease of shard 0") for f in others)
             want = sorted((seq, key) for key, seq in acked.items())
             assert [s for s, _ in want] == list(range(1, 81))
             for f in others:
