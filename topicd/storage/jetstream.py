@@ -2085,12 +2085,19 @@ async def _rebuild(
     store = backend.store
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
-    for tid in sorted(streams - _named(entries)):
-        # (the key listing is a consumer's, which a lagging replica may serve: the
-        # leader says whether the entry exists before its stream is called an orphan)
-        entry, _ = await backend.bridge.call(partial(store.entry, tid))
-        if entry is not None:
-            entries[tid] = entry
+    if streams - _named(entries):
+        # (the key listing is a consumer's, which a lagging replica may serve: an entry
+        # there may still name a moved topic's old stream. Before any stream is called
+        # an orphan, the leader's entries are read: every listed one, then the topic
+        # whose id the stream has)
+        for tid in sorted(entries):
+            entry, _ = await backend.bridge.call(partial(store.entry, tid))
+            if entry is not None:
+                entries[tid] = entry
+        for tid in sorted(streams - _named(entries)):
+            entry, _ = await backend.bridge.call(partial(store.entry, tid))
+            if entry is not None:
+                entries[tid] = entry
     if repair:
         # (a stream a recorded move names is settled by `finish_move` instead)
         for orphan in sorted(streams - _named(entries, moves=True)):
