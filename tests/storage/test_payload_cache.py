@@ -279,6 +279,26 @@ async def test_queue_claims_return_evicted_jobs_intact():
         assert engine.payloads.stats().bytes == 0
 
 
+async def test_a_claim_whose_load_evicts_a_resident_job_loads_it_again():
+    # jobs 1-4 resident (the youngest chunk), 5-20 evicted: loading 5.. makes the cache
+    # evict chunk 0, which is not held yet; the claim must load it back, not fail
+    disk = FakeDisk()
+    async with open_durable(disk, config(cache_bytes=0)) as engine:
+        await engine.put_topic("q", TopicConfigIn(type="queue"))
+        await fill(engine, "q", 20)
+        _, res = await engine.diff("q", DiffIn(from_seq=0, limit=100))
+        want = [orjson.loads(e)["data"] for e in res.records]
+        assert await cp(engine).checkpoint()
+        q = engine.get("q")
+        await engine.diff("q", DiffIn(from_seq=0, limit=4))
+        assert q.enc(1) is EVICTED  # (bound 0)
+        engine.payloads.bound = sum(len(r) for r in res.records[:4]) + 8
+        await engine.diff("q", DiffIn(from_seq=0, limit=4))
+        assert isinstance(q.enc(1), bytes) and q.enc(5) is EVICTED
+        got = await engine.queues.claim("q", "w1", 20, None)
+        assert [orjson.loads(item)["data"] for item in got.items] == want
+
+
 async def test_a_router_resumes_over_evicted_source_records(autojump_clock):
     disk = FakeDisk()
     async with open_durable(disk, config(cache_bytes=0)) as engine:

@@ -1487,7 +1487,10 @@ class QueueService:
             if topic.deleted:
                 raise TopicNotFound(name)
             cohort = _Cohort(trio.current_time(), [me])
-            diverted = await self._serve(topic, q, cohort, now_ms)
+            # wall time read again after the checkpoint: the pass sweeps at the Trio
+            # time of now, and a deadline computed from an earlier reading would start
+            # a new lease (as answered) before the one it replaced had expired
+            diverted = await self._serve(topic, q, cohort, self.engine.clock.now_ms())
         else:
             current = q.cohort
             if current is None or current.served:
@@ -1571,9 +1574,14 @@ class QueueService:
         cache = self.engine.payloads
         seqs = sorted(lease.seq for m in members for lease, _ in m.got)
         try:
-            for seq in seqs:
-                if topic.enc(seq) is EVICTED:
-                    await cache.load(topic, seq, seqs[-1] - seq + 1, LOAD_BYTES_MAX, hold)
+            # until none is missing: a load may evict a resident (not held) job's chunk
+            # to make room, so a pass can end with it missing; each load holds one more
+            # chunk, so this ends
+            while True:
+                missing = next((s for s in seqs if topic.enc(s) is EVICTED), None)
+                if missing is None or topic.deleted:
+                    break
+                await cache.load(topic, missing, seqs[-1] - missing + 1, LOAD_BYTES_MAX, hold)
         except TopicdError as exc:
             for m in members:
                 m.got = []
