@@ -405,14 +405,16 @@ class JetStreamStore:
         import nats.js.errors
 
         assert self.kv is not None
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            keys = []
+        # (listed by the bucket stream's leader: `kv.keys()` may end its listing before
+        # the keys its consumer was already sent, and return none)
+        keys = ["meta.next_id", *(f"topic.{k}" for k in await self.keys_under("topic."))]
         next_id = 1
         entries: dict[int, dict[str, object]] = {}
         for k in keys:
-            entry = await self.kv.get(k)
+            try:
+                entry = await self.kv.get(k)
+            except nats.js.errors.KeyNotFoundError:  # (deleted, or never written)
+                continue
             if entry.value is None:
                 continue
             if k == "meta.next_id":
@@ -550,16 +552,20 @@ class JetStreamStore:
         lagging replica's, and miss a key written a moment ago)."""
         assert self.nc is not None
         pre = f"$KV.{self.bucket}.{prefix}"
-        msg = await self.nc.request(
-            f"$JS.API.STREAM.INFO.KV_{self.bucket}",
-            orjson.dumps({"subjects_filter": pre + "*"}),
-            timeout=self.timeout,
-        )
-        resp = orjson.loads(msg.data)
-        if "error" in resp:
-            raise RuntimeError(f"listing the registry keys {prefix}*: {resp['error']}")
-        subjects = resp.get("state", {}).get("subjects") or {}
-        return [str(s)[len(pre) :] for s in subjects]
+        out: list[str] = []
+        while True:  # (the server answers a long listing in pages)
+            msg = await self.nc.request(
+                f"$JS.API.STREAM.INFO.KV_{self.bucket}",
+                orjson.dumps({"subjects_filter": pre + "*", "offset": len(out)}),
+                timeout=self.timeout,
+            )
+            resp = orjson.loads(msg.data)
+            if "error" in resp:
+                raise RuntimeError(f"listing the registry keys {prefix}*: {resp['error']}")
+            subjects = resp.get("state", {}).get("subjects") or {}
+            out.extend(str(s)[len(pre) :] for s in subjects)
+            if not subjects or len(out) >= int(resp.get("total") or 0):
+                return out
 
     async def next_id(self) -> int:
         import nats.js.errors
@@ -2086,10 +2092,9 @@ async def _rebuild(
     next_id, entries = await backend.bridge.call(store.registry)
     streams = set(await backend.bridge.call(store.stream_ids))
     if streams - _named(entries):
-        # (the key listing is a consumer's, which a lagging replica may serve: an entry
-        # there may still name a moved topic's old stream. Before any stream is called
-        # an orphan, the leader's entries are read: every listed one, then the topic
-        # whose id the stream has)
+        # (removing a stream is final: before any stream is called an orphan, every
+        # entry is read again, then the entry of the topic whose id the stream has, in
+        # case a write of the registry raced the listing)
         for tid in sorted(entries):
             entry, _ = await backend.bridge.call(partial(store.entry, tid))
             if entry is not None:
