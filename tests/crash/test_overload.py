@@ -11,12 +11,14 @@ Afterwards every acknowledged record is read back through diff.
 Asserted: every answer is a success, a `429` or a `503`, each refusal with
 `Retry-After` and a known cause (a bound's, or the governor's overload refusal); no
 transport error or timeout; every acknowledged write is readable with its exact data;
-health p99 stays under 100 ms; RSS stays bounded.
+health p99 stays under 100 ms (scaled by the load average over the core count when
+other work oversubscribes the machine); RSS stays bounded.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import trio
@@ -121,5 +123,8 @@ async def test_a_write_flood_is_refused_cleanly_and_loses_nothing(tmp_path):
         health_ms.sort()
         p99 = health_ms[min(len(health_ms) - 1, int(len(health_ms) * 0.99))]
         assert len(health_ms) >= 20
-        assert p99 < 100, f"health p99 {p99:.1f} ms over {len(health_ms)} probes"
+        # 100 ms on a machine this test has to itself; when other work oversubscribes
+        # the cores (load above their count), every step takes longer by that factor
+        limit = 100 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        assert p99 < limit, f"health p99 {p99:.1f} ms over {len(health_ms)} probes"
         assert rss_max - rss0 < RSS_GROWTH_LIMIT_MIB, (rss0, rss_max)
