@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from topicd.sched.classes import Budget
+from topicd.sched.steps import StepMeter
 from topicd.storage import snapshot
 from topicd.storage.segments import AbsorbOutcome, SegmentStore
 from topicd.storage.wal import WalCommitPath, parse_wal_name
@@ -128,6 +129,12 @@ class Checkpointer:
         self.count = 0
         self.failures = 0
         self.last_duration_ms = 0.0
+        # the longest loop step of the last checkpoint's own work, and of anything else
+        # that ran meanwhile (with that task's name): `StepMeter`
+        self.meter = StepMeter()
+        self.last_stall_ms = 0.0
+        self.last_other_stall_ms = 0.0
+        self.last_other_task = ""
         self.last_bytes = 0
         self.last_captured = 0  # topics the last checkpoint captured (the rest: reused)
         self.files_trimmed = 0
@@ -283,112 +290,131 @@ class Checkpointer:
         return doomed
 
     async def checkpoint(self, *, final: bool = False) -> bool:
-        """Take one checkpoint; True on success. Never raises for I/O errors."""
+        """Take one checkpoint; True on success. Never raises for I/O errors.
+
+        While it runs (failed ones too), `meter` times every loop step: the longest of
+        the checkpoint's own task (and any it starts) and the longest of any other task
+        are logged with it and kept as `last_stall_ms` / `last_other_stall_ms`."""
         async with self._lock, self.engine.maintenance:
-            t0 = trio.current_time()
-            now_ms = self.clock.now_ms()
-            classes = self.cfg.classes
-            budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
-            written = 0
-
-            def at() -> list[tuple[int, int]]:  # the WAL positions the cut reflects
-                nonlocal written
-                written = self._written()
-                return [(shard.file_index, shard.tail) for shard in self.wal.shards]
-
-            cap, positions = await snapshot.capture_stepwise(
-                self.engine,
-                at,
-                now_ms,
-                budget.tick,
-                final=final,
-                segments=self.segments,
-                absorb=True,
-                reuse=self._encoded if self.count else None,  # (the first: everything)
-                records=self._records,
-                inline_max=self.cfg.storage.segments.inline_max_bytes,
-            )
-            topics = cap.topic_count()
-            keep = self.cfg.storage.snapshot.keep
-            try:
-                outcome = await self.offload.run(
-                    self.segments.absorb, cap.works, cap.gone_ids, now_ms, group="snapshot"
-                )
-                for snap in cap.fresh:
-                    res = outcome.topics.get(snap.id)
-                    if res is not None:
-                        snap.segments = [seg.snap() for seg in res.state.segments]
-                data = await self.offload.run(snapshot.encode, cap, group="snapshot")
-                number = self.number + 1
-                with trio.CancelScope(shield=True):
-                    await self.offload.run(
-                        snapshot.write_snapshot,
-                        self.fs,
-                        self.root,
-                        number,
-                        data,
-                        keep,
-                        group="snapshot",
-                    )
-            except OSError as exc:
-                for work in cap.works:  # their delete flags are flipped next time
-                    topic = self.engine.by_id.get(work.topic_id)
-                    if topic is not None:
-                        topic.seg_killed = work.flips + (topic.seg_killed or [])
-                for topic in cap.captured:  # captured again next time
-                    topic.mark_changed()
-                for tid in cap.captured_inline:
-                    topic = self.engine.by_id.get(tid)
-                    if topic is not None:
-                        topic.mark_changed()
-                self.engine.deleted_ids[:0] = cap.deleted_ids
-                self.failures += 1
-                log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+            meter = self.meter
+            with meter.span():
+                summary = await self._take(final)
+            self.last_stall_ms = meter.own_s * 1000
+            self.last_other_stall_ms = meter.other_s * 1000
+            self.last_other_task = meter.other_task
+            if summary is None:
                 return False
-            self.number = number
-            with trio.CancelScope(shield=True):  # (the snapshot is durable: finish this)
-                doomed = await self._install(outcome, cap, budget)
-            if keep == 1:
-                reclaim, self._doomed = self._doomed + doomed, []
-            else:
-                reclaim, self._doomed = self._doomed, doomed
-            try:
-                if self._trim_to is not None and keep > 1:
-                    self.files_trimmed += await self.offload.run(
-                        trim_wal, self.fs, self.root, self._trim_to, group="snapshot"
-                    )
-                elif keep == 1:
-                    self.files_trimmed += await self.offload.run(
-                        trim_wal, self.fs, self.root, positions, group="snapshot"
-                    )
-                self._trim_to = positions
-                if reclaim:
-                    await self.offload.run(self.segments.reclaim, reclaim, group="snapshot")
-            except OSError as exc:
-                self._doomed = reclaim + self._doomed
-                self.failures += 1
-                log.error("checkpoint cleanup failed (retried next time): %s", exc)
-                return False
-            self.count += 1
-            self._written_at_last = written
-            self.backlog_full = self.backlog() >= self._backlog_bound
-            if not self.backlog_full:
-                self._backlog_clear.set()
-            self._last_at = trio.current_time()
-            self.last_duration_ms = (self._last_at - t0) * 1000
-            self.last_bytes = sum(len(piece) for piece in data)
-            self.last_captured = len(cap.captured) + len(cap.captured_inline)
-            moved = sum(res.relocated for res in outcome.topics.values())
             log.info(
-                "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
-                "%.1f ms%s%s",
-                number,
-                topics,
-                self.last_captured,
-                outcome.records,
-                self.last_bytes,
-                self.last_duration_ms,
-                f", {moved} segments moved to the cold tier" if moved else "",
-                " (final)" if final else "",
+                "%s; longest loop step %.1f ms (from %s to %s), other tasks' %.1f ms (%s at %s)",
+                summary,
+                self.last_stall_ms,
+                meter.own_from or "-",
+                meter.own_at or "-",
+                self.last_other_stall_ms,
+                meter.other_task or "-",
+                meter.other_at or "-",
             )
             return True
+
+    async def _take(self, final: bool) -> str | None:
+        """The checkpoint itself: its log line's summary, or None if it failed."""
+        t0 = trio.current_time()
+        now_ms = self.clock.now_ms()
+        classes = self.cfg.classes
+        budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
+        written = 0
+
+        def at() -> list[tuple[int, int]]:  # the WAL positions the cut reflects
+            nonlocal written
+            written = self._written()
+            return [(shard.file_index, shard.tail) for shard in self.wal.shards]
+
+        cap, positions = await snapshot.capture_stepwise(
+            self.engine,
+            at,
+            now_ms,
+            budget.tick,
+            final=final,
+            segments=self.segments,
+            absorb=True,
+            reuse=self._encoded if self.count else None,  # (the first: everything)
+            records=self._records,
+            inline_max=self.cfg.storage.segments.inline_max_bytes,
+        )
+        topics = cap.topic_count()
+        keep = self.cfg.storage.snapshot.keep
+        try:
+            outcome = await self.offload.run(
+                self.segments.absorb, cap.works, cap.gone_ids, now_ms, group="snapshot"
+            )
+            for snap in cap.fresh:
+                res = outcome.topics.get(snap.id)
+                if res is not None:
+                    snap.segments = [seg.snap() for seg in res.state.segments]
+            data = await self.offload.run(snapshot.encode, cap, group="snapshot")
+            number = self.number + 1
+            with trio.CancelScope(shield=True):
+                await self.offload.run(
+                    snapshot.write_snapshot,
+                    self.fs,
+                    self.root,
+                    number,
+                    data,
+                    keep,
+                    group="snapshot",
+                )
+        except OSError as exc:
+            for work in cap.works:  # their delete flags are flipped next time
+                topic = self.engine.by_id.get(work.topic_id)
+                if topic is not None:
+                    topic.seg_killed = work.flips + (topic.seg_killed or [])
+            for topic in cap.captured:  # captured again next time
+                topic.mark_changed()
+            for tid in cap.captured_inline:
+                topic = self.engine.by_id.get(tid)
+                if topic is not None:
+                    topic.mark_changed()
+            self.engine.deleted_ids[:0] = cap.deleted_ids
+            self.failures += 1
+            log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+            return None
+        self.number = number
+        with trio.CancelScope(shield=True):  # (the snapshot is durable: finish this)
+            doomed = await self._install(outcome, cap, budget)
+        if keep == 1:
+            reclaim, self._doomed = self._doomed + doomed, []
+        else:
+            reclaim, self._doomed = self._doomed, doomed
+        try:
+            if self._trim_to is not None and keep > 1:
+                self.files_trimmed += await self.offload.run(
+                    trim_wal, self.fs, self.root, self._trim_to, group="snapshot"
+                )
+            elif keep == 1:
+                self.files_trimmed += await self.offload.run(
+                    trim_wal, self.fs, self.root, positions, group="snapshot"
+                )
+            self._trim_to = positions
+            if reclaim:
+                await self.offload.run(self.segments.reclaim, reclaim, group="snapshot")
+        except OSError as exc:
+            self._doomed = reclaim + self._doomed
+            self.failures += 1
+            log.error("checkpoint cleanup failed (retried next time): %s", exc)
+            return None
+        self.count += 1
+        self._written_at_last = written
+        self.backlog_full = self.backlog() >= self._backlog_bound
+        if not self.backlog_full:
+            self._backlog_clear.set()
+        self._last_at = trio.current_time()
+        self.last_duration_ms = (self._last_at - t0) * 1000
+        self.last_bytes = sum(len(piece) for piece in data)
+        self.last_captured = len(cap.captured) + len(cap.captured_inline)
+        moved = sum(res.relocated for res in outcome.topics.values())
+        moved_note = f", {moved} segments moved to the cold tier" if moved else ""
+        return (
+            f"checkpoint {number}: {topics} topics ({self.last_captured} captured), "
+            f"{outcome.records} records absorbed, {self.last_bytes} bytes in "
+            f"{self.last_duration_ms:.1f} ms{moved_note}{' (final)' if final else ''}"
+        )
