@@ -195,6 +195,8 @@ class Server:
             "step_other_ms": other[2],
             "step_other_at": other[3],
             "step_n": len(steps),
+            "steps_own_top": sorted(steps, reverse=True)[:5],
+            "steps_other_top": sorted(steps, key=lambda st: -st[2])[:3],
         }
 
     def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, Any]:
@@ -345,6 +347,14 @@ def topics_case(n: int, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def print_steps(r: dict[str, Any]) -> None:
+    """The checkpoints with the longest own loop steps, and with the longest other ones."""
+    for own_ms, own_at, _, _ in r["steps_own_top"]:
+        print(f"    checkpoint's own step {own_ms:5.1f} ms {own_at}")
+    for _, _, other_ms, other_at in r["steps_other_top"]:
+        print(f"    other task's step     {other_ms:5.1f} ms {other_at}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, nargs="*", default=[1.0], help="sizes to fill")
@@ -377,6 +387,7 @@ def main() -> int:
                 f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
                 flush=True,
             )
+            print_steps(r)
         if args.topics:
             r = topics_case(args.topics, tmp, args)
             settled = (
@@ -395,6 +406,7 @@ def main() -> int:
                 f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
                 flush=True,
             )
+            print_steps(r)
     return 0
 
 
