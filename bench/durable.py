@@ -365,7 +365,7 @@ class FsyncCounter:
 _CHECKPOINT_LINE = re.compile(r"checkpoint \d+: .*? in ([0-9.]+) ms")
 # (the server's own measure of the loop during it: its longest step, and other tasks')
 _CHECKPOINT_STEPS = re.compile(
-    r"longest loop step ([0-9.]+) ms \((from .*? to .*?)\), other tasks' ([0-9.]+) ms \((.*)\)"
+    r"longest loop step ([0-9.]+) ms \((.*? to .*?)\), other tasks' ([0-9.]+) ms \((.*)\)"
 )
 
 

@@ -7,6 +7,7 @@ load, and checks which side it was counted on.
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -124,3 +125,16 @@ async def test_a_task_the_span_starts_in_another_nursery_is_its_own():
             await trio.lowlevel.checkpoint()
     assert meter.own_s >= 0.015
     assert meter.other_task != "helper"
+
+
+async def test_a_collection_in_the_longest_step_is_counted():
+    meter = StepMeter()
+    with meter.span():
+        await trio.lowlevel.checkpoint()
+        hold(5)
+        gc.collect()
+        await trio.lowlevel.checkpoint()
+    assert meter.own_s >= 0.005
+    assert 0 < meter.own_gc_s <= meter.own_s
+    assert meter.own_cpu_s > 0
+    assert gc.callbacks.count(meter._gc) == 0  # (removed with the instrument)

@@ -65,7 +65,8 @@ async def test_a_checkpoint_step_holding_the_loop_is_reported(autojump_clock, ca
         line = [r.getMessage() for r in caplog.records if r.getMessage().startswith("checkpoint ")]
         assert len(line) == 1
         assert f"longest loop step {cp.last_stall_ms:.1f} ms" in line[0]
-        assert f"other tasks' {cp.last_other_stall_ms:.1f} ms (hog at " in line[0]
+        assert f"other tasks' {cp.last_other_stall_ms:.1f} ms (CPU " in line[0]
+        assert "; hog at test_checkpoint_stall.py:" in line[0]
         with pytest.raises(KeyError):  # the instrument is gone
             trio.lowlevel.remove_instrument(cp.meter)
 

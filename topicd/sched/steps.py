@@ -9,8 +9,10 @@ nothing else runs meanwhile, so the longest step is the longest the loop was hel
 or into a nursery one of them owns) and the steps of every other task, with the name of
 the task and where it suspended after its longest step (the await that ended it: the
 step ran the code before it); for the own tasks also where that step had resumed. A
-step's time includes whatever held the loop thread during it: garbage collection, and
-waiting for the GIL while a worker thread runs Python.
+step's time includes whatever held the loop thread during it: garbage collection,
+waiting for the GIL while a worker thread runs Python, waiting for a CPU on a busy
+machine; so each maximum also keeps the loop thread's CPU time in its step and the
+collector's time in it.
 
 The step of the opening task that is running when the span opens is counted from the
 opening, and the one running when it closes up to the closing.
@@ -19,8 +21,9 @@ opening, and the one running when it closes up to the closing.
 from __future__ import annotations
 
 import contextlib
+import gc
 import posixpath
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import TYPE_CHECKING
 
 import trio
@@ -45,18 +48,31 @@ def suspended_at(task: trio.lowlevel.Task) -> str:
 
 
 class StepMeter(trio.abc.Instrument):
-    """The longest loop step of a span's own tasks and of the other tasks (seconds)."""
+    """The longest loop step of a span's own tasks and of the other tasks (seconds),
+    each with the loop thread's CPU time in it (`time.thread_time`: the rest is waiting
+    for the GIL or for a CPU) and the garbage collections' time in it."""
 
     def __init__(self) -> None:
         self.own_s = 0.0  # the longest step of an own task
+        self.own_cpu_s = 0.0
+        self.own_gc_s = 0.0
         self.own_at = ""  # where that task suspended after it
         self.own_from = ""  # and where it had resumed (the step ran the code between)
         self.other_s = 0.0  # the longest step of any other task
+        self.other_cpu_s = 0.0
+        self.other_gc_s = 0.0
         self.other_task = ""  # that task's name
         self.other_at = ""
         self._own: set[trio.lowlevel.Task] = set()
         self._own_last: dict[trio.lowlevel.Task, str] = {}  # where each own task waits
-        self._t0 = 0.0
+        self._t0 = self._cpu0 = self._gc0 = 0.0
+        self._gc_total = self._gc_start = 0.0
+
+    def _gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = perf_counter()
+        else:
+            self._gc_total += perf_counter() - self._gc_start
 
     @contextlib.contextmanager
     def span(self) -> Iterator[StepMeter]:
@@ -64,19 +80,25 @@ class StepMeter(trio.abc.Instrument):
         the span's own). Resets the maxima; removes the instrument however the block
         ends."""
         task = trio.lowlevel.current_task()
-        self.own_s = self.other_s = 0.0
+        self.own_s = self.own_cpu_s = self.own_gc_s = 0.0
+        self.other_s = self.other_cpu_s = self.other_gc_s = 0.0
         self.own_at = self.own_from = self.other_task = self.other_at = ""
         self._own = {task}
         self._own_last = {}
+        gc.callbacks.append(self._gc)
         trio.lowlevel.add_instrument(self)
-        self._t0 = perf_counter()  # (the opening task's step so far is not counted)
+        # (the opening task's step so far is not counted)
+        self._t0, self._cpu0, self._gc0 = perf_counter(), thread_time(), self._gc_total
         try:
             yield self
         finally:
             trio.lowlevel.remove_instrument(self)
+            gc.callbacks.remove(self._gc)
             took = perf_counter() - self._t0  # the closing task's step so far
             if task in self._own and took > self.own_s:
                 self.own_s, self.own_at = took, "(the span's end)"
+                self.own_cpu_s = thread_time() - self._cpu0
+                self.own_gc_s = self._gc_total - self._gc0
                 self.own_from = self._own_last.get(task, "(the span's start)")
             self._own = set()
             self._own_last = {}
@@ -92,6 +114,8 @@ class StepMeter(trio.abc.Instrument):
                 own.add(task)
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._cpu0 = thread_time()
+        self._gc0 = self._gc_total
         self._t0 = perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
@@ -100,10 +124,14 @@ class StepMeter(trio.abc.Instrument):
             at = suspended_at(task)  # (the own tasks' steps are few: worth locating)
             if took > self.own_s:
                 self.own_s = took
+                self.own_cpu_s = thread_time() - self._cpu0
+                self.own_gc_s = self._gc_total - self._gc0
                 self.own_from = self._own_last.get(task, "(the span's start)")
                 self.own_at = at
             self._own_last[task] = at
         elif took > self.other_s:
             self.other_s = took
+            self.other_cpu_s = thread_time() - self._cpu0
+            self.other_gc_s = self._gc_total - self._gc0
             self.other_task = task.name
             self.other_at = suspended_at(task)

@@ -305,12 +305,17 @@ class Checkpointer:
             if summary is None:
                 return False
             log.info(
-                "%s; longest loop step %.1f ms (from %s to %s), other tasks' %.1f ms (%s at %s)",
+                "%s; longest loop step %.1f ms (CPU %.1f, GC %.1f; from %s to %s), "
+                "other tasks' %.1f ms (CPU %.1f, GC %.1f; %s at %s)",
                 summary,
                 self.last_stall_ms,
+                meter.own_cpu_s * 1000,
+                meter.own_gc_s * 1000,
                 meter.own_from or "-",
                 meter.own_at or "-",
                 self.last_other_stall_ms,
+                meter.other_cpu_s * 1000,
+                meter.other_gc_s * 1000,
                 meter.other_task or "-",
                 meter.other_at or "-",
             )
