@@ -25,8 +25,9 @@ These *probe* numbers are what a client sees, and include the wait behind the fi
 `topicd_checkpoint_loop_stall_ms`): the **checkpoint's stall**, the longest single loop
 step of the checkpoint's own work (the issue's "checkpoint loop stall"), and the longest
 step of any other task meanwhile (typically a write handler), each the largest over
-every checkpoint while filling, with where it ran (`from A to B`: the code between the
-awaits that began and ended it) and which task the other one was (`task at B`).
+every checkpoint while filling, with the loop thread's CPU time and the collector's time
+in it, where it ran (`from A to B`: the awaits that began and ended it; for the other
+step, `task at B`); and the longest garbage collection during any checkpoint.
 **Reads**: `big` from 100,000 records below its head (the cached tail, pages of 1000),
 then from its oldest record after the segment files were dropped from the page cache
 (`posix_fadvise(DONTNEED)`), records/s each and their ratio (the tail is read before and
@@ -195,6 +196,7 @@ class Server:
             "step_other_ms": other[2],
             "step_other_at": other[3],
             "step_n": len(steps),
+            "gc_max": max(self.srv.checkpoint_gcs, default=(0.0, "-")),
             "steps_own_top": sorted(steps, reverse=True)[:5],
             "steps_other_top": sorted(steps, key=lambda st: -st[2])[:3],
         }
@@ -353,6 +355,8 @@ def print_steps(r: dict[str, Any]) -> None:
         print(f"    checkpoint's own step {own_ms:5.1f} ms {own_at}")
     for _, _, other_ms, other_at in r["steps_other_top"]:
         print(f"    other task's step     {other_ms:5.1f} ms {other_at}")
+    gc_ms, gc_what = r["gc_max"]
+    print(f"    longest garbage collection during a checkpoint {gc_ms:.1f} ms ({gc_what})")
 
 
 def main() -> int:

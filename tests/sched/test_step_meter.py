@@ -138,3 +138,22 @@ async def test_a_collection_in_the_longest_step_is_counted():
     assert 0 < meter.own_gc_s <= meter.own_s
     assert meter.own_cpu_s > 0
     assert gc.callbacks.count(meter._gc) == 0  # (removed with the instrument)
+
+
+async def test_the_longest_collection_and_its_thread_are_kept():
+    meter = StepMeter()
+    with meter.span():
+        await trio.lowlevel.checkpoint()
+        gc.collect()
+    assert meter.gc_s > 0
+    assert (meter.gc_generation, meter.gc_on_loop) == (2, True)
+
+    def collect_long() -> None:  # a worker thread's collection, made the longest
+        keep = [[] for _ in range(200_000)]
+        gc.collect()
+        del keep
+
+    with meter.span():
+        await trio.to_thread.run_sync(collect_long)
+    assert meter.gc_s > 0
+    assert (meter.gc_generation, meter.gc_on_loop) == (2, False)

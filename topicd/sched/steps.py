@@ -12,7 +12,8 @@ step ran the code before it); for the own tasks also where that step had resumed
 step's time includes whatever held the loop thread during it: garbage collection,
 waiting for the GIL while a worker thread runs Python, waiting for a CPU on a busy
 machine; so each maximum also keeps the loop thread's CPU time in its step and the
-collector's time in it.
+collector's time in it. The longest single collection of the span is kept too, with the
+thread it ran in.
 
 The step of the opening task that is running when the span opens is counted from the
 opening, and the one running when it closes up to the closing.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import posixpath
+import threading
 from time import perf_counter, thread_time
 from typing import TYPE_CHECKING
 
@@ -63,6 +65,13 @@ class StepMeter(trio.abc.Instrument):
         self.other_gc_s = 0.0
         self.other_task = ""  # that task's name
         self.other_at = ""
+        # the longest garbage collection in the span, its generation, and whether it ran
+        # on the loop thread (a worker thread's allocations can start one too: the loop
+        # then waits for the GIL through it, in whatever step it is in)
+        self.gc_s = 0.0
+        self.gc_generation = -1
+        self.gc_on_loop = True
+        self._loop_thread = 0
         self._own: set[trio.lowlevel.Task] = set()
         self._own_last: dict[trio.lowlevel.Task, str] = {}  # where each own task waits
         self._t0 = self._cpu0 = self._gc0 = 0.0
@@ -71,8 +80,13 @@ class StepMeter(trio.abc.Instrument):
     def _gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gc_start = perf_counter()
-        else:
-            self._gc_total += perf_counter() - self._gc_start
+            return
+        took = perf_counter() - self._gc_start
+        self._gc_total += took
+        if took > self.gc_s:
+            self.gc_s = took
+            self.gc_generation = info.get("generation", -1)
+            self.gc_on_loop = threading.get_ident() == self._loop_thread
 
     @contextlib.contextmanager
     def span(self) -> Iterator[StepMeter]:
@@ -83,6 +97,8 @@ class StepMeter(trio.abc.Instrument):
         self.own_s = self.own_cpu_s = self.own_gc_s = 0.0
         self.other_s = self.other_cpu_s = self.other_gc_s = 0.0
         self.own_at = self.own_from = self.other_task = self.other_at = ""
+        self.gc_s, self.gc_generation, self.gc_on_loop = 0.0, -1, True
+        self._loop_thread = threading.get_ident()
         self._own = {task}
         self._own_last = {}
         gc.callbacks.append(self._gc)
