@@ -51,8 +51,11 @@ log = logging.getLogger("topicd.checkpoint")
 # newest snapshot's capture reach this many `storage.snapshot.wal_bytes_threshold`s
 BACKLOG_THRESHOLDS = 2
 
-# topics installed per loop turn after a checkpoint (`Checkpointer._install`)
-_INSTALL_TOPICS: Final = 1024
+# topics installed per loop turn after a checkpoint (`Checkpointer._install`; their
+# payloads are released a topic per budget tick), and the slice of the entries and
+# records kept for the next checkpoint brought up to date per turn
+_INSTALL_TOPICS: Final = 256
+_SLICE: Final = 8192
 # payload-cache chunks evicted per loop turn after a checkpoint (each a list write and a
 # free per record: 16 chunks of 256 1 KiB records ≈ 0.5 ms; a 64 MiB absorb evicting
 # in one turn held the loop ≈ 8 ms)
@@ -224,10 +227,13 @@ class Checkpointer:
         next checkpoint). Returns what the new registry no longer references."""
         by_id = self.engine.by_id
         payloads = self.engine.payloads
-        items = list(outcome.topics.items())
+        # (a slice of the outcome's own dict at a time — old by now —, not a list of its
+        # items: with a yield between topics below, a young list of every topic would
+        # live across yields, and every young collection meeting it walks it whole)
+        outcomes = iter(outcome.topics.items())
         doomed: list[str] = []
-        for i in range(0, len(items), _INSTALL_TOPICS):
-            part = dict(items[i : i + _INSTALL_TOPICS])
+        for _ in range(0, len(outcome.topics), _INSTALL_TOPICS):
+            part = dict(islice(outcomes, _INSTALL_TOPICS))
             # (the outcome's per-topic parts for these topics; its totals come once, below)
             doomed += self.segments.install(
                 dataclasses.replace(
@@ -256,7 +262,7 @@ class Checkpointer:
         # meanwhile —, not a list of its ids or items: a young list of 100,000, or a
         # tuple per topic, is walked by every young collection that meets it; and not
         # ids boxed from an array: new int objects kept as keys, ~3 MB a dict)
-        slice_ = _INSTALL_TOPICS * 8
+        slice_ = _SLICE
         encoded = cap.encoded
         pairs = iter(encoded.items())
         for _ in range(0, len(encoded), slice_):
@@ -288,7 +294,7 @@ class Checkpointer:
         # go, and at 100,000 changed topics that was ~19 ms in one loop turn
         for previous in old:
             while previous:
-                for _ in range(min(len(previous), _INSTALL_TOPICS * 8)):
+                for _ in range(min(len(previous), _SLICE)):
                     previous.popitem()
                 await budget.pause()
         return doomed
