@@ -84,7 +84,7 @@ async def test_a_failed_checkpoint_is_measured_and_removes_its_instrument(autoju
         assert cp.last_stall_ms >= 20
         with pytest.raises(KeyError):
             trio.lowlevel.remove_instrument(cp.meter)
-        cp.segments.absorb = type(cp.segments).absorb.__get__(cp.segments)  # type: ignore[method-assign]
+        del cp.segments.absorb  # (the class's again)
         assert await cp.checkpoint()
         with pytest.raises(KeyError):
             trio.lowlevel.remove_instrument(cp.meter)
