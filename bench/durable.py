@@ -362,7 +362,12 @@ class FsyncCounter:
 # servers
 
 
-_CHECKPOINT_LINE = re.compile(r"checkpoint \d+: .* in ([0-9.]+) ms")
+_CHECKPOINT_LINE = re.compile(r"checkpoint \d+: .*? in ([0-9.]+) ms")
+# (the server's own measure of the loop during it: its longest step, and other tasks')
+_CHECKPOINT_GC = re.compile(r"longest collection ([0-9.]+) ms \((generation -?\d+, [a-z ]+)\)")
+_CHECKPOINT_STEPS = re.compile(
+    r"longest loop step ([0-9.]+) ms \((.*? to .*?)\), other tasks' ([0-9.]+) ms \((.*?)\);"
+)
 
 
 class TimedServer(hc.Server):
@@ -378,6 +383,11 @@ class TimedServer(hc.Server):
         self.recovered = threading.Event()
         # each checkpoint the log reports: (monotonic time its line arrived, its ms)
         self.checkpoints: list[tuple[float, float]] = []
+        # and its loop steps, when the server reports them: (own longest ms, "from A to
+        # B" code locations, other tasks' longest ms, "task at where")
+        self.checkpoint_steps: list[tuple[float, str, float, str]] = []
+        # and the longest garbage collection in each: (ms, "generation N, where")
+        self.checkpoint_gcs: list[tuple[float, str]] = []
 
     def start(self, timeout: float = 60.0, cpu: int | None = None) -> None:
         self.t_spawn = time.monotonic()
@@ -401,6 +411,14 @@ class TimedServer(hc.Server):
             m = _CHECKPOINT_LINE.search(line)
             if m:
                 self.checkpoints.append((t, float(m.group(1))))
+                steps = _CHECKPOINT_STEPS.search(line)
+                if steps:
+                    self.checkpoint_steps.append(
+                        (float(steps[1]), steps[2], float(steps[3]), steps[4].strip())
+                    )
+                collected = _CHECKPOINT_GC.search(line)
+                if collected:
+                    self.checkpoint_gcs.append((float(collected[1]), collected[2]))
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -20,6 +20,14 @@ checkpoints' included: a stall delays the probe's answer; the probe also waits b
 the filler's requests, never behind the `/v0/metrics` scrape its own thread makes
 after it every 0.5 s), split into the probes that overlapped a checkpoint (its span from
 the server's log line) and those that overlapped none: the longest and the p99 of each.
+These *probe* numbers are what a client sees, and include the wait behind the filler's
+1 MiB writes. Next to them, the server's own measure of each checkpoint (its log line,
+`topicd_checkpoint_loop_stall_ms`): the **checkpoint's stall**, the longest single loop
+step of the checkpoint's own work (the issue's "checkpoint loop stall"), and the longest
+step of any other task meanwhile (typically a write handler), each the largest over
+every checkpoint while filling, with the loop thread's CPU time and the collector's time
+in it, where it ran (`from A to B`: the awaits that began and ended it; for the other
+step, `task at B`); and the longest garbage collection during any checkpoint.
 **Reads**: `big` from 100,000 records below its head (the cached tail, pages of 1000),
 then from its oldest record after the segment files were dropped from the page cache
 (`posix_fadvise(DONTNEED)`), records/s each and their ratio (the tail is read before and
@@ -31,7 +39,8 @@ RSS once ready.
 **Many topics** (`--topics N`, 0 to skip): N topics of 3 records of about 100 bytes
 (one write each, which creates the topic), then — after the next checkpoint finished (up
 to 20 minutes: the first one creates a segment file per topic) — the RSS, the checkpoint
-duration and loop lag, and the restart to ready. (bench/many_topics.py measures the same
+duration, loop lag (probe) and checkpoint stall (server-measured), and the restart to
+ready. (bench/many_topics.py measures the same
 case in one process: heap per topic by allocation site, and the loop gap during a
 checkpoint itself.)
 
@@ -174,6 +183,24 @@ class Server:
             out[f"lag_{name}_n"] = len(lags)
         return out
 
+    def step_max(self) -> dict[str, Any]:
+        """The longest loop step the server measured during any checkpoint, its own and
+        other tasks' (from each checkpoint's log line), and where each ended."""
+        assert self.srv is not None
+        steps = self.srv.checkpoint_steps
+        own = max(steps, default=(0.0, "-", 0.0, "-"), key=lambda st: st[0])
+        other = max(steps, default=(0.0, "-", 0.0, "-"), key=lambda st: st[2])
+        return {
+            "step_own_ms": own[0],
+            "step_own_at": own[1],
+            "step_other_ms": other[2],
+            "step_other_at": other[3],
+            "step_n": len(steps),
+            "gc_max": max(self.srv.checkpoint_gcs, default=(0.0, "-")),
+            "steps_own_top": sorted(steps, reverse=True)[:5],
+            "steps_other_top": sorted(steps, key=lambda st: -st[2])[:3],
+        }
+
     def post(self, path: str, body: bytes, method: str = "POST") -> tuple[int, Any]:
         assert self.srv is not None
         assert self.conn is not None
@@ -272,6 +299,7 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         out["checkpoint_max_ms"] = s.max_checkpoint_ms
         out["loop_lag_max_ms"] = s.max_lag_ms
         out.update(s.lag_split())
+        out.update(s.step_max())
         out["cache_mib"] = m.get("topicd_payload_cache_bytes", 0.0) / MIB
         _, st = s.post("/v0/topics/big", b"", method="GET")
         head = st["head_seq"]
@@ -311,6 +339,7 @@ def topics_case(n: int, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
         out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
         out["checkpoint_max_ms"] = s.max_checkpoint_ms
         out["loop_lag_max_ms"] = s.max_lag_ms
+        out.update(s.step_max())
         s.kill9()
         timing = s.start()
         out["restart_ready_s"] = timing["to_ready_s"]
@@ -318,6 +347,16 @@ def topics_case(n: int, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         s.stop()
     return out
+
+
+def print_steps(r: dict[str, Any]) -> None:
+    """The checkpoints with the longest own loop steps, and with the longest other ones."""
+    for own_ms, own_at, _, _ in r["steps_own_top"]:
+        print(f"    checkpoint's own step {own_ms:5.1f} ms {own_at}")
+    for _, _, other_ms, other_at in r["steps_other_top"]:
+        print(f"    other task's step     {other_ms:5.1f} ms {other_at}")
+    gc_ms, gc_what = r["gc_max"]
+    print(f"    longest garbage collection during a checkpoint {gc_ms:.1f} ms ({gc_what})")
 
 
 def main() -> int:
@@ -341,13 +380,18 @@ def main() -> int:
                 f"{r['loop_lag_max_ms']:.1f} ms (during checkpoints "
                 f"{r['lag_checkpoint_ms']:.1f}, p99 {r['lag_checkpoint_p99_ms']:.1f} of "
                 f"{r['lag_checkpoint_n']:.0f} probes; outside {r['lag_other_ms']:.1f}, p99 "
-                f"{r['lag_other_p99_ms']:.1f} of {r['lag_other_n']:.0f}); diff tail "
+                f"{r['lag_other_p99_ms']:.1f} of {r['lag_other_n']:.0f}); checkpoint "
+                f"stall (longest own loop step, server-measured, of {r['step_n']} "
+                f"checkpoints) {r['step_own_ms']:.1f} ms {r['step_own_at']}, other "
+                f"tasks' longest step {r['step_other_ms']:.1f} ms ({r['step_other_at']}); "
+                "diff tail "
                 f"{r['diff_tail_rps']:,.0f} rec/s, "
                 f"oldest (page cache dropped) {r['diff_oldest_rps']:,.0f} rec/s "
                 f"({r['diff_oldest_rps'] / r['diff_tail_rps']:.2f}x); restart to ready "
                 f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
                 flush=True,
             )
+            print_steps(r)
         if args.topics:
             r = topics_case(args.topics, tmp, args)
             settled = (
@@ -360,10 +404,13 @@ def main() -> int:
                 f"{settled}; RSS "
                 f"{r['rss_mib']:.0f} MiB (idle {r['rss_idle_mib']:.0f}); checkpoint last "
                 f"{r['checkpoint_last_ms']:.0f} ms, max {r['checkpoint_max_ms']:.0f} ms; loop "
-                f"lag max {r['loop_lag_max_ms']:.1f} ms; restart to ready "
+                f"lag max {r['loop_lag_max_ms']:.1f} ms; checkpoint stall (own longest "
+                f"step) {r['step_own_ms']:.1f} ms {r['step_own_at']}, other tasks' "
+                f"{r['step_other_ms']:.1f} ms ({r['step_other_at']}); restart to ready "
                 f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
                 flush=True,
             )
+            print_steps(r)
     return 0
 
 

@@ -524,6 +524,16 @@ class _Collector:
             value=getattr(cp, "last_duration_ms", 0.0),
         )
         yield GaugeMetricFamily(
+            "topicd_checkpoint_loop_stall_ms",
+            "Longest single event-loop step of the last checkpoint's own work.",
+            value=getattr(cp, "last_stall_ms", 0.0),
+        )
+        yield GaugeMetricFamily(
+            "topicd_checkpoint_other_stall_ms",
+            "Longest single event-loop step of any other task while the last checkpoint ran.",
+            value=getattr(cp, "last_other_stall_ms", 0.0),
+        )
+        yield GaugeMetricFamily(
             "topicd_snapshot_bytes",
             "Size of the last snapshot.",
             value=getattr(cp, "last_bytes", 0),

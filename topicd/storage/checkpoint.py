@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from topicd.sched.classes import Budget
+from topicd.sched.steps import StepMeter
 from topicd.storage import snapshot
 from topicd.storage.segments import AbsorbOutcome, SegmentStore
 from topicd.storage.wal import WalCommitPath, parse_wal_name
@@ -50,8 +51,11 @@ log = logging.getLogger("topicd.checkpoint")
 # newest snapshot's capture reach this many `storage.snapshot.wal_bytes_threshold`s
 BACKLOG_THRESHOLDS = 2
 
-# topics installed per loop turn after a checkpoint (`Checkpointer._install`)
-_INSTALL_TOPICS: Final = 1024
+# topics installed per loop turn after a checkpoint (`Checkpointer._install`; their
+# payloads are released a topic per budget tick), and the slice of the entries and
+# records kept for the next checkpoint brought up to date per turn
+_INSTALL_TOPICS: Final = 256
+_SLICE: Final = 8192
 # payload-cache chunks evicted per loop turn after a checkpoint (each a list write and a
 # free per record: 16 chunks of 256 1 KiB records ≈ 0.5 ms; a 64 MiB absorb evicting
 # in one turn held the loop ≈ 8 ms)
@@ -128,6 +132,12 @@ class Checkpointer:
         self.count = 0
         self.failures = 0
         self.last_duration_ms = 0.0
+        # the longest loop step of the last checkpoint's own work, and of anything else
+        # that ran meanwhile (with that task's name): `StepMeter`
+        self.meter = StepMeter()
+        self.last_stall_ms = 0.0
+        self.last_other_stall_ms = 0.0
+        self.last_other_task = ""
         self.last_bytes = 0
         self.last_captured = 0  # topics the last checkpoint captured (the rest: reused)
         self.files_trimmed = 0
@@ -217,10 +227,13 @@ class Checkpointer:
         next checkpoint). Returns what the new registry no longer references."""
         by_id = self.engine.by_id
         payloads = self.engine.payloads
-        items = list(outcome.topics.items())
+        # (a slice of the outcome's own dict at a time — old by now —, not a list of its
+        # items: with a yield between topics below, a young list of every topic would
+        # live across yields, and every young collection meeting it walks it whole)
+        outcomes = iter(outcome.topics.items())
         doomed: list[str] = []
-        for i in range(0, len(items), _INSTALL_TOPICS):
-            part = dict(items[i : i + _INSTALL_TOPICS])
+        for _ in range(0, len(outcome.topics), _INSTALL_TOPICS):
+            part = dict(islice(outcomes, _INSTALL_TOPICS))
             # (the outcome's per-topic parts for these topics; its totals come once, below)
             doomed += self.segments.install(
                 dataclasses.replace(
@@ -236,7 +249,11 @@ class Checkpointer:
             for tid, res in part.items():
                 topic = by_id.get(tid)
                 if topic is not None:
+                    # (≈ 12 µs a chunk: 30-odd written topics' chunks in one turn held
+                    # the loop 3-6 ms; a topic's release is whole, and only lets its
+                    # chunks be evicted: a yield between topics changes no reader's view)
                     payloads.release(topic, res.state.absorbed, trim=False)
+                    await budget.tick()
             await budget.pause()
             while payloads.trim(TRIM_CHUNKS):  # the bound, a few chunks a turn
                 await budget.pause()
@@ -245,7 +262,7 @@ class Checkpointer:
         # meanwhile —, not a list of its ids or items: a young list of 100,000, or a
         # tuple per topic, is walked by every young collection that meets it; and not
         # ids boxed from an array: new int objects kept as keys, ~3 MB a dict)
-        slice_ = _INSTALL_TOPICS * 8
+        slice_ = _SLICE
         encoded = cap.encoded
         pairs = iter(encoded.items())
         for _ in range(0, len(encoded), slice_):
@@ -277,118 +294,146 @@ class Checkpointer:
         # go, and at 100,000 changed topics that was ~19 ms in one loop turn
         for previous in old:
             while previous:
-                for _ in range(min(len(previous), _INSTALL_TOPICS * 8)):
+                for _ in range(min(len(previous), _SLICE)):
                     previous.popitem()
                 await budget.pause()
         return doomed
 
     async def checkpoint(self, *, final: bool = False) -> bool:
-        """Take one checkpoint; True on success. Never raises for I/O errors."""
+        """Take one checkpoint; True on success. Never raises for I/O errors.
+
+        While it runs (failed ones too), `meter` times every loop step: the longest of
+        the checkpoint's own task (and any it starts) and the longest of any other task
+        are logged with it and kept as `last_stall_ms` / `last_other_stall_ms`."""
         async with self._lock, self.engine.maintenance:
-            t0 = trio.current_time()
-            now_ms = self.clock.now_ms()
-            classes = self.cfg.classes
-            budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
-            written = 0
-
-            def at() -> list[tuple[int, int]]:  # the WAL positions the cut reflects
-                nonlocal written
-                written = self._written()
-                return [(shard.file_index, shard.tail) for shard in self.wal.shards]
-
-            cap, positions = await snapshot.capture_stepwise(
-                self.engine,
-                at,
-                now_ms,
-                budget.tick,
-                final=final,
-                segments=self.segments,
-                absorb=True,
-                reuse=self._encoded if self.count else None,  # (the first: everything)
-                records=self._records,
-                inline_max=self.cfg.storage.segments.inline_max_bytes,
-            )
-            topics = cap.topic_count()
-            keep = self.cfg.storage.snapshot.keep
-            try:
-                outcome = await self.offload.run(
-                    self.segments.absorb, cap.works, cap.gone_ids, now_ms, group="snapshot"
-                )
-                for snap in cap.fresh:
-                    res = outcome.topics.get(snap.id)
-                    if res is not None:
-                        snap.segments = [seg.snap() for seg in res.state.segments]
-                data = await self.offload.run(snapshot.encode, cap, group="snapshot")
-                number = self.number + 1
-                with trio.CancelScope(shield=True):
-                    await self.offload.run(
-                        snapshot.write_snapshot,
-                        self.fs,
-                        self.root,
-                        number,
-                        data,
-                        keep,
-                        group="snapshot",
-                    )
-            except OSError as exc:
-                for work in cap.works:  # their delete flags are flipped next time
-                    topic = self.engine.by_id.get(work.topic_id)
-                    if topic is not None:
-                        topic.seg_killed = work.flips + (topic.seg_killed or [])
-                for topic in cap.captured:  # captured again next time
-                    topic.mark_changed()
-                for tid in cap.captured_inline:
-                    topic = self.engine.by_id.get(tid)
-                    if topic is not None:
-                        topic.mark_changed()
-                self.engine.deleted_ids[:0] = cap.deleted_ids
-                self.failures += 1
-                log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+            meter = self.meter
+            with meter.span():
+                summary = await self._take(final)
+            self.last_stall_ms = meter.own_s * 1000
+            self.last_other_stall_ms = meter.other_s * 1000
+            self.last_other_task = meter.other_task
+            if summary is None:
                 return False
-            self.number = number
-            with trio.CancelScope(shield=True):  # (the snapshot is durable: finish this)
-                doomed = await self._install(outcome, cap, budget)
-            if keep == 1:
-                reclaim, self._doomed = self._doomed + doomed, []
-            else:
-                reclaim, self._doomed = self._doomed, doomed
-            try:
-                if self._trim_to is not None and keep > 1:
-                    self.files_trimmed += await self.offload.run(
-                        trim_wal, self.fs, self.root, self._trim_to, group="snapshot"
-                    )
-                elif keep == 1:
-                    self.files_trimmed += await self.offload.run(
-                        trim_wal, self.fs, self.root, positions, group="snapshot"
-                    )
-                self._trim_to = positions
-                if reclaim:
-                    await self.offload.run(self.segments.reclaim, reclaim, group="snapshot")
-            except OSError as exc:
-                self._doomed = reclaim + self._doomed
-                self.failures += 1
-                log.error("checkpoint cleanup failed (retried next time): %s", exc)
-                return False
-            self.count += 1
-            self._written_at_last = written
-            self.backlog_full = self.backlog() >= self._backlog_bound
-            if not self.backlog_full:
-                self._backlog_clear.set()
-            self._last_at = trio.current_time()
-            self.last_duration_ms = (self._last_at - t0) * 1000
-            self.last_bytes = sum(len(piece) for piece in data)
-            self.last_captured = len(cap.captured) + len(cap.captured_inline)
-            moved = sum(res.relocated for res in outcome.topics.values())
             log.info(
-                "checkpoint %d: %d topics (%d captured), %d records absorbed, %d bytes in "
-                "%.1f ms%s%s",
-                number,
-                topics,
-                self.last_captured,
-                outcome.records,
-                self.last_bytes,
-                self.last_duration_ms,
-                f", {moved} segments moved to the cold tier" if moved else "",
-                " (final)" if final else "",
+                "%s; longest loop step %.1f ms (CPU %.1f, GC %.1f; from %s to %s), "
+                "other tasks' %.1f ms (CPU %.1f, GC %.1f; %s at %s); longest collection "
+                "%.1f ms (generation %d, %s)",
+                summary,
+                self.last_stall_ms,
+                meter.own_cpu_s * 1000,
+                meter.own_gc_s * 1000,
+                meter.own_from or "-",
+                meter.own_at or "-",
+                self.last_other_stall_ms,
+                meter.other_cpu_s * 1000,
+                meter.other_gc_s * 1000,
+                meter.other_task or "-",
+                meter.other_at or "-",
+                meter.gc_s * 1000,
+                meter.gc_generation,
+                "on the loop thread" if meter.gc_on_loop else "in a worker thread",
             )
             return True
+
+    async def _take(self, final: bool) -> str | None:
+        """The checkpoint itself: its log line's summary, or None if it failed."""
+        t0 = trio.current_time()
+        now_ms = self.clock.now_ms()
+        classes = self.cfg.classes
+        budget = Budget.for_class("maintenance", classes.quantum_base_us, classes.quantum_items)
+        written = 0
+
+        def at() -> list[tuple[int, int]]:  # the WAL positions the cut reflects
+            nonlocal written
+            written = self._written()
+            return [(shard.file_index, shard.tail) for shard in self.wal.shards]
+
+        cap, positions = await snapshot.capture_stepwise(
+            self.engine,
+            at,
+            now_ms,
+            budget.tick,
+            final=final,
+            segments=self.segments,
+            absorb=True,
+            reuse=self._encoded if self.count else None,  # (the first: everything)
+            records=self._records,
+            inline_max=self.cfg.storage.segments.inline_max_bytes,
+        )
+        topics = cap.topic_count()
+        keep = self.cfg.storage.snapshot.keep
+        try:
+            outcome = await self.offload.run(
+                self.segments.absorb, cap.works, cap.gone_ids, now_ms, group="snapshot"
+            )
+            for snap in cap.fresh:
+                res = outcome.topics.get(snap.id)
+                if res is not None:
+                    snap.segments = [seg.snap() for seg in res.state.segments]
+            data = await self.offload.run(snapshot.encode, cap, group="snapshot")
+            number = self.number + 1
+            with trio.CancelScope(shield=True):
+                await self.offload.run(
+                    snapshot.write_snapshot,
+                    self.fs,
+                    self.root,
+                    number,
+                    data,
+                    keep,
+                    group="snapshot",
+                )
+        except OSError as exc:
+            for work in cap.works:  # their delete flags are flipped next time
+                topic = self.engine.by_id.get(work.topic_id)
+                if topic is not None:
+                    topic.seg_killed = work.flips + (topic.seg_killed or [])
+            for topic in cap.captured:  # captured again next time
+                topic.mark_changed()
+            for tid in cap.captured_inline:
+                topic = self.engine.by_id.get(tid)
+                if topic is not None:
+                    topic.mark_changed()
+            self.engine.deleted_ids[:0] = cap.deleted_ids
+            self.failures += 1
+            log.error("checkpoint failed (the WAL keeps its files): %s", exc)
+            return None
+        self.number = number
+        with trio.CancelScope(shield=True):  # (the snapshot is durable: finish this)
+            doomed = await self._install(outcome, cap, budget)
+        if keep == 1:
+            reclaim, self._doomed = self._doomed + doomed, []
+        else:
+            reclaim, self._doomed = self._doomed, doomed
+        try:
+            if self._trim_to is not None and keep > 1:
+                self.files_trimmed += await self.offload.run(
+                    trim_wal, self.fs, self.root, self._trim_to, group="snapshot"
+                )
+            elif keep == 1:
+                self.files_trimmed += await self.offload.run(
+                    trim_wal, self.fs, self.root, positions, group="snapshot"
+                )
+            self._trim_to = positions
+            if reclaim:
+                await self.offload.run(self.segments.reclaim, reclaim, group="snapshot")
+        except OSError as exc:
+            self._doomed = reclaim + self._doomed
+            self.failures += 1
+            log.error("checkpoint cleanup failed (retried next time): %s", exc)
+            return None
+        self.count += 1
+        self._written_at_last = written
+        self.backlog_full = self.backlog() >= self._backlog_bound
+        if not self.backlog_full:
+            self._backlog_clear.set()
+        self._last_at = trio.current_time()
+        self.last_duration_ms = (self._last_at - t0) * 1000
+        self.last_bytes = sum(len(piece) for piece in data)
+        self.last_captured = len(cap.captured) + len(cap.captured_inline)
+        moved = sum(res.relocated for res in outcome.topics.values())
+        moved_note = f", {moved} segments moved to the cold tier" if moved else ""
+        return (
+            f"checkpoint {number}: {topics} topics ({self.last_captured} captured), "
+            f"{outcome.records} records absorbed, {self.last_bytes} bytes in "
+            f"{self.last_duration_ms:.1f} ms{moved_note}{' (final)' if final else ''}"
+        )

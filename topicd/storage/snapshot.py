@@ -719,9 +719,11 @@ class _Stepwise:
         for tid in deleted:
             if inline_raw.pop(tid, None) is not None:
                 del self.inline_records[tid]
-        if VERIFY_INCREMENTAL:
-            live = [by_id.get(i) for i in inline_raw]
-            assert all(t is not None and not t.deleted for t in live)
+        if VERIFY_INCREMENTAL:  # (no list of them: it would be young when collections run)
+            for i in inline_raw:
+                alive = by_id.get(i)
+                assert alive is not None
+                assert not alive.deleted
         if self.reuse is not None:
             entries, records = self.entries, self.records  # (taken ones dropped)
             for tid in deleted:  # deleted since the entries were made
