@@ -53,9 +53,14 @@ mean delay, and the CPU seconds per second of the producers and of topicd. The t
 CPU s/s at saturation
 (something else was the bottleneck) or no law-off window got a `429`. A chart of the
 medians, each round a dot, goes to `--chart` (`docs/producer_backpressure.png`).
+Under each round: the producers' refusals by the zone of the pressure their client had
+last read when it sent the refused request (and that reading's median age), by cause,
+the most in one 100 ms slot, the pauses, the zone changes and the most pause ends in one
+100 ms slot (how bunched the resumptions were).
 With `--trace`, the `--json` file also holds, per overload window, every answer the
-producers got (time in the window, status, pressure header, producer) and every
-delay-law decision (time, zone, delay ms, pressure read, producer).
+producers got (time in the window, status, pressure header, producer), every
+delay-law decision (time, zone, delay ms, pressure read, producer) and every refusal
+(time sent, status, cause, the pressure read and its age, producer).
 """
 
 from __future__ import annotations
@@ -72,12 +77,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import http_core as hc  # a sibling module of this script
+
+if TYPE_CHECKING:
+    from topicd.client.backpressure import Signals
 
 SERVER_CPU, CLIENT_CPU = 0, 1
 RAMP = (1, 2, 4, 8, 16)  # closed-loop concurrencies of the saturation ramp
@@ -108,16 +116,39 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
             self.answers: list[tuple[float, int, float | None, int]] | None = None
             self.decisions: list[tuple[float, str, float, float | None, int]] | None = None
             self.begin = 0.0
+            # every refusal (429/503): (time since the window began, status, cause, the
+            # pressure its client had read when it sent the request or None, that
+            # reading's age in ms or None, client)
+            self.refused: list[tuple[float, int, str, float | None, float | None, int]] = []
 
     class Counting(httpx.AsyncHTTPTransport):
         def __init__(self, tally: Tally, connections: int, index: int) -> None:
             super().__init__(limits=httpx.Limits(max_connections=connections))
             self.tally = tally
             self.index = index  # the client's, in traces
+            self.signals: Signals | None = None  # its client's, once built
 
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            obs = self.signals.pressure if self.signals is not None else None
+            sent_at = trio.current_time()
             resp = await super().handle_async_request(request)
             t = self.tally
+            if t.measuring and resp.status_code in (429, 503):
+                # what the client knew when it sent the request that was refused
+                cause = "-"
+                with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                    detail = json.loads(await resp.aread())["error"].get("detail") or {}
+                    cause = detail.get("cause") or ("retry_after" if detail else "-")
+                t.refused.append(
+                    (
+                        sent_at - t.begin,
+                        resp.status_code,
+                        str(cause),
+                        obs.value if obs is not None else None,
+                        1000 * (sent_at - obs.at) if obs is not None else None,
+                        self.index,
+                    )
+                )
             if t.measuring:
                 t.statuses[resp.status_code] = t.statuses.get(resp.status_code, 0) + 1
                 p: float | None = None
@@ -146,8 +177,19 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
         zones = {"green": 0, "amber": 0, "red": 0}
         delayed_ms = 0.0
 
+        last_zone: dict[int, str] = {}
+        transitions: dict[str, int] = {}  # "green>amber" etc., per client, in the window
+        resumes: list[float] = []  # when a client's pause ended (time in the window)
+
         def on_zone(report: ZoneReport, index: int) -> None:
             nonlocal delayed_ms
+            prev = last_zone.get(index)
+            last_zone[index] = report.zone
+            if transport.measuring and prev is not None and prev != report.zone:
+                key = f"{prev}>{report.zone}"
+                transitions[key] = transitions.get(key, 0) + 1
+                if prev == "red":
+                    resumes.append(trio.current_time() - transport.begin)
             # one report per batch decision (a pause reports again at each poll)
             if transport.measuring and report.zone != "red":
                 zones[report.zone] += 1
@@ -173,6 +215,8 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
                 )
                 for i in range(n_clients)
             ]
+            for c in clients:
+                c.http._transport.signals = c.signals  # type: ignore[attr-defined]
             start = trio.current_time()
             begin = start + job["warmup"]  # the measured window: [begin, end)
             transport.begin = begin
@@ -236,6 +280,33 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
                     nursery.start_soon(producer, k)
         latencies.sort()
         batches = sum(zones.values())
+        # refusals by the zone their client's last pressure reading was in when it sent
+        # the refused request ("none": no reading yet; "stale": older than the TTL)
+        policy_ = BackpressurePolicy()
+        by_zone: dict[str, int] = {}
+        by_cause: dict[str, int] = {}
+        for _, _, cause, p, age, _ in transport.refused:
+            if p is None or age is None:
+                z = "none"
+            elif age > policy_.signal_ttl_ms:
+                z = "stale"
+            elif p >= policy_.pressure_hard:
+                z = "red"
+            elif p > policy_.pressure_soft:
+                z = "amber"
+            else:
+                z = "green"
+            by_zone[z] = by_zone.get(z, 0) + 1
+            by_cause[cause] = by_cause.get(cause, 0) + 1
+        ages = sorted(a for *_, a, _ in transport.refused if a is not None)
+
+        # how bunched the refusals and the pause ends were: the most in one 100 ms slot
+        def most_in_a_slot(times: list[float]) -> int:
+            slots: dict[int, int] = {}
+            for x in times:
+                slots[int(x * 10)] = slots.get(int(x * 10), 0) + 1
+            return max(slots.values(), default=0)
+
         return {
             "accepted_rps": accepted / job["window"],
             # the load the producers managed to send (first tries; the schedule's is
@@ -254,8 +325,19 @@ def child_main(job: dict[str, Any]) -> dict[str, Any]:
             "zones": zones,
             "delay_mean_ms": delayed_ms / batches if batches else None,
             "wall": (marks["wall0"], marks["wall1"]),
+            "refused_by_zone_at_send": by_zone,
+            "refused_by_cause_seen": by_cause,
+            "refused_reading_age_p50_ms": ages[len(ages) // 2] if ages else None,
+            "refused_most_per_100ms": most_in_a_slot([r[0] for r in transport.refused]),
+            "transitions": transitions,
+            "pauses": sum(v for k, v in transitions.items() if k.endswith(">red")),
+            "resumes_most_per_100ms": most_in_a_slot(resumes),
             "trace": (
-                {"answers": transport.answers, "decisions": transport.decisions}
+                {
+                    "answers": transport.answers,
+                    "decisions": transport.decisions,
+                    "refused": transport.refused,
+                }
                 if transport.answers is not None
                 else None
             ),
@@ -568,6 +650,16 @@ def main() -> int:
                 f"{out['accepted_rps']:>9,.0f} records/s, "
                 f"{out['n429']:>5} 429s, health p99 {fmt(out['health_p99_ms'])} ms, "
                 f"zones {out['zones']}, refused by cause {out['refused_by_cause']}",
+                flush=True,
+            )
+            print(
+                f"    producers' refusals by the zone of the pressure they had read when "
+                f"they sent ({out['refused_by_zone_at_send']}; its age p50 "
+                f"{fmt(out['refused_reading_age_p50_ms'])} ms; causes "
+                f"{out['refused_by_cause_seen']}; most in 100 ms "
+                f"{out['refused_most_per_100ms']}); pauses {out['pauses']}, zone changes "
+                f"{out['transitions']}, most pause ends in 100 ms "
+                f"{out['resumes_most_per_100ms']}",
                 flush=True,
             )
     load1 = os.getloadavg()

@@ -284,3 +284,57 @@ async def test_max_pause_counts_from_the_batch_start_not_its_turn(autojump_clock
         nursery.start_soon(batch)
         nursery.start_soon(batch)
     assert gave_up == [1.0, 1.0]
+
+
+def _probed_gate(answers, reports=None):
+    """A gate whose pressure probe answers from `answers` in turn; returns the probe
+    times too."""
+    probes = []
+    signals = Signals(LoopClock(), P.signal_ttl_ms)
+
+    async def probe():
+        probes.append(trio.current_time())
+        signals.observe_pressure(answers[min(len(probes), len(answers)) - 1])
+        await trio.lowlevel.checkpoint()
+
+    async def refresh(topic):  # a pause polls with the same probe
+        await probe()
+
+    bp = Backpressure(
+        P,
+        signals,
+        refresh,
+        reports.append if reports is not None else None,
+        refresh_pressure=probe,
+    )
+    return signals, bp, probes
+
+
+async def test_an_amber_reading_hard_poll_old_is_re_read_before_deciding(autojump_clock):
+    """The gate filled since the last answer: the probe reads it and the batch pauses
+    instead of being sent on a 200 ms old amber reading."""
+    reports = []
+    signals, bp, probes = _probed_gate(["0.95", "0.70"], reports)
+    signals.observe_pressure("0.750")
+    await trio.sleep(0.2)
+    t0 = trio.current_time()
+    await bp.wait("t")
+    assert [round(p - t0, 6) for p in probes] == [0.0, 0.1]  # the re-read, one pause poll
+    assert [r.zone for r in reports] == ["red", "amber"]
+    assert trio.current_time() - t0 == pytest.approx(0.1 + 500 * 0.1 / 0.3 / 1000)
+
+
+async def test_fresh_amber_and_old_green_readings_are_not_re_read(autojump_clock):
+    signals, bp, probes = _probed_gate(["0.99"])
+    signals.observe_pressure("0.750")
+    await trio.sleep(0.099)  # younger than hard_poll_ms
+    t0 = trio.current_time()
+    await bp.wait("t")
+    assert probes == [] and trio.current_time() - t0 == pytest.approx(0.25)
+    signals.observe_pressure("0.600")  # at soft: green
+    await trio.sleep(5)
+    t0 = trio.current_time()
+    assert await bp.wait("t") == 0 and probes == [] and trio.current_time() == t0
+    signals.observe_pressure("0.750")
+    await trio.sleep(10.001)  # stale: no signal, so nothing to re-read
+    assert await bp.wait("t") == 0 and probes == []

@@ -325,3 +325,66 @@ async def test_paused_producers_share_one_probe_per_poll_interval(autojump_clock
         assert trio.current_time() - t0 == pytest.approx(1.0)
     assert len(probes) == 10
     assert [round(p - t0, 6) for p in probes] == [round(0.1 * i, 6) for i in range(1, 11)]
+
+
+async def test_writes_starting_together_share_one_state_read(autojump_clock):
+    """Eight writes of one client to a topic it has not seen yet read its state once
+    between them (not eight reads into a server they are about to load)."""
+    gets = []
+
+    def server(request):
+        if request.method == "GET":
+            gets.append(trio.current_time())
+            return ok({"topic": "t", "type": "log"})
+        return ok(WRITE_OK)
+
+    c = Client(
+        "http://topicd.test", transport=httpx.MockTransport(server), policy=BackpressurePolicy()
+    )
+    async with c, trio.open_nursery() as n:
+        for i in range(8):
+            n.start_soon(c.write, "t", i)
+    assert len(gets) == 1
+
+
+async def test_writes_that_waited_for_a_failed_state_read_do_not_repeat_it(autojump_clock):
+    script = Script(err(503, "shutting_down", retry_after=1), *[ok(WRITE_OK)] * 4)
+    async with client(script, enabled=True) as c, trio.open_nursery() as n:
+        for i in range(4):
+            n.start_soon(c.write, "q", i)
+    assert [m for _, m, _, _ in script.calls] == ["GET"] + ["POST"] * 4
+
+
+async def test_a_write_asks_for_no_seq_list_and_derives_its_seqs(autojump_clock):
+    """The seqs of one write are consecutive: the client asks the server not to list
+    them (`return_seqs=false`) and answers them from `first_seq`..`last_seq`."""
+    urls = []
+
+    def server(request):
+        urls.append(request.url)
+        body = {k: v for k, v in WRITE_OK.items() if k != "seqs"}
+        return ok(body | {"first_seq": 41, "last_seq": 43, "head_seq": 43, "count": 3})
+
+    c = Client("http://topicd.test", transport=httpx.MockTransport(server), policy=P_OFF)
+    async with c:
+        res = await c.write_batch("t", [{"data": i} for i in range(3)])
+    assert urls[0].params["return_seqs"] == "false"
+    assert res.seqs == (41, 42, 43) and (res.first_seq, res.last_seq) == (41, 43)
+
+
+P_OFF = BackpressurePolicy(enabled=False)
+
+
+async def test_an_old_amber_reading_is_re_read_with_a_health_probe(autojump_clock):
+    script = Script(ok({"status": "ok"}, pressure="0.100"), ok(WRITE_OK))
+    async with client(script, enabled=True) as c:
+        c._kinds["t"] = "log"
+        c.signals.observe_pressure("0.750")
+        await trio.sleep(0.5)
+        t0 = trio.current_time()
+        await c.write("t", 1)
+        assert trio.current_time() == t0  # the probe read 0.1: no delay
+    assert [(m, p) for _, m, p, _ in script.calls] == [
+        ("GET", "/v0/health"),
+        ("POST", "/v0/topics/t"),
+    ]

@@ -71,6 +71,7 @@ class _Auto:
 AUTO: Final = _Auto()
 """Default `idempotency_key`: the client generates one per call (kept across retries)."""
 
+_NO_SEQS: Final = {"return_seqs": "false"}  # a write's answer: first and last seq only
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -159,9 +160,17 @@ class Client:
             transport=transport,
         )
         self.signals = Signals(self.clock, self.policy.signal_ttl_ms)
-        self.backpressure = Backpressure(self.policy, self.signals, self._refresh_signals, on_zone)
+        self.backpressure = Backpressure(
+            self.policy,
+            self.signals,
+            self._refresh_signals,
+            on_zone,
+            refresh_pressure=self._refresh_pressure,
+        )
         self._kinds: dict[str, str] = {}  # topic -> "log" | "queue", learnt from its state
         self._probe_lock = anyio.Lock()
+        self._state_locks: dict[str, anyio.Lock] = {}  # topic -> one state read at a time
+        self._state_reads: dict[str, int] = {}  # topic -> state reads begun by writes
 
     async def __aenter__(self) -> Client:
         return self
@@ -316,14 +325,38 @@ class Client:
             if self._kinds.get(topic) == "queue" and stale(self.signals.in_flight.get(topic)):
                 await self._refresh_in_flight(topic)
 
+    def _in_flight_due(self, topic: str) -> bool:
+        """Whether `topic`'s kind is unknown, or it is a queue whose in-flight count is
+        `inflight_poll_ms` old."""
+        if self._kinds.get(topic) == "log":
+            return False
+        obs = self.signals.in_flight.get(topic)
+        return obs is None or (self.clock.now() - obs.at) * 1000 >= self.policy.inflight_poll_ms
+
+    async def _refresh_pressure(self) -> None:
+        """A health probe for pressure, shared as `_refresh_signals` shares it: one at a
+        time, and none when a reading younger than `hard_poll_ms` came meanwhile."""
+        poll_s = self.policy.hard_poll_ms / 1000
+        async with self._probe_lock:
+            obs = self.signals.pressure
+            if obs is None or self.clock.now() - obs.at >= poll_s - 1e-9:
+                with contextlib.suppress(ClientError):
+                    await self._request("GET", "/v0/health", safe=True, retries=False)
+
     async def _before_write(self, topic: str) -> None:
         if not self.policy.enabled:
             return
-        if self._kinds.get(topic) != "log":
-            obs = self.signals.in_flight.get(topic)
-            age_s = None if obs is None else self.clock.now() - obs.at
-            if age_s is None or age_s * 1000 >= self.policy.inflight_poll_ms:
-                await self._refresh_in_flight(topic)
+        if self._in_flight_due(topic):
+            # one read of the topic's state at a time per topic: the writes that find it
+            # due together (a producer starting with N writes in flight) share it
+            # instead of sending N reads into a server they are about to load
+            # (and a read that failed is not repeated by those that waited for it)
+            lock = self._state_locks.setdefault(topic, anyio.Lock())
+            reads = self._state_reads.get(topic, 0)
+            async with lock:
+                if self._state_reads.get(topic, 0) == reads and self._in_flight_due(topic):
+                    self._state_reads[topic] = reads + 1
+                    await self._refresh_in_flight(topic)
         await self.backpressure.wait(topic)
 
     # ---- topics --------------------------------------------------------------------------
@@ -468,17 +501,25 @@ class Client:
                 await self._before_write(topic)
 
             law = again
+        # the seqs of one write are consecutive (`first_seq`..`last_seq`, in record
+        # order): the answer need not list them, which saves the server building,
+        # encoding and compressing one number per record and the client reading them
         res = await self._json(
-            "POST", f"/v0/topics/{topic}", body=body, safe=key is not None, before_retry=law
+            "POST",
+            f"/v0/topics/{topic}",
+            body=body,
+            params=_NO_SEQS,
+            safe=key is not None,
+            before_retry=law,
         )
         if res.get("created") is True:
             self._kinds.pop(topic, None)
-        seqs = res.get("seqs")
+        first, last = _int_field(res, "first_seq"), _int_field(res, "last_seq")
         return WriteResult(
             topic,
-            _int_field(res, "first_seq"),
-            _int_field(res, "last_seq"),
-            tuple(s for s in seqs if isinstance(s, int)) if isinstance(seqs, list) else (),
+            first,
+            last,
+            tuple(range(first, last + 1)) if _int_field(res, "count") else (),
             _int_field(res, "head_seq"),
             _int_field(res, "count"),
             res.get("created") is True,

@@ -14,7 +14,9 @@ delay: a dead worker must not also freeze its producers. Per signal `x` with thr
 below `hard`, and is `PAUSE` from `hard` on. The larger of the two delays applies once per
 batch, before it is sent. A pause re-reads the signals every `hard_poll_ms` until they drop
 below `hard` or go stale (then the delay for the value read applies, as before any batch),
-and gives up with `BackpressureTimeout` after `max_pause_ms`.
+and gives up with `BackpressureTimeout` after `max_pause_ms`. A pressure reading above
+`soft` that is `hard_poll_ms` old is re-read (the same probe) before a batch decides on
+it: answers, the only other source, are slow exactly when the reading is amber.
 
 The batches of one client take their delay **in turn**: a batch that must wait (amber or
 red) waits for the batches ahead of it to have waited theirs, then waits its own, so
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import anyio
+import anyio.lowlevel
 
 from topicd.client.errors import BackpressureTimeout
 
@@ -195,6 +198,10 @@ class Signals:
         return self.fresh(self.in_flight.get(topic))
 
 
+async def _no_probe() -> None:
+    await anyio.lowlevel.checkpoint()
+
+
 class Backpressure:
     """Applies the delay law before each batch of one client.
 
@@ -204,6 +211,9 @@ class Backpressure:
         refresh: `await refresh(topic)` re-reads the signals during a pause (the client
             asks the server: a health probe for pressure, the topic's state for in-flight).
         on_zone: called with every `ZoneReport` (each batch, and at each pause poll).
+        refresh_pressure: `await refresh_pressure()` re-reads the server pressure before a
+            decision whose reading is above `soft` and `hard_poll_ms` old (a health
+            probe; none by default).
     """
 
     WARN_INTERVAL_S: Final = 10.0
@@ -214,11 +224,13 @@ class Backpressure:
         signals: Signals,
         refresh: Callable[[str], Awaitable[None]],
         on_zone: Callable[[ZoneReport], None] | None = None,
+        refresh_pressure: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.policy = policy
         self.signals = signals
         self.clock = signals.clock
         self.refresh = refresh
+        self.refresh_pressure = refresh_pressure or _no_probe
         self.on_zone = on_zone
         self._last_warn: float | None = None
         # the client's batches wait their delays one at a time (module docstring)
@@ -259,6 +271,7 @@ class Backpressure:
         if not self.policy.enabled:
             return 0.0
         start = self.clock.now()
+        await self._refresh_if_warned()
         d, pressure, in_flight = self.decide(topic)
         if d == 0 and not self._turn.locked():
             self._report(ZoneReport(topic, "green", 0.0, pressure, in_flight))
@@ -267,8 +280,27 @@ class Backpressure:
             # (the signals may have moved while the batches ahead waited)
             return await self._wait_turn(topic, start)
 
+    async def _refresh_if_warned(self) -> None:
+        """Re-read the pressure before deciding when the last reading was above `soft`
+        and is `hard_poll_ms` old or older (the same probe a pause polls with).
+
+        A producer in the amber band hears from the server only when one of its writes
+        is answered, and those answers come slowly exactly then: its reading would be
+        hundreds of ms old when it sends, while the queue it is told about (the
+        client gate's waiting room, which the header reads at the moment of an answer)
+        fills in a few. A green reading is not re-read: a server that was not loaded
+        costs no probe."""
+        p = self.policy
+        obs = self.signals.pressure
+        if obs is None or obs.value <= p.pressure_soft:
+            return
+        age_s = self.clock.now() - obs.at
+        if p.hard_poll_ms / 1000 - 1e-9 <= age_s <= self.signals.ttl_s:
+            await self.refresh_pressure()
+
     async def _wait_turn(self, topic: str, start: float) -> float:
         """`wait` for a batch whose turn it is (the client's other batches wait)."""
+        await self._refresh_if_warned()
         d, pressure, in_flight = self.decide(topic)
         if not isinstance(d, _Pause):
             self._report(ZoneReport(topic, "green" if d == 0 else "amber", d, pressure, in_flight))
