@@ -392,6 +392,12 @@ class JetStreamStore:
         url = nc.connected_url if nc is not None else None
         log.warning("NATS: reconnected to %s", url.netloc if url is not None else "?")
 
+    def is_connected(self) -> bool:
+        """Whether the client is connected now (one flag the loop sets and clears: read
+        from any thread)."""
+        connected = self.connected
+        return connected is not None and connected.is_set()
+
     async def wait_connected(self) -> None:
         """Until the client is connected (again)."""
         assert self.connected is not None
