@@ -48,6 +48,7 @@ from topicd.engine import payloads
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
 from topicd.lifecycle import Lifecycle
+from topicd.storage.jetstream import JetStreamStore
 from topicd.storage.jsbridge import AsyncioBridge
 from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.harness import AppHarness, open_app
@@ -533,7 +534,7 @@ class StickyWatchApp:
 
 # ---- virtual time on a real network -------------------------------------------------------
 
-GRACE_S = 0.05  # real seconds after a request is answered before virtual time may jump
+GRACE_S = 0.05  # real seconds after a notice is sent before virtual time may jump
 
 
 class NetworkClock:
@@ -541,21 +542,25 @@ class NetworkClock:
     stands still while anything runs and jumps to the next deadline once every task
     waits, like `MockClock(autojump_threshold=0)`, except that it never jumps while a
     request to the NATS servers is in flight (the bridge tells this object:
-    `AsyncioBridge.observer`), nor within `GRACE_S` real seconds of the last answer (a
-    notice one front sends another after a write is not a request: it is given that
-    long to arrive). So the contract tests that move time (TTLs, heartbeats, long-poll
-    waits, session reclaim) run unchanged: a real round trip takes no virtual time, as
-    the in-memory engine's work takes none."""
+    `AsyncioBridge.observer`), nor within `GRACE_S` real seconds of the answer to a
+    request that sent a notice (the one message between fronts that is not a request:
+    an owner's `<prefix>.n.<id>` after a write or a registry change, which another
+    front is given that long to receive; `sent_notice`). So the contract tests that
+    move time (TTLs, heartbeats, long-poll waits, session reclaim) run unchanged: a real
+    round trip takes no virtual time, as the in-memory engine's work takes none, and
+    the rounds that send no notice (reads, polls, lease checks: most of a long virtual
+    wait) cost no real time beyond their round trip."""
 
     def __init__(self) -> None:
         self.clock = trio.testing.MockClock(autojump_threshold=0)
         self.in_flight = 0
-        self.answered = 0.0  # (real time of the last answer)
+        self.noticed = -math.inf  # (real time of the last notice sent; any thread)
+        self.grace_from = -math.inf  # (real time of the first answer after it)
         self._settled: trio.Event | None = None
         jump = self.clock._autojump
 
         def autojump() -> None:  # (the runner calls it when every task waits)
-            wait = self.answered + GRACE_S - time.monotonic()
+            wait = self.grace_left()
             if wait > 0:
                 self.clock.autojump_threshold = wait  # (then it calls this again)
                 return
@@ -564,6 +569,15 @@ class NetworkClock:
 
         self.clock._autojump = autojump  # type: ignore[method-assign]
 
+    def sent_notice(self) -> None:
+        """A front is sending a notice (called on its bridge's asyncio thread, inside
+        the request that sends it)."""
+        self.noticed = time.monotonic()
+
+    def grace_left(self) -> float:
+        """Real seconds left before a notice sent may be taken as received."""
+        return self.grace_from + GRACE_S - time.monotonic()
+
     def call_began(self) -> None:
         self.in_flight += 1
         if self.in_flight == 1:
@@ -571,7 +585,8 @@ class NetworkClock:
 
     def call_ended(self) -> None:
         self.in_flight -= 1
-        self.answered = time.monotonic()
+        if self.noticed > self.grace_from:  # (a notice was sent since the last grace)
+            self.grace_from = time.monotonic()
         if self.in_flight == 0:
             self.clock.autojump_threshold = 0
             if self._settled is not None:
@@ -587,10 +602,11 @@ class NetworkClock:
 
     async def wait_all_tasks_blocked(self, cushion: float = 0.0) -> None:
         """`trio.testing.wait_all_tasks_blocked` that also waits for the requests in
-        flight to be answered (and what they wake to run), and `GRACE_S` of quiet."""
+        flight to be answered (and what they wake to run), and for the grace of a
+        notice sent to run out."""
         while True:
-            await _blocked(max(cushion, GRACE_S))
-            if not self.in_flight:
+            await _blocked(max(cushion, self.grace_left(), 0.0))
+            if not self.in_flight and self.grace_left() <= 0:
                 return
             await self.settled()
 
@@ -609,6 +625,14 @@ def autojump_clock(
         return trio.testing.MockClock(autojump_threshold=0)
     network = NetworkClock()
     monkeypatch.setattr(AsyncioBridge, "observer", network)
+    notice = JetStreamStore._notice
+
+    async def noticed(store: JetStreamStore, topic_id: int, seq: int) -> None:
+        if store.notify:
+            network.sent_notice()
+        await notice(store, topic_id, seq)
+
+    monkeypatch.setattr(JetStreamStore, "_notice", noticed)
     monkeypatch.setattr(trio.testing, "wait_all_tasks_blocked", network.wait_all_tasks_blocked)
     return network.clock
 
