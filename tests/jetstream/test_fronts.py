@@ -24,10 +24,21 @@ import trio.testing
 
 from tests.crash.harness import Server
 from tests.crash.harness import client as http_client
-from tests.jetstream.conftest import Deployment, jetstream_config, open_jetstream_app
+from tests.jetstream.conftest import (
+    Deployment,
+    jetstream_config,
+    open_jetstream_app,
+    require_binary,
+    start_nats,
+)
 from tests.watch import helpers as watch_helpers
 from topicd.engine import payloads
-from topicd.storage.jetstream import DELETES_KEPT, JetStreamBackend, JetStreamUnavailable
+from topicd.storage.jetstream import (
+    DELETES_KEPT,
+    JetStreamBackend,
+    JetStreamStore,
+    JetStreamUnavailable,
+)
 from topicd.storage.jsfronts import Fronts
 from topicd.testing.fake_clock import FakeWallClock
 
@@ -415,6 +426,63 @@ async def test_an_owner_whose_term_runs_out_unrenewed_steps_down_and_catches_up(
         w = await _write(ca, "f", {"data": 3})  # forwarded to `b`
         assert w["first_seq"] == 3
         assert await _data(cb, "f") == [1, 2, 3]
+
+
+async def test_a_lone_owner_cut_off_from_nats_past_its_term_steps_down(tmp_path, monkeypatch):
+    """A front alone among the members keeps its shards past an unrenewed term while
+    it is connected (nobody else could have taken them: its renewals fail only for the
+    cluster's want, or its wall clock stepped). Cut off from NATS for longer than its
+    lease, it steps down: another front may have joined and taken the shards meanwhile,
+    so it no longer answers reads from memory as their owner (503, not a stale read).
+    Once it is connected again, its next lease check takes the shards back."""
+    root = tmp_path / "nats"
+    server = start_nats(require_binary(), root)
+    port = server.url.rsplit(":", 1)[1]
+    base = jetstream_config(server.url)
+    js = dataclasses.replace(base.storage.jetstream, request_timeout_ms=500, lease_ms=60_000)
+    cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, jetstream=js))
+    token = trio.lowlevel.current_trio_token()
+    down = trio.Event()
+    on_disconnected = JetStreamStore._on_disconnected
+
+    async def noted(self: JetStreamStore) -> None:
+        await on_disconnected(self)
+        token.run_sync_soon(down.set)
+
+    monkeypatch.setattr(JetStreamStore, "_on_disconnected", noted)
+    clock = FakeWallClock()
+    try:
+        async with open_jetstream_app(cfg, clock) as h:
+            c, f = h.app.test_client(), _fronts(h)
+            await _write(c, "o", {"data": 1})
+            assert f.owner and f.live == 1
+            clock.jump(cfg.storage.jetstream.lease_ms + 1)
+            f.check_terms()  # term over, but alone and connected: still the owner
+            assert f.owner
+            await f._tend_lease()  # (renewed)
+            server.stop()
+            with trio.fail_after(20):
+                await down.wait()
+            f.check_terms()  # disconnected within its term: still the owner
+            assert f.owner
+            state = await _json(await c.get("/v0/topics/o"), 200)  # (from its memory)
+            assert state["head_seq"] == 1
+            clock.jump(cfg.storage.jetstream.lease_ms + 1)
+            f.check_terms()  # disconnected past its term: it steps down
+            assert not f.owner and not f.owned
+            r = await c.get("/v0/topics/o")  # (a follower's read catches up first)
+            assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+            server = start_nats(require_binary(), root, listen=f"127.0.0.1:{port}")
+            backend = f.backend
+            with trio.fail_after(20):
+                await backend.bridge.call(backend.store.wait_connected)
+            await f._tend_lease()  # connected again: it takes its shards back
+            assert f.owner
+            assert await _data(c, "o") == [1]
+            assert (await _write(c, "o", {"data": 2}))["first_seq"] == 2
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
 
 
 async def test_a_lease_whose_holder_is_gone_is_taken_at_once(cluster):

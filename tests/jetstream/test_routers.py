@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 
 import httpx
 import pytest
@@ -782,3 +783,111 @@ async def test_a_router_put_and_a_first_write_through_two_fronts_create_one_sour
             # the router starts at the source's head when it was created: the first
             # write is copied only if the router came first
             assert copied in (["d", "next"], ["d", "first", "next"]), copied
+
+
+async def test_a_router_delete_racing_its_topics_delete_leaves_no_registry_entry(cluster):
+    """A router's `DELETE` and its source's (or its destination's) `DELETE` sent at
+    once, through different fronts (the router's runner or a third front; the topic's
+    owner), in both orders of sending: whichever wins, afterwards neither the router's
+    entry nor its member of the router graph (`meta.routers`) nor the deleted topic's
+    entry is left in the registry, the other topic's entry and records stay, and every
+    front answers 404 for both."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+    from topicd.storage.jsfronts import Fronts
+    from topicd.storage.jsrouters import ROUTER_PREFIX, router_graph, router_key
+
+    by_shard: dict[int, list[str]] = {}
+    for i in range(400):
+        by_shard.setdefault(Fronts.shard_of_name(f"k{i}", 3), []).append(f"k{i}")
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        cs = [h.app.test_client() for h in hs]
+        store = fr[0].store
+        call = fr[0].backend.bridge.call
+        for rnd in range(8):
+            src, dst, name = by_shard[1][rnd], by_shard[2][rnd], f"r{rnd}"
+            gone, kept = (src, dst) if rnd < 6 else (dst, src)  # (the last two: its dest)
+            own = next(i for i, f in enumerate(fr) if f.owns(gone))
+            run = next(i for i, f in enumerate(fr) if f.owns(dst))
+            third = 3 - fr.index(next(f for f in fr if f.owns(src))) - run
+            via = run if rnd % 2 else third  # (the router's DELETE: run there, or forwarded)
+            r = await cs[run].put(f"/v0/routers/{name}", json={"source": src, "dest": dst})
+            await _json(r, 201)
+            await _write(cs[own], src, {"data": rnd})
+            assert [x[1] for x in await _records(cs[run], dst)] == [rnd]
+            gone_id = hs[own].engine.topics[gone].topic_id
+            kept_id = hs[0].engine.topics[kept].topic_id
+            answers: dict[str, tuple[int, dict]] = {}
+
+            async def delete(key: str, c, path: str, into: dict = answers) -> None:
+                r = await c.delete(path)
+                into[key] = (r.status_code, json.loads(await r.get_data()))
+
+            sends = [
+                ("router", cs[via], f"/v0/routers/{name}"),
+                ("topic", cs[own], f"/v0/topics/{gone}"),
+            ]
+            if rnd % 4 >= 2:
+                sends.reverse()
+            async with trio.open_nursery() as nursery:
+                for key, c, path in sends:
+                    nursery.start_soon(delete, key, c, path)
+            assert answers["router"][0] == 200, answers
+            assert answers["topic"][0] == 200 and answers["topic"][1]["deleted"], answers
+            removed = answers["topic"][1]["routers_removed"]
+            # the router went: by its own DELETE, or with its source (or both say so)
+            assert answers["router"][1]["deleted"] or removed == [name], answers
+            keys = await call(partial(store.keys_under, ROUTER_PREFIX))
+            assert router_key(name)[len(ROUTER_PREFIX) :] not in keys, rnd
+            graph, _ = await call(partial(router_graph, store))
+            assert name not in graph, (rnd, graph)
+            assert (await call(partial(store.entry, gone_id)))[0] is None, rnd
+            assert (await call(partial(store.entry, kept_id)))[0] is not None, rnd
+            for h, c in zip(hs, cs, strict=True):
+                await h.engine.sync_listing()
+                r = await c.get(f"/v0/routers/{name}")
+                assert (await _json(r, 404))["error"]["code"] == "router_not_found"
+                r = await c.get(f"/v0/topics/{gone}")
+                assert (await _json(r, 404))["error"]["code"] == "topic_not_found"
+                assert [x[1] for x in await _records(c, kept)] == [rnd]
+                assert name not in h.engine.routers.routers
+
+
+async def test_a_router_left_by_its_deleted_source_is_removed_from_the_graph_too(cluster):
+    """The source's owner deleted the topic and stopped before removing its routers
+    (its `deleted_with` never ran): the router's entry and its member of the router
+    graph are left. A `DELETE` of the router through its runner removes both, so the
+    destination takes a router from another source (the fan-in check no longer sees
+    the deleted one)."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+    from topicd.storage.jsrouters import ROUTER_PREFIX, router_graph, router_key
+
+    names = _names_by_shard(3)
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        cs = [h.app.test_client() for h in hs]
+        src, dst, other = names[1], names[2], names[0]
+        own = next(i for i, f in enumerate(fr) if f.owns(src))
+        run = next(i for i, f in enumerate(fr) if f.owns(dst))
+        store, call = fr[run].store, fr[run].backend.bridge.call
+        await _json(await cs[run].put("/v0/routers/r", json={"source": src, "dest": dst}), 201)
+        await _write(cs[own], src, {"data": 1})
+
+        async def stopped(topic, names) -> None:  # (the owner stops right after the delete)
+            await trio.lowlevel.checkpoint()
+
+        hs[own].engine.routers.deleted_with = stopped
+        r = await cs[own].delete(f"/v0/topics/{src}")
+        assert (await _json(r, 200))["routers_removed"] == ["r"]
+        await fr[run].poll_once()  # (the runner learns of the delete: the router stops)
+        assert "r" not in hs[run].engine.routers.routers
+        key = router_key("r")[len(ROUTER_PREFIX) :]
+        assert key in await call(partial(store.keys_under, ROUTER_PREFIX))  # (left over)
+        assert "r" in (await call(partial(router_graph, store)))[0]
+        r = await cs[run].delete("/v0/routers/r")
+        assert (await _json(r, 200))["deleted"] is True
+        assert key not in await call(partial(store.keys_under, ROUTER_PREFIX))
+        assert "r" not in (await call(partial(router_graph, store)))[0]
+        for c in cs:
+            r = await c.put("/v0/routers/r2", json={"source": other, "dest": dst})
+            assert r.status_code in (200, 201), await r.get_data()

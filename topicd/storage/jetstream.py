@@ -263,6 +263,17 @@ class StoredMsg:
     headers: dict[str, str]
 
 
+def _write_failed(topic: Topic) -> TopicdError:
+    """The error a failed publish gives its writes and those queued behind it: the
+    topic is gone (deleted meanwhile), or the write failed (503)."""
+    if topic.deleted:
+        return TopicNotFound(topic.name)
+    return StorageUnavailable(
+        f"topic {topic.name!r}: the JetStream write failed",
+        {"topic": topic.name, "backend": "jetstream"},
+    )
+
+
 class JetStreamStore:
     """The client half: coroutines that run on the bridge's asyncio loop."""
 
@@ -380,6 +391,12 @@ class JetStreamStore:
         nc = self.nc
         url = nc.connected_url if nc is not None else None
         log.warning("NATS: reconnected to %s", url.netloc if url is not None else "?")
+
+    def is_connected(self) -> bool:
+        """Whether the client is connected now (one flag the loop sets and clears: read
+        from any thread)."""
+        connected = self.connected
+        return connected is not None and connected.is_set()
 
     async def wait_connected(self) -> None:
         """Until the client is connected (again)."""
@@ -1402,14 +1419,7 @@ class JetStreamBackend:
             self._release(topic)
         else:
             self.failures += 1
-            error: TopicdError = (
-                TopicNotFound(topic.name)
-                if topic.deleted
-                else StorageUnavailable(
-                    f"topic {topic.name!r}: the JetStream write failed",
-                    {"topic": topic.name, "backend": "jetstream"},
-                )
-            )
+            error = _write_failed(topic)
             for batch in group:
                 lane.settled(batch)
                 hooks.fail_append(batch, error)
@@ -1471,15 +1481,7 @@ class JetStreamBackend:
             return
         self.failures += 1
         batch.done(False)
-        error: TopicdError = (
-            TopicNotFound(topic.name)
-            if topic.deleted
-            else StorageUnavailable(
-                f"topic {topic.name!r}: the JetStream write failed",
-                {"topic": topic.name, "backend": "jetstream"},
-            )
-        )
-        self._fail_queued(lane, error)
+        self._fail_queued(lane, _write_failed(topic))
         hooks.rewind(topic)
 
     async def _reserve(self, lane: _Lane, last: int, count: int) -> None:

@@ -304,9 +304,11 @@ class Fronts:
         its memory without catching up, so it would answer reads that miss those
         writes. As a follower it catches each topic up before a read; its next lease
         check takes the shard back (a full takeover) if nobody else did. A front alone
-        among the members keeps its shards (nobody else could take them; a wall clock
-        stepped forward would only cost a takeover)."""
-        if self.live <= 1:
+        among the members keeps its shards while it is connected (its renewals then fail
+        only for the cluster's want, when no other front could take them either, or its
+        wall clock stepped forward); cut off from NATS past its term, it steps down too:
+        a front may have joined meanwhile and taken them, unseen by this one."""
+        if self.live <= 1 and self.store.is_connected():
             return
         now = self.clock.now_ms()
         margin = self.lease_ms * LAPSE_MARGIN

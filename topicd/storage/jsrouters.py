@@ -581,8 +581,13 @@ class JsRouters(RouterService):
         await self.rebuild(repair=False)  # (this front took the shard a moment ago)
         if name in self.routers:
             return await self.delete(name)
-        # (its topics are gone: only the entry is left)
+        # (a topic of it is gone, and the front that deleted it did not remove the
+        # router, or has not yet: the entry and its member of the graph go here, or a
+        # fan-in check would go on seeing the router)
         await self.backend._call(partial(delete_router, self.backend.store, name))
+        self.known.pop(name, None)
+        await self._forget([name])
+        self._recycle()
         return True
 
     async def sync_listing(self) -> None:
