@@ -129,3 +129,21 @@ def test_keys_under_raises_on_an_error_answer():
     store.nc = _Refusing()  # type: ignore[assignment]
     with pytest.raises(RuntimeError, match="stream not found"):
         asyncio.run(store.keys_under("topic."))
+
+
+def test_a_create_that_finds_the_key_purged_meanwhile_is_a_conflict():
+    # nats-py's `create`, refused (wrong last sequence), reads the key to see whether it
+    # was deleted; a key purged in between raised `KeyNotFoundError` through it, which
+    # callers took for a failure (503) instead of the conflict it is
+    import nats.js.errors
+
+    cfg = jetstream_config("nats://127.0.0.1:4222", prefix="tcreate")
+    store = JetStreamStore(cfg)
+
+    class _Racing:
+        async def create(self, key: str, value: bytes) -> int:
+            raise nats.js.errors.KeyNotFoundError
+
+    store.kv = _Racing()  # type: ignore[assignment]
+    with pytest.raises(nats.js.errors.KeyWrongLastSequenceError):
+        asyncio.run(store.create_key("meta.graph", b"{}"))

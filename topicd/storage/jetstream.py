@@ -417,6 +417,21 @@ class JetStreamStore:
 
     # ---- registry ----------------------------------------------------------------------
 
+    async def create_key(self, key: str, value: bytes) -> int:
+        """`kv.create`: write `key` unless it exists. A create that finds the key raises
+        `KeyWrongLastSequenceError`, also when the key was purged between nats-py's
+        failed write and the read it then makes (which raised `KeyNotFoundError`): the
+        key existed when the create was decided, so the caller's conflict path applies."""
+        import nats.js.errors
+
+        assert self.kv is not None
+        try:
+            return int(await self.kv.create(key, value))
+        except nats.js.errors.KeyNotFoundError as exc:
+            raise nats.js.errors.KeyWrongLastSequenceError(
+                description=f"{key} existed, then was removed: {exc}"
+            ) from exc
+
     async def registry(self) -> tuple[int, dict[int, dict[str, object]]]:
         """(next topic id, every `topic.<id>` entry)."""
         import nats.js.errors
@@ -450,7 +465,7 @@ class JetStreamStore:
         assert self.kv is not None
         key, value = f"topic.{topic_id}", orjson.dumps(entry)
         if last is None:
-            rev = await self.kv.create(key, value)
+            rev = await self.create_key(key, value)
         else:
             rev = await self.kv.update(key, value, last=last)
         await self._notice(topic_id, 0)
@@ -533,7 +548,7 @@ class JetStreamStore:
             value = str(tid + 1).encode()
             try:
                 if rev == 0:
-                    await self.kv.create("meta.next_id", value)
+                    await self.create_key("meta.next_id", value)
                 else:
                     await self.kv.update("meta.next_id", value, last=rev)
             except nats.js.errors.KeyWrongLastSequenceError:
@@ -615,7 +630,7 @@ class JetStreamStore:
                     return False
             try:
                 if current is None:
-                    await self.kv.create(key, value)
+                    await self.create_key(key, value)
                 else:
                     await self.kv.update(key, value, last=rev)
             except nats.js.errors.KeyWrongLastSequenceError:
@@ -679,7 +694,7 @@ class JetStreamStore:
         key = f"{LEASE_KEY}.{shard}"
         try:
             if last == 0:
-                return int(await self.kv.create(key, orjson.dumps(value)))
+                return int(await self.create_key(key, orjson.dumps(value)))
             return int(await self.kv.update(key, orjson.dumps(value), last=last))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
             return None
@@ -695,7 +710,7 @@ class JetStreamStore:
 
         assert self.kv is not None
         try:
-            await self.kv.create("meta.shards", str(shards).encode())
+            await self.create_key("meta.shards", str(shards).encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             got = await self.kv.get("meta.shards")
             return int(got.value or b"1")
@@ -723,7 +738,7 @@ class JetStreamStore:
                 table.pop(front, None)
             try:
                 if rev == 0:
-                    await self.kv.create(MEMBERS_KEY, orjson.dumps(table))
+                    await self.create_key(MEMBERS_KEY, orjson.dumps(table))
                 else:
                     await self.kv.update(MEMBERS_KEY, orjson.dumps(table), last=rev)
             except nats.js.errors.KeyWrongLastSequenceError:

@@ -247,7 +247,7 @@ async def put_graph(store: JetStreamStore, graph: Graph, last: int) -> int | Non
     value = orjson.dumps(graph)
     try:
         if last == 0:
-            return int(await store.kv.create(GRAPH_KEY, value))
+            return int(await store.create_key(GRAPH_KEY, value))
         return int(await store.kv.update(GRAPH_KEY, value, last=last))
     except nats.js.errors.KeyWrongLastSequenceError:
         return None
