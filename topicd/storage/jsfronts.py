@@ -35,6 +35,9 @@ each read (docs/jetstream.md, "Several fronts"):
   time to the owner and takes the owner's back (a `reads` request, in parallel with the
   catch-up's round trip), a listing takes every owner's, and the poll hands the owners
   the times of reads that did not (watch deliveries), batched per owner.
+* **Watch order.** A watch stream over topics of several owners gets this front's
+  commits only after an ordering round has caught up its other owners' topics (`hold`),
+  so its live frames follow the acknowledgement order, as on one process.
 * **Takeover.** A front taking a lease first catches every topic up, then runs the
   shard's mutations itself. Idempotency keys travel with the records (the key rides on a write's
   first record), so a client retrying a write the dead owner acknowledged gets the
@@ -261,25 +264,19 @@ class Fronts:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         call = self.backend.bridge.call
         await call(self.store.follow_notices)
-        sched = self.engine.sched
-        sched.hold = self.hold
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._serve)
-                nursery.start_soon(self._follow_notices)
-                nursery.start_soon(self._poll)
-                nursery.start_soon(self._watch_terms)
-                nursery.start_soon(self._order_wakes)
-                task_status.started()
-                while True:
-                    await trio.sleep(self.lease_ms / 3000)
-                    try:
-                        await self._tend_lease()
-                    except Exception as exc:
-                        log.warning("front %s: the owner leases: %s", self.front_id, exc)
-        finally:
-            sched.hold = None
-            self._release(None, [])  # (shutting down: every wake held)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve)
+            nursery.start_soon(self._follow_notices)
+            nursery.start_soon(self._poll)
+            nursery.start_soon(self._watch_terms)
+            nursery.start_soon(self._order_wakes)
+            task_status.started()
+            while True:
+                await trio.sleep(self.lease_ms / 3000)
+                try:
+                    await self._tend_lease()
+                except Exception as exc:
+                    log.warning("front %s: the owner leases: %s", self.front_id, exc)
 
     async def _tend_lease(self) -> None:
         """One lease check: renew the shards owned, give up those over the quota (another
@@ -1143,35 +1140,46 @@ class Fronts:
     async def _order_wakes(self) -> None:
         """Ordering rounds, one at a time (concurrent writes share one): the streams'
         last seqs (one JetStream request, made after the writes it serves were received
-        and before they are acknowledged, so every write acknowledged before they were
-        sent is in it, and none sent after), then a catch-up of the partners that moved
-        (`_partners`), then the release (`_release`)."""
-        while True:
-            await self._order_wake.wait()
-            self._order_wake = trio.Event()
-            self._rounds += 1
-            number = self._rounds
-            for gone in [t for t in self._need if t.deleted]:
-                del self._need[gone]  # (a write that never committed)
-            names: set[str] = set()
-            for topic in [*self._need, *self._held]:
-                names |= self._partners(topic)
-            moved: list[Topic] = []
-            try:
-                heads = await self.backend._call(self.store.stream_heads) if names else {}
-                for name in sorted(names):
-                    other = self.engine.topics.get(name)
-                    if other is None or other.deleted:
-                        continue
-                    if heads.get(self.store.sid(other.topic_id), 0) > other.head_seq:
-                        moved.append(other)
-                async with trio.open_nursery() as nursery:
-                    for other in moved:
-                        nursery.start_soon(self._catch_up_partner, other)
-            except Exception as exc:  # (a background loop: it must outlive any failure)
-                log.warning("front %s: watch wakes released unordered: %s", self.front_id, exc)
-            self._done = number
-            self._release(number, moved)
+        and, unless a round was running then, before they are acknowledged: every write
+        acknowledged before they were sent is in it, and none sent after), then a
+        catch-up of the partners that moved (`_partners`), then the release
+        (`_release`)."""
+        sched = self.engine.sched
+        sched.hold = self.hold
+        try:
+            while True:
+                await self._order_round()
+        finally:
+            sched.hold = None
+            self._release(None, [])  # (shutting down: every wake held)
+
+    async def _order_round(self) -> None:
+        """One ordering round, once a wake or a write asks for one."""
+        await self._order_wake.wait()
+        self._order_wake = trio.Event()
+        self._rounds += 1
+        number = self._rounds
+        for gone in [t for t in self._need if t.deleted]:
+            del self._need[gone]  # (a write that never committed)
+        names: set[str] = set()
+        for topic in [*self._need, *self._held]:
+            names |= self._partners(topic)
+        moved: list[Topic] = []
+        try:
+            heads = await self.backend._call(self.store.stream_heads) if names else {}
+            for name in sorted(names):
+                other = self.engine.topics.get(name)
+                if other is None or other.deleted:
+                    continue
+                if heads.get(self.store.sid(other.topic_id), 0) > other.head_seq:
+                    moved.append(other)
+            async with trio.open_nursery() as nursery:
+                for other in moved:
+                    nursery.start_soon(self._catch_up_partner, other)
+        except Exception as exc:  # (a background loop: it must outlive any failure)
+            log.warning("front %s: watch wakes released unordered: %s", self.front_id, exc)
+        self._done = number
+        self._release(number, moved)
 
     async def _catch_up_partner(self, topic: Topic) -> None:
         try:
