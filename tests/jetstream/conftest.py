@@ -437,14 +437,10 @@ JETSTREAM_DELTAS: dict[str, Delta] = {
 # opens on the front that created its session, `StickyWatchApp`)
 FRONTS_DELTAS: dict[str, Delta] = {}
 
-# ... and these may fail with several fronts, depending on timing (not strict): live
-# frames of topics with different owners reach a watch stream in the order its front
-# catches each topic up, not in the order the writes were acknowledged
-FRONTS_RACES: dict[str, Delta] = {
-    "test_contract_watch_frames::test_live_record_frame_after_caught_up": (
-        "live frames of two topics owned by different fronts: order not kept across topics"
-    ),
-}
+# ... and these may fail with several fronts, depending on timing (not strict; none at
+# present: live frames of topics with different owners follow the acknowledgement
+# order, `Fronts.hold`)
+FRONTS_RACES: dict[str, Delta] = {}
 
 
 def delta_reason(table: dict[str, Delta], item: pytest.Item) -> str | None:

@@ -138,6 +138,10 @@ class DeliveryScheduler:
         self.running = False
         self.defer = False  # the governor's defer rung
         self.routers: RouterWork | None = None
+        # a wake the storage holds back until what it must follow is in memory (several
+        # fronts: a watch stream's other topics, written through other owners); True
+        # when `hold` took the topic, which it marks again once released
+        self.hold: Callable[[Topic], bool] | None = None
 
     # ---- priority ---------------------------------------------------------------------
 
@@ -212,6 +216,8 @@ class DeliveryScheduler:
             # nobody to serve: the drained watermarks follow the head at no cost
             topic.drained_to = topic.head_seq
             topic.drained_strong = topic.durable_head
+            return
+        if self.hold is not None and not demote and self.hold(topic):
             return
         shard = self.shard(topic)
         cfg = topic.config

@@ -293,7 +293,7 @@ class JetStreamStore:
         self.notify = False  # publish a notice per committed write (an owner front)
         self.ignore_notices = False  # (a front owning every shard)
         self.requests: asyncio.Queue[Msg] | None = None  # forwarded to this front
-        self.notices: tuple[set[int], asyncio.Event] | None = None
+        self.notices: tuple[dict[int, None], asyncio.Event] | None = None
         # one topic-id allocation at a time per front: the compare-and-set on
         # `meta.next_id` then only races other fronts, never this front's own creates
         self.id_lock = asyncio.Lock()
@@ -833,7 +833,7 @@ class JetStreamStore:
     async def follow_notices(self) -> None:
         """Collect the ids of topics the owner reports written (`next_notices`)."""
         assert self.nc is not None
-        notified: set[int] = set()
+        notified: dict[int, None] = {}  # (in the order they came: `next_notices`)
         wake = asyncio.Event()
         self.notices = (notified, wake)
 
@@ -842,19 +842,20 @@ class JetStreamStore:
                 return
             token = msg.subject.rsplit(".", 1)[-1]
             if token.isdigit():
-                notified.add(int(token))
+                notified[int(token)] = None
                 wake.set()
 
         await self.nc.subscribe(f"{self.prefix}.n.*", cb=got)
 
-    async def next_notices(self) -> set[int]:
-        """The topic ids reported written since the last call (waits for one)."""
+    async def next_notices(self) -> list[int]:
+        """The topic ids reported written since the last call (waits for one), in the
+        order their first notices came (a watch stream's frames across topics follow it)."""
         assert self.notices is not None
         notified, wake = self.notices
         while not notified:
             wake.clear()
             await wake.wait()
-        out = set(notified)
+        out = list(notified)
         notified.clear()
         return out
 
@@ -1354,6 +1355,8 @@ class JetStreamBackend:
         await trio.lowlevel.checkpoint()
 
     def submit(self, batch: AppendBatch) -> None:
+        if self.fronts is not None:
+            self.fronts.submitted(batch.topic)  # (the order of live watch frames)
         lane = self.lane(batch.topic)
         lane.pending.append(batch)
         lane.accepted += 1

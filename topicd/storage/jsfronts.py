@@ -35,6 +35,9 @@ each read (docs/jetstream.md, "Several fronts"):
   time to the owner and takes the owner's back (a `reads` request, in parallel with the
   catch-up's round trip), a listing takes every owner's, and the poll hands the owners
   the times of reads that did not (watch deliveries), batched per owner.
+* **Watch order.** A watch stream over topics of several owners gets this front's
+  commits only after an ordering round has caught up its other owners' topics (`hold`),
+  so its live frames follow the acknowledgement order, as on one process.
 * **Takeover.** A front taking a lease first catches every topic up, then runs the
   shard's mutations itself. Idempotency keys travel with the records (the key rides on a write's
   first record), so a client retrying a write the dead owner acknowledged gets the
@@ -55,6 +58,7 @@ import xxhash
 
 from topicd.engine.engine import DeleteResult, WriteResult
 from topicd.engine.router import RouterService
+from topicd.engine.watch import Conn
 from topicd.errors import (
     Internal,
     StorageUnavailable,
@@ -134,6 +138,15 @@ class Fronts:
         self._install_lock = trio.Lock()
         self._poll_lock = trio.Lock()  # (listings' catch-ups, one at a time)
         self._polls_begun = self._polls_done = 0
+        # watch wakes held back until the stream's topics of other owners are caught up
+        # (`hold`): topic -> the ordering round under way when it was held
+        self._held: dict[Topic, int] = {}
+        self._rounds = 0  # ordering rounds begun
+        self._done = 0  # ... and finished
+        # ordered topics this front owns -> the round a write received since needs
+        self._need: dict[Topic, int] = {}
+        self._order_wake = trio.Event()
+        self._releasing = False
 
     # ---- shards and the leases ---------------------------------------------------------
 
@@ -256,6 +269,7 @@ class Fronts:
             nursery.start_soon(self._follow_notices)
             nursery.start_soon(self._poll)
             nursery.start_soon(self._watch_terms)
+            nursery.start_soon(self._order_wakes)
             task_status.started()
             while True:
                 await trio.sleep(self.lease_ms / 3000)
@@ -1064,6 +1078,139 @@ class Fronts:
                 await self.push_reads()
             except Exception as exc:  # (a background loop: it must outlive any failure)
                 log.warning("front %s: poll failed: %s", self.front_id, exc)
+
+    # ---- the order of live watch frames across owners ------------------------------------
+
+    def _ordered(self, topic: Topic) -> bool:
+        """Whether the wakes of `topic` are ordered here: a watch stream on this front
+        watches it with other topics, one of them owned by another front (whose writes
+        reach this front by notices, later than its own commits)."""
+        conns = self.engine.watch.watchers.get(topic)
+        if not conns:
+            return False
+        for conn in conns:
+            names = conn.session.topics if isinstance(conn, Conn) else conn.subs
+            if len(names) > 1 and any(not self.owns(n) for n in names):
+                return True
+        return False
+
+    def _partners(self, topic: Topic) -> set[str]:
+        """The other topics of `topic`'s watch streams here that another front owns."""
+        out: set[str] = set()
+        for conn in self.engine.watch.watchers.get(topic) or ():
+            names = conn.session.topics if isinstance(conn, Conn) else conn.subs
+            out.update(n for n in names if n != topic.name and not self.owns(n))
+        return out
+
+    def submitted(self, topic: Topic) -> None:
+        """A write of `topic` (this front owns it) is about to be published: when its
+        wakes are ordered, the next ordering round's listing, begun now (before the
+        write is acknowledged), is the one its commit waits for (`hold`)."""
+        if (self.owner and self.live == 1) or not self._ordered(topic):
+            return
+        if self._need.get(topic) != self._rounds + 1:
+            self._need[topic] = self._rounds + 1
+            self._order_wake.set()
+
+    def hold(self, topic: Topic) -> bool:
+        """The scheduler's `hold`: the wakes of ordered topics (`_ordered`) are released
+        in the order they came, and the commit of a topic this front owns only after
+        the ordering round that began when its write was received (`submitted`) has
+        caught up the stream's topics of other owners. A write another owner
+        acknowledged before the client sent this one is then in memory first (its
+        notice may not have arrived yet), so its frame comes first, as on one process;
+        one acknowledged after it is not in that round's listing, so it does not. A
+        wake of another owner's topic (its notice) waits only behind the wakes held
+        before it."""
+        if self._releasing or (self.owner and self.live == 1) or not self._ordered(topic):
+            return False
+        if topic in self._held:
+            return True  # (already queued: its place stays)
+        if self.owns(topic.name):
+            need = self._need.pop(topic, self._rounds + 1)
+            if need <= self._done and not self._held:
+                return False  # (its round is over: nothing to wait for)
+            self._held[topic] = need
+            if need > self._rounds:
+                self._order_wake.set()
+        elif not self._held:
+            return False
+        else:
+            self._held[topic] = 0
+        return True
+
+    async def _order_wakes(self) -> None:
+        """Ordering rounds, one at a time (concurrent writes share one): the streams'
+        last seqs (one JetStream request, made after the writes it serves were received
+        and, unless a round was running then, before they are acknowledged: every write
+        acknowledged before they were sent is in it, and none sent after), then a
+        catch-up of the partners that moved (`_partners`), then the release
+        (`_release`)."""
+        sched = self.engine.sched
+        sched.hold = self.hold
+        try:
+            while True:
+                await self._order_round()
+        finally:
+            sched.hold = None
+            self._release(None, [])  # (shutting down: every wake held)
+
+    async def _order_round(self) -> None:
+        """One ordering round, once a wake or a write asks for one."""
+        await self._order_wake.wait()
+        self._order_wake = trio.Event()
+        self._rounds += 1
+        number = self._rounds
+        for gone in [t for t in self._need if t.deleted]:
+            del self._need[gone]  # (a write that never committed)
+        names: set[str] = set()
+        for topic in [*self._need, *self._held]:
+            names |= self._partners(topic)
+        moved: list[Topic] = []
+        try:
+            heads = await self.backend._call(self.store.stream_heads) if names else {}
+            for name in sorted(names):
+                other = self.engine.topics.get(name)
+                if other is None or other.deleted:
+                    continue
+                if heads.get(self.store.sid(other.topic_id), 0) > other.head_seq:
+                    moved.append(other)
+            async with trio.open_nursery() as nursery:
+                for other in moved:
+                    nursery.start_soon(self._catch_up_partner, other)
+        except Exception as exc:  # (a background loop: it must outlive any failure)
+            log.warning("front %s: watch wakes released unordered: %s", self.front_id, exc)
+        self._done = number
+        self._release(number, moved)
+
+    async def _catch_up_partner(self, topic: Topic) -> None:
+        try:
+            await self.refresh(topic)
+        except Exception as exc:
+            log.warning("front %s: topic %r not caught up: %s", self.front_id, topic.name, exc)
+
+    def _release(self, done: int | None, moved: list[Topic]) -> None:
+        """Mark the held wakes in their order, up to the first commit that waits for a
+        round after `done` (None: all of them); the partners the round caught up
+        (`moved`) go just before the first commit it served (their writes were
+        acknowledged before its listing)."""
+        held = self._held
+        due: list[Topic] = []
+        for topic, need in held.items():
+            if done is not None and need > done:
+                break
+            if need and moved:
+                due += [t for t in moved if t in held and t not in due]
+                moved = []
+            if topic not in due:
+                due.append(topic)
+        self._releasing = True
+        try:
+            for topic in due:
+                del held[topic]
+                self.engine.sched.mark_dirty(topic)
+        finally:
+            self._releasing = False
 
     async def catch_up_all(self) -> None:
         """Before a listing on this front: the poll's catch-up, now (concurrent listings
