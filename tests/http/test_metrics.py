@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+import trio
+
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, make_config, open_app, open_durable_app
 
@@ -234,3 +236,45 @@ async def test_queue_ready_by_priority_covers_the_top_8_levels(autojump_clock):
         assert got == {9: 1.0, 8: 2.0, 7: 2.0, 6: 2.0, 5: 2.0, 4: 2.0, 3: 2.0, 2: 2.0}
         # the per-queue total agrees with the levels it covers plus the two below
         assert sample(text, "topics_topic_queue_ready", '{topic="q"}') == 1 + 7 * 2 + 2 * 2
+
+
+async def test_the_text_is_written_a_family_a_step_and_equals_one_pass(nursery):
+    # with many topics the per-topic families are thousands of samples: written in one
+    # step they stalled the loop; a family a step, the text must be the same bytes
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from topicd.http import metrics
+    from topicd.http.app import EngineRef
+
+    async with open_app(make_config()) as h:
+        c = h.app.test_client()
+        for i in range(30):
+            await c.post(f"/v0/topics/t{i}", json={"records": [{"data": i}]})
+        ref, lifecycle = EngineRef(h.engine), h.lifecycle
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(metrics._Collector(ref, lifecycle))
+        families = len(list(metrics._Collector(ref, lifecycle).collect()))
+        ran = 0
+        done = False
+
+        async def other() -> None:
+            nonlocal ran
+            while not done:
+                ran += 1
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()
+        ran = 0
+        text = await metrics.prometheus_text(ref, lifecycle)
+        done = True
+        assert ran >= families - 1  # the other task ran between the families
+        one_pass = (
+            generate_latest(registry)
+            .replace(b"# HELP topics_uptime_ms_total ", b"# HELP topics_uptime_ms ")
+            .replace(b"# TYPE topics_uptime_ms_total counter", b"# TYPE topics_uptime_ms counter")
+        )
+        # (uptime and the process's own series move between the two passes)
+        strip = re.compile(rb"^(topics_uptime_ms|process_\w+|topicd_\w*_seconds\w*) .*$", re.M)
+        assert strip.sub(b"", text) == strip.sub(b"", one_pass)

@@ -15,9 +15,10 @@ Per-topic series are capped at the first 1000 topics by name
 from __future__ import annotations
 
 import platform
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import orjson
+import trio
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
@@ -605,10 +606,27 @@ class _Collector:
         )
 
 
-def prometheus_text(ref: EngineRef, lifecycle: Lifecycle) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(ref, lifecycle))
-    text = generate_latest(registry)
+class _One:
+    """A registry of one metric family (what `generate_latest` reads)."""
+
+    def __init__(self, family: Metric) -> None:
+        self.family = family
+
+    def collect(self) -> Iterator[Metric]:
+        yield self.family
+
+
+async def prometheus_text(ref: EngineRef, lifecycle: Lifecycle) -> bytes:
+    """The Prometheus text. The families are collected in one step, then written a family
+    a step: with a thousand topics the per-topic families are thousands of samples, and
+    writing them all at once was a 20-40 ms step of the loop (one of 50-90 ms at 100,000
+    topics). The families are each consistent; two may be a few steps apart."""
+    families = list(_Collector(ref, lifecycle).collect())
+    parts: list[bytes] = []
+    for family in families:
+        await trio.lowlevel.checkpoint()
+        parts.append(generate_latest(cast("CollectorRegistry", _One(family))))
+    text = b"".join(parts)
     return text.replace(b"# HELP topics_uptime_ms_total ", b"# HELP topics_uptime_ms ").replace(
         b"# TYPE topics_uptime_ms_total counter", b"# TYPE topics_uptime_ms counter"
     )
@@ -787,7 +805,7 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycl
             return Response(
                 orjson.dumps(json_snapshot(ref, lifecycle)), content_type="application/json"
             )
-        return Response(prometheus_text(ref, lifecycle), content_type=PROMETHEUS_TYPE)
+        return Response(await prometheus_text(ref, lifecycle), content_type=PROMETHEUS_TYPE)
 
     app.add_url_rule("/v0/metrics", "metrics", metrics, methods=["GET"])
 
