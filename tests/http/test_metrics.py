@@ -278,3 +278,27 @@ async def test_the_text_is_written_a_family_a_step_and_equals_one_pass(nursery):
         # (uptime and the process's own series move between the two passes)
         strip = re.compile(rb"^(topics_uptime_ms|process_\w+|topicd_\w*_seconds\w*) .*$", re.M)
         assert strip.sub(b"", text) == strip.sub(b"", one_pass)
+
+
+async def test_topics_deleted_during_a_scrape_are_left_out_not_an_error(nursery, monkeypatch):
+    # the sums over every topic are taken a slice a step, then the families written a
+    # step each: topics deleted in between must not fail the scrape
+    from topicd.http import metrics
+
+    monkeypatch.setattr(metrics, "_AGGREGATE_SLICE", 4)
+    async with open_app(make_config()) as h:
+        c = h.app.test_client()
+        for i in range(20):
+            await c.put(f"/v0/topics/q{i:02d}", json={"type": "queue"})
+            await c.post(f"/v0/topics/q{i:02d}", json={"records": [{"data": i}]})
+
+        async def deleter() -> None:
+            for i in range(0, 20, 2):
+                await h.engine.delete_topic(f"q{i:02d}", False)
+
+        nursery.start_soon(deleter)
+        r = await c.get("/v0/metrics")
+        assert r.status_code == 200
+        text = (await r.get_data()).decode()
+        assert sample(text, "topics_topic_head_seq", '{topic="q01"}') == 1
+        assert 'topic="q00"' not in text or sample(text, "topics_topics") == 20
