@@ -265,15 +265,21 @@ async def test_a_websocket_catch_up_from_zero_streams_evicted_records(nursery):
         assert engine.payloads.stats().misses - misses >= 7  # 50 records, 7 per message
 
 
+async def evicted_queue(engine: Engine) -> list[bytes]:
+    """Queue `q` of 20 jobs, checkpointed (with a 0-byte cache: all evicted); returns
+    their stored records."""
+    await engine.put_topic("q", TopicConfigIn(type="queue"))
+    await fill(engine, "q", 20)
+    _, res = await engine.diff("q", DiffIn(from_seq=0, limit=100))
+    assert await cp(engine).checkpoint()
+    assert engine.get("q").enc(1) is EVICTED
+    return res.records
+
+
 async def test_queue_claims_return_evicted_jobs_intact():
     disk = FakeDisk()
     async with open_durable(disk, config(cache_bytes=0)) as engine:
-        await engine.put_topic("q", TopicConfigIn(type="queue"))
-        await fill(engine, "q", 20)
-        _, res = await engine.diff("q", DiffIn(from_seq=0, limit=100))
-        want = [orjson.loads(e)["data"] for e in res.records]
-        assert await cp(engine).checkpoint()
-        assert engine.get("q").enc(1) is EVICTED
+        want = [orjson.loads(e)["data"] for e in await evicted_queue(engine)]
         got = await engine.queues.claim("q", "w1", 20, None)
         assert [orjson.loads(item)["data"] for item in got.items] == want
         assert engine.payloads.stats().bytes == 0
@@ -284,15 +290,10 @@ async def test_a_claim_whose_load_evicts_a_resident_job_loads_it_again():
     # evict chunk 0, which is not held yet; the claim must load it back, not fail
     disk = FakeDisk()
     async with open_durable(disk, config(cache_bytes=0)) as engine:
-        await engine.put_topic("q", TopicConfigIn(type="queue"))
-        await fill(engine, "q", 20)
-        _, res = await engine.diff("q", DiffIn(from_seq=0, limit=100))
-        want = [orjson.loads(e)["data"] for e in res.records]
-        assert await cp(engine).checkpoint()
+        records = await evicted_queue(engine)
+        want = [orjson.loads(e)["data"] for e in records]
         q = engine.get("q")
-        await engine.diff("q", DiffIn(from_seq=0, limit=4))
-        assert q.enc(1) is EVICTED  # (bound 0)
-        engine.payloads.bound = sum(len(r) for r in res.records[:4]) + 8
+        engine.payloads.bound = sum(len(r) for r in records[:4]) + 8
         await engine.diff("q", DiffIn(from_seq=0, limit=4))
         assert isinstance(q.enc(1), bytes) and q.enc(5) is EVICTED
         got = await engine.queues.claim("q", "w1", 20, None)
