@@ -157,3 +157,20 @@ async def test_the_longest_collection_and_its_thread_are_kept():
         await trio.to_thread.run_sync(collect_long)
     assert meter.gc_s > 0
     assert (meter.gc_generation, meter.gc_on_loop) == (2, False)
+
+
+async def test_the_longest_step_counts_the_page_faults_it_took():
+    # a step that writes 32 MiB of fresh memory faults in thousands of pages (4 KiB
+    # each); they are the loop thread's, counted with that step
+    meter = StepMeter()
+    kept: list[bytearray] = []
+    with meter.span():
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        buf = bytearray(32 << 20)
+        buf[::4096] = b"\x01" * len(range(0, 32 << 20, 4096))
+        kept.append(buf)
+        hold(30)  # (the longest own step: this one)
+        await trio.lowlevel.checkpoint()
+    assert meter.own_s >= 0.030
+    assert meter.own_faults >= (32 << 20) // 4096 // 2

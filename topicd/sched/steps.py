@@ -12,8 +12,9 @@ step ran the code before it); for the own tasks also where that step had resumed
 step's time includes whatever held the loop thread during it: garbage collection,
 waiting for the GIL while a worker thread runs Python, waiting for a CPU on a busy
 machine; so each maximum also keeps the loop thread's CPU time in its step and the
-collector's time in it. The longest single collection of the span is kept too, with the
-thread it ran in.
+collector's time in it, and the page faults the loop thread took in it (the CPU time
+counts the kernel's work on them). The longest single collection of the span is kept
+too, with the thread it ran in.
 
 The step of the opening task that is running when the span opens is counted from the
 opening, and the one running when it closes up to the closing.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import posixpath
+import resource
 import threading
 from time import perf_counter, thread_time
 from typing import TYPE_CHECKING
@@ -32,6 +34,15 @@ import trio
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+_WHO = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def faults() -> int:
+    """Page faults (minor and major) of the calling thread so far (of the process where
+    threads are not counted apart)."""
+    ru = resource.getrusage(_WHO)
+    return ru.ru_minflt + ru.ru_majflt
 
 
 def suspended_at(task: trio.lowlevel.Task) -> str:
@@ -58,11 +69,13 @@ class StepMeter(trio.abc.Instrument):
         self.own_s = 0.0  # the longest step of an own task
         self.own_cpu_s = 0.0
         self.own_gc_s = 0.0
+        self.own_faults = 0
         self.own_at = ""  # where that task suspended after it
         self.own_from = ""  # and where it had resumed (the step ran the code between)
         self.other_s = 0.0  # the longest step of any other task
         self.other_cpu_s = 0.0
         self.other_gc_s = 0.0
+        self.other_faults = 0
         self.other_task = ""  # that task's name
         self.other_at = ""
         # the longest garbage collection in the span, its generation, and whether it ran
@@ -75,6 +88,7 @@ class StepMeter(trio.abc.Instrument):
         self._own: set[trio.lowlevel.Task] = set()
         self._own_last: dict[trio.lowlevel.Task, str] = {}  # where each own task waits
         self._t0 = self._cpu0 = self._gc0 = 0.0
+        self._faults0 = 0
         self._gc_total = self._gc_start = 0.0
 
     def _gc(self, phase: str, info: dict[str, int]) -> None:
@@ -96,6 +110,7 @@ class StepMeter(trio.abc.Instrument):
         task = trio.lowlevel.current_task()
         self.own_s = self.own_cpu_s = self.own_gc_s = 0.0
         self.other_s = self.other_cpu_s = self.other_gc_s = 0.0
+        self.own_faults = self.other_faults = 0
         self.own_at = self.own_from = self.other_task = self.other_at = ""
         self.gc_s, self.gc_generation, self.gc_on_loop = 0.0, -1, True
         self._loop_thread = threading.get_ident()
@@ -105,6 +120,7 @@ class StepMeter(trio.abc.Instrument):
         trio.lowlevel.add_instrument(self)
         # (the opening task's step so far is not counted)
         self._t0, self._cpu0, self._gc0 = perf_counter(), thread_time(), self._gc_total
+        self._faults0 = faults()
         try:
             yield self
         finally:
@@ -115,6 +131,7 @@ class StepMeter(trio.abc.Instrument):
                 self.own_s, self.own_at = took, "(the span's end)"
                 self.own_cpu_s = thread_time() - self._cpu0
                 self.own_gc_s = self._gc_total - self._gc0
+                self.own_faults = faults() - self._faults0
                 self.own_from = self._own_last.get(task, "(the span's start)")
             self._own = set()
             self._own_last = {}
@@ -132,6 +149,7 @@ class StepMeter(trio.abc.Instrument):
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._cpu0 = thread_time()
         self._gc0 = self._gc_total
+        self._faults0 = faults()
         self._t0 = perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
@@ -142,6 +160,7 @@ class StepMeter(trio.abc.Instrument):
                 self.own_s = took
                 self.own_cpu_s = thread_time() - self._cpu0
                 self.own_gc_s = self._gc_total - self._gc0
+                self.own_faults = faults() - self._faults0
                 self.own_from = self._own_last.get(task, "(the span's start)")
                 self.own_at = at
             self._own_last[task] = at
@@ -149,5 +168,6 @@ class StepMeter(trio.abc.Instrument):
             self.other_s = took
             self.other_cpu_s = thread_time() - self._cpu0
             self.other_gc_s = self._gc_total - self._gc0
+            self.other_faults = faults() - self._faults0
             self.other_task = task.name
             self.other_at = suspended_at(task)

@@ -315,18 +315,20 @@ class Checkpointer:
             if summary is None:
                 return False
             log.info(
-                "%s; longest loop step %.1f ms (CPU %.1f, GC %.1f; from %s to %s), "
-                "other tasks' %.1f ms (CPU %.1f, GC %.1f; %s at %s); longest collection "
-                "%.1f ms (generation %d, %s)",
+                "%s; longest loop step %.1f ms (CPU %.1f, GC %.1f, page faults %d; from %s "
+                "to %s), other tasks' %.1f ms (CPU %.1f, GC %.1f, page faults %d; %s at %s); "
+                "longest collection %.1f ms (generation %d, %s)",
                 summary,
                 self.last_stall_ms,
                 meter.own_cpu_s * 1000,
                 meter.own_gc_s * 1000,
+                meter.own_faults,
                 meter.own_from or "-",
                 meter.own_at or "-",
                 self.last_other_stall_ms,
                 meter.other_cpu_s * 1000,
                 meter.other_gc_s * 1000,
+                meter.other_faults,
                 meter.other_task or "-",
                 meter.other_at or "-",
                 meter.gc_s * 1000,
