@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
+import xxhash
 
 from tests.storage.test_checkpoint import cp, state, write
 from tests.storage.test_segments import _flip, newest_body, seg_config
@@ -210,3 +213,71 @@ async def test_a_directory_of_a_newer_format_is_refused(tmp_path):
     cfg = dataclasses.replace(base, storage=dataclasses.replace(base.storage, data_dir=str(root)))
     with pytest.raises(RecoveryRefused, match="unsupported storage format"):
         _recover(RealFs(), cfg)
+
+
+def _encode_chunk_v1(*args: Any) -> bytes:
+    """`segs.encode_chunk` as the release before the size sum wrote it (`TSM1`: a 48-byte
+    header without the sum)."""
+    raw = segs.encode_chunk_v2(*args)  # type: ignore[attr-defined]
+    magic, n, base, m, e, start, stop, data_digest, _, _ = segs._CHUNK.unpack_from(raw)
+    assert magic == segs.META_MAGIC
+    head = segs._CHUNK_V1.pack(segs.META_MAGIC_V1, n, base, m, e, start, stop, data_digest, 0)
+    digest = xxhash.xxh3_64(head[:40])
+    digest.update(raw[segs._CHUNK.size :])
+    return head[:40] + struct.pack("<Q", digest.intdigest()) + raw[segs._CHUNK.size :]
+
+
+def _loaded(disk: FakeDisk, cfg: Config) -> list[segs.LoadedSegment]:
+    body = newest_body(disk)
+    return [
+        segs.load_segment(disk, cfg.storage.data_dir, t.id, reg, max_frame=1 << 20)
+        for t in body.topics
+        for reg in t.segments
+    ]
+
+
+async def test_meta_chunks_carry_their_size_sum():
+    """A start takes each segment's record bytes from its chunks' sums instead of adding up
+    every retained record's size; the checksum covers the sum."""
+    disk = FakeDisk()
+    cfg = seg_config(max_events=4)
+    await _populated(disk, cfg)
+    for path in metas(disk):
+        assert disk.read(path)[:4] == segs.META_MAGIC
+    loaded = _loaded(disk, cfg)
+    assert len(loaded) == 3
+    for one in loaded:
+        assert one.size_sum == sum(one.sizes) > 0
+    path = metas(disk)[0]
+    bad = bytearray(disk.read(path))
+    bad[40] ^= 1  # (the sum's low byte)
+    fd = disk.open(path)
+    disk.pwrite(fd, bytes(bad), 0)
+    disk.close(fd)
+    assert [p for p, _ in _recover(disk, cfg)] == [path]
+
+
+async def test_meta_chunks_of_the_release_before_the_sum_are_read_and_summed(monkeypatch):
+    """`.meta` files written before chunks carried their size sum load without being
+    re-made, to the same state; a checkpoint appends new chunks after the old ones."""
+    disk = FakeDisk()
+    cfg = seg_config(max_events=4)
+    monkeypatch.setattr(segs, "encode_chunk_v2", segs.encode_chunk, raising=False)
+    monkeypatch.setattr(segs, "encode_chunk", _encode_chunk_v1)
+    reference = await _populated(disk, cfg)
+    monkeypatch.undo()
+    assert all(disk.read(p)[:4] == segs.META_MAGIC_V1 for p in metas(disk))
+    for one in _loaded(disk, cfg):
+        assert one.size_sum == sum(one.sizes) > 0
+    assert _recover(disk, cfg) == []
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == reference
+        for i in range(3):
+            await write(engine, "t", b'"after-%d"' % i, tag="k0")
+        assert await cp(engine).checkpoint()
+        expected = await state(engine)
+    mixed = [disk.read(p) for p in metas(disk)]
+    assert any(raw[:4] == segs.META_MAGIC_V1 and segs.META_MAGIC in raw for raw in mixed)
+    assert _recover(disk, cfg) == []
+    async with open_durable(disk, cfg) as engine:
+        assert await state(engine) == expected

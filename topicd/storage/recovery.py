@@ -555,8 +555,9 @@ class _Replayer:
 
     def _load_segment(self, snap: snapshot.TopicSnap, reg: segs.SegSnap) -> _Loaded:
         """One registered segment, loaded (blocking, read-only: safe in any thread),
-        whether it is the cold copy, and the sum of its record sizes (summed here, in
-        the reader thread, while the topics are built). Raises `RecoveryRefused`."""
+        whether it is the cold copy, and the sum of its record sizes (read from its `.meta`
+        chunks, or summed here, in the reader thread, while the topics are built). Raises
+        `RecoveryRefused`."""
         cold = self.locate(snap, reg)
         max_frame = max(self.cfg.storage.wal.max_frame_bytes, frames.LEGACY_MAX_FRAME)
         try:
@@ -575,7 +576,8 @@ class _Replayer:
                 f"{snap.name!r} registered by the snapshot{where}). Nothing was "
                 "modified. Restore a backup."
             ) from None
-        return loaded, cold, sum(loaded.sizes)
+        size_sum = loaded.size_sum
+        return loaded, cold, size_sum if size_sum >= 0 else sum(loaded.sizes)
 
     def load_records(
         self, topic: Topic, snap: snapshot.TopicSnap, ahead: _Ahead | None = None
@@ -611,10 +613,10 @@ class _Replayer:
             if lo > seg.last:
                 continue
             i = lo - seg.first
-            # (the index columns are only read here: sliced only when needed; `ts` and
-            # `sizes` become the topic's own columns, so they are always copies)
+            # (sliced only when needed: the index columns are only read here, and `ts` and
+            # `sizes` are the load's own, copied into the topic's runs)
             offsets, flags = (seg.offsets[i:], seg.flags[i:]) if i else (seg.offsets, seg.flags)
-            ts, sizes = loaded.ts[i:], loaded.sizes[i:]
+            ts, sizes = (loaded.ts[i:], loaded.sizes[i:]) if i else (loaded.ts, loaded.sizes)
             n = len(offsets)
             encs: list[Enc]
             if flags.find(1) < 0 and not segs.has_absent(offsets):

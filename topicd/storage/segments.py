@@ -88,10 +88,14 @@ _TOPIC_DIR: Final = re.compile(r"[0-9a-f]{16}")
 # a run of absent seqs longer than this starts a new segment instead of padding the index
 _MAX_PAD: Final = 4096
 # `.meta` chunk header: magic, slots, base seq, flips, extras bytes, data start and end,
-# XXH3-64 of those data bytes as absorbed (every tail 0x00), XXH3-64 of the chunk's other
-# bytes (this header's first 40 bytes, then the columns, flips and extras)
-META_MAGIC: Final = b"TSM1"
-_CHUNK: Final = struct.Struct("<4sIQIIIIQQ")  # 48 bytes
+# XXH3-64 of those data bytes as absorbed (every tail 0x00), the sum of the slots' record
+# sizes (so a start adds one number per chunk, not one per record), XXH3-64 of the
+# chunk's other bytes (this header's first 48 bytes, then the columns, flips and extras)
+META_MAGIC: Final = b"TSM2"
+_CHUNK: Final = struct.Struct("<4sIQIIIIQQQ")  # 56 bytes
+# the chunks the release before the size sum wrote (still read: their sizes are summed)
+META_MAGIC_V1: Final = b"TSM1"
+_CHUNK_V1: Final = struct.Struct("<4sIQIIIIQQ")  # 48 bytes
 _LITTLE: Final = sys.byteorder == "little"
 Extras: TypeAlias = tuple[
     dict[int, str], dict[int, str], dict[int, int], dict[int, tuple[int, int]]
@@ -220,6 +224,15 @@ def _column(typecode: str, raw: bytes | memoryview) -> array[int]:
     return arr
 
 
+def _extend(arr: array[int], raw: bytes | memoryview) -> None:
+    """Append the little-endian column `raw` to `arr` in place (one copy, no
+    intermediate array: a start loads every retained record's index this way)."""
+    if _LITTLE:
+        arr.frombytes(raw)
+    else:  # pragma: no cover
+        arr.extend(_column(arr.typecode, raw))
+
+
 def encode_chunk(
     base: int,
     offsets: array[int],
@@ -249,10 +262,13 @@ def encode_chunk(
             ex,
         ]
     )
-    head = _CHUNK.pack(META_MAGIC, n, base, len(flips), len(ex), data[0], data[1], data[2], 0)
-    digest = xxhash.xxh3_64(head[:40])
+    total = sum(sizes)  # (the absorb's own slots: a start then reads one number)
+    head = _CHUNK.pack(
+        META_MAGIC, n, base, len(flips), len(ex), data[0], data[1], data[2], total, 0
+    )
+    digest = xxhash.xxh3_64(head[:48])
     digest.update(payload)
-    return head[:40] + struct.pack("<Q", digest.intdigest()) + payload
+    return head[:48] + struct.pack("<Q", digest.intdigest()) + payload
 
 
 # ---- records ------------------------------------------------------------------------
@@ -1254,6 +1270,7 @@ class LoadedSegment:
     # a `.meta` to write once recovery succeeded (it was missing or unusable, so the
     # frames were decoded): the next recovery loads from it
     rewrite: bytes | None = None
+    size_sum: int = -1  # the sum of `sizes`, where the `.meta` gave it (-1: not summed)
 
 
 def load_segment(
@@ -1313,27 +1330,42 @@ def _load_meta(
     shapes: dict[int, tuple[int, int]] = {}
     pos = 0
     checks: list[tuple[int, int, int]] = []  # each chunk's (data start, end, digest)
+    size_sum = 0
     while pos < len(view):
-        if pos + _CHUNK.size > len(view):
-            raise _MetaUnusable(f"chunk at {pos} cut short")
-        magic, n, base, m, e, start, stop, data_digest, digest = _CHUNK.unpack_from(view, pos)
-        end = pos + _CHUNK.size + 21 * n + 8 * m + e
-        if magic != META_MAGIC or end > len(view):
+        if raw[pos : pos + 4] == META_MAGIC_V1:
+            chunk = _CHUNK_V1
+            if pos + chunk.size > len(view):
+                raise _MetaUnusable(f"chunk at {pos} cut short")
+            _, n, base, m, e, start, stop, data_digest, digest = chunk.unpack_from(view, pos)
+            total = -1
+        else:
+            chunk = _CHUNK
+            if pos + chunk.size > len(view):
+                raise _MetaUnusable(f"chunk at {pos} cut short")
+            magic, n, base, m, e, start, stop, data_digest, total, digest = chunk.unpack_from(
+                view, pos
+            )
+            if magic != META_MAGIC:
+                raise _MetaUnusable(f"bad chunk at {pos}")
+        end = pos + chunk.size + 21 * n + 8 * m + e
+        if end > len(view):
             raise _MetaUnusable(f"bad chunk at {pos}")
-        h = xxhash.xxh3_64(view[pos : pos + 40])
-        h.update(view[pos + _CHUNK.size : end])
+        h = xxhash.xxh3_64(view[pos : pos + chunk.size - 8])
+        h.update(view[pos + chunk.size : end])
         if h.intdigest() != digest:
             raise _MetaUnusable(f"chunk at {pos} fails its checksum")
         if stop > start:
             checks.append((start, stop, data_digest))
-        at = pos + _CHUNK.size
+        at = pos + chunk.size
         if n:
             if base != seg.last + 1:
                 raise _MetaUnusable(f"chunk at {pos} starts at seq {base}, not {seg.last + 1}")
-            seg.offsets += _column("I", view[at : at + 4 * n])
-            seg.lens += _column("I", view[at + 4 * n : at + 8 * n])
-            ts += _column("q", view[at + 8 * n : at + 16 * n])
-            sizes += _column("I", view[at + 16 * n : at + 20 * n])
+            _extend(seg.offsets, view[at : at + 4 * n])
+            _extend(seg.lens, view[at + 4 * n : at + 8 * n])
+            _extend(ts, view[at + 8 * n : at + 16 * n])
+            _extend(sizes, view[at + 16 * n : at + 20 * n])
+            # (a chunk of the release before the sum: its sizes are summed here)
+            size_sum += total if total >= 0 else sum(sizes[len(sizes) - n :])
             seg.flags += view[at + 20 * n : at + 21 * n]
             seg.last += n
         at += 21 * n
@@ -1368,7 +1400,9 @@ def _load_meta(
         _verify_tail(fs, root, topic_id, seg)
     if check_data:
         _verify_data(fs, root, topic_id, seg, checks)
-    return LoadedSegment(seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len)
+    return LoadedSegment(
+        seg, ts, sizes, (tags, nodes, prios, shapes), size - reg.data_len, size_sum=size_sum
+    )
 
 
 _ABSENT_BYTES: Final = ABSENT.to_bytes(4, sys.byteorder)
