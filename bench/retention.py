@@ -11,7 +11,9 @@ batches on one keep-alive HTTP/1.1 connection, `disk` class, half of the bytes i
 topic (`big`) and half round-robin over 1,000 topics (`small-N`). Reported: the write
 rate of the first and of the last 64 MiB (records/s; a `429` — the checkpoint backlog is
 full — is retried after its hint and counted; the first 64 MiB run before any checkpoint,
-so the second 64 MiB, the first beside a checkpoint's absorb, is reported too), the
+so the second 64 MiB, the first beside a checkpoint's absorb, is reported too, and the
+last 64 MiB's rate as a share of it: the rate at 0 retained in the steady state, where
+every 64 MiB written meets about one checkpoint, as the last 64 MiB do), the
 server's RSS at the end and its largest sample while filling (every 0.5 s), the
 checkpoints' duration (the longest the server's log reported while filling, and the
 last one, `topicd_checkpoint_duration_ms`) and the longest `GET /v0/health` of a probe
@@ -373,7 +375,8 @@ def main() -> int:
             print(
                 f"{r['gib']:5.2f} GiB: write {r['write_first_rps']:,.0f} -> "
                 f"{r['write_last_rps']:,.0f} rec/s (second 64 MiB "
-                f"{r['write_second_rps']:,.0f}; {r['throttled']} 429s); RSS "
+                f"{r['write_second_rps']:,.0f}, last / second "
+                f"{r['write_last_rps'] / r['write_second_rps']:.2f}x; {r['throttled']} 429s); RSS "
                 f"{r['rss_mib']:.0f} MiB, max {r['rss_max_mib']:.0f} MiB while filling "
                 f"(cache {r['cache_mib']:.0f} MiB); checkpoint last {r['checkpoint_last_ms']:.0f}"
                 f" ms, max {r['checkpoint_max_ms']:.0f} ms; loop lag max "
