@@ -503,9 +503,9 @@ class Client:
             await self._before_write(topic)
 
             async def again() -> None:
-                # a pressure `429` (its header reads the refusal) sends the retry through
-                # the delay law again, after the server's hint: into a gate that is
-                # still full it would only be refused again
+                # a pressure `429` sends the retry through the delay law again, after
+                # the server's hint: into a gate that is still full it would only be
+                # refused again
                 await self._before_write(topic)
 
             law = again
