@@ -31,9 +31,9 @@ Method:
    gives no delay at or below `soft`; so a room smaller than the writes a green
    population can send at once refuses law-on producers after every episode in which
    they read green together, and a room at least that large refuses law-off producers
-   never. At 1 waiter per permit (before 2026-11-28: 2 C* against 32 C* in flight) the
-   law-on producers got 1.2–2.6× fewer `429`s than the law-off ones; at 31 (32 C*) the
-   law-off producers got none. See docs/PERFORMANCE.md.
+   never. At 1 to 16 waiters per permit (1 until 2026-11-28: 2 C* against 32 C* in
+   flight) the law-on producers got 1.2–2.6× fewer `429`s than the law-off ones (twice
+   4.6–4.8×); at 31 (32 C*) the law-off producers got none. See docs/PERFORMANCE.md.
 2. **Overload, delay law off and on.** `--producers` tasks (4 × C*, as bench/overload.py's
    4 × C*), each with its own client
    by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
