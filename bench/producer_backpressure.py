@@ -20,14 +20,22 @@ Method:
 1. **Bounds and saturation.** With `--bounds auto` (the default) a closed-loop ramp of
    1, 2, 4, 8 and 16 producers (`--ramp-window` s each, delay law off, the default
    admission bounds) finds the peak concurrency C*: the smallest within 5 % of the best
-   rate. As bench/overload.py does, `classes.client_permits` and `classes.client_waiters`
-   then become C* (never above 32): the defaults (32 and 4096) are sized to a bigger
-   machine, and 32 producers never reach them here. The best ramp rate is the saturation
-   rate S. `--bounds N` sets both to N instead (S from `2N` closed-loop producers);
-   `--bounds 0` keeps the defaults. `--waiters-per-permit K` makes the waiters K × the
-   permits (default 1), and the producers twice what the gate then holds.
-2. **Overload, delay law off and on.** `--producers` tasks (4 × the scaled bounds: twice
-   what the admission gate holds, as bench/overload.py's 4 × C*), each with its own client
+   rate. `classes.client_permits` then becomes C* (never above 32) and
+   `classes.client_waiters` `--waiters-per-permit` (24) × C*: the defaults (32 permits and
+   4096 waiters) are sized to a bigger machine, and the producers here never fill them.
+   The best ramp rate is the saturation rate S. `--bounds N` sets the permits to N
+   instead (S from `4N` closed-loop producers); `--bounds 0` keeps the defaults.
+   **Why 24 waiters per permit:** the gate then holds 25 C* requests (permits and
+   waiters), about 0.78 of the 32 C* writes the producers below can have in flight. A
+   producer whose delay law reads green sends every write it has room for, and the law
+   gives no delay at or below `soft`; so a room smaller than the writes a green
+   population can send at once refuses law-on producers after every episode in which
+   they read green together, and a room at least that large refuses law-off producers
+   never. At 1 to 16 waiters per permit (1 until 2026-11-28: 2 C* against 32 C* in
+   flight) the law-on producers got 1.2–2.6× fewer `429`s than the law-off ones (twice
+   4.6–4.8×); at 31 (32 C*) the law-off producers got none. See docs/PERFORMANCE.md.
+2. **Overload, delay law off and on.** `--producers` tasks (4 × C*, as bench/overload.py's
+   4 × C*), each with its own client
    by default (`--clients`), send `--batch`-record (1000) batches to `--topics` (8)
    `disk`-class topics on a fixed schedule adding up to `--overload` (4) × S records/s,
    each keeping up to `--inflight` (8) writes in flight: a task whose writes are all in
@@ -60,7 +68,9 @@ the most in one 100 ms slot, the pauses, the zone changes and the most pause end
 With `--trace`, the `--json` file also holds, per overload window, every answer the
 producers got (time in the window, status, pressure header, producer), every
 delay-law decision (time, zone, delay ms, pressure read, producer) and every refusal
-(time sent, status, cause, the pressure read and its age, producer).
+(time sent, status, cause, the pressure read and its age, producer); every window
+prints the governor's pressure and input signals sampled from `/v0/metrics` every
+100 ms (their means, and which signal was the largest in how many samples).
 """
 
 from __future__ import annotations
@@ -394,15 +404,67 @@ class Prober(threading.Thread):
         return (1000 * s[int(len(s) * 0.99)] if s else None), len(s)
 
 
+class SignalSampler(threading.Thread):
+    """With `--trace`: the governor's pressure and its input signals
+    (`topicd_pressure`, `topicd_pressure_signal`) from `/v0/metrics` every 100 ms, the
+    governor's own sample interval, on its own connection."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.stop = threading.Event()
+        self.samples: list[tuple[float, float, dict[str, float]]] = []  # (wall, p, signals)
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as http:
+            while not self.stop.wait(0.1):
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    pressure, signals = None, {}
+                    for line in http.get("/v0/metrics").text.splitlines():
+                        if line.startswith("topicd_pressure "):
+                            pressure = float(line.rpartition(" ")[2])
+                        elif line.startswith('topicd_pressure_signal{signal="'):
+                            name = line.partition('"')[2].partition('"')[0]
+                            signals[name] = float(line.rpartition(" ")[2])
+                    if pressure is not None:
+                        self.samples.append((time.time(), pressure, signals))
+
+    def summary(self, wall: tuple[float, float]) -> dict[str, Any]:
+        """Per signal over the window: its mean, and in how many samples it was the
+        largest (the one pressure follows)."""
+        inside = [(p, sig) for at, p, sig in self.samples if wall[0] <= at < wall[1]]
+        out: dict[str, Any] = {"samples": len(inside)}
+        if not inside:
+            return out
+        out["pressure_mean"] = statistics.fmean(p for p, _ in inside)
+        names = sorted({n for _, sig in inside for n in sig})
+        out["mean"] = {n: statistics.fmean(sig.get(n, 0.0) for _, sig in inside) for n in names}
+        top: dict[str, int] = {}
+        for _, sig in inside:
+            if sig:
+                name = max(sig, key=lambda n: sig[n])
+                top[name] = top.get(name, 0) + 1
+        out["largest"] = top
+        return out
+
+
 def window(job: dict[str, Any], url: str, pin: bool) -> dict[str, Any]:
     prober = Prober(url)
     prober.start()
+    sampler = SignalSampler(url) if job.get("trace") else None
+    if sampler is not None:
+        sampler.start()
     try:
         out = run_child(job, pin)
     finally:
         prober.stop.set()
         prober.join()
+        if sampler is not None:
+            sampler.stop.set()
+            sampler.join()
     out["health_p99_ms"], out["health_samples"] = prober.p99_ms(out["wall"])
+    if sampler is not None:
+        out["governor"] = sampler.summary(out["wall"])
     return out
 
 
@@ -455,9 +517,9 @@ def start_server(tmp: Path, args: argparse.Namespace, bounds: int) -> hc.Server:
     `bounds` > 0 sets its client permits and waiters."""
     server = hc.topicd_server(tmp, Path(args.server_tree) if args.server_tree else REPO)
     if bounds:
-        # the admission bounds sized to this machine, as bench/overload.py sizes them:
-        # below the producer count, so an overloaded server refuses (`429
-        # client_waiters`) instead of queueing every producer
+        # the admission bounds sized to this machine: the permits as bench/overload.py
+        # sizes them, the waiters below what the producers can have in flight, so an
+        # overloaded server refuses (`429 client_waiters`) instead of queueing them all
         server.env["TOPICD_CLASSES_CLIENT_PERMITS"] = str(bounds)
         server.env["TOPICD_CLASSES_CLIENT_WAITERS"] = str(bounds * args.waiters_per_permit)
     server.start(cpu=SERVER_CPU if args.pin else None)
@@ -564,16 +626,17 @@ def main() -> int:
     ap.add_argument(
         "--bounds",
         default="auto",
-        help="the server's classes.client_permits and client_waiters: 'auto' (default) "
-        "sizes both to the peak concurrency of a closed-loop ramp, as bench/overload.py "
-        "does; N sets both; 0 keeps the defaults, 32 and 4096, which queue 32 producers "
-        "rather than refuse",
+        help="the server's classes.client_permits: 'auto' (default) the peak concurrency "
+        "C* of a closed-loop ramp, as bench/overload.py sizes it; N sets it; the waiters "
+        "are --waiters-per-permit times it; 0 keeps the defaults, 32 and 4096, which "
+        "queue 32 producers rather than refuse",
     )
     ap.add_argument(
         "--waiters-per-permit",
         type=int,
-        default=1,
-        help="client waiters per scaled permit (default 1)",
+        default=24,
+        help="client waiters per scaled permit (default 24: the gate holds 25 C*, about "
+        "0.78 of the 32 C* writes the default producers can have in flight)",
     )
     ap.add_argument(
         "--ramp-window", type=float, default=3.0, help="seconds per ramp step (default 3)"
@@ -627,12 +690,13 @@ def main() -> int:
     else:
         bounds = int(args.bounds)
         # closed loop with as many producers as the bounds admit without refusing
-        sat_producers = bounds * (1 + args.waiters_per_permit) if bounds else args.producers or 32
+        sat_producers = 4 * bounds if bounds else args.producers or 32
         job = base | {"producers": sat_producers, "policy": False, "batches_per_s": 0}
         sat = fresh_window(job, args, bounds)
         sat_label = f"{sat_producers} closed-loop producers"
-    # twice what the admission gate holds (permits and waiters)
-    producers = args.producers or (2 * bounds * (1 + args.waiters_per_permit) if bounds else 32)
+    # 4 × C*, as bench/overload.py: with `--inflight` 8, 32 C* writes in flight at most,
+    # against a gate that holds (1 + waiters per permit) × C*
+    producers = args.producers or (4 * bounds if bounds else 32)
     offered = args.overload * sat["accepted_rps"]
     paced = base | {
         "producers": producers,
@@ -662,6 +726,15 @@ def main() -> int:
                 f"{out['resumes_most_per_100ms']}",
                 flush=True,
             )
+            if out.get("governor", {}).get("samples"):
+                gov = out["governor"]
+                print(
+                    f"    server pressure (every 100 ms) mean {gov['pressure_mean']:.3f}; "
+                    "its signals' means "
+                    + ", ".join(f"{n} {v:.2f}" for n, v in gov["mean"].items() if v >= 0.005)
+                    + f"; the largest in {gov['largest']} of {gov['samples']} samples",
+                    flush=True,
+                )
     load1 = os.getloadavg()
     off, on = median_of(runs["off"]), median_of(runs["on"])
     print(

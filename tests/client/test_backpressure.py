@@ -338,3 +338,34 @@ async def test_fresh_amber_and_old_green_readings_are_not_re_read(autojump_clock
     signals.observe_pressure("0.750")
     await trio.sleep(10.001)  # stale: no signal, so nothing to re-read
     assert await bp.wait("t") == 0 and probes == []
+
+
+async def test_an_old_green_reading_is_re_read_while_a_write_is_unanswered(autojump_clock):
+    """A green reading `hard_poll_ms` old while one of the client's writes waits for
+    its answer is the server's silence: it is re-read before the batch decides."""
+    reports = []
+    signals, bp, probes = _probed_gate(["0.95", "0.70"], reports)
+    signals.observe_pressure("0.300")
+    signals.writes_unanswered = 1
+    await trio.sleep(0.099)  # younger than hard_poll_ms: decided on as it is
+    t0 = trio.current_time()
+    assert await bp.wait("t") == 0 and probes == []
+    await trio.sleep(0.001)  # now hard_poll_ms old
+    t0 = trio.current_time()
+    await bp.wait("t")
+    assert [round(p - t0, 6) for p in probes] == [0.0, 0.1]  # the re-read, one pause poll
+    assert [r.zone for r in reports] == ["green", "red", "amber"]
+    assert trio.current_time() - t0 == pytest.approx(0.1 + 500 * 0.1 / 0.3 / 1000)
+
+
+async def test_an_old_green_reading_with_no_write_unanswered_is_not_re_read(autojump_clock):
+    signals, bp, probes = _probed_gate(["0.95"])
+    signals.observe_pressure("0.300")
+    signals.writes_unanswered = 1
+    signals.writes_unanswered -= 1  # answered
+    await trio.sleep(5)
+    t0 = trio.current_time()
+    assert await bp.wait("t") == 0 and probes == [] and trio.current_time() == t0
+    signals.writes_unanswered = 1
+    await trio.sleep(10.001)  # stale: no signal, so nothing to re-read
+    assert await bp.wait("t") == 0 and probes == []

@@ -388,3 +388,49 @@ async def test_an_old_amber_reading_is_re_read_with_a_health_probe(autojump_cloc
         ("GET", "/v0/health"),
         ("POST", "/v0/topics/t"),
     ]
+
+
+async def test_a_green_reading_is_re_read_while_the_clients_write_is_unanswered(
+    autojump_clock,
+):
+    """The client counts its writes waiting for an answer; a batch that decides on a
+    green reading 200 ms old while one is outstanding probes first, and waits the
+    delay of what the probe read."""
+    calls = []
+    release = trio.Event()
+
+    async def server(request):
+        calls.append((trio.current_time(), request.method, request.url.path))
+        if request.url.path == "/v0/health":
+            return ok({"status": "ok"}, pressure="0.750")
+        if len(calls) == 1:
+            await release.wait()  # the first write is answered late
+        return ok(WRITE_OK, pressure="0.300")
+
+    c = Client(
+        "http://topicd.test", transport=httpx.MockTransport(server), policy=BackpressurePolicy()
+    )
+    async with c:
+        c._kinds["t"] = "log"
+        c.signals.observe_pressure("0.300")
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            n.start_soon(c.write, "t", 1)
+            await trio.sleep(0.2)
+            assert c.signals.writes_unanswered == 1
+            await c.write("t", 2)
+            release.set()
+        assert c.signals.writes_unanswered == 0
+    assert [(round(t - t0, 6), m, p) for t, m, p in calls] == [
+        (0.0, "POST", "/v0/topics/t"),
+        (0.2, "GET", "/v0/health"),  # the re-read: 0.75, a 250 ms delay
+        (0.45, "POST", "/v0/topics/t"),
+    ]
+
+
+async def test_a_write_that_fails_in_transport_is_no_longer_counted(autojump_clock):
+    script = Script(httpx.ConnectError("refused"), ok(WRITE_OK))
+    async with client(script) as c:
+        await c.write("t", 1)
+        assert c.signals.writes_unanswered == 0
+    assert len(script.calls) == 2

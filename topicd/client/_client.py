@@ -208,19 +208,25 @@ class Client:
         safe: bool,
         retries: bool = True,
         before_retry: Callable[[], Awaitable[None]] | None = None,
+        counted: bool = False,
     ) -> httpx.Response:
         """Send one request, retrying as the module docstring says; returns a 2xx answer
         or raises the typed error. `before_retry` runs after the server's hint, before a
-        retry of a pressure refusal (a write's delay law)."""
+        retry of a pressure refusal (a write's delay law). A `counted` request (a write)
+        is in `signals.writes_unanswered` while it waits for its answer."""
         content = None if body is None else msgspec.json.encode(body)
         headers = {"content-type": "application/json"} if content is not None else None
         attempt = 0
         limit = self.policy.max_retries if retries else 0
         while True:
             try:
-                resp = await self.http.request(
-                    method, path, content=content, headers=headers, params=params
-                )
+                self.signals.writes_unanswered += counted
+                try:
+                    resp = await self.http.request(
+                        method, path, content=content, headers=headers, params=params
+                    )
+                finally:
+                    self.signals.writes_unanswered -= counted
             except _NOT_SENT as exc:
                 if attempt >= limit:
                     raise ConnectionFailed(f"{method} {path}: {exc!r}") from exc
@@ -270,6 +276,7 @@ class Client:
         safe: bool,
         retries: bool = True,
         before_retry: Callable[[], Awaitable[None]] | None = None,
+        counted: bool = False,
     ) -> JsonObject:
         resp = await self._request(
             method,
@@ -279,6 +286,7 @@ class Client:
             safe=safe,
             retries=retries,
             before_retry=before_retry,
+            counted=counted,
         )
         try:
             return _json_obj(msgspec.json.decode(resp.content), f"{method} {path}")
@@ -495,9 +503,9 @@ class Client:
             await self._before_write(topic)
 
             async def again() -> None:
-                # a pressure `429` (its header reads the refusal) sends the retry through
-                # the delay law again, after the server's hint: into a gate that is
-                # still full it would only be refused again
+                # a pressure `429` sends the retry through the delay law again, after
+                # the server's hint: into a gate that is still full it would only be
+                # refused again
                 await self._before_write(topic)
 
             law = again
@@ -511,6 +519,7 @@ class Client:
             params=_NO_SEQS,
             safe=key is not None,
             before_retry=law,
+            counted=True,
         )
         if res.get("created") is True:
             self._kinds.pop(topic, None)

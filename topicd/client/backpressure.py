@@ -14,9 +14,11 @@ delay: a dead worker must not also freeze its producers. Per signal `x` with thr
 below `hard`, and is `PAUSE` from `hard` on. The larger of the two delays applies once per
 batch, before it is sent. A pause re-reads the signals every `hard_poll_ms` until they drop
 below `hard` or go stale (then the delay for the value read applies, as before any batch),
-and gives up with `BackpressureTimeout` after `max_pause_ms`. A pressure reading above
-`soft` that is `hard_poll_ms` old is re-read (the same probe) before a batch decides on
-it: answers, the only other source, are slow exactly when the reading is amber.
+and gives up with `BackpressureTimeout` after `max_pause_ms`. A pressure reading that is
+`hard_poll_ms` old is re-read (the same probe) before a batch decides on it when it is
+above `soft`, or when one of the client's writes is still unanswered: answers, the only
+other source, are slow exactly when the server is loaded, so an old reading with a write
+outstanding is the server's silence, not its calm.
 
 The batches of one client take their delay **in turn**: a batch that must wait (amber or
 red) waits for the batches ahead of it to have waited theirs, then waits its own, so
@@ -171,6 +173,8 @@ class Signals:
         self.ttl_s = ttl_ms / 1000
         self.pressure: Observation | None = None
         self.in_flight: dict[str, Observation] = {}
+        # writes of this client sent and not yet answered (the client counts them)
+        self.writes_unanswered = 0
 
     def observe_pressure(self, header: str | None) -> None:
         if header is None:
@@ -281,18 +285,22 @@ class Backpressure:
             return await self._wait_turn(topic, start)
 
     async def _refresh_if_warned(self) -> None:
-        """Re-read the pressure before deciding when the last reading was above `soft`
-        and is `hard_poll_ms` old or older (the same probe a pause polls with).
+        """Re-read the pressure before deciding when the last reading is `hard_poll_ms`
+        old or older and was above `soft`, or a write of this client is still
+        unanswered (the same probe a pause polls with).
 
-        A producer in the amber band hears from the server only when one of its writes
-        is answered, and those answers come slowly exactly then: its reading would be
-        hundreds of ms old when it sends, while the queue it is told about (the
-        client gate's waiting room, which the header reads at the moment of an answer)
-        fills in a few. A green reading is not re-read: a server that was not loaded
-        costs no probe."""
+        A producer hears from the server only when one of its requests is answered, and
+        those answers come slowly exactly when the server is loaded: its reading would
+        be hundreds of ms old when it sends, while the queue it is told about fills in a
+        few. A green reading that old while a write is outstanding says only that the
+        server has not answered for `hard_poll_ms`: many producers sending on such
+        readings at once are the bursts an admission gate refuses. A green reading with
+        no write outstanding is not re-read: a producer writing now and then to an
+        unloaded server costs no probe, and one with writes in flight to an unloaded
+        server gets answers more often than every `hard_poll_ms`."""
         p = self.policy
         obs = self.signals.pressure
-        if obs is None or obs.value <= p.pressure_soft:
+        if obs is None or (obs.value <= p.pressure_soft and self.signals.writes_unanswered <= 0):
             return
         age_s = self.clock.now() - obs.at
         if p.hard_poll_ms / 1000 - 1e-9 <= age_s <= self.signals.ttl_s:
