@@ -88,6 +88,26 @@ async def test_leases_and_acks_survive_a_front_restart(cluster):
         assert await _data(h.app.test_client(), "dq") == [2, 3, 5]
 
 
+async def test_an_ephemeral_queues_acked_jobs_stay_acked_after_a_front_restart(cluster):
+    """An `ephemeral` queue's records live in the servers (an R1 memory stream), so they
+    outlive a front restart; its acks reach the journal and the stream as any other
+    class's do, so an acked job never comes back."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/topics/eq", json={"type": "queue", "durability": "ephemeral"})
+        await _json(r, 201)
+        await _write(c, "eq", *({"data": i} for i in range(1, 4)))
+        got = await _claim(c, "eq", "w1", 2)
+        await _op(c, "ack", "eq", "w1", [j["$seq"] for j in got])
+        assert await _data(c, "eq") == [3]
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert await _data(c, "eq") == [3]
+        assert await _queue(c, "eq") == {"ready": 1, "in_flight": 0, "dead_lettered": 0}
+        assert [j["$seq"] for j in await _claim(c, "eq", "w2", 5)] == [3]
+
+
 async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster):
     """Jobs leased through the old owner stay leased under the new one (no job held by
     two live leases); the old owner, deposed but not aware yet, can no longer ack or
