@@ -1,0 +1,55 @@
+"""The `/v0/topics/:q/work` contract tests of `tests/http/test_contract_work.py`, run on
+each storage backend: `memory`, one `jetstream` front, and three `fronts`.
+
+With three fronts, each stream opens on the next front in turn and each ack, nack and
+state read goes to the next front after it, so a stream is held by a queue's owner or by
+a follower front (which forwards its claims to the owner and is woken by the owner's
+notices) and its jobs are acked through any front. The module's `h` fixture is the
+backend's `harness` with the queue `q` made, in place of the contract module's
+in-memory one. Virtual time is the `NetworkClock` (conftest.py).
+
+Left out: the tests that open an in-memory app of their own config (the heartbeat
+period, the SSE caps, auth keys), which would run on `memory` whatever the backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.http import test_contract_work
+from tests.http.test_contract_queues import make_queue
+
+if TYPE_CHECKING:
+    from topicd.testing.harness import AppHarness
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def h(harness: AppHarness) -> AppHarness:
+    await make_queue(harness.app.test_client())
+    return harness
+
+
+PICKED = [
+    "test_jobs_are_pushed_up_to_max_in_claim_order",
+    "test_an_append_wakes_an_idle_stream_at_once",
+    "test_nack_frees_depth_and_the_job_comes_back",
+    "test_an_expired_lease_frees_depth_at_its_deadline",
+    "test_disconnect_releases_the_streams_leases_at_once",
+    "test_a_pushed_job_is_acked_with_its_lease_id",
+    "test_topic_deleted_ends_the_stream_with_a_409_error_frame",
+    "test_shutdown_ends_the_stream_and_releases_its_leases",
+    "test_max_is_clamped_and_unparsable_max_is_one",
+    "test_lease_ms_is_clamped_like_a_claims",
+    "test_work_streams_count_in_state_and_metrics",
+    "test_establishment_errors_in_order",
+    "test_accept_event_stream_absent_or_any_is_accepted",
+    "test_other_methods_are_405_allow_get",
+    "test_pacing_advice_is_an_error_frame_and_the_stream_stays",
+]
+
+for _name in PICKED:
+    globals()[_name] = getattr(test_contract_work, _name)
