@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import uuid
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -438,13 +438,16 @@ JETSTREAM_DELTAS: dict[str, Delta] = {
 # ... and these fail with clients spread over several fronts, by design (docs/jetstream.md,
 # "Across several fronts"), on top of the ones above (read times and the readiness
 # probe's topic count are the deployment's, not one front's; a watch stream opens on the
-# front that created its session, `StickyWatchApp`). Not one of the issue's listed
-# deltas: /v0/metrics is per front (each process is scraped; summing them is the
-# deployment's), so a scrape on another front than the `/work` stream's counts no
-# connection of it
+# front that created its session, `StickyWatchApp`). Not among the differences the
+# design allows (docs/jetstream.md, "Across several fronts"): connections are each
+# front's own, so /v0/metrics counts the scraped front's (each process is scraped;
+# summing them is the deployment's), and the connection caps bound each front's
 FRONTS_DELTAS: dict[str, Delta] = {
     "test_contract_work::test_work_streams_count_in_state_and_metrics": (
         "/v0/metrics is per front: its second scrape reaches a front the stream is not on"
+    ),
+    "test_contract_work::test_the_sse_caps_count_work_streams": (
+        "limits.max_sse_connections is per front: the second stream opens on another front"
     ),
 }
 
@@ -773,13 +776,18 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[AppHarness]:
+@asynccontextmanager
+async def open_backend(
+    backend: str, request: pytest.FixtureRequest, config: Config | None = None
+) -> AsyncIterator[AppHarness]:
+    """The app on `backend` with `config` (default: the defaults), as the `harness`
+    fixture yields it; a contract test that opens an app of its own config gets this in
+    place of `open_app` (`own_apps`)."""
     # (the governor samples this process's loop lag on the real clock: the test process
     # also runs the asyncio bridge threads and, for `fronts`, three fronts on one loop,
     # on a machine shared with three nats-servers; a contract test would read that as
     # pressure a server of its own would not show. No sample falls within a test.)
-    base = Config()
+    base = config or Config()
     base = dataclasses.replace(
         base, governor=dataclasses.replace(base.governor, sample_interval_ms=10_000)
     )
@@ -808,6 +816,25 @@ async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator
         engine = SpreadEngine(hs)
         yield FrontsHarness(sticky, engine, lifecycle, first.clock, hs)  # type: ignore[arg-type]
         loaded[request.node.nodeid] = sum(h.engine.payloads.stats().loaded_records for h in hs)
+
+
+def own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, *modules: object
+) -> None:
+    """Make `open_app(config)` in each contract module open `backend` (`open_backend`),
+    so its tests that open an app of their own config run on it too."""
+
+    def opener(config: Config | None = None) -> AbstractAsyncContextManager[AppHarness]:
+        return open_backend(backend, request, config)
+
+    for module in modules:
+        monkeypatch.setattr(module, "open_app", opener)
+
+
+@pytest.fixture
+async def harness(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[AppHarness]:
+    async with open_backend(backend, request) as h:
+        yield h
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ the ack rate) run on the `NetworkClock` (conftest.py), as `test_v0_timed.py`'s d
 Left out: the body-shape refusals of ack/nack/extend (`test_bad_lease_op_bodies_are_400`,
 `test_a_bad_seq_or_fence_is_named_in_the_400`: 31 cases) and of priorities, which the
 HTTP layer decides before any backend is asked, so they would only add a queue
-creation each to the suite's time; and the tests that open an in-memory app of their
-own config (`max_claim`, `max_nack_delay_ms`, auth scopes, the retry-after clamps),
-which would run on `memory` whatever the backend.
+creation each to the suite's time. The tests that open an app of their own config
+(`max_claim`, `max_nack_delay_ms`, auth scopes, the retry-after clamps) get the
+backend's app of that config instead (`own_apps`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,17 @@ from __future__ import annotations
 import pytest
 
 from tests.http import test_contract_queue_levels, test_contract_queues
+from tests.jetstream.conftest import own_apps
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_apps(backend, request, monkeypatch, test_contract_queues, test_contract_queue_levels)
+
 
 PICKED = [
     "test_absent_topic_is_404_and_never_created",
@@ -69,6 +78,10 @@ PICKED = [
     "test_an_expired_lease_cannot_be_extended",
     "test_a_cohort_is_served_round_robin_when_the_window_closes",
     "test_a_cohort_on_a_deleted_queue_fails_the_first_claimer_only",
+    # (these open an app of their own config)
+    "test_claim_max_is_clamped_to_max_claim",
+    "test_nack_delay_is_clamped_to_max_nack_delay_ms",
+    "test_claim_needs_read_and_write_scopes",
 ]
 
 LEVELS = [
@@ -81,6 +94,7 @@ LEVELS = [
     "test_expired_and_nacked_jobs_back_off_by_deliveries_squared",
     "test_no_backoff_by_default",
     "test_a_queue_leaves_the_registry_when_its_limit_goes",
+    "test_retry_after_is_clamped",
 ]
 
 for _name in PICKED:

@@ -8,9 +8,9 @@ notices) and its jobs are acked through any front. The module's `h` fixture is t
 backend's `harness` with the queue `q` made, in place of the contract module's
 in-memory one. Virtual time is the `NetworkClock` (conftest.py).
 
-Left out: the tests that open an in-memory app of their own config (the heartbeat
-period, the SSE caps, auth keys), which would run on `memory` whatever the backend, and
-the `405` of other methods, which the HTTP layer answers before any backend is asked.
+The tests that open an app of their own config (the heartbeat period, the SSE caps,
+auth keys) get the backend's app of that config instead (`own_apps`). Left out: the
+`405` of other methods, which the HTTP layer answers before any backend is asked.
 """
 
 from __future__ import annotations
@@ -21,11 +21,19 @@ import pytest
 
 from tests.http import test_contract_work
 from tests.http.test_contract_queues import make_queue
+from tests.jetstream.conftest import own_apps
 
 if TYPE_CHECKING:
     from topicd.testing.harness import AppHarness
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_apps(backend, request, monkeypatch, test_contract_work)
 
 
 @pytest.fixture
@@ -49,6 +57,10 @@ PICKED = [
     "test_establishment_errors_in_order",
     "test_accept_event_stream_absent_or_any_is_accepted",
     "test_pacing_advice_is_an_error_frame_and_the_stream_stays",
+    # (these open an app of their own config)
+    "test_heartbeat_after_work_heartbeat_ms_of_silence",
+    "test_the_sse_caps_count_work_streams",
+    "test_auth_header_or_token_and_read_plus_write",
 ]
 
 for _name in PICKED:

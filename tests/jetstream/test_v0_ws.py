@@ -7,20 +7,22 @@ the test's topic `t`, so its subscriptions are fed by the owner's notices and it
 `publish`es are forwarded to the owner. `h.engine` and `h.lifecycle` are the socket's
 front's, where the tests look at its watchers and connections.
 
-Left out: the tests that open an in-memory app of their own config (publish errors on a
-tightened config, the subscription and body caps), which would run on `memory` whatever
-the backend, and what the socket's command parser decides before any backend is asked
-(a binary message; of the bad commands, every case but the unknown topic's).
+The tests that open an app of their own config (publish errors on a tightened config,
+the subscription cap) get the backend's app of that config instead. Left out: what the
+socket's command parser decides before any backend is asked (a binary message, the
+body cap; of the bad commands, every case but the unknown topic's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import asynccontextmanager
+from functools import partial
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.jetstream.conftest import FrontsHarness, SpreadClient, fronts_of
+from tests.jetstream.conftest import FrontsHarness, SpreadClient, fronts_of, open_backend
 from tests.ws import test_ws_contract
 from topicd.config import Config
 
@@ -50,16 +52,37 @@ class SocketFrontApp:
         return SpreadClient(self._hs)
 
 
-@pytest.fixture
-async def h(harness: AppHarness, autojump_clock: object) -> AsyncIterator[AppHarness]:
-    await harness.app.test_client().put("/v0/topics/t", json={})
+def socket_harness(harness: AppHarness) -> AppHarness:
+    """`harness` itself, or on `fronts` the harness of the front that does not own `t`,
+    with sockets on that front and HTTP requests spread over all three."""
     if not isinstance(harness, FrontsHarness):
-        yield harness
-        return
+        return harness
     hs = harness.fronts
     front = next(f for f in hs if not fronts_of(f).owns("t"))
-    app = SocketFrontApp(front, hs)
-    yield dataclasses.replace(front, app=app)  # type: ignore[arg-type]
+    return dataclasses.replace(front, app=SocketFrontApp(front, hs))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def open_socket_app(
+    backend: str, request: pytest.FixtureRequest, config: Config | None = None
+) -> AsyncIterator[AppHarness]:
+    async with open_backend(backend, request, config) as harness:
+        yield socket_harness(harness)
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the tests that open an app of their own config get the backend's, socket side
+    # included)
+    monkeypatch.setattr(test_ws_contract, "open_app", partial(open_socket_app, backend, request))
+
+
+@pytest.fixture
+async def h(harness: AppHarness, autojump_clock: object) -> AppHarness:
+    await harness.app.test_client().put("/v0/topics/t", json={})
+    return socket_harness(harness)
 
 
 PICKED = [
@@ -76,6 +99,9 @@ PICKED = [
     "test_client_close_is_answered_and_frees_the_slot",
     "test_a_bug_in_a_command_is_an_internal_error_message",
     "test_a_command_sent_right_behind_the_handshake_is_not_lost",
+    # (these open an app of their own config)
+    "test_publish_errors_carry_the_http_codes",
+    "test_subscriptions_per_connection_are_capped_at_max_watch_topics",
 ]
 
 for _name in PICKED:
