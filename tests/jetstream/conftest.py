@@ -18,7 +18,9 @@ The `harness` and `client` fixtures are overridden here, parametrized by backend
 and `fronts` (three fronts on one deployment, three owner shards spread over them, and a
 client that sends each request to the next front in turn: no load balancer). So is
 `autojump_clock`: on the jetstream backends, virtual time that stands still while a
-request to the servers is in flight (`NetworkClock`).
+request to the servers is in flight (`NetworkClock`), except while an owner front of
+this process runs a request forwarded to it. A contract test that opens an app of its
+own config gets that backend's app instead when its module asks (`own_apps`).
 """
 
 from __future__ import annotations
