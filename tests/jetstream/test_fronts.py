@@ -752,3 +752,23 @@ async def test_two_writes_through_two_fronts_lazily_create_one_topic_once(cluste
         assert sorted(w["first_seq"] for w in got.values()) == [1, 2]
         for h in hs:
             assert sorted(await _data(h.app.test_client(), name)) == [1, 2]
+
+
+async def test_a_call_the_owner_holds_past_the_request_timeout_is_answered(cluster):
+    # a claim waits out its queue's coalescing window on the owner (as a bypassing
+    # write waits out a full queue): a follower forwarding it waits that long on top of
+    # `request_timeout_ms`, instead of answering `503` while the owner is still at it
+    cfg = _sharded(cluster, 1)
+    js = dataclasses.replace(cfg.storage.jetstream, request_timeout_ms=1500)
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        assert (_fronts(a).owner, _fronts(b).owner) == (True, False)
+        cb = b.app.test_client()
+        r = await cb.put("/v0/topics/q", json={"type": "queue", "claim_jitter_ms": 3000})
+        assert r.status_code == 201, await r.get_data()
+        await _write(cb, "q", {"data": 1})
+        t0 = trio.current_time()
+        r = await cb.post("/v0/topics/q/claim", json={"node": "w"})
+        body = await _json(r, 200)
+        assert trio.current_time() - t0 >= 3.0  # the window ran out on the owner
+        assert [j["$seq"] for j in body["claimed"]] == [1]

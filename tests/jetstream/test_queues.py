@@ -88,6 +88,26 @@ async def test_leases_and_acks_survive_a_front_restart(cluster):
         assert await _data(h.app.test_client(), "dq") == [2, 3, 5]
 
 
+async def test_an_ephemeral_queues_acked_jobs_stay_acked_after_a_front_restart(cluster):
+    """An `ephemeral` queue's records live in the servers (an R1 memory stream), so they
+    outlive a front restart; its acks reach the journal and the stream as any other
+    class's do, so an acked job never comes back."""
+    cfg = jetstream_config(cluster)
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        r = await c.put("/v0/topics/eq", json={"type": "queue", "durability": "ephemeral"})
+        await _json(r, 201)
+        await _write(c, "eq", *({"data": i} for i in range(1, 4)))
+        got = await _claim(c, "eq", "w1", 2)
+        await _op(c, "ack", "eq", "w1", [j["$seq"] for j in got])
+        assert await _data(c, "eq") == [3]
+    async with open_jetstream_app(cfg) as h:
+        c = h.app.test_client()
+        assert await _data(c, "eq") == [3]
+        assert await _queue(c, "eq") == {"ready": 1, "in_flight": 0, "dead_lettered": 0}
+        assert [j["$seq"] for j in await _claim(c, "eq", "w2", 5)] == [3]
+
+
 async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster):
     """Jobs leased through the old owner stay leased under the new one (no job held by
     two live leases); the old owner, deposed but not aware yet, can no longer ack or
@@ -131,6 +151,24 @@ async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster
         assert await _data(ca, "tq") == [3, 4, 5]
         assert await _data(cb, "tq") == [3, 4, 5]
         assert await _queue(ca, "tq") == {"ready": 1, "in_flight": 2, "dead_lettered": 0}
+
+
+async def test_a_followers_metrics_count_the_owners_leases(cluster):
+    """`/v0/metrics` on a front that does not run the queue: the leases-in-flight total
+    and the queue's own series both show the owner's counts as last heard."""
+    cfg = _sharded(cluster, 1)
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        assert _fronts(a).owner and not _fronts(b).owner
+        await _json(await ca.put("/v0/topics/mq", json={"type": "queue"}), 201)
+        await _write(ca, "mq", {"data": 1}, {"data": 2})
+        await _claim(cb, "mq", "w1", 2, lease_ms=600_000)
+        for c in (ca, cb):
+            text = (await (await c.get("/v0/metrics")).get_data()).decode()
+            assert "topics_queue_leases_in_flight 2.0" in text
+            assert 'topics_topic_queue_in_flight{topic="mq"} 2.0' in text
+            snap = await _ok(await c.get("/v0/metrics", headers={"Accept": "application/json"}))
+            assert snap["queue_leases_in_flight"] == 2
 
 
 async def test_a_work_stream_on_a_follower_claims_through_the_owner(cluster, nursery):

@@ -1,20 +1,35 @@
-"""The queue contract tests of `tests/http/test_contract_queues.py` that need no virtual
-time, run on each storage backend like `test_v0_subset.py`: `memory`, one `jetstream`
-front, and three `fronts` (each request to the next front in turn, so claims, acks,
-nacks and extends reach the queue's owner directly and through followers alike).
+"""The queue contract tests of `tests/http/test_contract_queues.py` and
+`tests/http/test_contract_queue_levels.py`, run on each storage backend like
+`test_v0_subset.py`: `memory`, one `jetstream` front, and three `fronts` (each request
+to the next front in turn, so claims, acks, nacks and extends reach the queue's owner
+directly and through followers alike). The ones that move virtual time (lease expiry,
+extend, nack delays, retry backoff, the claim coalescing window, depth levels against
+the ack rate) run on the `NetworkClock` (conftest.py), as `test_v0_timed.py`'s do.
+
 Left out: the body-shape refusals of ack/nack/extend (`test_bad_lease_op_bodies_are_400`,
-`test_a_bad_seq_or_fence_is_named_in_the_400`: 31 cases), which the HTTP layer decides
-before any backend is asked, so they would only add a queue creation each to the
-suite's time.
+`test_a_bad_seq_or_fence_is_named_in_the_400`: 31 cases) and of priorities, which the
+HTTP layer decides before any backend is asked, so they would only add a queue
+creation each to the suite's time. The tests that open an app of their own config
+(`max_claim`, `max_nack_delay_ms`, auth scopes, the retry-after clamps) get the
+backend's app of that config instead (`own_apps`).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.http import test_contract_queues
+from tests.http import test_contract_queue_levels, test_contract_queues
+from tests.jetstream.conftest import own_apps
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_apps(backend, request, monkeypatch, test_contract_queues, test_contract_queue_levels)
+
 
 PICKED = [
     "test_absent_topic_is_404_and_never_created",
@@ -49,7 +64,40 @@ PICKED = [
     "test_evicted_jobs_stop_being_claimable",
     "test_deleted_jobs_stop_being_claimable",
     "test_leases_durable_is_accepted_and_the_lease_calls_answer_as_without_it",
+    "test_ack_on_an_ephemeral_queue",
+    # (these move virtual time)
+    "test_claim_lease_ms_defaults_to_the_topic_and_is_clamped",
+    "test_claim_item_fields_and_order",
+    "test_a_stale_fence_never_acks_a_re_leased_job",
+    "test_an_expired_lease_makes_the_job_claimable_again",
+    "test_an_expired_lease_cannot_be_acked_even_if_nobody_re_claimed_it",
+    "test_expiry_timer_releases_leases_without_any_request",
+    "test_nack_delay_hides_the_job_until_it_ends",
+    "test_extend_sets_the_deadline_from_now",
+    "test_extend_keeps_the_delivery_count_and_clamps_lease_ms",
+    "test_an_expired_lease_cannot_be_extended",
+    "test_a_cohort_is_served_round_robin_when_the_window_closes",
+    "test_a_cohort_on_a_deleted_queue_fails_the_first_claimer_only",
+    # (these open an app of their own config)
+    "test_claim_max_is_clamped_to_max_claim",
+    "test_nack_delay_is_clamped_to_max_nack_delay_ms",
+    "test_claim_needs_read_and_write_scopes",
+]
+
+LEVELS = [
+    "test_extension_fields_are_echoed_only_when_set",
+    "test_levels_gate_new_jobs_from_critical_on",
+    "test_hysteresis_leaves_critical_only_below_its_bound_minus_005",
+    "test_retry_after_follows_the_measured_ack_rate",
+    "test_overflow_bypass_waits_for_the_level_then_429",
+    "test_levels_off_by_default_and_on_log_topics",
+    "test_expired_and_nacked_jobs_back_off_by_deliveries_squared",
+    "test_no_backoff_by_default",
+    "test_a_queue_leaves_the_registry_when_its_limit_goes",
+    "test_retry_after_is_clamped",
 ]
 
 for _name in PICKED:
     globals()[_name] = getattr(test_contract_queues, _name)
+for _name in LEVELS:
+    globals()[_name] = getattr(test_contract_queue_levels, _name)

@@ -163,6 +163,9 @@ class QueueCounts(NamedTuple):
     delayed: int
 
 
+# a `/work` stream of another process refills through the owner at least every
+# `queue.work_poll_ms`; one not heard from for this long is gone (no more notices)
+REMOTE_WORK_STALE_S: Final = 30.0
 OPS: Final = ("claim", "extend", "ack", "nack")  # the activity a queue records the time of
 
 
@@ -188,6 +191,11 @@ class JobQueue:
         self.closed = False
         self.timer_due: float | None = None  # the expiry timer's entry (QueueService)
         self.workers: dict[WorkConn, None] = {}  # attached `/work` streams
+        # `/work` streams of other processes whose refills this queue's owner serves:
+        # stream id -> Trio time of its last refill (`QueueService._serve_work`), and
+        # what tells those processes this queue changed (set by the forwarding seam)
+        self.remote_work: dict[str, float] = {}
+        self.on_remote: Callable[[], None] | None = None
         self._changed: trio.Event | None = None  # set (and dropped) by `changed()`
         self.last_ms: dict[str, int] = dict.fromkeys(OPS, 0)  # wall time of the last op
         self.attached_ms = 0  # wall time this instance got its lease table (start or create)
@@ -243,6 +251,8 @@ class JobQueue:
         (a coalescing signal) and wake whoever waits for a change."""
         for conn in self.workers:
             conn.kick()
+        if self.remote_work and self.on_remote is not None:
+            self.on_remote()
         self._wake_waiters()
 
     def _wake_waiters(self) -> None:
@@ -1262,10 +1272,11 @@ class QueueService:
     ) -> float:
         """Delete the held jobs `seqs` for good (at wall time `now_ms`, default now): a sync-gated
         `RecordsDelete` with explicit seqs on every WAL class, in memory only on
-        `ephemeral`. Returns the wait in ms. If the delete fails, the jobs are released
-        (claimable again) before the error is raised, and also when the caller was
-        cancelled meanwhile: the commit path runs the release whether or not anyone
-        still waits."""
+        `ephemeral` (unless the backend stores those records: `Engine.ephemeral_stored`;
+        their acks then reach it like any other class's). Returns the wait in ms. If the
+        delete fails, the jobs are released (claimable again) before the error is raised,
+        and also when the caller was cancelled meanwhile: the commit path runs the
+        release whether or not anyone still waits."""
         engine = self.engine
 
         def abandoned() -> None:
@@ -1278,7 +1289,7 @@ class QueueService:
             abandoned()
             raise
         frame = None
-        if topic.config.durability != "ephemeral":
+        if topic.config.durability != "ephemeral" or engine.ephemeral_stored:
             frame = frames.encode_control(
                 frames.RECORDS_DELETE,
                 topic.topic_id,
@@ -1357,6 +1368,7 @@ class QueueService:
             topic, q = self._queue_of(name, self.engine.clock.now_ms())
             held = args["held"]
             assert isinstance(held, dict)
+            q.remote_work.pop(str(args.get("stream")), None)
             out = {"released": q.release_stream({int(s): int(v) for s, v in held.items()})}
             self._schedule(q)
         elif op == "claim":
@@ -1400,6 +1412,7 @@ class QueueService:
             "want": conn.want,
             "lease_ms": conn.lease_ms,
             "held": {str(s): lid for s, lid in conn.held.items()},
+            "stream": conn.stream_id,
         }
         _, ok = await self._forwarded(fwd, conn.topic.name, "work", args)
         held = ok["held"]
@@ -1413,6 +1426,13 @@ class QueueService:
     async def _serve_work(self, name: str, args: dict[str, object]) -> dict[str, object]:
         """On the owner: a `/work` refill another process forwarded (`_work_forwarded`)."""
         topic, q = self._queue_of(name, self.engine.clock.now_ms())
+        stream = args.get("stream")
+        if isinstance(stream, str):  # (its process hears of this queue's changes)
+            now = trio.current_time()
+            q.remote_work[stream] = now
+            for sid, seen in list(q.remote_work.items()):
+                if now - seen > REMOTE_WORK_STALE_S:
+                    del q.remote_work[sid]
         held_in = args.get("held") or {}
         assert isinstance(held_in, dict)
         held: dict[int, int] = {}
@@ -1437,7 +1457,10 @@ class QueueService:
         if fwd is None or not conn.held:
             await trio.lowlevel.checkpoint()
             return
-        args: dict[str, object] = {"held": {str(s): lid for s, lid in conn.held.items()}}
+        args: dict[str, object] = {
+            "held": {str(s): lid for s, lid in conn.held.items()},
+            "stream": conn.stream_id,
+        }
         try:
             await fwd.queue_op(conn.topic.name, "release", args)
         except TopicdError as err:
@@ -1831,13 +1854,19 @@ class QueueService:
         ]
 
     def in_flight(self) -> int:
-        """Active leases over every queue (after a sweep of each)."""
+        """Active leases over every queue (after a sweep of each); of a queue another
+        process runs, its owner's count as last heard (`counts`), as the queue's own
+        series and `GET /v0/topics/:q` show it."""
         now = trio.current_time()
         total = 0
         for topic in self.engine.topics.values():
             q = topic.queue
-            if q is not None:
-                if q.sweep(now):
-                    self._schedule(q)
-                total += len(q.leases)
+            if q is None:
+                continue
+            if self._remote(topic.name) is not None:
+                total += self.counts(topic).in_flight
+                continue
+            if q.sweep(now):
+                self._schedule(q)
+            total += len(q.leases)
         return total

@@ -28,6 +28,7 @@ once with their delivery counters kept, and no retry backoff applies.
 from __future__ import annotations
 
 import contextlib
+import secrets
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -62,6 +63,7 @@ class WorkConn:
         # the queue runs on another process (`engine.forward`): its owner counts this
         # stream's leases at each refill (`QueueService.claim_for_work`)
         self.remote = False
+        self.stream_id = secrets.token_hex(8)  # (names the stream to that owner)
         self._kick_send, self.kicks = trio.open_memory_channel[None](1)
         self.cancel_scope = trio.CancelScope()
         self.stop: bytes | None = None  # a terminal frame to write, then end

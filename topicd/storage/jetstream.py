@@ -792,11 +792,13 @@ class JetStreamStore:
     async def respond(self, msg: Msg, payload: bytes) -> None:
         await msg.respond(payload)
 
-    async def forward(self, subject: str, payload: bytes) -> bytes:
+    async def forward(self, subject: str, payload: bytes, wait_s: float = 0.0) -> bytes:
         """One request to the owner front; its answer. Raises on no answer within the
-        request timeout, or as soon as the owner is found gone while waiting (a request
-        sent as it was killed is lost with it: every `FORWARD_CHECK_S` without an answer,
-        a ping asks whether anyone still listens)."""
+        request timeout plus `wait_s` (the longest the owner may hold the call on
+        purpose: a bypassing write's waits, a claim's coalescing window), or as soon as
+        the owner is found gone while waiting (a request sent as it was killed is lost
+        with it: every `FORWARD_CHECK_S` without an answer, a ping asks whether anyone
+        still listens)."""
         import nats.errors
 
         assert self.nc is not None
@@ -814,7 +816,7 @@ class JetStreamStore:
         sub = await nc.subscribe(inbox, cb=got, max_msgs=1)
         try:
             await nc.publish(subject, payload, reply=inbox)
-            deadline = asyncio.get_running_loop().time() + self.timeout
+            deadline = asyncio.get_running_loop().time() + self.timeout + wait_s
             while True:
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
@@ -994,6 +996,11 @@ class JetStreamStore:
         if notice:
             await self._notice(topic_id, int(resp["seq"]))
         return int(resp["seq"])
+
+    async def notify_topic(self, topic_id: int) -> None:
+        """A notice for `topic_id` with no write behind it (its queue changed: the
+        other fronts' `/work` streams on it refill)."""
+        await self._notice(topic_id, 0)
 
     async def _notice(self, topic_id: int, seq: int) -> None:
         """Tell the other fronts a write committed (core NATS, buffered: no round trip;

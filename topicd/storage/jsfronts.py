@@ -121,6 +121,14 @@ class Fronts:
         js_cfg = backend.cfg.storage.jetstream
         self.lease_ms = js_cfg.lease_ms
         self.shards = js_cfg.shards
+        # the longest an owner holds a forwarded call on purpose (a `disable_backpressure`
+        # write waits out a full queue and a full ingest, at most `bypass_wait_ms` each;
+        # a claim waits out its coalescing window): a follower waits that long on top of
+        # the request timeout before it answers `503` (a gone owner is found sooner)
+        cfg = backend.cfg
+        self.owner_wait_s = (
+            2 * cfg.backpressure.bypass_wait_ms + cfg.queue.max_claim_jitter_ms
+        ) / 1000
         self.owned: set[int] = set()  # the shards this front owns
         self.lease_revs: dict[int, int] = {}
         # shard -> the end of the term this front last wrote into its lease (its own
@@ -147,6 +155,10 @@ class Fronts:
         self._need: dict[Topic, int] = {}
         self._order_wake = trio.Event()
         self._releasing = False
+        # queues this front owns whose `/work` streams on other fronts should refill
+        # (`work_changed`): their notices go out from `_send_work_notices`
+        self._work_changed: dict[Topic, None] = {}
+        self._work_wake = trio.Event()
 
     # ---- shards and the leases ---------------------------------------------------------
 
@@ -270,6 +282,7 @@ class Fronts:
             nursery.start_soon(self._poll)
             nursery.start_soon(self._watch_terms)
             nursery.start_soon(self._order_wakes)
+            nursery.start_soon(self._send_work_notices)
             task_status.started()
             while True:
                 await trio.sleep(self.lease_ms / 3000)
@@ -476,6 +489,9 @@ class Fronts:
             args = head["args"]
             assert isinstance(args, dict)
             ok = await engine.queues.run_forwarded(name, str(head["qop"]), args)
+            topic = engine.topics.get(name)
+            if topic is not None and topic.queue is not None and topic.queue.remote_work:
+                topic.queue.on_remote = partial(self.work_changed, topic)
             return orjson.dumps({"ok": ok})
         raise AssertionError(f"unknown forwarded op {op!r}")
 
@@ -705,7 +721,9 @@ class Fronts:
         payload = orjson.dumps(head) + b"\n" + body
         self.forwarded += 1
         try:
-            raw = await self.backend.bridge.call(partial(self.store.forward, subject, payload))
+            raw = await self.backend.bridge.call(
+                partial(self.store.forward, subject, payload, self.owner_wait_s)
+            )
         except Exception as exc:
             raise StorageUnavailable(
                 f"the owner front did not answer ({str(exc) or type(exc).__name__}); retry",
@@ -1043,12 +1061,39 @@ class Fronts:
             if shard is None or self.shard_of(topic.name) == shard:
                 await self.refresh(topic)
 
+    def work_changed(self, topic: Topic) -> None:
+        """On the owner: `topic`'s queue changed (an append, ack, nack, release, expiry)
+        while `/work` streams of other fronts refill from it; they hear it by a notice."""
+        self._work_changed[topic] = None
+        self._work_wake.set()
+
+    async def _send_work_notices(self) -> None:
+        call = self.backend.bridge.call
+        while True:
+            await self._work_wake.wait()
+            self._work_wake = trio.Event()
+            topics = list(self._work_changed)
+            self._work_changed.clear()
+            for topic in topics:
+                if not topic.deleted and self.owns(topic.name):
+                    try:
+                        await call(partial(self.store.notify_topic, topic.topic_id))
+                    except Exception as exc:  # (lost: the streams' poll makes up for it)
+                        log.warning("front %s: no work notice: %s", self.front_id, exc)
+
     async def _follow_notices(self) -> None:
         call = self.backend.bridge.call
         while True:
             tids = await call(self.store.next_notices, parks=True)  # (a local queue: never fails)
             for tid in tids:
                 topic = self.engine.by_id.get(tid)
+                if (
+                    topic is not None
+                    and (q := topic.queue) is not None
+                    and q.workers
+                    and not self.owns(topic.name)
+                ):
+                    q.changed()  # its `/work` streams here refill from the owner at once
                 if topic is not None and (
                     self.owns(topic.name)
                     or not (
