@@ -13,10 +13,13 @@ rate of the first and of the last 64 MiB (records/s; a `429` — the checkpoint 
 full — is retried after its hint and counted; the first 64 MiB run before any checkpoint,
 so the second 64 MiB, the first beside a checkpoint's absorb, is reported too, and the
 last 64 MiB's rate as a share of it: the rate at 0 retained in the steady state, where
-every 64 MiB written meets about one checkpoint, as the last 64 MiB do), the
+every 64 MiB written meets about one checkpoint, as the last 64 MiB do; and the rate
+over each tenth of the fill, which tells a trend with retention from one slow spell), the
 server's RSS at the end and its largest sample while filling (every 0.5 s), the
-checkpoints' duration (the longest the server's log reported while filling, and the
-last one, `topicd_checkpoint_duration_ms`) and the longest `GET /v0/health` of a probe
+checkpoints' duration (the median and the longest of those the server's log reported
+while filling, and the last one, `topicd_checkpoint_duration_ms`; the 10 GiB fill logs
+ten times the 1 GiB fill's checkpoints, so compare medians: the longest of more draws is
+longer by itself) and the longest `GET /v0/health` of a probe
 every 20 ms on its own connection (an upper bound on the event-loop stalls,
 checkpoints' included: a stall delays the probe's answer; the probe also waits behind
 the filler's requests, never behind the `/v0/metrics` scrape its own thread makes
@@ -57,6 +60,7 @@ import contextlib
 import math
 import os
 import re
+import statistics
 import sys
 import tempfile
 import threading
@@ -139,6 +143,15 @@ class Server:
         """The longest checkpoint the server's log reported (every one of them)."""
         assert self.srv is not None
         return max((ms for _, ms in self.srv.checkpoints), default=0.0)
+
+    @property
+    def median_checkpoint_ms(self) -> float:
+        """The median checkpoint of those the server's log reported (the typical cost: the
+        longest of 165 checkpoints at 10 GiB is the largest of ten times the draws of the
+        1 GiB run's 16, so the two maxima do not compare like for like)."""
+        assert self.srv is not None
+        durations = [ms for _, ms in self.srv.checkpoints]
+        return statistics.median(durations) if durations else 0.0
 
     def _sample(self) -> None:
         """Every 20 ms time a `GET /v0/health` (its latency includes any loop stall);
@@ -292,6 +305,13 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
             else math.nan
         )
         out["write_last_rps"] = (last[-1][1] - last[0][1]) / RECORD / (last[-1][0] - last[0][0])
+        # the rate over each tenth of the fill: a trend with retention, or one slow spell
+        tenths = []
+        for k in range(10):
+            part = [w for w in window if k * total / 10 <= w[1] <= (k + 1) * total / 10]
+            if len(part) > 1:
+                tenths.append((part[-1][1] - part[0][1]) / RECORD / (part[-1][0] - part[0][0]))
+        out["write_tenths_rps"] = tenths
         out["throttled"] = throttled
         settle(s)
         m = s.metrics()
@@ -299,6 +319,7 @@ def fill_case(gib: float, tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         out["rss_max_mib"] = max(s.max_rss_mib, out["rss_mib"])
         out["checkpoint_last_ms"] = m.get("topicd_checkpoint_duration_ms", 0.0)
         out["checkpoint_max_ms"] = s.max_checkpoint_ms
+        out["checkpoint_median_ms"] = s.median_checkpoint_ms
         out["loop_lag_max_ms"] = s.max_lag_ms
         out.update(s.lag_split())
         out.update(s.step_max())
@@ -379,7 +400,8 @@ def main() -> int:
                 f"{r['write_last_rps'] / r['write_second_rps']:.2f}x; {r['throttled']} 429s); RSS "
                 f"{r['rss_mib']:.0f} MiB, max {r['rss_max_mib']:.0f} MiB while filling "
                 f"(cache {r['cache_mib']:.0f} MiB); checkpoint last {r['checkpoint_last_ms']:.0f}"
-                f" ms, max {r['checkpoint_max_ms']:.0f} ms; loop lag max "
+                f" ms, median {r['checkpoint_median_ms']:.0f} ms, max "
+                f"{r['checkpoint_max_ms']:.0f} ms; loop lag max "
                 f"{r['loop_lag_max_ms']:.1f} ms (during checkpoints "
                 f"{r['lag_checkpoint_ms']:.1f}, p99 {r['lag_checkpoint_p99_ms']:.1f} of "
                 f"{r['lag_checkpoint_n']:.0f} probes; outside {r['lag_other_ms']:.1f}, p99 "
@@ -393,6 +415,10 @@ def main() -> int:
                 f"({r['diff_oldest_rps'] / r['diff_tail_rps']:.2f}x); restart to ready "
                 f"{r['restart_ready_s']:.1f} s, RSS then {r['rss_after_restart_mib']:.0f} MiB",
                 flush=True,
+            )
+            print(
+                "    write rate by tenth of the fill (rec/s): "
+                + ", ".join(f"{x:,.0f}" for x in r["write_tenths_rps"])
             )
             print_steps(r)
         if args.topics:
