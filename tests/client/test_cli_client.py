@@ -143,12 +143,14 @@ async def test_tail_follow_prints_new_records_until_interrupted():
         await c.write("g", "g1")
         proc = await trio.lowlevel.open_process(
             [*TOPICD, "tail", "-f", "f", "g"],
-            env=env(TOPICD_URL=url),
+            # (faulthandler: a SIGABRT after a hang prints every thread's stack)
+            env=env(TOPICD_URL=url, PYTHONFAULTHANDLER="1"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
         )
         buf = b""
+        err = bytearray()
 
         async def line():
             nonlocal buf
@@ -159,17 +161,30 @@ async def test_tail_follow_prints_new_records_until_interrupted():
             first, buf = buf.split(b"\n", 1)
             return msgspec.json.decode(first)
 
+        async def drain_stderr() -> None:
+            # (read all along: a full pipe would block the process, and a failure shows it)
+            while chunk := await proc.stderr.receive_some(65536):
+                err.extend(chunk)
+
         try:
             with trio.fail_after(20):
-                assert [(await line())["$seq"] for _ in range(3)] == [1, 2, 1]
-                await c.write("f", 3)
-                got = await line()
-                assert (got["topic"], got["$seq"], got["data"]) == ("f", 3, 3)
-                await c.write("g", "g2")
-                got = await line()
-                assert (got["topic"], got["$seq"]) == ("g", 2)
-                proc.send_signal(signal.SIGINT)
-                assert await proc.wait() == 0
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(drain_stderr)
+                    assert [(await line())["$seq"] for _ in range(3)] == [1, 2, 1]
+                    await c.write("f", 3)
+                    got = await line()
+                    assert (got["topic"], got["$seq"], got["data"]) == ("f", 3, 3)
+                    await c.write("g", "g2")
+                    got = await line()
+                    assert (got["topic"], got["$seq"]) == ("g", 2)
+                    proc.send_signal(signal.SIGINT)
+                    assert await proc.wait() == 0, err.decode(errors="replace")
+        except trio.TooSlowError:
+            proc.send_signal(signal.SIGABRT)  # the stacks of the hang, then its stderr's end
+            with trio.move_on_after(5):
+                while chunk := await proc.stderr.receive_some(65536):
+                    err.extend(chunk)
+            raise AssertionError(f"tail -f: no exit 20 s in; stderr:\n{err.decode()}") from None
         finally:
             if proc.returncode is None:
                 proc.kill()
