@@ -25,6 +25,15 @@ from topicd.client import Client
 from topicd.testing.harness import make_config
 
 TOPICD = [sys.executable, "-m", "topicd"]
+# `topicd` with SIGINT at its default action: a command a non-interactive shell starts in
+# the background (`bash .ci/run &`) inherits SIGINT ignored, every child too, and Python
+# then installs no KeyboardInterrupt handler, so `tail -f` would rightly ignore it
+DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'topicd', *sys.argv[1:]])",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -142,7 +151,7 @@ async def test_tail_follow_prints_new_records_until_interrupted():
         await c.write_batch("f", [{"data": 1}, {"data": 2}])
         await c.write("g", "g1")
         proc = await trio.lowlevel.open_process(
-            [*TOPICD, "tail", "-f", "f", "g"],
+            [*DEFAULT_SIGINT, "tail", "-f", "f", "g"],
             # (faulthandler: a SIGABRT after a hang prints every thread's stack)
             env=env(TOPICD_URL=url, PYTHONFAULTHANDLER="1"),
             stdout=subprocess.PIPE,
@@ -180,6 +189,10 @@ async def test_tail_follow_prints_new_records_until_interrupted():
                     proc.send_signal(signal.SIGINT)
                     assert await proc.wait() == 0, err.decode(errors="replace")
         except trio.TooSlowError:
+            status = await trio.Path(f"/proc/{proc.pid}/status").read_text()
+            err.extend(  # (which signals it ignores, blocks, catches)
+                "".join(x for x in status.splitlines(True) if x.startswith("Sig")).encode()
+            )
             proc.send_signal(signal.SIGABRT)  # the stacks of the hang, then its stderr's end
             with trio.move_on_after(5):
                 while chunk := await proc.stderr.receive_some(65536):
