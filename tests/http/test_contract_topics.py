@@ -5,7 +5,9 @@ asserts only what the spec promises (api-topics §2-§5, README §5-§8 and §10
 codes, `error.code` and `detail`, the fully resolved config object, clamps, watermarks,
 omit-when-absent keys, list ordering and the opaque cursor. Nothing here imports the
 engine; configs that change limits are built with `make_config` and served by `open_app`.
-Timed cases run under `autojump_clock` and move virtual time with `trio.sleep`.
+Timed cases run under `autojump_clock` and move virtual time with `autojump_clock.jump`
+(or with `trio.sleep`, which the clock turns into a jump, where timers due on the way
+must fire in order).
 """
 
 from __future__ import annotations
@@ -461,7 +463,7 @@ async def test_put_switching_reject_to_old_evicts_immediately(client):
 
 async def test_put_tighter_ttl_expires_immediately(client, autojump_clock):
     await write(client, "cfg.ttl", {"data": 1}, {"data": 2})
-    await trio.sleep(2)
+    autojump_clock.jump(2)  # (virtual time: the records are 2 s old)
     await write(client, "cfg.ttl", {"data": 3})
     await ok(await put(client, "cfg.ttl", {"ttl_ms": 1000}), 200)
     st = await state(client, "cfg.ttl", touch="false")
@@ -497,7 +499,7 @@ async def test_get_state_of_empty_topic(client):
 async def test_get_state_after_writes(client, harness, autojump_clock):
     await write(client, "st.w", {"data": {"a": 1}, "meta": {"k": "v"}}, {"data": [1, 2]})
     now = harness.clock.now_ms()
-    await trio.sleep(2)
+    autojump_clock.jump(2)  # (virtual time: last_write_ts stays the write's)
     st = await state(client, "st.w", touch="false")
     assert st["head_seq"] == 2
     assert st["next_seq"] == 3
@@ -511,12 +513,12 @@ async def test_get_state_after_writes(client, harness, autojump_clock):
 
 async def test_get_touch_bumps_last_read_ts(client, harness, autojump_clock):
     await ok(await put(client, "st.touch"), 201)
-    await trio.sleep(3)
+    autojump_clock.jump(3)  # (virtual time)
     assert (await state(client, "st.touch", touch="false"))["last_read_ts"] is None
     assert (await state(client, "st.touch", touch="0"))["last_read_ts"] is None
     now = harness.clock.now_ms()
     await state(client, "st.touch")  # touch defaults to true
-    await trio.sleep(1)
+    autojump_clock.jump(1)  # (virtual time: last_read_ts stays the touch's)
     assert (await state(client, "st.touch", touch="false"))["last_read_ts"] == now
 
 
