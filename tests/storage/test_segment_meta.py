@@ -215,10 +215,13 @@ async def test_a_directory_of_a_newer_format_is_refused(tmp_path):
         _recover(RealFs(), cfg)
 
 
+_ENCODE_CHUNK = segs.encode_chunk  # (this release's, before any test replaces it)
+
+
 def _encode_chunk_v1(*args: Any) -> bytes:
     """`segs.encode_chunk` as the release before the size sum wrote it (`TSM1`: a 48-byte
     header without the sum)."""
-    raw = segs.encode_chunk_v2(*args)  # type: ignore[attr-defined]
+    raw = _ENCODE_CHUNK(*args)
     magic, n, base, m, e, start, stop, data_digest, _, _ = segs._CHUNK.unpack_from(raw)
     assert magic == segs.META_MAGIC
     head = segs._CHUNK_V1.pack(segs.META_MAGIC_V1, n, base, m, e, start, stop, data_digest, 0)
@@ -262,7 +265,6 @@ async def test_meta_chunks_of_the_release_before_the_sum_are_read_and_summed(mon
     re-made, to the same state; a checkpoint appends new chunks after the old ones."""
     disk = FakeDisk()
     cfg = seg_config(max_events=4)
-    monkeypatch.setattr(segs, "encode_chunk_v2", segs.encode_chunk, raising=False)
     monkeypatch.setattr(segs, "encode_chunk", _encode_chunk_v1)
     reference = await _populated(disk, cfg)
     monkeypatch.undo()
