@@ -1332,23 +1332,15 @@ def _load_meta(
     checks: list[tuple[int, int, int]] = []  # each chunk's (data start, end, digest)
     size_sum = 0
     while pos < len(view):
-        if raw[pos : pos + 4] == META_MAGIC_V1:
-            chunk = _CHUNK_V1
-            if pos + chunk.size > len(view):
-                raise _MetaUnusable(f"chunk at {pos} cut short")
-            _, n, base, m, e, start, stop, data_digest, digest = chunk.unpack_from(view, pos)
-            total = -1
-        else:
-            chunk = _CHUNK
-            if pos + chunk.size > len(view):
-                raise _MetaUnusable(f"chunk at {pos} cut short")
-            magic, n, base, m, e, start, stop, data_digest, total, digest = chunk.unpack_from(
-                view, pos
-            )
-            if magic != META_MAGIC:
-                raise _MetaUnusable(f"bad chunk at {pos}")
+        old = raw[pos : pos + 4] == META_MAGIC_V1
+        chunk = _CHUNK_V1 if old else _CHUNK
+        if pos + chunk.size > len(view):
+            raise _MetaUnusable(f"chunk at {pos} cut short")
+        fields = chunk.unpack_from(view, pos)
+        magic, n, base, m, e, start, stop, data_digest = fields[:8]
+        total, digest = (-1, fields[8]) if old else fields[8:]
         end = pos + chunk.size + 21 * n + 8 * m + e
-        if end > len(view):
+        if (magic != META_MAGIC and not old) or end > len(view):
             raise _MetaUnusable(f"bad chunk at {pos}")
         h = xxhash.xxh3_64(view[pos : pos + chunk.size - 8])
         h.update(view[pos + chunk.size : end])
