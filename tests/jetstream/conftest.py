@@ -448,9 +448,6 @@ FRONTS_DELTAS: dict[str, Delta] = {
     "test_contract_work::test_work_streams_count_in_state_and_metrics": (
         "/v0/metrics is per front: its second scrape reaches a front the stream is not on"
     ),
-    "test_contract_work::test_the_sse_caps_count_work_streams": (
-        "limits.max_sse_connections is per front: the second stream opens on another front"
-    ),
 }
 
 # ... and these may fail with several fronts, depending on timing (not strict; none at

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 
     from topicd.config import Config
     from topicd.engine.payloads import Hold, PayloadCache
+    from topicd.engine.slots import ConnectionSlots, Slot
     from topicd.engine.topic import Topic
     from topicd.engine.ws import WsConn
 
@@ -392,6 +393,9 @@ class Conn:
         # >= 0 only while the pump is parked, idle, live at this position of `only`, not
         # lagged, with nothing pending and `sock` set: a batch starting here is sent whole
         self.ready_at = -1
+        # its deployment-wide connection slot (`WatchRegistry.slots`), given back when
+        # its HTTP task ends, or handed to the stream that supersedes it
+        self.slot: Slot | None = None
         self.batches_sent = 0  # drain batches this stream got as one `send` (or its start)
 
     def take_remainder(self) -> bytes | memoryview:
@@ -630,6 +634,9 @@ class WatchRegistry:
         self.stats = WatchStats()
         self.catchup = trio.CapacityLimiter(cfg.sse.catchup_concurrency)
         self.shutting_down = False
+        # the deployment-wide caps (several processes serve it: `topicd.engine.slots`);
+        # None: this process's own counts are the caps, checked here
+        self.slots: ConnectionSlots | None = None
 
     # ---- sessions -------------------------------------------------------------------
 
@@ -693,12 +700,18 @@ class WatchRegistry:
 
     # ---- connections ----------------------------------------------------------------
 
-    def open_stream(self, session: Session, rewind: dict[str, int] | None) -> Conn:
-        """Register a stream (caps checked here); a previous stream is superseded."""
+    def open_stream(
+        self, session: Session, rewind: dict[str, int] | None, slot: Slot | None = None
+    ) -> Conn:
+        """Register a stream (caps checked here, or by `slot` taken from the
+        deployment-wide `slots`); a previous stream is superseded, and hands its slot
+        on when the stream brings none."""
         old = session.conn
         key = session.key_id
         self.check_sse_caps(key, replacing=old is not None)
         if old is not None:
+            if slot is None:
+                slot, old.slot = old.slot, None
             old.stop = error_frame(409, "superseded by a newer stream for this watch session")
             self.close(old)
             old.cancel_scope.deadline = trio.current_time() + 1.0  # bounded last write
@@ -709,6 +722,7 @@ class WatchRegistry:
                     cursors[name] = seq  # rewind only, never advance
         sse = self.cfg.sse
         conn = Conn(session, sse.channel_frames, sse.channel_bytes)
+        conn.slot = slot
         session.conn = conn
         session.streams += 1
         session.last_used = trio.current_time()
@@ -736,7 +750,10 @@ class WatchRegistry:
 
     def check_sse_caps(self, key: str | None, *, replacing: bool = False) -> None:
         """`429 {limit}` when one more SSE connection (for `key`; None in dev mode)
-        would pass a cap; `replacing`: it takes over an open one."""
+        would pass a cap; `replacing`: it takes over an open one. With deployment-wide
+        `slots`, the stream's slot was taken there (nothing to check here)."""
+        if self.slots is not None:
+            return
         limits = self.cfg.limits
         live = self.sse_connections() - replacing
         if limits.max_sse_connections and live >= limits.max_sse_connections:

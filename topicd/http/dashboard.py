@@ -31,6 +31,7 @@ import orjson
 import trio
 from quart import Response
 
+from topicd.engine.slots import MAX_VIEWERS_LIMIT
 from topicd.errors import MethodNotAllowed, Throttled
 from topicd.http.app import principal
 from topicd.http.dashboard_page import PAGE
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
     from topicd.config import Config, DashboardConfig
     from topicd.engine.engine import Engine
+    from topicd.engine.slots import Slot as ConnSlot
     from topicd.errors import JsonValue
     from topicd.http.app import EngineRef, Receive, Scope, Send
     from topicd.http.auth import KeyStore
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicd.dashboard")
 
 EVENTS_SUFFIX: Final = "/events"
-MAX_VIEWERS_LIMIT: Final = "dashboard.max_viewers"  # the `detail.limit` of the cap's 429
 _HEAD: Final = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-store"),
@@ -345,22 +346,27 @@ class DashboardHub:
 
     # ---- viewers ------------------------------------------------------------------------
 
-    def attach(self, scope: Scope) -> tuple[Slot, str | None]:
+    async def attach(self, scope: Scope) -> tuple[Slot, str | None, ConnSlot | None]:
         """The establishment checks in order — `406` (Accept), `401`, `403` (read), `429`
-        (`dashboard.max_viewers`, then the SSE caps) — then the viewer's slot and key."""
+        (`dashboard.max_viewers`, then the SSE caps) — then the viewer's slot, key and
+        deployment-wide connection slot (several fronts: the caps are checked there)."""
         _, who = stream_request(scope, self.keys, "dashboard feed")
         who.require("read")
-        if len(self.viewers) >= self.cfg.max_viewers:
-            raise Throttled.limit(MAX_VIEWERS_LIMIT, self.cfg.max_viewers)
         key = who.key_id if self.keys.enabled else None
-        self.ref.engine.watch.reserve_stream(key)  # 429 at an SSE cap
+        registry = self.ref.engine.watch
+        conn_slot = None
+        if registry.slots is not None:
+            conn_slot = await registry.slots.acquire(key, viewer=True)
+        elif len(self.viewers) >= self.cfg.max_viewers:
+            raise Throttled.limit(MAX_VIEWERS_LIMIT, self.cfg.max_viewers)
+        registry.reserve_stream(key)  # 429 at an SSE cap (this process's counts)
         slot = Slot()
         if self.latest is not None:
             slot.put(self.latest)  # the page fills at once; the next one follows on time
         self.viewers[slot] = None
         self._changed.set()
         self._changed = trio.Event()
-        return slot, key
+        return slot, key, conn_slot
 
     def detach(self, slot: Slot, key: str | None) -> None:
         if slot in self.viewers:
@@ -379,7 +385,7 @@ class DashboardHub:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Establish (a refusal raises its `TopicdError` before anything is sent: the
         gate answers it) and serve the feed until the client leaves or the server drains."""
-        slot, key = self.attach(scope)
+        slot, key, conn_slot = await self.attach(scope)
         try:
             headers = list(_HEAD)
             if scope.get("http_version") in ("1.0", "1.1"):
@@ -396,6 +402,9 @@ class DashboardHub:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.detach(slot, key)
+            slots = self.ref.engine.watch.slots
+            if conn_slot is not None and slots is not None:
+                await slots.release(conn_slot)
 
     async def _pump(self, slot: Slot, send: Send) -> bool:
         """Write the hello, then each snapshot the slot holds, until the server drains

@@ -172,8 +172,11 @@ class WatchStreams:
         wid = path[len(STREAM_PREFIX) :]
         return wid if wid and "/" not in wid else None
 
-    def establish(self, scope: Scope, wid: str) -> Conn:
-        """The checks of api-routers-watch §2.3, in order; registers the connection."""
+    async def establish(self, scope: Scope, wid: str) -> Conn:
+        """The checks of api-routers-watch §2.3, in order; registers the connection.
+        The connection caps come last: with deployment-wide slots (several fronts) one
+        is taken there, unless the stream supersedes the session's open one (it takes
+        that one's over)."""
         headers = _headers(scope)
         if not _acceptable(headers.get(b"accept")):
             raise NotAcceptable("the watch stream is text/event-stream; send Accept accordingly")
@@ -190,14 +193,33 @@ class WatchStreams:
         if last_id is None and "cursor" in query:
             last_id = query["cursor"][0]
         rewind = decode_composite_id(last_id) if last_id else None
-        return registry.open_stream(session, rewind)
+        slots = registry.slots
+        if slots is None or session.conn is not None:
+            return registry.open_stream(session, rewind)
+        slot = await slots.acquire(session.key_id)
+        try:
+            return registry.open_stream(session, rewind, slot)
+        except TopicdError:
+            await slots.release(slot)
+            raise
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, wid: str) -> None:
         try:
-            conn = self.establish(scope, wid)
+            conn = await self.establish(scope, wid)
         except TopicdError as err:
             await send_error(send, err)
             return
+        engine = self.ref.engine
+        try:
+            await self._serve(conn, scope, receive, send)
+        finally:
+            engine.watch.close(conn)
+            slot, conn.slot = conn.slot, None
+            if slot is not None and engine.watch.slots is not None:
+                await engine.watch.slots.release(slot)
+
+    async def _serve(self, conn: Conn, scope: Scope, receive: Receive, send: Send) -> None:
+        """The stream, until it ends (the caller unregisters it, however it ends)."""
         engine = self.ref.engine
         for name in conn.session.topics:
             # (a process that follows the topic catches it up now that it is watched;
@@ -215,35 +237,32 @@ class WatchStreams:
         if scope.get("http_version") in ("1.0", "1.1"):
             headers.append((b"connection", b"keep-alive"))
         ended = False
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            if chunk_socket is not None:
-                # the drain's shared batches are HTTP/1.1 chunks: only for a chunked body
-                conn.sock = chunk_socket()
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if chunk_socket is not None:
+            # the drain's shared batches are HTTP/1.1 chunks: only for a chunked body
+            conn.sock = chunk_socket()
 
-            async def write(chunk: bytes) -> None:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        async def write(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
-            with conn.cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
-                    await pump(
-                        conn,
-                        engine.watch,
-                        write,
-                        retry_ms=self.cfg.watch.sse_retry_ms,
-                        max_scan=self.cfg.protocol.max_scan_per_read,
-                        now_ms=engine.clock.now_ms,
-                        enforce=engine.enforce,
-                        payloads=engine.payloads,
-                    )
-                    ended = True  # the stream ended by itself (terminal frame)
-                    nursery.cancel_scope.cancel()
-            if ended:
-                with trio.move_on_after(1.0):
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            engine.watch.close(conn)
+        with conn.cancel_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_until_disconnect, receive, nursery.cancel_scope)
+                await pump(
+                    conn,
+                    engine.watch,
+                    write,
+                    retry_ms=self.cfg.watch.sse_retry_ms,
+                    max_scan=self.cfg.protocol.max_scan_per_read,
+                    now_ms=engine.clock.now_ms,
+                    enforce=engine.enforce,
+                    payloads=engine.payloads,
+                )
+                ended = True  # the stream ended by itself (terminal frame)
+                nursery.cancel_scope.cancel()
+        if ended:
+            with trio.move_on_after(1.0):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _until_disconnect(receive: Receive, scope: trio.CancelScope) -> None:

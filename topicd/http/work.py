@@ -26,6 +26,7 @@ from topicd.wire import check_worker_node
 
 if TYPE_CHECKING:
     from topicd.config import Config
+    from topicd.engine.slots import Slot
     from topicd.http.app import EngineRef, Receive, Scope, Send
     from topicd.http.auth import KeyStore
 
@@ -60,8 +61,10 @@ class WorkStreams:
         m = _PATH.match(cast("str", scope["path"]))
         return None if m is None else m.group(1)
 
-    def establish(self, scope: Scope, name: str) -> WorkConn:
-        """The establishment checks in order (module docstring); registers the stream."""
+    async def establish(self, scope: Scope, name: str) -> tuple[WorkConn, Slot | None]:
+        """The establishment checks in order (module docstring); registers the stream.
+        With deployment-wide slots (several fronts) the caps are checked by taking one
+        there, last; the stream gives it back when it ends."""
         query, who = stream_request(scope, self.keys, "work stream")
         nodes = query.get("node")
         if not nodes:
@@ -80,11 +83,13 @@ class WorkStreams:
         if lease_ms is not None:
             lease_ms = max(lease_ms, 0)
         key = who.key_id if self.keys.enabled else None
-        engine.watch.reserve_stream(key)  # 429 at a cap
+        slots = engine.watch.slots
+        slot = None if slots is None else await slots.acquire(key)  # 429 at a cap
+        engine.watch.reserve_stream(key)  # (429 at a cap: this process's counts)
         conn = WorkConn(topic, node, want, lease_ms, key)
         conn.remote = engine.queues.runs_elsewhere(name)
         engine.queues.attach_work(conn)
-        return conn
+        return conn, slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         """Establish (a refusal raises its `TopicdError` before anything is sent: the
@@ -95,7 +100,7 @@ class WorkStreams:
             # whatever fails here, the establishment checks below answer in their order
             with contextlib.suppress(TopicdError):
                 await engine.sync_topic(name)
-        conn = self.establish(scope, name)
+        conn, slot = await self.establish(scope, name)
         try:
             if scope.get("topicd.direct"):
                 engine.watch.stats.streams_direct += 1
@@ -129,3 +134,5 @@ class WorkStreams:
         finally:
             engine.queues.detach_work(conn)  # (the pump did; idempotent)
             engine.watch.release_stream(conn.key_id)
+            if slot is not None and engine.watch.slots is not None:
+                await engine.watch.slots.release(slot)

@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 
     from topicd.config import Config
     from topicd.engine.engine import Engine
+    from topicd.engine.slots import Slot
     from topicd.engine.topic import Topic
     from topicd.engine.ws import WsConn
     from topicd.http.app import EngineRef, Receive, Scope, Send
@@ -172,21 +173,31 @@ class WsEndpoint:
 
     # ---- admission (both transports) --------------------------------------------------
 
-    def _open(self, headers: list[tuple[bytes, bytes]]) -> tuple[WsConn, Principal]:
+    async def _open(
+        self, headers: list[tuple[bytes, bytes]], held: list[Slot]
+    ) -> tuple[WsConn, Principal]:
         """Admit a handshake as the gate admits a request (`503`, `401`), then take an
-        SSE connection slot (`429`). Raises the refusal."""
+        SSE connection slot (`429`; with deployment-wide slots, one taken there, put in
+        `held`: the connection's task gives it back once the request is finished).
+        Raises the refusal."""
         scope: Scope = {"type": "http", "method": "GET", "path": WS_PATH, "headers": headers}
         err = self.admit(scope, WS_PATH)
         if err is not None:
             raise err
         p = cast("Principal", scope["topicd.principal"])
-        conn = open_ws(
-            self.ref.engine.watch,
-            p.key_id if self.keys.enabled else None,
-            self.cfg.watch.ws_outbound_queue,
-            self.cfg.sse.channel_bytes,
-        )
+        key = p.key_id if self.keys.enabled else None
+        registry = self.ref.engine.watch
+        if registry.slots is not None:
+            held.append(await registry.slots.acquire(key))
+        conn = open_ws(registry, key, self.cfg.watch.ws_outbound_queue, self.cfg.sse.channel_bytes)
         return conn, p
+
+    async def _give_back(self, held: list[Slot]) -> None:
+        """The deployment-wide slot of a connection that ended (after the request is
+        finished: the drain does not wait on the count's round trip)."""
+        slots = self.ref.engine.watch.slots
+        if held and slots is not None:
+            await slots.release(held.pop())
 
     async def _run(
         self,
@@ -233,18 +244,22 @@ class WsEndpoint:
         t0 = perf_ms()
         status = 101
         self.lifecycle.request_started()
+        held: list[Slot] = []
         try:
-            status = await self._serve(stream, head, rest)
+            status = await self._serve(stream, head, rest, held)
         except Exception:
             log.exception("unhandled error on a /v0/ws connection")  # it ends; the server stays
         finally:
             self.lifecycle.request_finished()
+            await self._give_back(held)
             await close_quietly(cast("trio.SocketStream", stream))
             if self.access:
                 access_log.info("GET %s %d %.2fms", WS_PATH, status, perf_ms() - t0)
         return True
 
-    async def _serve(self, stream: trio.abc.Stream, head: bytes, rest: bytes) -> int:
+    async def _serve(
+        self, stream: trio.abc.Stream, head: bytes, rest: bytes, held: list[Slot]
+    ) -> int:
         ws = WSConnection(ConnectionType.SERVER)
         try:
             try:
@@ -254,7 +269,7 @@ class WsEndpoint:
                 raise InvalidRequest(f"not a valid WebSocket handshake: {exc}") from None
             if request is None:
                 raise InvalidRequest("not a valid WebSocket handshake")
-            conn, p = self._open(list(request.extra_headers))
+            conn, p = await self._open(list(request.extra_headers), held)
         except TopicdError as err:
             self.on_error(err)
             try:
@@ -360,12 +375,15 @@ class WsEndpoint:
         t0 = perf_ms()
         status = 101
         self.lifecycle.request_started()
+        held: list[Slot] = []
         try:
             first = await receive()
             if first["type"] != "websocket.connect":
                 return  # the client left
             try:
-                conn, p = self._open(cast("list[tuple[bytes, bytes]]", scope.get("headers", [])))
+                conn, p = await self._open(
+                    cast("list[tuple[bytes, bytes]]", scope.get("headers", [])), held
+                )
             except TopicdError as err:
                 self.on_error(err)
                 status = err.http_status
@@ -403,6 +421,7 @@ class WsEndpoint:
             log.exception("unhandled error on a /v0/ws connection")  # it ends; the server stays
         finally:
             self.lifecycle.request_finished()
+            await self._give_back(held)
             if self.access:
                 access_log.info("GET %s %d %.2fms", WS_PATH, status, perf_ms() - t0)
 

@@ -8,7 +8,8 @@ whole `/v0` surface stay in this process, and durable state lives in JetStream
   instance's name, config, eviction floor, eviction runs and last record deletes (JSON);
   `meta.next_id` the next topic id (ids are never reused); `name.<hex>` the id of a
   name's live instance; `front.owner.<shard>` the owner leases, `front.members` the
-  live fronts, `meta.shards` the shard count, `meta.routers` the router graph. Writing
+  live fronts, `front.slots` the connection slots each front holds (`jsslots`),
+  `meta.shards` the shard count, `meta.routers` the router graph. Writing
   the `topic.<id>` entry is the commit point of a topic create or config change;
   deleting it, of a topic delete.
 * **Records** — topic id N is the stream `<prefix>_T<N>` with the subjects
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from topicd.engine.commit import AppendBatch, CommitHooks
     from topicd.errors import JsonValue
     from topicd.storage.jsfronts import Fronts
+    from topicd.storage.jsslots import JsSlots
 
 log = logging.getLogger("topicd.storage.jetstream")
 
@@ -1174,6 +1176,7 @@ class JetStreamBackend:
         self._idle: trio.Event | None = None  # set when the last busy lane finishes
         self.published_batches = 0  # JetStream publishes (several writes may share one)
         self.fronts: Fronts | None = None  # this front's role (set once rebuilt)
+        self.slots: JsSlots | None = None  # the deployment's connection caps (`jsslots`)
         self.failures = 0
         # topic ids are taken one at a time per front: concurrent creates would otherwise
         # contend on `meta.next_id`'s compare-and-set and use up its retries
@@ -2399,6 +2402,7 @@ async def open_jetstream_engine(
     from topicd.config import record_frame_bound
     from topicd.storage.jsfronts import Fronts
     from topicd.storage.jsrouters import JsRouters
+    from topicd.storage.jsslots import JsSlots
 
     if cfg.protocol.max_batch_records > BATCH_MAX:
         log.info(
@@ -2443,6 +2447,8 @@ async def open_jetstream_engine(
             engine.routers = routers = JsRouters(engine, backend)
             backend.engine = engine
             backend.fronts = fronts = Fronts(engine, backend, clock, front_id)
+            # the connection caps count the deployment's streams (`front.slots`)
+            backend.slots = engine.watch.slots = slots = JsSlots(cfg, backend, clock, front_id)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
@@ -2479,6 +2485,7 @@ async def open_jetstream_engine(
             await nursery.start(backend.run)
             await nursery.start(engine.run)
             await nursery.start(fronts.run)
+            await nursery.start(slots.run)
             try:
                 yield engine
             finally:
@@ -2488,6 +2495,7 @@ async def open_jetstream_engine(
                     trio.move_on_after(cfg.storage.snapshot.final_timeout_ms / 1000),
                 ):
                     await backend.drain()
+                    await slots.close()
                     await fronts.release()
                 nursery.cancel_scope.cancel("storage closed")
     finally:

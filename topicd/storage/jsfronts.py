@@ -222,6 +222,8 @@ class Fronts:
                 holder = str(value.get("front"))
                 log.warning("front %s: the owner front %s is gone", self.front_id, holder)
                 await self._membership(drop=holder)
+                if self.backend.slots is not None:
+                    self.backend.slots.forget(holder)  # (its streams are gone with it)
             elif not may_take:
                 return False
         elif not may_take:  # absent, or this front's own, given up

@@ -1,0 +1,54 @@
+"""Connection slots: the seam through which the SSE connection caps are counted.
+
+A long-lived stream (an SSE watch stream, a `/work` stream, a WebSocket, a dashboard
+feed) takes one slot of `limits.max_sse_connections`, one of its key's
+`limits.max_sse_connections_per_key` (auth on), and a dashboard feed one of
+`dashboard.max_viewers`.
+
+On one process (the embedded backend) the process's own counts are the deployment's:
+`WatchRegistry.check_sse_caps` and the dashboard's viewer count decide synchronously,
+where a stream registers, and `WatchRegistry.slots` is None (nothing here runs).
+
+When several processes serve one deployment (the jetstream backend's fronts), the
+count must be the deployment's: `WatchRegistry.slots` is then a `ConnectionSlots`
+(`topicd.storage.jsslots`), which the HTTP layer awaits once when a stream opens
+(after every other establishment check, so the refusal order is unchanged) and once
+when it ends, however it ends. Nothing is counted per frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+MAX_SSE_LIMIT: Final = "max_sse_connections"
+PER_KEY_LIMIT: Final = "max_sse_connections_per_key"
+MAX_VIEWERS_LIMIT: Final = "dashboard.max_viewers"  # the `detail.limit` of the viewer cap
+
+
+@dataclass(eq=False)
+class Slot:
+    """One stream's hold on the caps: given back exactly once (`ConnectionSlots.release`)."""
+
+    key: str | None  # the key's id (auth on), else None: no per-key count
+    viewer: bool  # a dashboard feed (counts against `dashboard.max_viewers` too)
+    counted: bool = True  # False: no cap applies to it, nothing was counted
+    released: bool = False
+
+
+class ConnectionSlots(Protocol):
+    """The deployment-wide count of open streams (see the module docstring)."""
+
+    async def acquire(self, key: str | None, *, viewer: bool = False) -> Slot:
+        """Take a slot for a stream of `key` (None: auth off). Raises `Throttled`
+        (`429 {limit, max}`) at a cap, checked in the embedded order: the viewer cap
+        (`viewer`), then `max_sse_connections`, then the key's; `StorageUnavailable`
+        (`503`) when the count cannot be reached. Cancelled, it takes nothing."""
+        ...
+
+    async def release(self, slot: Slot) -> None:
+        """Give `slot` back (idempotent; never raises). Runs shielded and bounded, so it
+        completes in a `finally` of a cancelled task; the count is the deployment's again
+        when it returns, unless the count could not be reached within the bound: then
+        the slot comes back later without anyone's help (implementation's docstring)."""
+        ...

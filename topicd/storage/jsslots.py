@@ -1,0 +1,390 @@
+"""The connection caps of a deployment of fronts, counted in the registry.
+
+With several fronts, `limits.max_sse_connections`, `limits.max_sse_connections_per_key`
+and `dashboard.max_viewers` bound the deployment, not each front: a stream opened on
+any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
+"Connection caps across fronts").
+
+* **The entry.** The registry key `front.slots` holds, per front, the slots it holds
+  and the end of the term that keeps them counted:
+  `{front id: {"until_ms", "n", "v", "k": {key id: n}}}` (`n` every stream, `v`
+  dashboard feeds, `k` per key id, a digest prefix, when the per-key cap is on). Every
+  change is a compare-and-set on the key's revision, so two fronts admitting the last
+  slot at once cannot both succeed: the second's write fails, it reads the entry again
+  and refuses.
+* **One writer per front.** A front's opens and closes go through one task (`run`),
+  which takes every request waiting, decides them in order against the entry, and
+  writes this front's record once for all of them: one round trip when the entry is as
+  this front last wrote it (a refusal is only ever decided on a fresh read: two), two
+  after another front wrote it, more only under contention. A close takes one write
+  (closes at once share it). Nothing runs per frame.
+* **This front's counts are its own truth.** `mine` changes in memory first (a close
+  gives its slot back at once there) and every write of the record writes it whole; a
+  write that fails or is lost (NATS unreachable, the call cancelled after it was sent)
+  is made good by the next one, which comes at the latest at the next renewal.
+* **Liveness.** A record counts while its `until_ms` lies ahead (by the reading front's
+  wall clock): the writer renews it every third of `storage.jetstream.lease_ms` while
+  the front holds slots, as a front renews its membership and leases. A front killed
+  with its streams open stops counting once its term ends, or as soon as another
+  front's lease check finds it gone (`forget`); the next write removes its record. A
+  front cut off from NATS longer than its term is not counted meanwhile (as it loses
+  its leases), and is counted again from its next renewal.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Final
+
+import orjson
+import trio
+
+from topicd.engine.slots import MAX_SSE_LIMIT, MAX_VIEWERS_LIMIT, PER_KEY_LIMIT, Slot
+from topicd.errors import StorageUnavailable, Throttled
+from topicd.storage.jetstream import _WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_KV
+
+if TYPE_CHECKING:
+    from topicd.clock import WallClock
+    from topicd.config import Config
+    from topicd.errors import JsonValue, TopicdError
+    from topicd.storage.jetstream import JetStreamBackend, JetStreamStore
+
+log = logging.getLogger("topicd.storage.jsslots")
+
+SLOTS_KEY: Final = "front.slots"
+# compare-and-set rounds for one batch of opens and closes before it fails (`503`)
+ATTEMPTS: Final = 32
+
+
+@dataclass
+class Tally:
+    """Slots held: every stream (`n`), dashboard feeds (`v`), per key id (`keys`)."""
+
+    n: int = 0
+    v: int = 0
+    keys: dict[str, int] = field(default_factory=dict)
+
+    def add(self, slot: Slot, sign: int = 1) -> None:
+        self.n += sign
+        if slot.viewer:
+            self.v += sign
+        if slot.key is not None:
+            left = self.keys.get(slot.key, 0) + sign
+            if left > 0:
+                self.keys[slot.key] = left
+            else:
+                self.keys.pop(slot.key, None)
+        assert self.n >= 0
+        assert self.v >= 0
+
+    def merge(self, other: Tally) -> None:
+        self.n += other.n
+        self.v += other.v
+        for key, count in other.keys.items():
+            self.keys[key] = self.keys.get(key, 0) + count
+
+    def copy(self) -> Tally:
+        return Tally(self.n, self.v, dict(self.keys))
+
+    def wire(self, until_ms: int) -> dict[str, JsonValue]:
+        keys: dict[str, JsonValue] = dict(self.keys)
+        return {"until_ms": until_ms, "n": self.n, "v": self.v, "k": keys}
+
+    @staticmethod
+    def parse(obj: object) -> tuple[Tally, int]:
+        """(the tally, its `until_ms`) of one front's record; malformed: nothing, expired."""
+        if not isinstance(obj, dict):
+            return Tally(), 0
+        keys = obj.get("k")
+        counts = (
+            {str(k): int(c) for k, c in keys.items() if isinstance(c, int) and c > 0}
+            if isinstance(keys, dict)
+            else {}
+        )
+        n, v, until = obj.get("n"), obj.get("v"), obj.get("until_ms")
+        return (
+            Tally(n if isinstance(n, int) else 0, v if isinstance(v, int) else 0, counts),
+            until if isinstance(until, int) else 0,
+        )
+
+
+Table = dict[str, tuple[Tally, int]]  # front id -> (its slots, until_ms)
+
+
+def _decode(raw: bytes | None) -> Table:
+    obj = orjson.loads(raw) if raw else {}
+    if not isinstance(obj, dict):
+        return {}
+    return {str(front): Tally.parse(rec) for front, rec in obj.items()}
+
+
+def _encode(table: Table) -> bytes:
+    return orjson.dumps({front: t.wire(until) for front, (t, until) in table.items()})
+
+
+async def read_table(store: JetStreamStore) -> tuple[Table, int]:
+    """(the `front.slots` entry, its revision; 0 when absent). On the asyncio loop."""
+    import nats.js.errors
+
+    assert store.kv is not None
+    try:
+        got = await store.kv.get(SLOTS_KEY)
+    except nats.js.errors.KeyNotFoundError:
+        return {}, 0
+    return _decode(got.value), int(got.revision or 0)
+
+
+async def write_table(store: JetStreamStore, table: Table, last: int) -> int | None:
+    """Compare-and-set the entry (`last` 0: create it); its new revision, or None when
+    another front changed it first. On the asyncio loop."""
+    import nats.js.errors
+
+    assert store.kv is not None
+    value = _encode(table)
+    try:
+        if last == 0:
+            return await store.create_key(SLOTS_KEY, value)
+        return int(await store.kv.update(SLOTS_KEY, value, last=last))
+    except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
+        return None
+    except nats.js.errors.APIError as exc:
+        if exc.err_code in (_WRONG_LAST_SEQUENCE_KV, _WRONG_LAST_SEQUENCE):
+            return None
+        raise
+
+
+@dataclass(eq=False)
+class _Ask:
+    """One open waiting for the writer's decision."""
+
+    slot: Slot
+    done: trio.Event = field(default_factory=trio.Event)
+    error: TopicdError | None = None
+    abandoned: bool = False  # the opener was cancelled: nobody takes the answer
+
+
+class JsSlots:
+    """This front's desk for the deployment-wide connection caps (`ConnectionSlots`;
+    see the module docstring)."""
+
+    def __init__(
+        self, cfg: Config, backend: JetStreamBackend, clock: WallClock, front_id: str
+    ) -> None:
+        limits = cfg.limits
+        self.max_total = limits.max_sse_connections
+        self.max_per_key = limits.max_sse_connections_per_key
+        self.max_viewers = cfg.dashboard.max_viewers
+        self.backend = backend
+        self.store = backend.store
+        self.clock = clock
+        self.front_id = front_id
+        js = cfg.storage.jetstream
+        self.lease_ms = js.lease_ms
+        self.renew_s = js.lease_ms / 3000
+        # how long a close waits for its write before the stream's task goes on (the
+        # slot then comes back with the writer's next successful write)
+        self.release_wait_s = js.request_timeout_ms / 1000
+        self.mine = Tally()  # the slots this front's streams hold
+        self._asks: list[_Ask] = []
+        self._forget: set[str] = set()  # fronts found gone: their records go
+        self._wake = trio.Event()
+        self._round_done = trio.Event()
+        self._gen = 0  # closes so far
+        self._written_gen = 0  # ... that the record as last written counts
+        self._settled_gen = 0  # ... that a round has tried to write
+        self._cache: tuple[Table, int] | None = None  # the entry as this front wrote it
+        self._renew_at = 0.0  # Trio time of the next renewal while holding slots
+        self._last_error = ""
+        self.closed = False  # (the front is shutting down: its record is taken out)
+        self.writes = 0  # records written (tests)
+        self.conflicts = 0  # writes another front's write beat (tests)
+
+    # ---- the streams' side -------------------------------------------------------------
+
+    def _applies(self, key: str | None, viewer: bool) -> bool:
+        return viewer or self.max_total > 0 or (key is not None and self.max_per_key > 0)
+
+    async def acquire(self, key: str | None, *, viewer: bool = False) -> Slot:
+        """`ConnectionSlots.acquire`: one round of the writer (module docstring)."""
+        if not self.max_per_key:
+            key = None  # (no per-key count kept)
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        if not self._applies(key, viewer):
+            await trio.lowlevel.checkpoint()
+            return Slot(key, viewer, counted=False)
+        ask = _Ask(Slot(key, viewer))
+        self._asks.append(ask)
+        self._wake.set()
+        answered = False
+        try:
+            await ask.done.wait()
+            answered = True
+        finally:
+            if not answered:
+                ask.abandoned = True  # (a slot granted meanwhile is given back)
+        if ask.error is not None:
+            raise ask.error
+        return ask.slot
+
+    async def release(self, slot: Slot) -> None:
+        """`ConnectionSlots.release`: the slot leaves `mine` at once, then the writer
+        writes the record; waits for that write (shielded, at most a request timeout).
+        If it fails, the record is written again at the writer's next round (at the
+        latest a third of `lease_ms` on), or it expires with the front."""
+        if not slot.counted or slot.released:
+            await trio.lowlevel.checkpoint()
+            return
+        slot.released = True
+        self._give_back(slot)
+        if self.closed:  # (the record is out already)
+            await trio.lowlevel.checkpoint()
+            return
+        gen = self._gen
+        with trio.move_on_after(self.release_wait_s, shield=True):
+            while self._settled_gen < gen:
+                await self._round_done.wait()
+
+    def _give_back(self, slot: Slot) -> None:
+        self.mine.add(slot, -1)
+        self._gen += 1
+        self._wake.set()
+
+    def forget(self, front: str) -> None:
+        """`front` was found gone (its connection closed): stop counting its slots and
+        remove its record at the next write."""
+        if front != self.front_id:
+            self._forget.add(front)
+            self._wake.set()
+
+    def held(self) -> int:
+        return self.mine.n
+
+    # ---- the writer --------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The writer: a round whenever an open or a close waits, and the renewal."""
+        task_status.started()
+        while True:
+            holding = self.mine.n > 0 or self._gen != self._written_gen or self._forget
+            with trio.move_on_at(self._renew_at if holding else float("inf")):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            await self.round()
+
+    async def round(self) -> None:
+        """Decide the opens waiting, write this front's record if anything changed or
+        its renewal is due; the opens get their answer (a `503` if the entry cannot be
+        reached), and a failed write is retried at the next round."""
+        asks = [a for a in self._asks if not a.abandoned]
+        self._asks.clear()
+        gen = self._gen
+        try:
+            await self._settle(asks)
+            self._last_error = ""
+        except Exception as exc:
+            why = str(exc) or type(exc).__name__
+            if why != self._last_error:
+                log.warning("front %s: the connection count: %s", self.front_id, why)
+            self._last_error = why
+            self._cache = None
+            self._renew_at = trio.current_time() + self.renew_s  # (the retry)
+            for a in asks:
+                if not a.done.is_set():
+                    a.error = StorageUnavailable(
+                        f"JetStream: the deployment's connection count: {why}",
+                        {"backend": "jetstream"},
+                    )
+                    a.done.set()
+        finally:
+            self._settled_gen = max(self._settled_gen, gen)
+            self._round_done.set()
+            self._round_done = trio.Event()
+
+    async def _settle(self, asks: list[_Ask]) -> None:
+        call = self.backend.bridge.call
+        me = self.front_id
+        for _ in range(ATTEMPTS):
+            fresh = self._cache is None
+            if self._cache is None:
+                table, rev = await call(partial(read_table, self.store))
+            else:
+                table, rev = self._cache
+            now = self.clock.now_ms()
+            forget = set(self._forget)
+            others = {
+                f: rec for f, rec in table.items() if f != me and f not in forget and rec[1] > now
+            }
+            total = self.mine.copy()
+            for tally, _ in others.values():
+                total.merge(tally)
+            granted: list[_Ask] = []
+            refused: list[tuple[_Ask, Throttled]] = []
+            for a in asks:
+                if a.abandoned:
+                    continue
+                err = self._refusal(total, a.slot)
+                if err is None:
+                    total.add(a.slot)
+                    granted.append(a)
+                else:
+                    refused.append((a, err))
+            if refused and not fresh:
+                self._cache = None  # (a refusal is decided on the entry as it is now)
+                continue
+            gen = self._gen
+            record = Tally() if self.closed else self.mine.copy()
+            for a in granted:
+                record.add(a.slot)
+            renew = self.mine.n > 0 and trio.current_time() >= self._renew_at
+            had, _ = table.get(me, (Tally(), 0))
+            if granted or renew or forget & table.keys() or had != record:
+                new = dict(others)
+                if record.n:
+                    new[me] = (record, now + self.lease_ms)
+                got = await call(partial(write_table, self.store, new, rev))
+                if got is None:
+                    self.conflicts += 1
+                    self._cache = None
+                    continue
+                self.writes += 1
+                self._cache = (new, got)
+                self._renew_at = trio.current_time() + self.renew_s
+                self._forget -= forget
+            self._written_gen = gen
+            for a in granted:
+                self.mine.add(a.slot)
+                if a.abandoned:
+                    self._give_back(a.slot)
+                else:
+                    a.done.set()
+            for a, err in refused:
+                a.error = err
+                a.done.set()
+            return
+        raise RuntimeError(f"{ATTEMPTS} conflicting writes in a row")
+
+    def _refusal(self, total: Tally, slot: Slot) -> Throttled | None:
+        """The cap one more `slot` would pass, in the embedded backend's order."""
+        if slot.viewer and total.v >= self.max_viewers:
+            return Throttled.limit(MAX_VIEWERS_LIMIT, self.max_viewers)
+        if self.max_total and total.n >= self.max_total:
+            return Throttled.limit(MAX_SSE_LIMIT, self.max_total)
+        if (
+            slot.key is not None
+            and self.max_per_key
+            and total.keys.get(slot.key, 0) >= self.max_per_key
+        ):
+            return Throttled.limit(PER_KEY_LIMIT, self.max_per_key)
+        return None
+
+    async def close(self) -> None:
+        """At shutdown: take this front's record out (the caller bounds it; a record
+        left behind expires with its term). Streams still open end with the front; their
+        closes only count down here."""
+        self.closed = True
+        if self.mine.n or self._gen != self._written_gen:
+            await self.round()
