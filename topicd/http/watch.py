@@ -7,7 +7,10 @@ response head, then runs the connection's pump (`topicd.engine.watch.pump`) insi
 connection's cancel scope, writing pre-encoded frames straight to the ASGI `send`. A
 second task watches `receive` for the client's disconnect. Streams are exempt from the
 per-key in-flight cap (they have their own caps) but do count for the graceful drain,
-which ends them with the terminal `server_shutting_down` frame.
+which ends them with the terminal `server_shutting_down` frame. When several processes
+serve one deployment (jetstream fronts), the `429` is the deployment's count: the stream
+takes a slot from `WatchRegistry.slots` as its last check and gives it back when its
+task ends (`topicd.engine.slots`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ socket. `WorkStreams` runs the establishment checks in order — `406` (Accept),
 `409 not_a_queue`, `429` (the SSE caps) — sends the response head and runs the
 stream's pump (`topicd.engine.work.work_pump`) in the stream's cancel scope, with a
 second task that watches for the client's disconnect. Streams hold no per-key in-flight
-slot; they count against the SSE caps.
+slot; they count against the SSE caps (the deployment's with several fronts:
+`topicd.engine.slots`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ handshake is wsproto's (the library Hypercorn uses; no frame parsing here), then
 
 1. admission as the gate admits any request (`503` while not serving, `401` without a
    valid bearer key when auth is on; no scope is needed to connect), then the SSE
-   connection caps (`429`, `limit` `max_sse_connections[_per_key]`). A refusal is the
-   canonical error answer to the handshake, and the connection closes;
+   connection caps (`429`, `limit` `max_sse_connections[_per_key]`; the deployment's
+   with several fronts, `topicd.engine.slots`). A refusal is the canonical error answer
+   to the handshake, and the connection closes;
 2. `101`, without extensions: no per-message compression, so the frames the drains
    encode once are written as they are to every connection;
 3. two tasks in the connection's cancel scope: the **reader** decodes client frames

@@ -14,10 +14,12 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
   and refuses.
 * **One writer per front.** A front's opens and closes go through one task (`run`),
   which takes every request waiting, decides them in order against the entry, and
-  writes this front's record once for all of them: one round trip when the entry is as
-  this front last wrote it (a refusal is only ever decided on a fresh read: two), two
-  after another front wrote it, more only under contention. A close takes one write
-  (closes at once share it). Nothing runs per frame.
+  writes this front's record once for all of them. It decides on the entry as this
+  front last wrote it (one round trip: the write proves it current) unless another
+  front's write beat one of its own within the last third of `lease_ms`, or the copy
+  says refuse (a refusal is only ever decided on a fresh read): then it reads first
+  (two). Each write another front beats costs a read and a write more. A close takes
+  one write (closes at once share it). Nothing runs per frame.
 * **This front's counts are its own truth.** `mine` changes in memory first (a close
   gives its slot back at once there) and every write of the record writes it whole; a
   write that fails or is lost (NATS unreachable, the call cancelled after it was sent)
@@ -25,8 +27,9 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
 * **Liveness.** A record counts while its `until_ms` lies ahead (by the reading front's
   wall clock): the writer renews it every third of `storage.jetstream.lease_ms` while
   the front holds slots, as a front renews its membership and leases. A front killed
-  with its streams open stops counting once its term ends, or as soon as another
-  front's lease check finds it gone (`forget`); the next write removes its record. A
+  with its streams open stops counting once its term ends, or, if it held an owner
+  lease, as soon as another front's lease check finds it gone (`forget`); the next
+  write removes its record. A
   front cut off from NATS longer than its term is not counted meanwhile (as it loses
   its leases), and is counted again from its next renewal.
 """
@@ -195,6 +198,9 @@ class JsSlots:
         self._written_gen = 0  # ... that the record as last written counts
         self._settled_gen = 0  # ... that a round has tried to write
         self._cache: tuple[Table, int] | None = None  # the entry as this front wrote it
+        # until then (Trio time) the cache is not tried: another front wrote the entry
+        # lately, so it is likely stale (a write from it would fail and cost a round trip)
+        self._contended_until = 0.0
         self._renew_at = 0.0  # Trio time of the next renewal while holding slots
         self._last_error = ""
         self.closed = False  # (the front is shutting down: its record is taken out)
@@ -269,8 +275,10 @@ class JsSlots:
         """The writer: a round whenever an open or a close waits, and the renewal."""
         task_status.started()
         while True:
-            holding = self.mine.n > 0 or self._gen != self._written_gen or self._forget
-            with trio.move_on_at(self._renew_at if holding else float("inf")):
+            if self.mine.n > 0 or self._gen != self._written_gen or self._forget:
+                with trio.move_on_at(self._renew_at):  # (the renewal, or the retry)
+                    await self._wake.wait()
+            else:
                 await self._wake.wait()
             self._wake = trio.Event()
             await self.round()
@@ -308,6 +316,8 @@ class JsSlots:
         call = self.backend.bridge.call
         me = self.front_id
         for _ in range(ATTEMPTS):
+            if trio.current_time() < self._contended_until:
+                self._cache = None
             fresh = self._cache is None
             if self._cache is None:
                 table, rev = await call(partial(read_table, self.store))
@@ -349,6 +359,7 @@ class JsSlots:
                 if got is None:
                     self.conflicts += 1
                     self._cache = None
+                    self._contended_until = trio.current_time() + self.renew_s
                     continue
                 self.writes += 1
                 self._cache = (new, got)
