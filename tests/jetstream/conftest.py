@@ -443,7 +443,8 @@ JETSTREAM_DELTAS: dict[str, Delta] = {
 # front that created its session, `StickyWatchApp`). Not among the differences the
 # design allows (docs/jetstream.md, "Across several fronts"): connections are each
 # front's own, so /v0/metrics counts the scraped front's (each process is scraped;
-# summing them is the deployment's), and the connection caps bound each front's
+# summing them is the deployment's). (The connection caps are the deployment's:
+# `topicd.storage.jsslots`, tests in `test_v0_caps.py` and `test_slots.py`.)
 FRONTS_DELTAS: dict[str, Delta] = {
     "test_contract_work::test_work_streams_count_in_state_and_metrics": (
         "/v0/metrics is per front: its second scrape reaches a front the stream is not on"

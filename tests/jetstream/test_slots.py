@@ -242,6 +242,21 @@ async def test_a_dead_fronts_slots_stop_counting_when_its_term_ends(cluster, nur
         assert refused_ws(await open_ws_in_process(nursery, a.app)) == cap
 
 
+async def test_a_front_shutting_down_takes_its_slots_out(cluster, nursery):
+    """A front that shuts down with a stream open removes its record as its engine
+    closes: the other front admits at once, with no term to wait for."""
+    cfg = config(cluster, limits={"max_sse_connections": 1})
+    async with open_jetstream_app(cfg) as a:
+        async with open_jetstream_app(cfg) as b:
+            assert (await open_ws_in_process(nursery, b.app)).status == 101
+            cap = {"limit": "max_sse_connections", "max": 1}
+            assert refused_ws(await open_ws_in_process(nursery, a.app)) == cap
+            gone = desk(b).front_id
+            assert await entry(a) == {gone: 1}
+        assert await entry(a) == {}
+        assert (await open_ws_in_process(nursery, a.app)).status == 101
+
+
 async def test_an_open_that_cannot_reach_the_count_is_a_503(cluster, nursery, monkeypatch):
     """The registry cannot be read when a stream opens: `503 storage_unavailable` with
     the canonical body and `Retry-After`, nothing counted; the next open after NATS is
