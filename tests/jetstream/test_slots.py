@@ -242,6 +242,31 @@ async def test_a_dead_fronts_slots_stop_counting_when_its_term_ends(cluster, nur
         assert refused_ws(await open_ws_in_process(nursery, a.app)) == cap
 
 
+async def test_a_front_found_gone_stops_counting_at_once(cluster, nursery):
+    """The third front's connection to NATS closes with its two streams open (as when its
+    process is killed): the first front's next lease check finds no responders on its
+    subject, and from then on its slots no longer count, long before its term (60 s)
+    would end; the first front's next write takes its record out."""
+    async with open_fronts(config(cluster, limits={"max_sse_connections": 2})) as (a, b, c):
+        for _ in range(2):
+            assert (await open_ws_in_process(nursery, c.app)).status == 101
+        cap = {"limit": "max_sse_connections", "max": 2}
+        assert refused_ws(await open_ws_in_process(nursery, a.app)) == cap
+        gone = fronts_of(c)
+        nc = gone.store.nc
+        assert nc is not None
+        await gone.backend.bridge.call(nc.close)
+        await fronts_of(a)._tend_lease()  # (what it runs every third of `lease_ms`)
+        assert (await open_ws_in_process(nursery, a.app)).status == 101
+        assert await entry(a) == {desk(a).front_id: 1}
+        assert (await open_ws_in_process(nursery, b.app)).status == 101
+        assert refused_ws(await open_ws_in_process(nursery, b.app)) == cap
+        # a front forgotten that holds no record is settled too (nothing left to retry)
+        desk(b).forget("ghost")
+        await desk(b).round()
+        assert desk(b)._forget == set()
+
+
 async def test_a_front_shutting_down_takes_its_slots_out(cluster, nursery):
     """A front that shuts down with a stream open removes its record as its engine
     closes: the other front admits at once, with no term to wait for."""

@@ -364,7 +364,7 @@ class JsSlots:
                 self.writes += 1
                 self._cache = (new, got)
                 self._renew_at = trio.current_time() + self.renew_s
-                self._forget -= forget
+            self._forget -= forget  # (their records are out of the entry now)
             self._written_gen = gen
             for a in granted:
                 self.mine.add(a.slot)
