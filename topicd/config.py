@@ -368,13 +368,15 @@ class LimitsConfig:
     )
     max_sse_connections: int = key(
         10000,
-        "Open SSE watch streams; 0 = unlimited.",
+        "Open streams (SSE watch, `/work`, dashboard feeds, WebSockets; with several "
+        "jetstream fronts, of all of them together); 0 = unlimited.",
         env=_env2("MAX_SSE_CONNECTIONS"),
         min=0,
     )
     max_sse_connections_per_key: int = key(
         1000,
-        "Open SSE watch streams per key (auth on only); 0 = unlimited.",
+        "Open streams per key (auth on only; with several jetstream fronts, of all of "
+        "them together); 0 = unlimited.",
         env=_env2("MAX_SSE_CONNECTIONS_PER_KEY"),
         min=0,
     )
@@ -858,7 +860,10 @@ class DashboardConfig:
     )
     top_n: int = key(50, "Topics shown, by lag (highest first).", min=1, max=1000)
     max_viewers: int = key(
-        16, "Open feed streams at once (beyond: 429; they also count as SSE connections).", min=1
+        16,
+        "Open feed streams at once (beyond: 429; they also count as SSE connections; with "
+        "several jetstream fronts, of all of them together).",
+        min=1,
     )
     history_points: int = key(
         300, "Snapshots the charts keep (300 × 1 s: the last five minutes).", min=10, max=3600
