@@ -55,6 +55,7 @@ from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
 from topicd.http.compress import Compressor
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.sched.classes import ClientPermits, Permit
+from topicd.sched.governor import admission_signal
 from topicd.wire import check_topic_name
 
 if TYPE_CHECKING:
@@ -937,7 +938,14 @@ class EngineRef:
             permits.waited_area(now),
             st.rejected,
             st.capacity,
+            permits.max_waiters,
         )
+        gov = self._engine.cfg.governor
+        if gov.admission_refuse_fill > 0 and gov.admission_waiters_per_permit > 0:
+            # the room as it is, read by every answer's pressure (`Engine.pressure`)
+            self._engine.admission_now = lambda: admission_signal(
+                st.waiting, st.capacity, permits.max_waiters, gov
+            )
         reg.register(
             "client_waiters",
             lambda: st.waiting,
