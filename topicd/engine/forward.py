@@ -16,7 +16,8 @@ topic another process owns run on the owner too (`queue_op`): one lease table pe
 other processes of the deployment, which `/v0/metrics` asks for their own figures
 (`Peers.gather_figures`) so that a scrape of any of them answers for the whole deployment.
 Each answers from `Engine.figures`, which the HTTP layer sets (the figures are its
-format); the topics of a shard are counted by one process only (`Figures.counted`).
+format), counting the topics of the shards the asker assigned it, so that each topic is
+counted by one process only.
 """
 
 from __future__ import annotations

@@ -36,11 +36,10 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from topicd.engine.queues import LEVEL_PREFIX
+from topicd.errors import JsonValue
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
-    from topicd.errors import JsonValue
+    from collections.abc import Iterable, Iterator
 
 PER_TOPIC_MAX: Final = 1000
 
@@ -106,7 +105,7 @@ JSON_SUMMED: Final = (
 )
 
 Sample = tuple[str, dict[str, str], float]
-Families = dict[str, list[Sample]]  # family name -> its samples
+Families = dict[str, list[JsonValue]]  # family name -> its samples as an answer has them
 
 
 def summed(family: Metric) -> bool:
@@ -150,7 +149,9 @@ def _work(value: object) -> dict[str, int] | None:
 
 def text_answer(figures: JsonValue) -> tuple[Families, dict[str, int]] | None:
     """A process's figures for the Prometheus form (`{"families": [wire_family…],
-    "work": {…}}`), checked; None when they are not of that shape."""
+    "work": {…}}`), checked down to the families; None when they are not of that shape.
+    (Samples are checked as they are merged, a family a loop step: a malformed one is
+    left out.)"""
     if not isinstance(figures, dict):
         return None
     raw = figures.get("families")
@@ -159,23 +160,27 @@ def text_answer(figures: JsonValue) -> tuple[Families, dict[str, int]] | None:
         return None
     families: Families = {}
     for entry in raw:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], list)
+        ):
             return None
-        samples = entry[1]
-        if not isinstance(samples, list):
-            return None
-        out: list[Sample] = []
-        for s in samples:
-            if not (isinstance(s, list) and len(s) == 3 and isinstance(s[0], str)):
-                return None
-            labels, value = s[1], _number(s[2])
-            if not isinstance(labels, dict) or value is None:
-                return None
-            if not all(isinstance(v, str) for v in labels.values()):
-                return None
-            out.append((s[0], {k: str(v) for k, v in labels.items()}, value))
-        families[entry[0]] = out
+        families[entry[0]] = entry[1]
     return families, work
+
+
+def samples(families: Families, name: str) -> Iterator[Sample]:
+    """The well-formed samples of family `name` in an answer."""
+    for s in families.get(name, ()):
+        if not (isinstance(s, list) and len(s) == 3 and isinstance(s[0], str)):
+            continue
+        labels, value = s[1], _number(s[2])
+        if not isinstance(labels, dict) or value is None:
+            continue
+        if all(isinstance(v, str) for v in labels.values()):
+            yield s[0], {k: str(v) for k, v in labels.items()}, value
 
 
 def json_answer(figures: JsonValue) -> tuple[dict[str, JsonValue], dict[str, int]] | None:
@@ -201,14 +206,14 @@ def topic_names(own: list[str], others: Iterable[Families]) -> set[str]:
     `PER_TOPIC_MAX` by name (each process sent the first of those it counts)."""
     names = set(own)
     for families in others:
-        for _, labels, _ in families.get(PER_TOPIC_NAMES, ()):
+        for _, labels, _ in samples(families, PER_TOPIC_NAMES):
             names.add(labels.get("topic", ""))
     return set(sorted(names)[:PER_TOPIC_MAX])
 
 
 def topic_count(own: int, others: Iterable[Families]) -> int:
     return own + sum(
-        round(v) for families in others for _, _, v in families.get("topics_topics", ())
+        round(v) for families in others for _, _, v in samples(families, "topics_topics")
     )
 
 
@@ -233,7 +238,7 @@ def merge_family(
     for s in family.samples:
         add(s.name, dict(s.labels), float(s.value))
     for families in others:
-        for name, labels, value in families.get(family.name, ()):
+        for name, labels, value in samples(families, family.name):
             if not levels or labels.get("queue", "").startswith(LEVEL_PREFIX):
                 add(name, labels, value)
     rows = [(name, labels, value) for (name, _), (labels, value) in merged.items()]

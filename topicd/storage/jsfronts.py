@@ -105,6 +105,7 @@ COUNT_WAIT_S: Final = 0.5
 # a `/v0/metrics` scrape waits this long for the other fronts' figures (then goes on
 # without those that did not answer; a stopped front answers at once: no responders)
 METRICS_WAIT_S: Final = 1.0
+COMPRESS_STEP: Final = 1 << 17  # bytes of a metrics answer compressed a loop step
 # a follower reading which records a stream holds (record deletes it missed) reads the
 # entry again after the stream; while the entry keeps changing, at most this many rounds
 RECONCILE_ATTEMPTS: Final = 8
@@ -564,7 +565,14 @@ class Fronts:
         got = head.get("shards")
         shards = {int(k) for k in got if isinstance(k, int)} if isinstance(got, list) else set()
         ok = await figures(head, lambda name: self.shard_of(name) in shards)
-        return zlib.compress(orjson.dumps({"ok": ok}), 1)
+        raw = memoryview(orjson.dumps({"ok": ok}))
+        packer = zlib.compressobj(1)
+        parts: list[bytes] = []
+        for i in range(0, len(raw), COMPRESS_STEP):  # (a megabyte at once: an 8 ms step)
+            await trio.lowlevel.checkpoint()
+            parts.append(packer.compress(raw[i : i + COMPRESS_STEP]))
+        parts.append(packer.flush())
+        return b"".join(parts)
 
     async def gather_figures(self, head: dict[str, JsonValue]) -> Gathered:
         """Every other live front's figures (`_serve_metrics`), asked in parallel, each
