@@ -10,6 +10,12 @@ keeps its plain name (api-ops §3.1 lists it so); its two header lines are renam
 Control class: the handler reads published values only and never waits on the engine.
 Per-topic series are capped at the first 1000 topics by name
 (`topics_topic_metrics_truncated` says when).
+
+On a process that shares its storage with others (`Engine.peers`: the jetstream
+backend's fronts), a scrape answers for the whole deployment unless it asks
+`scope=front`: it gathers the others' figures (`front_figures` there, each counting the
+topics of the shards it was assigned) and merges them into its own (`merge_metrics`).
+One process alone answers as it always did, whatever the scope.
 """
 
 from __future__ import annotations
@@ -754,7 +760,7 @@ async def front_figures(
     ref: EngineRef, lifecycle: Lifecycle, head: dict[str, JsonValue], counted: Counted
 ) -> JsonValue:
     """This process's figures, as another process of the deployment asked for them
-    (`Engine.figures`): the families it merges (`merge_metrics.summed`), or with
+    (`Engine.figures`): the families it merges (`merge_metrics.carried`), or with
     `form` = `json` the JSON snapshot, the topic figures counting the topics `counted`."""
     engine = ref.engine
     work: dict[str, JsonValue] = dict(_work_elsewhere(engine, counted))
