@@ -442,12 +442,8 @@ JETSTREAM_DELTAS: dict[str, Delta] = {
 # probe's topic count are the deployment's, not one front's; a watch stream opens on the
 # front that created its session, `StickyWatchApp`). Not among the differences the
 # design allows (docs/jetstream.md, "Across several fronts"): connections are each
-# front's own, so /v0/metrics counts the scraped front's (each process is scraped;
-# summing them is the deployment's), and the connection caps bound each front's
+# front's own, so the connection caps bound each front's
 FRONTS_DELTAS: dict[str, Delta] = {
-    "test_contract_work::test_work_streams_count_in_state_and_metrics": (
-        "/v0/metrics is per front: its second scrape reaches a front the stream is not on"
-    ),
     "test_contract_work::test_the_sse_caps_count_work_streams": (
         "limits.max_sse_connections is per front: the second stream opens on another front"
     ),

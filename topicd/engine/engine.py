@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     from topicd.clock import WallClock
     from topicd.config import Config
-    from topicd.engine.forward import Forwarder
+    from topicd.engine.forward import Figures, Forwarder, Peers
 
 log = logging.getLogger("topicd.engine")
 
@@ -134,6 +134,9 @@ class Engine:
         self.recovery: dict[str, float] = {}  # what recovery found (metrics)
         self.throttled: dict[str, int] = {}  # 429s answered, by cause (metrics)
         self.records_appended = 0  # records published since start, replay excluded (metrics)
+        # of those, records another process published, which this one loaded from the
+        # shared storage (a follower's catch-up): a deployment counts each record once
+        self.records_followed = 0
         self.draining = False
         self.replaying = False  # recovery: names are registered by finish_replay()
         # the backend stores `ephemeral` records too (jetstream: an in-memory stream), so
@@ -180,6 +183,10 @@ class Engine:
         self.routers = RouterService(self)
         # set on a process that hands its mutations to another (`topicd.engine.forward`)
         self.forward: Forwarder | None = None
+        # set on a process that shares its storage with others, owner or not, and the
+        # figures it answers them with (the HTTP layer's: `/v0/metrics` of a deployment)
+        self.peers: Peers | None = None
+        self.figures: Figures | None = None
 
     # ------------------------------------------------------------------------------------
     # lifecycle

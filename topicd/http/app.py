@@ -916,6 +916,8 @@ class EngineRef:
         # requests the gate saw, by server path: "direct" (topicd's socket loop) or
         # "hypercorn"; the gate counts into this dict, metrics read it
         self.requests_by_path: dict[str, int] = {"direct": 0, "hypercorn": 0}
+        # run on each engine swapped in (what a route module sets on the engine itself)
+        self.on_engine: list[Callable[[Engine], None]] = []
 
     @property
     def engine(self) -> Engine:
@@ -925,6 +927,8 @@ class EngineRef:
     def engine(self, engine: Engine) -> None:
         self._engine = engine
         self.register_permits()
+        for attach in self.on_engine:
+            attach(engine)
 
     def register_permits(self) -> None:
         """The client-permit queues in the engine's saturation registry (R4)."""
