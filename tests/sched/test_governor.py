@@ -156,8 +156,8 @@ def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
     """Loop lag 4x past the ceiling (but short of `loop_overload_ms`) for 10 s: pressure
     climbs to the cap (0.6), where frames coalesce and commits widen but nothing is
     deferred and a client following the delay law is not slowed; clients filling the
-    permits' waiting room (s4) then take it on, through the defer rung, and a refusal past the client's
-    pause (0.9) and the throttle (0.98)."""
+    permits' waiting room (s4) then take it on, through the defer rung, and a refusal
+    past the client's pause (0.9) and the throttle (0.98)."""
     fake = FakeSources()
     g = governor(fake)
     t = 0.0
