@@ -767,6 +767,16 @@ class GovernorConfig:
         "(s4 admission; 0 = signal off).",
         min=0,
     )
+    admission_refuse_fill: float = key(
+        0.6,
+        "Share of the client waiter slots (classes.client_waiters) taken at which s4 "
+        "reads 1.0. Above 0, admission_waiters_per_permit per permit reads "
+        "latency_signal_max (saturated: the client's soft threshold) and s4 rises from "
+        "there to 1.0 at this fill, ahead of the 429 client_waiters (0 = 1.0 at "
+        "admission_waiters_per_permit per permit).",
+        min=0,
+        max=1,
+    )
     coalesce_above: float = key(0.2, "Pressure above which frames coalesce.", min=0, max=1)
     coalesce_max_ms: float = key(20.0, "Coalescing window at pressure 1.0 (ms).", min=0, max=1000)
     widen_above: float = key(

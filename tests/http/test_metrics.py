@@ -302,3 +302,32 @@ async def test_topics_deleted_during_a_scrape_are_left_out_not_an_error(nursery,
         text = (await r.get_data()).decode()
         assert sample(text, "topics_topic_head_seq", '{topic="q01"}') == 1
         assert 'topic="q00"' not in text or sample(text, "topics_topics") == 20
+
+
+async def test_scope_front_on_one_process_is_the_same_answer(autojump_clock):
+    """On one process its own figures are the deployment's: `?scope=front` answers the
+    same text and snapshot as the default (`scope=deployment`), with no figures about
+    fronts; any other scope is `400 invalid_request` naming the parameter."""
+    async with open_app() as h:
+        c = h.app.test_client()
+        await c.put("/v0/topics/q", json={"type": "queue"})
+        await c.post("/v0/topics/t", json={"records": [{"data": 1}, {"data": 2}]})
+
+        async def text(**query) -> str:
+            raw = (await (await c.get("/v0/metrics", query_string=query)).get_data()).decode()
+            # (the scrape itself is a request: the request counter moves between two)
+            return "\n".join(x for x in raw.splitlines() if "topicd_http_requests" not in x)
+
+        plain = await text()
+        assert "topicd_fronts" not in plain
+        assert await text(scope="front") == plain == await text(scope="deployment")
+        json_headers = {"Accept": "application/json"}
+        snaps = [
+            await (await c.get("/v0/metrics", headers=json_headers, query_string=query)).get_json()
+            for query in ({}, {"scope": "front"}, {"scope": "deployment"})
+        ]
+        assert snaps[0] == snaps[1] == snaps[2] and "fronts" not in snaps[0]
+        r = await c.get("/v0/metrics", query_string={"scope": "Front"})
+        assert r.status_code == 400
+        err = (await r.get_json())["error"]
+        assert (err["code"], err["detail"]) == ("invalid_request", {"parameter": "scope"})

@@ -432,6 +432,10 @@ async def dev_mode(ck: Seen) -> None:
         await ck.check(await c.get("/v0/metrics"), "GET", "/v0/metrics", 200)
         r = await c.get("/v0/metrics", headers={"Accept": "application/json"})
         await ck.check(r, "GET", "/v0/metrics", 200)
+        r = await c.get("/v0/metrics", query_string={"scope": "front"})
+        await ck.check(r, "GET", "/v0/metrics", 200)
+        r = await c.get("/v0/metrics", query_string={"scope": "everything"})
+        await ck.check(r, "GET", "/v0/metrics", 400, "invalid_request")
         r = await c.get("/v0/metrics", headers=GZ)
         assert r.headers["Content-Encoding"] == "gzip"
         await ck.check(r, "GET", "/v0/metrics", 200)

@@ -440,16 +440,10 @@ JETSTREAM_DELTAS: dict[str, Delta] = {
 # ... and these fail with clients spread over several fronts, by design (docs/jetstream.md,
 # "Across several fronts"), on top of the ones above (read times and the readiness
 # probe's topic count are the deployment's, not one front's; a watch stream opens on the
-# front that created its session, `StickyWatchApp`). Not among the differences the
-# design allows (docs/jetstream.md, "Across several fronts"): connections are each
-# front's own, so /v0/metrics counts the scraped front's (each process is scraped;
-# summing them is the deployment's). (The connection caps are the deployment's:
-# `topicd.storage.jsslots`, tests in `test_v0_caps.py` and `test_slots.py`.)
-FRONTS_DELTAS: dict[str, Delta] = {
-    "test_contract_work::test_work_streams_count_in_state_and_metrics": (
-        "/v0/metrics is per front: its second scrape reaches a front the stream is not on"
-    ),
-}
+# front that created its session, `StickyWatchApp`). None at present: `/v0/metrics`
+# answers for the deployment, and the connection caps count every front's streams
+# (`topicd.storage.jsslots`; tests in `test_v0_caps.py` and `test_slots.py`)
+FRONTS_DELTAS: dict[str, Delta] = {}
 
 # ... and these may fail with several fronts, depending on timing (not strict; none at
 # present: live frames of topics with different owners follow the acknowledgement

@@ -154,8 +154,9 @@ async def test_a_takeover_keeps_leased_jobs_and_fences_the_deposed_owner(cluster
 
 
 async def test_a_followers_metrics_count_the_owners_leases(cluster):
-    """`/v0/metrics` on a front that does not run the queue: the leases-in-flight total
-    and the queue's own series both show the owner's counts as last heard."""
+    """`/v0/metrics` on a front that does not run the queue, its own figures
+    (`scope=front`) and the deployment's alike: the leases-in-flight total and the
+    queue's own series both show the owner's counts (its own, as last heard)."""
     cfg = _sharded(cluster, 1)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         ca, cb = a.app.test_client(), b.app.test_client()
@@ -164,11 +165,16 @@ async def test_a_followers_metrics_count_the_owners_leases(cluster):
         await _write(ca, "mq", {"data": 1}, {"data": 2})
         await _claim(cb, "mq", "w1", 2, lease_ms=600_000)
         for c in (ca, cb):
-            text = (await (await c.get("/v0/metrics")).get_data()).decode()
-            assert "topics_queue_leases_in_flight 2.0" in text
-            assert 'topics_topic_queue_in_flight{topic="mq"} 2.0' in text
-            snap = await _ok(await c.get("/v0/metrics", headers={"Accept": "application/json"}))
-            assert snap["queue_leases_in_flight"] == 2
+            for query in ({}, {"scope": "front"}):
+                r = await c.get("/v0/metrics", query_string=query)
+                text = (await r.get_data()).decode()
+                assert "topics_queue_leases_in_flight 2.0" in text
+                assert 'topics_topic_queue_in_flight{topic="mq"} 2.0' in text
+                json_headers = {"Accept": "application/json"}
+                snap = await _ok(
+                    await c.get("/v0/metrics", headers=json_headers, query_string=query)
+                )
+                assert snap["queue_leases_in_flight"] == 2
 
 
 async def test_a_work_stream_on_a_follower_claims_through_the_owner(cluster, nursery):

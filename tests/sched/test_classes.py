@@ -133,3 +133,73 @@ async def test_an_ack_waiting_for_its_sync_holds_no_permit(autojump_clock):
             assert r.status_code == 200
             assert trio.current_time() == t0 and not out  # served while the ack waits
         assert out[0][0] == 200 and out[0][1]["acked"] == 1
+
+
+async def test_the_pressure_header_reads_the_waiting_room_as_it_is(autojump_clock):
+    """With `governor.admission_refuse_fill`, the server's pressure (each answer's
+    `X-Topicd-Pressure`, `topicd_pressure`) is at least the waiting room's fill as it is
+    read (s4's scale): a saturated server (one request waiting per permit) reads the
+    client's soft threshold, and the pressure reaches 1.0 at the fill, ahead of the
+    `429 client_waiters`. The governor's sampled value, which drives its ladder, is not
+    changed by it."""
+    cfg = make_config(
+        classes={"client_permits": 1, "client_waiters": 8},
+        governor={"admission_refuse_fill": 0.5},  # 1.0 at 4 of the 8 slots
+    )
+    async with open_app(cfg) as h, trio.open_nursery() as nursery:
+        c = h.app.test_client()
+        pool = gate_of(h.app).permits
+        assert pool is not None
+        held = await pool.admit()
+
+        async def header() -> float:
+            r = await c.get("/v0/health")
+            return float(r.headers["X-Topicd-Pressure"])
+
+        assert await header() == 0.0  # a permit taken, nobody waiting
+        waiters: list[trio.CancelScope] = []
+        expected = {1: 0.6, 2: 0.6 + 0.4 / 3, 3: 0.6 + 0.8 / 3, 4: 1.0, 5: 1.0}
+        for n, want in expected.items():
+            scope = trio.CancelScope()
+            waiters.append(scope)
+
+            async def wait(scope: trio.CancelScope = scope) -> None:
+                with scope:
+                    permit = await pool.admit()
+                    permit.release()
+
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.stats.waiting == n
+            assert await header() == pytest.approx(want, abs=1e-3), n
+            assert h.engine.pressure == pytest.approx(want)
+            text = (await (await c.get("/v0/metrics")).get_data()).decode()
+            assert f"topicd_pressure {h.engine.pressure}" in text
+        assert h.engine.governor.pressure == 0.0  # the sampled value is its own
+        for scope in waiters:
+            scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert await header() == 0.0
+        held.release()
+
+
+async def test_without_a_refuse_fill_the_header_is_the_governors_pressure(autojump_clock):
+    cfg = make_config(
+        classes={"client_permits": 1, "client_waiters": 8},
+        governor={"admission_refuse_fill": 0.0},
+    )
+    async with open_app(cfg) as h:
+        c = h.app.test_client()
+        pool = gate_of(h.app).permits
+        assert pool is not None
+        held = await pool.admit()
+        async with trio.open_nursery() as waiters:
+            for _ in range(3):
+                waiters.start_soon(pool.admit)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.stats.waiting == 3
+            r = await c.get("/v0/health")
+            assert float(r.headers["X-Topicd-Pressure"]) == h.engine.pressure == 0.0
+            assert h.engine.admission_now() == 0.0
+            waiters.cancel_scope.cancel()
+        held.release()

@@ -26,6 +26,7 @@ from topicd.offload import InlineOffload
 from topicd.sched.governor import (
     Governor,
     Sources,
+    admission_signal,
     coalesce_ms,
     commit_window_ms,
     sojourn_signal,
@@ -50,6 +51,7 @@ class FakeSources:
         self.wait_area = 0.0  # request-seconds spent waiting for a client permit
         self.refused = 0
         self.permits = 32
+        self.slots = 4096  # waiter slots
 
     def sources(self) -> Sources:
         def decay(alpha: float) -> None:
@@ -62,7 +64,7 @@ class FakeSources:
             sched_latency_ms=lambda: self.sched_ms,
             decay_sched_latency=decay,
             pool_loads=lambda now: list(self.pools),
-            admission=lambda now: (self.wait_area, self.refused, self.permits),
+            admission=lambda now: (self.wait_area, self.refused, self.permits, self.slots),
             apply=lambda p, c, w: self.applied.append((p, c, w)),
             set_defer=self.defers.append,
         )
@@ -153,9 +155,9 @@ def test_latency_signal_is_capped_at_0_6_at_its_edge():
 def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
     """Loop lag 4x past the ceiling (but short of `loop_overload_ms`) for 10 s: pressure
     climbs to the cap (0.6), where frames coalesce and commits widen but nothing is
-    deferred and a client following the delay law is not slowed; clients queueing for
-    permits (s4) then take it on, through the defer rung, and a refusal past the client's
-    pause (0.9) and the throttle (0.98)."""
+    deferred and a client following the delay law is not slowed; clients filling the
+    permits' waiting room (s4) then take it on, through the defer rung, and a refusal
+    past the client's pause (0.9) and the throttle (0.98)."""
     fake = FakeSources()
     g = governor(fake)
     t = 0.0
@@ -166,8 +168,9 @@ def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
     assert g.pressure == pytest.approx(0.6, abs=1e-6)
     assert not g.defer_active
     assert g.coalesce_ms == pytest.approx(10.0) and g.commit_window_ms > 0.5
-    for _ in range(30):  # 28 of 32 permits' worth waiting throughout: s4 = 0.875
-        fake.wait_area += 28 * 0.1
+    fake.slots = 480  # the room's 0.6 is 288 waiting: 0.875 at 208 (past one per permit)
+    for _ in range(30):  # 208 waiting throughout: s4 = 0.6 + 0.4 × 176 / 256 = 0.875
+        fake.wait_area += 208 * 0.1
         t += 0.1
         g.sample(t, lag_ms=20.0)
     assert g.signals["admission"] == pytest.approx(0.875)
@@ -192,7 +195,7 @@ def test_sched_latency_decays_while_nothing_is_queued():
 
 def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
     fake = FakeSources()
-    g = governor(fake)
+    g = governor(fake, admission_refuse_fill=0.0)  # the saturation scale alone
     g.sample(0.1)  # first sample: a baseline only
     assert g.signals["admission"] == 0.0
     fake.wait_area += 16 * 0.1  # 16 requests waited through the 0.1 s interval
@@ -207,7 +210,7 @@ def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
     fake.refused += 1  # the waiters were full once: saturated, however short the queue
     g.sample(0.5)
     assert g.signals["admission"] == 1.0
-    half = governor(fake, admission_waiters_per_permit=2.0)
+    half = governor(fake, admission_waiters_per_permit=2.0, admission_refuse_fill=0.0)
     half.sample(1.0)
     fake.wait_area += 32 * 0.1
     half.sample(1.1)
@@ -217,6 +220,46 @@ def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
     fake.refused += 1
     off.sample(1.1)
     assert off.signals["admission"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("waiting", "expected"),
+    [
+        (0, 0.0),
+        (16, 0.3),  # half the saturation point: proportional up to the cap
+        (32, 0.6),  # one per permit: saturated, the client's soft threshold
+        (32 + 1520, 0.8),  # halfway from saturation to the refuse fill (0.75 × 4096)
+        (3072, 1.0),
+        (4000, 1.0),
+    ],
+)
+def test_with_a_refuse_fill_admission_reads_soft_at_saturation_and_1_at_the_fill(
+    waiting: int, expected: float
+) -> None:
+    cfg = make_config(governor={"admission_refuse_fill": 0.75}).governor
+    assert admission_signal(waiting, 32, 4096, cfg) == pytest.approx(expected)
+    # without the fill, saturation alone reads 1.0
+    off = make_config(governor={"admission_refuse_fill": 0.0}).governor
+    assert admission_signal(waiting, 32, 4096, off) == pytest.approx(min(1.0, waiting / 32))
+
+
+def test_a_refuse_fill_at_or_below_saturation_falls_back_to_the_saturation_scale() -> None:
+    cfg = make_config(governor={"admission_refuse_fill": 0.5}).governor
+    # 1 waiter slot: its half is below the one-per-permit saturation point
+    assert admission_signal(1, 1, 1, cfg) == 1.0
+    assert admission_signal(0.5, 1, 1, cfg) == 0.5
+
+
+def test_the_governor_samples_admission_on_the_refuse_fill_scale() -> None:
+    fake = FakeSources()
+    g = governor(fake, admission_refuse_fill=0.75)
+    g.sample(0.1)
+    fake.wait_area += 1552 * 0.1  # 1552 requests waited through the interval
+    g.sample(0.2)
+    assert g.signals["admission"] == pytest.approx(0.8)
+    fake.refused += 1  # a refusal still reads 1.0 whatever the queue
+    g.sample(0.3)
+    assert g.signals["admission"] == 1.0
 
 
 def on_every_sample(gov: Governor, fn: Callable[[float], None]) -> None:
@@ -240,20 +283,23 @@ async def ten_samples(clock: trio.testing.MockClock) -> None:
 
 
 async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autojump_clock):
-    cfg = make_config(classes={"client_permits": 2, "client_waiters": 64})
+    # 2 permits, 8 waiter slots: s4 reads 0.6 at 2 waiting (one per permit), 1.0 at 4.8
+    # (`admission_refuse_fill` 0.6 of the slots)
+    cfg = make_config(classes={"client_permits": 2, "client_waiters": 8})
     async with open_app(cfg) as h:
         permits = gate_of(h.app).permits
         held = [await permits.admit() for _ in range(2)]
         async with trio.open_nursery() as nursery:
-            for _ in range(4):  # 4 waiting for 2 permits: s4 = 4 / (2 x 1.0) -> 1.0
+            for _ in range(5):  # 5 waiting: past the fill, s4 = 1.0
                 nursery.start_soon(permits.admit)
             await ten_samples(autojump_clock)
             assert h.engine.governor.signals["admission"] == 1.0
             assert h.engine.pressure > 0.9
             for p in held:
-                p.release()  # two of the four waiters are admitted (and keep their permits)
+                p.release()  # two of the five waiters are admitted (and keep their permits)
             await ten_samples(autojump_clock)
-            assert h.engine.governor.signals["admission"] == pytest.approx(2 / 2)
+            # 3 waiting: 0.6 + 0.4 x (3 - 2) / (4.8 - 2)
+            assert h.engine.governor.signals["admission"] == pytest.approx(0.6 + 0.4 / 2.8)
             nursery.cancel_scope.cancel()
         assert permits.stats.waiting == 0
         await ten_samples(autojump_clock)
@@ -273,7 +319,7 @@ async def test_a_saturated_loop_does_not_slow_clients_a_queue_at_the_permits_doe
         x = float(header)
         return delay_ms(x, policy.pressure_soft, policy.pressure_hard, policy.soft_delay_max_ms)
 
-    cfg = make_config(classes={"client_permits": 4, "client_waiters": 64})
+    cfg = make_config(classes={"client_permits": 4, "client_waiters": 40})
     async with open_app(cfg) as h:
         src = h.engine.governor.src
         src.queued = lambda: 1
@@ -288,13 +334,15 @@ async def test_a_saturated_loop_does_not_slow_clients_a_queue_at_the_permits_doe
         permits = gate_of(h.app).permits
         held = [await permits.admit() for _ in range(4)]
         async with trio.open_nursery() as nursery:
-            for _ in range(3):  # 3 waiting for 4 permits: s4 = 0.75
+            # 14 waiting for 4 permits, 40 slots (s4: 0.6 at 4 waiting, 1.0 at 24):
+            # 0.6 + 0.4 x 10 / 20 = 0.8
+            for _ in range(14):
                 nursery.start_soon(permits.admit)
             for _ in range(3):
                 await ten_samples(autojump_clock)
             r = await client.get("/v0/health")
-            assert r.headers["X-Topicd-Pressure"] == "0.750"
-            assert law(r.headers["X-Topicd-Pressure"]) == pytest.approx(250)
+            assert r.headers["X-Topicd-Pressure"] == "0.800"
+            assert law(r.headers["X-Topicd-Pressure"]) == pytest.approx(500 * 0.2 / 0.3)
             nursery.cancel_scope.cancel()
         for p in held:
             p.release()

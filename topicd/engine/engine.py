@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     from topicd.clock import WallClock
     from topicd.config import Config
-    from topicd.engine.forward import Forwarder
+    from topicd.engine.forward import Figures, Forwarder, Peers
 
 log = logging.getLogger("topicd.engine")
 
@@ -134,15 +134,25 @@ class Engine:
         self.recovery: dict[str, float] = {}  # what recovery found (metrics)
         self.throttled: dict[str, int] = {}  # 429s answered, by cause (metrics)
         self.records_appended = 0  # records published since start, replay excluded (metrics)
+        # of those, records another process published, which this one loaded from the
+        # shared storage (a follower's catch-up): a deployment counts each record once
+        self.records_followed = 0
         self.draining = False
         self.replaying = False  # recovery: names are registered by finish_replay()
         # the backend stores `ephemeral` records too (jetstream: an in-memory stream), so
         # their record deletes go to it like any other class's
         self.ephemeral_stored = False
         self.closed = False  # no new mutations (shutdown, after the HTTP drain)
-        self.pressure = 0.0
+        self._pressure = 0.0  # the governor's, as its last sample published it
         # the HTTP layer's client permits at a time, for the governor's s4 (see Sources)
-        self.admission: Callable[[float], tuple[float, int, int]] = lambda now: (0.0, 0, 1)
+        self.admission: Callable[[float], tuple[float, int, int, int]] = lambda now: (
+            0.0,
+            0,
+            1,
+            0,
+        )
+        # s4 of the client requests waiting for a permit now (the HTTP layer wires it in)
+        self.admission_now: Callable[[], float] = lambda: 0.0
         # maintenance work (checkpoints, retention sweeps) runs under these permits (R1.3)
         self.maintenance = trio.CapacityLimiter(config.classes.maintenance_permits)
         self.watch = WatchRegistry(config)
@@ -173,6 +183,10 @@ class Engine:
         self.routers = RouterService(self)
         # set on a process that hands its mutations to another (`topicd.engine.forward`)
         self.forward: Forwarder | None = None
+        # set on a process that shares its storage with others, owner or not, and the
+        # figures it answers them with (the HTTP layer's: `/v0/metrics` of a deployment)
+        self.peers: Peers | None = None
+        self.figures: Figures | None = None
 
     # ------------------------------------------------------------------------------------
     # lifecycle
@@ -231,6 +245,23 @@ class Engine:
     def _decay_sched_latency(self, alpha: float) -> None:
         stats = self.sched.stats
         stats.ewma_sched_ms *= 1 - alpha
+
+    @property
+    def pressure(self) -> float:
+        """The server's pressure (`X-Topicd-Pressure`, `topicd_pressure`): the governor's,
+        or s4 of the client waiting room as it is now when that reads higher.
+
+        The governor samples every 100 ms and smooths, which suits its own ladder but
+        lags a burst: producers that read green together can fill the waiting room
+        between two samples. So every reading also looks at the room itself
+        (`governor.admission_refuse_fill`): a client pacing on it slows as the room fills
+        and pauses before it is full. The ladder's controls and the WAL's pressure
+        admission keep the sampled value."""
+        return max(self._pressure, self.admission_now())
+
+    @pressure.setter
+    def pressure(self, value: float) -> None:
+        self._pressure = value
 
     def _govern(self, pressure: float, coalesce_ms: float, window_ms: float) -> None:
         """Publish pressure; move the coalescing and commit windows when they change."""

@@ -11,16 +11,65 @@ its time to the owner and takes the owner's back, and the topic count a readines
 reports is the shared storage's (`topic_count`). With `forward` None (the default, every
 single-process backend) nothing changes. Queue calls (claim, ack, nack, extend) of a
 topic another process owns run on the owner too (`queue_op`): one lease table per queue.
+
+`Engine.peers` is set on every such process, whether or not it forwards anything: the
+other processes of the deployment, which `/v0/metrics` asks for their own figures
+(`Peers.gather_figures`) so that a scrape of any of them answers for the whole deployment.
+Each answers from `Engine.figures`, which the HTTP layer sets (the figures are its
+format), counting the topics of the shards the asker assigned it, so that each topic is
+counted by one process only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from topicd.engine.engine import DeleteResult, WriteResult
     from topicd.engine.topic import Topic
+    from topicd.errors import JsonValue
     from topicd.wire import DeleteIn, PlainWriteIn, TopicConfigIn, WriteIn
+
+    # what a process answers when asked for its figures: the request's head (`form`), and
+    # which topics it counts (by name: those of the shards the asker assigned it)
+    Figures = Callable[[dict[str, JsonValue], Callable[[str], bool]], Awaitable[JsonValue]]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One other process's figures (`Engine.figures`' answer), which count the topics of
+    `shards`."""
+
+    front: str
+    shards: frozenset[int]
+    figures: JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """What `Peers.gather_figures` got: `live` processes in all (this one included);
+    the answers that came in time; the ids of those that did not."""
+
+    live: int
+    answers: list[Answer]
+    missing: list[str]
+
+
+class Peers(Protocol):
+    """The other processes sharing this one's storage (for `/v0/metrics`)."""
+
+    def shard_of(self, name: str) -> int:
+        """The shard of topic `name` (the unit `Answer.shards` counts in)."""
+        ...
+
+    async def gather_figures(self, head: dict[str, JsonValue]) -> Gathered:
+        """Ask every other live process for its figures (`Engine.figures` there), in
+        parallel, each within a short bound; one that does not answer in time is left
+        out (`Gathered.missing`). Never raises for want of an answer."""
+        ...
 
 
 class Forwarder(Protocol):

@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from topicd.engine.topic import Topic
     from topicd.engine.work import WorkConn
 
+# a queue topic's name in the saturation registry is this, then the topic's name
+LEVEL_PREFIX: Final = "jobs."
 log = logging.getLogger("topicd.queues")
 
 _T = TypeVar("_T")
@@ -1100,7 +1102,7 @@ class QueueService:
     @staticmethod
     def level_name(topic: Topic) -> str:
         """The queue's name in the saturation registry (`topicd_queue_*{queue}`)."""
-        return "jobs." + topic.name
+        return LEVEL_PREFIX + topic.name
 
     def levels_changed(self, topic: Topic) -> None:
         """Register a queue with `depth_soft_limit > 0` in the saturation registry

@@ -55,6 +55,7 @@ from topicd.http.auth import DEV_PRINCIPAL, KeyStore, Principal
 from topicd.http.compress import Compressor
 from topicd.lifecycle import Lifecycle, Phase
 from topicd.sched.classes import ClientPermits, Permit
+from topicd.sched.governor import admission_signal
 from topicd.wire import check_topic_name
 
 if TYPE_CHECKING:
@@ -915,6 +916,8 @@ class EngineRef:
         # requests the gate saw, by server path: "direct" (topicd's socket loop) or
         # "hypercorn"; the gate counts into this dict, metrics read it
         self.requests_by_path: dict[str, int] = {"direct": 0, "hypercorn": 0}
+        # run on each engine swapped in (what a route module sets on the engine itself)
+        self.on_engine: list[Callable[[Engine], None]] = []
 
     @property
     def engine(self) -> Engine:
@@ -924,6 +927,8 @@ class EngineRef:
     def engine(self, engine: Engine) -> None:
         self._engine = engine
         self.register_permits()
+        for attach in self.on_engine:
+            attach(engine)
 
     def register_permits(self) -> None:
         """The client-permit queues in the engine's saturation registry (R4)."""
@@ -937,7 +942,14 @@ class EngineRef:
             permits.waited_area(now),
             st.rejected,
             st.capacity,
+            permits.max_waiters,
         )
+        gov = self._engine.cfg.governor
+        if gov.admission_refuse_fill > 0 and gov.admission_waiters_per_permit > 0:
+            # the room as it is, read by every answer's pressure (`Engine.pressure`)
+            self._engine.admission_now = lambda: admission_signal(
+                st.waiting, st.capacity, permits.max_waiters, gov
+            )
         reg.register(
             "client_waiters",
             lambda: st.waiting,

@@ -10,13 +10,20 @@ keeps its plain name (api-ops §3.1 lists it so); its two header lines are renam
 Control class: the handler reads published values only and never waits on the engine.
 Per-topic series are capped at the first 1000 topics by name
 (`topics_topic_metrics_truncated` says when).
+
+On a process that shares its storage with others (`Engine.peers`: the jetstream
+backend's fronts), a scrape answers for the whole deployment unless it asks
+`scope=front`: it gathers the others' figures (`front_figures` there, each counting the
+topics of the shards it was assigned) and merges them into its own (`merge_metrics`).
+One process alone answers as it always did, whatever the scope.
 """
 
 from __future__ import annotations
 
 import platform
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, cast
+from functools import partial
+from typing import TYPE_CHECKING, Final, Generic, TypeVar, cast
 
 import orjson
 import trio
@@ -31,6 +38,9 @@ from prometheus_client.exposition import generate_latest
 from quart import Response, request
 
 from topicd import __version__
+from topicd.engine.queues import LEVEL_PREFIX
+from topicd.errors import InvalidRequest
+from topicd.http import merge_metrics
 from topicd.http.app import principal
 from topicd.lifecycle import Phase
 from topicd.sched.saturation import LEVELS
@@ -38,24 +48,40 @@ from topicd.sched.scheduler import SCHED_BUCKETS_MS
 from topicd.storage.wal import FSYNC_BUCKETS_US, WalCommitPath
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
     from quart_trio import QuartTrio
 
     from topicd.config import Config
     from topicd.engine.engine import Engine
+    from topicd.engine.forward import Peers
     from topicd.engine.topic import Topic
     from topicd.errors import JsonValue
     from topicd.http.app import EngineRef
     from topicd.lifecycle import Lifecycle
 
-PER_TOPIC_MAX: Final = 1000
+    # which topics a process's figures count (on a deployment of several: those of the
+    # shards it answers for); None: every topic it holds
+    Counted = Callable[[str], bool]
+    Work = dict[str, int]  # queue topic -> `/work` streams attached to it
+
+_T = TypeVar("_T")
+
+PER_TOPIC_MAX: Final = merge_metrics.PER_TOPIC_MAX
 READY_PRIORITIES_MAX: Final = 8  # priority levels per queue in topicd_queue_ready_by_priority
 CLASSES: Final = ("ephemeral", "memory", "disk", "fsync")
 PROMETHEUS_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 _AGGREGATE_SLICE: Final = 5000  # topics a loop step when a scrape walks every topic
+
+
+def _in_flight(engine: Engine, counted: Counted | None) -> int:
+    """Active leases over every queue (`QueueService.in_flight`), or over those counted."""
+    if counted is None:
+        return engine.queues.in_flight()
+    queues = engine.queues
+    return sum(queues.counts(t).in_flight for n, t in list(queues.topics.items()) if counted(n))
 
 
 @dataclass(slots=True)
@@ -67,6 +93,9 @@ class _Totals:
     queues: int
     records_live: int
     names: list[str]  # the first `PER_TOPIC_MAX` topic names, sorted
+    # live bytes of the topics counted, when not every topic is (`counted`); else None:
+    # the engine's running total
+    bytes_live: int | None = None
 
 
 def _totals_of(topics: Iterable[Topic]) -> _Totals:
@@ -88,22 +117,40 @@ def _add(totals: _Totals, part: list[Topic]) -> None:
     del names[PER_TOPIC_MAX:]
 
 
-async def _totals(engine: Engine) -> _Totals:
-    """`_totals_of` every topic, `_AGGREGATE_SLICE` topics a step (with 100,000 topics
-    one pass was a 30-40 ms step), over the topics as they were when it began."""
+async def _totals(engine: Engine, counted: Counted | None = None) -> _Totals:
+    """`_totals_of` every topic (or those `counted`), `_AGGREGATE_SLICE` topics a step
+    (with 100,000 topics one pass was a 30-40 ms step), over the topics as they were
+    when it began."""
     every = list(engine.topics.values())
     totals = _Totals(0, dict.fromkeys(CLASSES, 0), 0, 0, [])
+    if counted is not None:
+        totals.bytes_live = 0
     for i in range(0, len(every), _AGGREGATE_SLICE):
         await trio.lowlevel.checkpoint()
-        _add(totals, every[i : i + _AGGREGATE_SLICE])
+        part = every[i : i + _AGGREGATE_SLICE]
+        if counted is not None:
+            part = [t for t in part if counted(t.name)]
+            totals.bytes_live = (totals.bytes_live or 0) + sum(t.bytes for t in part)
+        _add(totals, part)
     return totals
 
 
 class _Collector:
-    def __init__(self, ref: EngineRef, lifecycle: Lifecycle, totals: _Totals | None = None) -> None:
+    """Every family, in the exposition's order. With `counted` (a process of several
+    sharing one storage, answering for the topics of its assigned shards), the topic
+    figures count only those topics."""
+
+    def __init__(
+        self,
+        ref: EngineRef,
+        lifecycle: Lifecycle,
+        totals: _Totals | None = None,
+        counted: Counted | None = None,
+    ) -> None:
         self.ref = ref
         self.lifecycle = lifecycle
         self.totals = totals
+        self.counted = counted
 
     def collect(self) -> Iterator[Metric]:
         engine = self.ref.engine
@@ -156,7 +203,11 @@ class _Collector:
         yield lag
         yield handled
         yield gauge("topics_records_live", "Live records across topics.", totals.records_live)
-        yield gauge("topics_bytes_live", "Live payload bytes across topics.", engine.total_bytes)
+        yield gauge(
+            "topics_bytes_live",
+            "Live payload bytes across topics.",
+            engine.total_bytes if totals.bytes_live is None else totals.bytes_live,
+        )
         per = {
             "head_seq": ("topics_topic_head_seq", "Per-topic head."),
             "earliest_seq": ("topics_topic_earliest_seq", "Per-topic first live seq."),
@@ -200,7 +251,9 @@ class _Collector:
         )
         yield gauge("topics_queue_topics", "Queue topics.", queues)
         yield gauge(
-            "topics_queue_leases_in_flight", "Active leases, all queues.", engine.queues.in_flight()
+            "topics_queue_leases_in_flight",
+            "Active leases, all queues.",
+            _in_flight(engine, self.counted),
         )
         watch = engine.watch
         yield gauge(
@@ -250,7 +303,7 @@ class _Collector:
         yield CounterMetricFamily(
             "topicd_records_appended",
             "Records appended to topics since start (writes, router copies, dead-letter moves).",
-            value=engine.records_appended,
+            value=_appended(engine, self.counted),
         )
 
     def _jobs(self, engine: Engine, names: list[str]) -> Iterator[Metric]:
@@ -284,8 +337,13 @@ class _Collector:
         yield last
 
     def _saturation(self, engine: Engine) -> Iterator[Metric]:
-        """Every registered bounded queue (scheduler spec R4, R5)."""
-        queues = list(engine.saturation.queues.values())
+        """Every registered bounded queue (scheduler spec R4, R5); with `counted`, a
+        queue topic's level only if its topic is counted."""
+        queues = [
+            q
+            for q in engine.saturation.queues.values()
+            if self.counted is None or _level_counted(q.name, self.counted)
+        ]
         fams = {
             "depth": GaugeMetricFamily("topicd_queue_depth", "Items queued.", labels=["queue"]),
             "capacity": GaugeMetricFamily(
@@ -670,16 +728,133 @@ async def prometheus_text(ref: EngineRef, lifecycle: Lifecycle) -> bytes:
     for family in _Collector(ref, lifecycle, totals).collect():
         await trio.lowlevel.checkpoint()
         parts.append(generate_latest(cast("CollectorRegistry", _One(family))))
-    text = b"".join(parts)
+    return _uptime_header(b"".join(parts))
+
+
+def _uptime_header(text: bytes) -> bytes:
     return text.replace(b"# HELP topics_uptime_ms_total ", b"# HELP topics_uptime_ms ").replace(
         b"# TYPE topics_uptime_ms_total counter", b"# TYPE topics_uptime_ms counter"
     )
 
 
-def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
-    """The JSON form of the metrics (floats rounded by `tidy_floats`)."""
+def _appended(engine: Engine, counted: Counted | None) -> int:
+    """Records appended since start; on a deployment of several processes (`counted`),
+    only those this one published (each record once: by the process that wrote it)."""
+    if counted is None:
+        return engine.records_appended
+    return engine.records_appended - engine.records_followed
+
+
+def _work_elsewhere(engine: Engine, counted: Counted) -> dict[str, int]:
+    """`/work` streams attached here to queues whose figures this process does not count
+    (the process counting them adds these to its own)."""
+    out: dict[str, int] = {}
+    for name, t in list(engine.queues.topics.items()):
+        q = t.queue
+        if q is not None and q.workers and not counted(name):
+            out[name] = len(q.workers)
+    return out
+
+
+async def front_figures(
+    ref: EngineRef, lifecycle: Lifecycle, head: dict[str, JsonValue], counted: Counted
+) -> JsonValue:
+    """This process's figures, as another process of the deployment asked for them
+    (`Engine.figures`): the families it merges (`merge_metrics.carried`), or with
+    `form` = `json` the JSON snapshot, the topic figures counting the topics `counted`."""
     engine = ref.engine
-    topics = engine.topics
+    work: dict[str, JsonValue] = dict(_work_elsewhere(engine, counted))
+    if head.get("form") == "json":
+        await trio.lowlevel.checkpoint()
+        return {"json": json_snapshot(ref, lifecycle, counted), "work": work}
+    totals = await _totals(engine, counted)
+    families: list[JsonValue] = []
+    for family in _Collector(ref, lifecycle, totals, counted).collect():
+        if merge_metrics.carried(family):
+            await trio.lowlevel.checkpoint()
+            families.append(merge_metrics.wire_family(family))
+    return {"families": families, "work": work}
+
+
+@dataclass(slots=True)
+class _Gathered(Generic[_T]):
+    """The other processes' figures for one scrape, checked (`merge_metrics`)."""
+
+    live: int  # processes of the deployment, this one included
+    answers: list[_T]  # the figures of those that answered in the expected shape
+    missing: list[str]  # the ids of the others
+    work: dict[str, int]  # `/work` streams of queues each did not count, summed
+    covered: set[int]  # shards whose topics the answers count
+
+    def answered(self) -> int:
+        return self.live - len(self.missing)
+
+
+async def _gather(
+    engine: Engine, peers: Peers, form: str, check: Callable[[JsonValue], tuple[_T, Work] | None]
+) -> tuple[_Gathered[_T], Counted]:
+    """Ask the other processes (`Peers.gather_figures`); also which topics this one
+    counts: those of the shards no answer covers (its own, and those of a process that
+    did not answer, from what this one knows of them)."""
+    gathered = await peers.gather_figures({"form": form})
+    out = _Gathered[_T](gathered.live, [], list(gathered.missing), {}, set())
+    for answer in gathered.answers:
+        checked = check(answer.figures)
+        if checked is None:
+            out.missing.append(answer.front)
+            continue
+        out.answers.append(checked[0])
+        merge_metrics.add_work(out.work, checked[1])
+        out.covered |= answer.shards
+    covered = out.covered
+
+    def counted(name: str) -> bool:
+        return peers.shard_of(name) not in covered
+
+    merge_metrics.add_work(out.work, _work_elsewhere(engine, counted))
+    return out, counted
+
+
+async def deployment_text(ref: EngineRef, lifecycle: Lifecycle, peers: Peers) -> bytes:
+    """`prometheus_text` for the whole deployment: the other processes' figures merged
+    into this one's (`merge_metrics`), then `topicd_fronts_live`/`_answered`."""
+    engine = ref.engine
+    got, counted = await _gather(engine, peers, "text", merge_metrics.text_answer)
+    totals = await _totals(engine, counted)
+    names = merge_metrics.topic_names(totals.names, got.answers)
+    topics = merge_metrics.topic_count(totals.topics, got.answers)
+    parts: list[bytes] = []
+    families = [
+        *_Collector(ref, lifecycle, totals, counted).collect(),
+        *merge_metrics.fronts_families(got.live, got.answered()),
+    ]
+    for family in families:
+        await trio.lowlevel.checkpoint()
+        merged = merge_metrics.merge_family(family, got.answers, names, got.work, topics)
+        parts.append(generate_latest(cast("CollectorRegistry", _One(merged))))
+    return _uptime_header(b"".join(parts))
+
+
+async def deployment_json(ref: EngineRef, lifecycle: Lifecycle, peers: Peers) -> JsonValue:
+    """`json_snapshot` for the whole deployment (`merge_metrics.merge_json`), with
+    `fronts`: how many are live, answered, and the ids of those that did not."""
+    got, counted = await _gather(ref.engine, peers, "json", merge_metrics.json_answer)
+    own = json_snapshot(ref, lifecycle, counted)
+    merge_metrics.merge_json(own, got.answers, got.work)
+    missing: list[JsonValue] = [*sorted(got.missing)]
+    own["fronts"] = {"live": got.live, "answered": got.answered(), "missing": missing}
+    return own
+
+
+def json_snapshot(
+    ref: EngineRef, lifecycle: Lifecycle, counted: Counted | None = None
+) -> dict[str, JsonValue]:
+    """The JSON form of the metrics (floats rounded by `tidy_floats`); with `counted`,
+    its topic figures count only those topics (see `_Collector`)."""
+    engine = ref.engine
+    topics = (
+        engine.topics if counted is None else {n: t for n, t in engine.topics.items() if counted(n)}
+    )
     counts = dict.fromkeys(CLASSES, 0)
     for t in topics.values():
         counts[t.config.durability] += 1
@@ -688,9 +863,11 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
         **{f"topics_{c}": counts[c] for c in CLASSES},
         "routers": len(engine.routers.routers),
         "records_live": sum(t.count for t in topics.values()),
-        "bytes_live": engine.total_bytes,
+        "bytes_live": (
+            engine.total_bytes if counted is None else sum(t.bytes for t in topics.values())
+        ),
         "queue_topics": sum(1 for t in topics.values() if t.config.type == "queue"),
-        "queue_leases_in_flight": engine.queues.in_flight(),
+        "queue_leases_in_flight": _in_flight(engine, counted),
         "sse_connections": engine.watch.sse_connections(),
         "watch_sessions": len(engine.watch.sessions),
         "ready": lifecycle.phase.value is Phase.SERVING,
@@ -698,10 +875,10 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
         "uptime_ms": lifecycle.uptime_ms(),
         "pressure": engine.pressure,
         "governor": governor_snapshot(engine),
-        "records_appended": engine.records_appended,
+        "records_appended": _appended(engine, counted),
     }
-    out["queues"] = queues_snapshot(engine)
-    out["internal_queues"] = saturation_snapshot(engine)
+    out["queues"] = queues_snapshot(engine, counted)
+    out["internal_queues"] = saturation_snapshot(engine, counted)
     out["breakers"] = breakers_snapshot(engine)
     wal = engine.commit
     if isinstance(wal, WalCommitPath):
@@ -721,7 +898,9 @@ def json_snapshot(ref: EngineRef, lifecycle: Lifecycle) -> JsonValue:
             "fsync_micros_total": int(sum(s.fsync_us_total for s in shards)),
             "records_synced": sum(s.records_synced for s in shards),
         }
-    return tidy_floats(out)
+    tidy = tidy_floats(out)
+    assert isinstance(tidy, dict)
+    return tidy
 
 
 def governor_snapshot(engine: Engine) -> dict[str, JsonValue]:
@@ -737,10 +916,19 @@ def governor_snapshot(engine: Engine) -> dict[str, JsonValue]:
     }
 
 
-def saturation_snapshot(engine: Engine) -> list[JsonValue]:
-    """Every registered bounded queue (the `topicd_queue_*{queue}` series), by name."""
+def _level_counted(name: str, counted: Counted) -> bool:
+    """Whether a saturation registry entry is counted: a queue topic's depth level when
+    its topic is; every other (this process's own queues) always."""
+    return not name.startswith(LEVEL_PREFIX) or counted(name[len(LEVEL_PREFIX) :])
+
+
+def saturation_snapshot(engine: Engine, counted: Counted | None = None) -> list[JsonValue]:
+    """Every registered bounded queue (the `topicd_queue_*{queue}` series), by name;
+    with `counted`, a queue topic's level only if its topic is counted."""
     out: list[JsonValue] = []
     for name in sorted(engine.saturation.queues):
+        if counted is not None and not _level_counted(name, counted):
+            continue
         q = engine.saturation.queues[name]
         depth = q.depth()
         out.append(
@@ -791,14 +979,17 @@ def routers_snapshot(engine: Engine, top: int) -> list[JsonValue]:
     ]
 
 
-def queues_snapshot(engine: Engine) -> JsonValue:
-    """Per queue topic (the first 1000 by name): counts, the depth level, attached
-    `/work` streams and the wall time of the last claim, extend, ack and nack."""
+def queues_snapshot(engine: Engine, counted: Counted | None = None) -> JsonValue:
+    """Per queue topic (the first 1000 by name; of those `counted`): counts, the depth
+    level, attached `/work` streams and the wall time of the last claim, extend, ack
+    and nack."""
     out: dict[str, JsonValue] = {}
     queues = engine.queues
     saturation = engine.saturation.queues
     # (the queue topics only, not every topic: the dashboard calls this every second)
     for name in sorted(queues.topics):
+        if counted is not None and not counted(name):
+            continue
         t = queues.topics[name]
         q = t.queue
         assert q is not None
@@ -841,15 +1032,41 @@ def tidy_floats(value: JsonValue) -> JsonValue:
     return value
 
 
+SCOPES: Final = ("deployment", "front")
+
+
 def register(app: QuartTrio, ref: EngineRef, config: Config, lifecycle: Lifecycle) -> None:
+    def attach(engine: Engine) -> None:
+        # (asked by the other processes of a deployment: `Engine.peers`)
+        engine.figures = partial(front_figures, ref, lifecycle)
+
+    attach(ref.engine)
+    ref.on_engine.append(attach)
+
     async def metrics() -> Response:
         principal().require("read")
-        accept = request.headers.get("Accept", "")
-        if "application/json" in accept:
-            return Response(
-                orjson.dumps(json_snapshot(ref, lifecycle)), content_type="application/json"
+        scope = request.args.get("scope", "deployment")
+        if scope not in SCOPES:
+            raise InvalidRequest(
+                f"query parameter 'scope' must be deployment or front, got {scope[:100]!r}",
+                {"parameter": "scope"},
             )
-        return Response(await prometheus_text(ref, lifecycle), content_type=PROMETHEUS_TYPE)
+        accept = request.headers.get("Accept", "")
+        # one process, or its own figures only: its own; else the deployment's
+        peers = None if scope == "front" else ref.engine.peers
+        if "application/json" in accept:
+            snap = (
+                json_snapshot(ref, lifecycle)
+                if peers is None
+                else await deployment_json(ref, lifecycle, peers)
+            )
+            return Response(orjson.dumps(snap), content_type="application/json")
+        text = (
+            await prometheus_text(ref, lifecycle)
+            if peers is None
+            else await deployment_text(ref, lifecycle, peers)
+        )
+        return Response(text, content_type=PROMETHEUS_TYPE)
 
     app.add_url_rule("/v0/metrics", "metrics", metrics, methods=["GET"])
 

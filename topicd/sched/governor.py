@@ -28,11 +28,19 @@ signals into `pressure ∈ [0, 1]`:
   checkpoints' `snapshot` group nor the WAL committers, see `WalCommitPath.pool_loads`):
   busy token-seconds over the interval ÷ (interval × tokens);
 * **s4 admission** (topicd) — the mean number of client requests that waited for a
-  permit over the interval ÷ (client permits × `admission_waiters_per_permit`), or 1.0 if
-  any request was refused because the waiters were full. The permits keep each loop
-  batch short, which is what keeps probes fast under a flood, but it also keeps CPU
+  permit over the interval (`admission_signal`), or 1.0 if any request was refused
+  because the waiters were full. `admission_waiters_per_permit` (1) per permit is a
+  saturated server and reads `latency_signal_max` (0.6, the client's soft threshold;
+  proportional below); from there the signal rises to 1.0 when `admission_refuse_fill`
+  (0.6) of the waiter slots are taken, ahead of the `429 client_waiters` (with the fill
+  at 0, or at or below the saturation point, 1.0 at saturation). The permits keep each
+  loop batch short, which is what keeps probes fast under a flood, but it also keeps CPU
   saturation out of s2: the excess waits outside the loop. This signal reads that queue,
-  so the ladder still climbs when the server is saturated with more clients than permits;
+  so the ladder still climbs when the server is saturated with more clients than
+  permits, and producers pacing on the header slow down as the waiting room fills, not
+  as soon as the server is merely busy (topicd decision, docs/decisions.md). Each answer's
+  header also reads the room as it is when the answer is made
+  (`topicd.http.app.client_pressure`): a sample every 100 ms is too slow for a burst;
 * **s5 backlog** (topicd) — the WAL's queue in time: the longest a shard's oldest
   accepted, uncommitted write has waited (queued or in the batch being written) ÷
   `storage.wal.max_pending_ms` (part of the shard's ingest fill, so pressure admission
@@ -79,7 +87,8 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   samples and sent nothing since; the refusals are for those that did not.
 
 `pressure` is published as a float attribute (atomic under the GIL): the engine's
-`pressure` (the `X-Topicd-Pressure` header, `topicd_pressure`) and the WAL's.
+`pressure` (`topicd_pressure`, and the `X-Topicd-Pressure` header with the waiting room
+read at the answer, above) and the WAL's.
 """
 
 from __future__ import annotations
@@ -129,6 +138,24 @@ def sojourn_signal(median_ms: float, cfg: GovernorConfig) -> float:
     return cap + (1 - cap) * min(1.0, (median_ms - lo) / (hi - lo))
 
 
+def admission_signal(waiting: float, permits: int, slots: int, cfg: GovernorConfig) -> float:
+    """s4 for `waiting` client requests (mean over the interval) held for one of
+    `permits`, with `slots` waiter slots before the `429 client_waiters`.
+
+    With `admission_refuse_fill` 0: 1.0 at `admission_waiters_per_permit` per permit
+    (proportional below). Otherwise that many per permit read `latency_signal_max` (a
+    saturated server: the client's soft threshold), and the signal rises from there to
+    1.0 when `admission_refuse_fill` of the slots are taken, ahead of the refusal."""
+    sat = max(permits, 1) * cfg.admission_waiters_per_permit
+    refuse = cfg.admission_refuse_fill * slots
+    if refuse <= sat:
+        return min(1.0, waiting / sat)
+    cap = cfg.latency_signal_max
+    if waiting <= sat:
+        return cap * waiting / sat
+    return min(1.0, cap + (1 - cap) * (waiting - sat) / (refuse - sat))
+
+
 def retry_after_ms(pressure: float, cfg: BackpressureConfig, drain_ms: float = 0.0) -> float:
     """Scheduler spec B.5 before jitter: `clamp(max(min + span·pressure, drain_ms), min,
     max)`, `drain_ms` being how long the queue in question needs to drain."""
@@ -148,7 +175,7 @@ class Sources:
         sched_latency_ms: Callable[[], float],
         decay_sched_latency: Callable[[float], None],
         pool_loads: Callable[[float], list[tuple[str, float, int]]],
-        admission: Callable[[float], tuple[float, int, int]] | None = None,
+        admission: Callable[[float], tuple[float, int, int, int]] | None = None,
         backlog: Callable[[], float] | None = None,
         sojourn: Callable[[float], float | None] | None = None,
         apply: Callable[[float, float, float], None],
@@ -162,7 +189,7 @@ class Sources:
         self.decay_sched_latency = decay_sched_latency
         self.pool_loads = pool_loads
         # at a time: (request-seconds spent waiting for a client permit so far,
-        # requests refused so far because the waiters were full, permits)
+        # requests refused so far because the waiters were full, permits, waiter slots)
         self.admission = admission
         # the WAL's queue in time: the fullest shard's drain time ÷ its time bound
         self.backlog = backlog
@@ -235,13 +262,16 @@ class Governor:
                 pool = max(pool, min(1.0, max(0.0, busy)))
         admission = 0.0
         if src.admission is not None and cfg.admission_waiters_per_permit > 0:
-            area, refused, permits = src.admission(now)
+            area, refused, permits, slots = src.admission(now)
             last = self._admission
             self._admission = (area, refused, now)
             if last is not None and now > last[2]:
                 mean_waiting = (area - last[0]) / (now - last[2])
-                full = max(permits, 1) * cfg.admission_waiters_per_permit
-                admission = 1.0 if refused > last[1] else min(1.0, mean_waiting / full)
+                admission = (
+                    1.0
+                    if refused > last[1]
+                    else admission_signal(mean_waiting, permits, slots, cfg)
+                )
         self.signals["depth"] = depth
         self.signals["latency"] = latency
         self.signals["pool"] = pool

@@ -295,6 +295,7 @@ class JetStreamStore:
         self.notify = False  # publish a notice per committed write (an owner front)
         self.ignore_notices = False  # (a front owning every shard)
         self.requests: asyncio.Queue[Msg] | None = None  # forwarded to this front
+        self.member_ids: tuple[str, ...] = ()  # the live fronts, as `members` last found them
         self.notices: tuple[dict[int, None], asyncio.Event] | None = None
         # one topic-id allocation at a time per front: the compare-and-set on
         # `meta.next_id` then only races other fronts, never this front's own creates
@@ -517,6 +518,12 @@ class JetStreamStore:
         if (msg.headers or {}).get("Status"):
             return None
         return bytes(msg.data)
+
+    async def ask_all(self, requests: dict[str, bytes], wait_s: float) -> dict[str, bytes | None]:
+        """`ask` each subject its payload, all in parallel: the answers by subject."""
+        subjects = list(requests)
+        got = await asyncio.gather(*(self.ask(s, requests[s], wait_s) for s in subjects))
+        return dict(zip(subjects, got, strict=True))
 
     async def delete_entry(self, topic_id: int) -> None:
         """Remove `topic.<id>` with every message of its key (no delete marker left), so
@@ -745,6 +752,7 @@ class JetStreamStore:
                     await self.kv.update(MEMBERS_KEY, orjson.dumps(table), last=rev)
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
+            self.member_ids = tuple(table)
             return max(1, len(table))
         raise RuntimeError("front membership: repeated conflicts")
 
@@ -2348,6 +2356,8 @@ async def _load_topic(
                 shapes,
                 now_ms(),
             )
+            if not engine.replaying:
+                engine.records_followed += len(run)  # (published by another front)
             if hops:  # (router copies on a cycle: their hop counts)
                 if not topic.hops:
                     topic.hops = {}

@@ -38,6 +38,10 @@ each read (docs/jetstream.md, "Several fronts"):
 * **Watch order.** A watch stream over topics of several owners gets this front's
   commits only after an ordering round has caught up its other owners' topics (`hold`),
   so its live frames follow the acknowledgement order, as on one process.
+* **Metrics.** A `/v0/metrics` scrape asks every other live front for its own figures
+  (a `metrics` request each, in parallel, `METRICS_WAIT_S` at most), each counting the
+  topics of the shards the asker assigned it (those it believes that front owns), and
+  merges them (`topicd.http.metrics`); a front that does not answer is left out.
 * **Takeover.** A front taking a lease first catches every topic up, then runs the
   shard's mutations itself. Idempotency keys travel with the records (the key rides on a write's
   first record), so a client retrying a write the dead owner acknowledged gets the
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import zlib
 from functools import partial
 from typing import TYPE_CHECKING, Final
 
@@ -57,10 +62,12 @@ import trio
 import xxhash
 
 from topicd.engine.engine import DeleteResult, WriteResult
+from topicd.engine.forward import Answer, Gathered
 from topicd.engine.router import RouterService
 from topicd.engine.watch import Conn
 from topicd.errors import (
     Internal,
+    NotReady,
     StorageUnavailable,
     TopicdError,
     error_from_wire,
@@ -95,6 +102,10 @@ READS_WAIT_S: Final = 0.5
 # a readiness probe on a follower waits this long for the registry's topic count (then
 # answers this front's own)
 COUNT_WAIT_S: Final = 0.5
+# a `/v0/metrics` scrape waits this long for the other fronts' figures (then goes on
+# without those that did not answer; a stopped front answers at once: no responders)
+METRICS_WAIT_S: Final = 1.0
+COMPRESS_STEP: Final = 1 << 17  # bytes of a metrics answer compressed a loop step
 # a follower reading which records a stream holds (record deletes it missed) reads the
 # entry again after the stream; while the entry keeps changing, at most this many rounds
 RECONCILE_ATTEMPTS: Final = 8
@@ -159,6 +170,7 @@ class Fronts:
         # (`work_changed`): their notices go out from `_send_work_notices`
         self._work_changed: dict[Topic, None] = {}
         self._work_wake = trio.Event()
+        engine.peers = self  # (`/v0/metrics` gathers the other fronts' figures)
 
     # ---- shards and the leases ---------------------------------------------------------
 
@@ -451,6 +463,8 @@ class Fronts:
         op = head["op"]
         if op == "reads":
             return await self._serve_reads(head)
+        if op == "metrics":
+            return await self._serve_metrics(head)
         routers = self.engine.routers
         assert isinstance(routers, JsRouters)
         if op == "router_totals":
@@ -539,6 +553,64 @@ class Fronts:
                 if topic.last_read_ts is not None and self.owns(topic.name):
                     out[str(topic.topic_id)] = topic.last_read_ts
         return orjson.dumps({"ok": {"reads": out, "queues": queues, "heads": heads}})
+
+    # ---- metrics: every front's figures ------------------------------------------------
+
+    async def _serve_metrics(self, head: dict[str, JsonValue]) -> bytes:
+        """Another front's scrape: this front's figures (`Engine.figures`), counting the
+        topics of the shards it was assigned; zlib-compressed (a thousand topics' series
+        are about a megabyte of JSON, NATS's default message limit)."""
+        figures = self.engine.figures
+        if figures is None:  # (not serving yet: the asker leaves this front out)
+            await trio.lowlevel.checkpoint()
+            raise NotReady("this front is not serving yet", {"front": self.front_id})
+        got = head.get("shards")
+        shards = {int(k) for k in got if isinstance(k, int)} if isinstance(got, list) else set()
+        ok = await figures(head, lambda name: self.shard_of(name) in shards)
+        raw = memoryview(orjson.dumps({"ok": ok}))
+        packer = zlib.compressobj(1)
+        parts: list[bytes] = []
+        for i in range(0, len(raw), COMPRESS_STEP):  # (a megabyte at once: an 8 ms step)
+            await trio.lowlevel.checkpoint()
+            parts.append(packer.compress(raw[i : i + COMPRESS_STEP]))
+        parts.append(packer.flush())
+        return b"".join(parts)
+
+    async def gather_figures(self, head: dict[str, JsonValue]) -> Gathered:
+        """Every other live front's figures (`_serve_metrics`), asked in parallel, each
+        counting the topics of the shards this front believes it owns; `METRICS_WAIT_S`
+        at most. The live fronts are the members as this front's last lease check found
+        them. A front that does not answer in time, or answers an error, is missing."""
+        requests: dict[str, bytes] = {}
+        assigned: dict[str, tuple[str, frozenset[int]]] = {}
+        for front in self.store.member_ids:
+            if front == self.front_id:
+                continue
+            subject = f"{self.store.prefix}.fwd.{front}"
+            shards = frozenset(
+                k for k, s in self.owner_subjects.items() if s == subject and k not in self.owned
+            )
+            assigned[subject] = (front, shards)
+            requests[subject] = (
+                orjson.dumps({**head, "op": "metrics", "shards": sorted(shards)}) + b"\n"
+            )
+        got: dict[str, bytes | None] = {}
+        if requests:
+            with trio.move_on_after(2 * METRICS_WAIT_S), contextlib.suppress(Exception):
+                got = await self.backend.bridge.call(
+                    partial(self.store.ask_all, requests, METRICS_WAIT_S)
+                )
+        else:
+            await trio.lowlevel.checkpoint()
+        answers: list[Answer] = []
+        missing: list[str] = []
+        for subject, (front, shards) in assigned.items():
+            ok = _figures_of(got.get(subject))
+            if ok is None:
+                missing.append(front)
+            else:
+                answers.append(Answer(front, shards, ok))
+        return Gathered(1 + len(assigned), answers, missing)
 
     # ---- the follower: read times --------------------------------------------------------
 
@@ -1345,6 +1417,17 @@ def _merge_read(topic: Topic, ts: int) -> None:
     if topic.last_read_ts is None or ts > topic.last_read_ts:
         topic.last_read_ts = ts
         topic.mark_changed()
+
+
+def _figures_of(raw: bytes | None) -> JsonValue | None:
+    """A front's answer to a `metrics` request (None: none, or an error)."""
+    if raw is None:
+        return None
+    try:
+        answer = orjson.loads(zlib.decompress(raw))
+    except (zlib.error, orjson.JSONDecodeError):
+        return None  # (an error body: not compressed)
+    return answer.get("ok") if isinstance(answer, dict) else None
 
 
 def _error_body(err: TopicdError) -> bytes:
