@@ -6,7 +6,9 @@ dashboard's, whose page and feed are not /v0) and `tests/watch/`, the compressio
 smoke and watch-lag modules, and the WebSocket contract and admission modules. A test
 of one of them runs on every backend when a `test_v0_*` module of this directory holds
 it (the same function, or a wrapper whose `contract_test` is it). A contract test added later fails
-this check until it is taken into one of them or listed in `LEFT_OUT`.
+this check until it is taken into one of them or listed in `LEFT_OUT`. (Of some
+parametrized refusal tests, the jetstream backends run every `n`-th case:
+conftest.py, `THINNED`.)
 """
 
 from __future__ import annotations
