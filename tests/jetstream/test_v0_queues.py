@@ -6,10 +6,9 @@ directly and through followers alike). The ones that move virtual time (lease ex
 extend, nack delays, retry backoff, the claim coalescing window, depth levels against
 the ack rate) run on the `NetworkClock` (conftest.py), as `test_v0_timed.py`'s do.
 
-Left out: the body-shape refusals of ack/nack/extend (`test_bad_lease_op_bodies_are_400`,
-`test_a_bad_seq_or_fence_is_named_in_the_400`: 31 cases) and of priorities, which the
-HTTP layer decides before any backend is asked, so they would only add a queue
-creation each to the suite's time. The tests that open an app of their own config
+The body-shape refusals of claims, ack/nack/extend and priorities run too (the HTTP
+layer decides them before any backend is asked, so they cost a queue creation each and
+show that no backend changes them). The tests that open an app of their own config
 (`max_claim`, `max_nack_delay_ms`, auth scopes, the retry-after clamps) get the
 backend's app of that config instead (`own_apps`).
 """
@@ -19,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from tests.http import test_contract_queue_levels, test_contract_queues
-from tests.jetstream.conftest import own_apps
+from tests.jetstream.conftest import own_apps, take
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +35,10 @@ PICKED = [
     "test_log_topic_is_409_not_a_queue",
     "test_claim_needs_a_body",
     "test_claim_node_of_128_bytes_is_accepted",
+    "test_claim_node_must_be_a_non_empty_string_of_at_most_128_bytes",
+    "test_priority_must_be_a_32_bit_integer",
+    "test_bad_lease_op_bodies_are_400",
+    "test_a_bad_seq_or_fence_is_named_in_the_400",
     "test_claim_max_defaults_to_1_and_0_means_1",
     "test_claim_data_text_is_returned_as_written",
     "test_empty_queue_claims_nothing_without_error",
@@ -97,7 +100,5 @@ LEVELS = [
     "test_retry_after_is_clamped",
 ]
 
-for _name in PICKED:
-    globals()[_name] = getattr(test_contract_queues, _name)
-for _name in LEVELS:
-    globals()[_name] = getattr(test_contract_queue_levels, _name)
+take(globals(), test_contract_queues, PICKED)
+take(globals(), test_contract_queue_levels, LEVELS)

@@ -1,22 +1,39 @@
 """The router contract tests of `tests/http/`, run on each storage backend.
 
-The tests are the ones of `tests/http/test_contract_routers.py` that use only the
-`client` fixture (every one but the two that build an app of their own config), taken
-into this module so they run under this directory's `harness`/`client` fixtures,
-parametrized by backend: `memory` (the in-memory engine), `jetstream` (one front,
+The tests are every one of `tests/http/test_contract_routers.py`, taken into this module
+so they run under this directory's `harness`/`client` fixtures, parametrized by
+backend: `memory` (the in-memory engine), `jetstream` (one front,
 whose copies are materialized in the destination's stream: docs/jetstream.md,
 "Routers") and `fronts` (three fronts, one owner shard each, each request to the next
 front in turn: a router's calls reach the front running it, the destination's owner,
-directly and through the others, and its source may be another front's).
+directly and through the others, and its source may be another front's). The two that
+open an app of their own config (`max_routers`, auth scopes and prefixes) get the
+backend's app of that config (`own_apps`). The one that holds a topic creation by
+patching one process's engine runs on `memory` and `jetstream`, and is skipped on
+`fronts`, where the creations run on the source's owner, another front's engine.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from tests.http import test_contract_routers
+from tests.jetstream.conftest import own_apps, take
+
+if TYPE_CHECKING:
+    from topicd.testing.harness import AppHarness
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_apps(backend, request, monkeypatch, test_contract_routers)
+
 
 PICKED = [
     "test_put_creates_and_echoes_every_field",
@@ -44,8 +61,28 @@ PICKED = [
     "test_read_path_catch_up_sees_the_copy_at_once",
     "test_a_full_reject_dest_holds_the_cursor_never_drops",
     "test_records_the_source_evicted_first_are_source_trim",
+    # (these open an app of their own config)
+    "test_max_routers_is_429_limit",
+    "test_scopes_and_prefixes_apply_to_name_source_and_dest",
 ]
 
 
-for _name in PICKED:
-    globals()[_name] = getattr(test_contract_routers, _name)
+take(globals(), test_contract_routers, PICKED)
+
+
+async def test_two_routers_auto_creating_one_source_at_once_both_land(
+    backend: str, harness: AppHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (it holds one process's creation of the source by patching that engine's
+    # `create_default` and its backend's `control`: on `fronts` the creations run on the
+    # source's owner, another front's engine, so there is no one process to patch)
+    if backend == "fronts":
+        pytest.skip("patches one process's engine; the creations run on the owner front")
+    await test_contract_routers.test_two_routers_auto_creating_one_source_at_once_both_land(
+        harness, monkeypatch
+    )
+
+
+test_two_routers_auto_creating_one_source_at_once_both_land.contract_test = (  # type: ignore[attr-defined]
+    test_contract_routers.test_two_routers_auto_creating_one_source_at_once_both_land
+)

@@ -1,14 +1,20 @@
-"""A subset of the /v0 contract tests, run on each storage backend.
+"""The /v0 contract tests that need no virtual time, run on each storage backend.
 
-The tests are the ones of `tests/http/`, taken into this module so they run under this
-directory's `harness`/`client` fixtures, parametrized by backend: `memory` (the in-memory
-engine) and `jetstream` (a real nats-server). Picked: the topic, write, diff,
-record-delete, error, probe, query-boolean, auth, smoke and watch-create contract tests
-that use only `client`/`harness` (those taking
-`autojump_clock` run in `test_v0_timed.py`). On `jetstream`,
-the ones exercising what the backend does differently by design (the batch ceiling;
-see docs/jetstream.md) are marked, and `test_backend.py` checks it. The queue and router
-contract tests run in `test_v0_queues.py` and `test_v0_routers.py`.
+The tests are the ones of `tests/http/` (and a few of `tests/watch/`), taken into this
+module so they run under this directory's `harness`/`client` fixtures, parametrized by
+backend: `memory` (the in-memory engine), `jetstream` (one front on a real nats-server
+cluster) and `fronts` (three fronts, each request to the next in turn). Taken: the
+topic, write, diff, record-delete, error, probe, query-boolean, auth, compression,
+smoke and watch-create contract tests (those taking `autojump_clock` run in
+`test_v0_timed.py`, but for a few here that move it too). The tests that open an app of
+their own config (tightened limits, auth keys, a server still starting) get the
+backend's app of that config instead (`own_apps`). On the jetstream backends the ones
+exercising what the backend does differently by design (the batch ceiling; see
+docs/jetstream.md) are marked, and `test_backend.py` checks it; so are, on `fronts`, the
+instance-wide limits each front counts on its own (conftest.py, `FRONTS_UNFIXED`).
+Left out, with the reasons, in `test_v0_coverage.py`: tests of a pure function or of
+the compressor alone, the direct socket path, and the generated-bodies Hypothesis test.
+The queue and router contract tests run in `test_v0_queues.py` and `test_v0_routers.py`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import pytest
 
 from tests.http import (
+    test_compression,
     test_contract_auth,
     test_contract_diff,
     test_contract_errors,
@@ -26,9 +33,30 @@ from tests.http import (
     test_contract_writes,
     test_smoke,
 )
+from tests.http.test_compression import frozen_perf  # noqa: F401 (a fixture of its tests)
+from tests.http.test_contract_auth import authed  # noqa: F401 (a fixture of its tests)
+from tests.jetstream.conftest import own_apps, take
 from tests.watch import test_contract_watch_create, test_contract_watch_frames
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_apps(
+        backend,
+        request,
+        monkeypatch,
+        test_compression,
+        test_contract_auth,
+        test_contract_errors,
+        test_contract_probes,
+        test_contract_topics,
+        test_contract_writes,
+    )
+
 
 PICKED = {
     test_contract_topics: [
@@ -82,6 +110,9 @@ PICKED = {
         "test_delete_if_empty_on_empty_topic",
         "test_delete_if_empty_counts_live_records_only",
         "test_recreate_after_delete_is_a_fresh_instance",
+        # (these open an app of their own config)
+        "test_put_max_topics_cap",
+        "test_list_page_size_clamp_uses_max_page_size",
     ],
     test_contract_writes: [
         "test_first_write_creates_201_then_200",
@@ -135,6 +166,20 @@ PICKED = {
         "test_order_topic_not_found_before_dedupe",
         "test_order_record_checks_before_dedupe",
         "test_order_dedupe_before_topic_full",
+        # (these open an app of their own config)
+        "test_batch_limit_boundary",
+        "test_record_size_counts_minified_text",
+        "test_max_total_bytes",
+        "test_max_total_bytes_is_not_bypassed",
+        "test_max_idempotency_entries",
+        "test_max_total_bytes_counts_live_bytes_only",
+        "test_max_idempotency_entries_is_instance_wide",
+        "test_order_batch_too_large_before_idempotency_key_length",
+        "test_order_batch_too_large_before_record_checks",
+        "test_order_record_checks_before_max_topics",
+        "test_order_dedupe_before_max_total_bytes",
+        "test_order_topic_full_before_max_total_bytes",
+        "test_order_max_topics_is_the_last_resolution_check",
     ],
     test_contract_diff: [
         "test_diff_response_fields",
@@ -208,14 +253,36 @@ PICKED = {
         "test_non_utf8_bodies_are_400",
         "test_lone_surrogate_escapes_never_500",
         "test_odd_query_values_never_500",
+        "test_non_json_content_type_is_415",
+        "test_json_media_type_parameters_and_case",
+        "test_malformed_json_is_400",
+        "test_non_object_top_level_is_400",
+        # (these open an app of their own config)
+        "test_body_over_max_body_bytes_is_413",
+        "test_413_precedes_415",
     ],
     test_contract_probes: [
         "test_health_when_serving",
         "test_ready_when_serving_counts_topics",
         "test_while_draining",
+        # (these open an app of their own config)
+        "test_while_starting_only_probes_answer",
+        "test_probe_auth",
     ],
     test_contract_query_bools: [
         "test_if_empty_yes_deletes_nothing",
+        "test_if_empty_other_values_are_400_and_delete_nothing",
+        "test_if_empty_true_spellings_refuse_a_non_empty_topic",
+        "test_if_empty_false_spellings_and_absence_delete",
+        "test_return_seqs_other_values_are_400_and_append_nothing",
+        "test_return_seqs_spellings",
+        "test_touch_other_values_are_400_and_touch_nothing",
+        "test_touch_spellings_on_the_state_read",
+        "test_touch_spellings_on_the_list",
+        "test_lenient_other_values_are_400",
+        "test_lenient_true_spellings_drop_unknown_topics",
+        "test_lenient_false_spellings_and_absence_refuse_unknown_topics",
+        "test_page_size_is_clamped_never_refused",
     ],
     test_smoke: [
         "test_write_then_diff",
@@ -234,6 +301,24 @@ PICKED = {
     ],
     test_contract_auth: [
         "test_dev_mode_ignores_the_header",
+        # (these use the module's `authed` app, or open one of their own config)
+        "test_missing_or_unknown_key_is_401",
+        "test_401_precedes_body_and_route_checks",
+        "test_token_whitespace_is_trimmed",
+        "test_scope_table",
+        "test_write_scope_may_lazy_create_without_config",
+        "test_creating_write_with_config_needs_admin",
+        "test_config_on_existing_topic_needs_no_admin",
+        "test_order_json_shape_before_admin_check",
+        "test_order_admin_check_before_record_checks",
+        "test_prefix_allowlist_on_path_names",
+        "test_prefix_allowlist_filters_the_list",
+        "test_key_entry_syntax",
+        "test_prefix_key_keeps_its_scopes",
+        "test_other_methods_on_topic_paths_need_write",
+        "test_query_token_is_not_accepted_on_topic_routes",
+        "test_max_inflight_per_key",
+        "test_dev_mode_has_no_per_key_inflight_cap",
     ],
     # (these move virtual time, as `test_v0_timed.py`'s do; here, with the 0-byte cache,
     # every live record's bytes are loaded back from the stream before a watch stream
@@ -242,8 +327,29 @@ PICKED = {
         "test_live_records_do_not_repeat_caught_up",
         "test_heartbeat_counts_silence_from_the_last_frame",
     ],
+    test_compression: [
+        # (these open an app of their own)
+        "test_diff_answers_at_the_threshold",
+        "test_claim_of_many_jobs_is_compressed",
+        "test_small_answers_and_errors_are_never_compressed",
+        "test_metrics_text_and_json_are_compressed",
+        "test_sse_streams_are_never_compressed",
+    ],
 }
 
 for _module, _names in PICKED.items():
-    for _name in _names:
-        globals()[_name] = getattr(_module, _name)
+    take(globals(), _module, _names)
+
+
+@pytest.mark.usefixtures("frozen_perf")
+async def test_fast_path_write_answers_at_the_threshold(autojump_clock: object) -> None:
+    # (on virtual time: a jetstream write's `performance.wal_append_ms` is its publish
+    # round trip, measured on the Trio clock, which the `NetworkClock` keeps still while
+    # the publish is in flight; on the real clock its digits would change the answer's
+    # size, which the test sets to the byte)
+    await test_compression.test_fast_path_write_answers_at_the_threshold(None)
+
+
+test_fast_path_write_answers_at_the_threshold.contract_test = (  # type: ignore[attr-defined]
+    test_compression.test_fast_path_write_answers_at_the_threshold
+)

@@ -11,13 +11,13 @@ With three fronts, a watch stream is opened on the front that created its sessio
 deletes of the same test go to every front in turn, so a stream on one front is fed by
 writes that the topic's owner, often another front, made.
 
-Left out: what the HTTP layer decides before any backend is asked (query-boolean
-spellings, refusals of bad bodies, media types, methods, watch bodies and names,
-`Accept` values, undecodable `Last-Event-ID`s: many cases, each starting
-its fronts), the tests that open their own in-memory app (auth keys, caps on
-connections), which would run on `memory` whatever the backend, and the two that walk
-minutes of virtual time through every timer (`test_heartbeat_period_and_clamp`, 8 cases,
-and `test_effective_priority_manual_and_auto_decay`: 12-25 s each here; they pass).
+The tests that open an app of their own config (auth keys, connection and session
+caps, small channels for lagging streams) get the backend's app of that config instead
+(`own_apps`); the watch-creation tests on the module's auth keys run in
+`test_v0_watch.py` (each module's `authed` app is its own). Left out
+(`test_v0_coverage.py`): the two that walk minutes of virtual time through every timer
+(`test_heartbeat_period_and_clamp`, 8 cases, and
+`test_effective_priority_manual_and_auto_decay`: 12-25 s each here; they pass).
 """
 
 from __future__ import annotations
@@ -30,15 +30,25 @@ from tests.http import (
     test_contract_topics,
     test_contract_writes,
 )
+from tests.jetstream.conftest import own_apps, take
 from tests.watch import (
     test_contract_watch_create,
     test_contract_watch_frames,
     test_contract_watch_open,
     test_contract_watch_resume,
 )
+from tests.watch.test_contract_watch_open import authed  # noqa: F401 (a fixture of its tests)
 from topicd.config import Config
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _own_apps(
+    backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    own_apps(backend, request, monkeypatch, test_contract_watch_frames, test_contract_watch_open)
+
 
 # The servers' default payload cache (the harness's read-back mode, a 0-byte cache, is
 # `test_v0_subset.py`'s): a watch catch-up that must load records from the stream splits
@@ -62,6 +72,7 @@ PICKED = {
         "test_ttl_expiry_is_strictly_greater_than",
         "test_mixed_tombstone_and_per_range_reason",
         "test_mixed_range_cap_then_ttl_and_ttl_only_subrange",
+        "test_no_wait_when_not_caught_up",
     ],
     test_contract_topics: [
         "test_put_tighter_ttl_expires_immediately",
@@ -113,6 +124,9 @@ PICKED = {
         "test_shutdown_sends_server_shutting_down_with_the_cursor_map",
         "test_shutdown_id_reflects_frames_written_before_it",
         "test_create_session_returns_all_topics_in_id_even_if_untouched",
+        # (these open an app of their own config)
+        "test_ttl_expiry_while_lagging_is_a_ttl_tombstone",
+        "test_lagging_client_loses_nothing_silently",
     ],
     test_contract_watch_open: [
         "test_response_headers",
@@ -125,6 +139,18 @@ PICKED = {
         "test_reclaim_counts_from_stream_close",
         "test_reclaimed_session_is_404_even_with_rewind",
         "test_session_exactly_ttl_old_is_not_reclaimed",
+        "test_unacceptable_accept_is_406",
+        "test_acceptable_accept",
+        "test_session_with_open_stream_is_never_reclaimed",
+        "test_wrong_method_on_the_stream_path_is_405",
+        "test_wrong_method_on_the_create_path_is_405",
+        # (these use the module's `authed` app, or open one of their own config)
+        "test_auth_stream_needs_the_creating_key",
+        "test_auth_token_first_occurrence_wins",
+        "test_auth_header_wins_over_token",
+        "test_auth_order_404_before_401",
+        "test_auth_order_406_before_401",
+        # (the connection-cap tests run in test_v0_caps.py)
     ],
     test_contract_watch_resume: [
         "test_reopen_continues_after_the_last_written_frame",
@@ -141,9 +167,9 @@ PICKED = {
         "test_header_wins_over_cursor_query",
         "test_undecodable_header_still_wins_over_cursor_query",
         "test_rewind_is_applied_to_the_stored_cursor",
+        "test_undecodable_id_is_ignored",
     ],
 }
 
 for _module, _names in PICKED.items():
-    for _name in _names:
-        globals()[_name] = getattr(_module, _name)
+    take(globals(), _module, _names)

@@ -9,8 +9,7 @@ backend's `harness` with the queue `q` made, in place of the contract module's
 in-memory one. Virtual time is the `NetworkClock` (conftest.py).
 
 The tests that open an app of their own config (the heartbeat period, the SSE caps,
-auth keys) get the backend's app of that config instead (`own_apps`). Left out: the
-`405` of other methods, which the HTTP layer answers before any backend is asked.
+auth keys) get the backend's app of that config instead (`own_apps`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pytest
 
 from tests.http import test_contract_work
 from tests.http.test_contract_queues import make_queue
-from tests.jetstream.conftest import own_apps
+from tests.jetstream.conftest import own_apps, take
 
 if TYPE_CHECKING:
     from topicd.testing.harness import AppHarness
@@ -57,11 +56,11 @@ PICKED = [
     "test_establishment_errors_in_order",
     "test_accept_event_stream_absent_or_any_is_accepted",
     "test_pacing_advice_is_an_error_frame_and_the_stream_stays",
+    "test_other_methods_are_405_allow_get",
     # (these open an app of their own config)
     "test_heartbeat_after_work_heartbeat_ms_of_silence",
     "test_the_sse_caps_count_work_streams",
     "test_auth_header_or_token_and_read_plus_write",
 ]
 
-for _name in PICKED:
-    globals()[_name] = getattr(test_contract_work, _name)
+take(globals(), test_contract_work, PICKED)

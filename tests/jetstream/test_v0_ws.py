@@ -7,10 +7,12 @@ the test's topic `t`, so its subscriptions are fed by the owner's notices and it
 `publish`es are forwarded to the owner. `h.engine` and `h.lifecycle` are the socket's
 front's, where the tests look at its watchers and connections.
 
-The tests that open an app of their own config (publish errors on a tightened config,
-the subscription cap) get the backend's app of that config instead. Left out: what the
-socket's command parser decides before any backend is asked (a binary message, the
-body cap; of the bad commands, every case but the unknown topic's).
+The admission tests of `tests/ws/test_ws_admission.py` run here too: keys and scopes
+on that module's `authed` app, the connection caps, the permits, an upgrade while not
+serving and the drain. The tests that open an app of their own config (publish errors
+on a tightened config, the subscription cap, auth keys, caps) get the backend's app of
+that config instead, socket side included; every bad command of the parser's table runs
+on each backend.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.jetstream.conftest import FrontsHarness, SpreadClient, fronts_of, open_backend
-from tests.ws import test_ws_contract
+from tests.jetstream.conftest import FrontsHarness, SpreadClient, fronts_of, open_backend, take
+from tests.ws import test_ws_admission, test_ws_contract
+from tests.ws.test_ws_admission import authed  # noqa: F401 (a fixture of its tests)
 from topicd.config import Config
 
 if TYPE_CHECKING:
@@ -64,9 +67,13 @@ def socket_harness(harness: AppHarness) -> AppHarness:
 
 @asynccontextmanager
 async def open_socket_app(
-    backend: str, request: pytest.FixtureRequest, config: Config | None = None
+    backend: str,
+    request: pytest.FixtureRequest,
+    config: Config | None = None,
+    *,
+    serving: bool = True,
 ) -> AsyncIterator[AppHarness]:
-    async with open_backend(backend, request, config) as harness:
+    async with open_backend(backend, request, config, serving=serving) as harness:
         yield socket_harness(harness)
 
 
@@ -76,7 +83,8 @@ def _own_apps(
 ) -> None:
     # (the tests that open an app of their own config get the backend's, socket side
     # included)
-    monkeypatch.setattr(test_ws_contract, "open_app", partial(open_socket_app, backend, request))
+    for module in (test_ws_contract, test_ws_admission):
+        monkeypatch.setattr(module, "open_app", partial(open_socket_app, backend, request))
 
 
 @pytest.fixture
@@ -99,22 +107,28 @@ PICKED = [
     "test_client_close_is_answered_and_frees_the_slot",
     "test_a_bug_in_a_command_is_an_internal_error_message",
     "test_a_command_sent_right_behind_the_handshake_is_not_lost",
+    "test_bad_commands_get_error_messages_and_the_socket_stays",
+    "test_a_binary_message_is_unsupported",
+    "test_message_over_max_body_bytes_is_refused",
     # (these open an app of their own config)
     "test_publish_errors_carry_the_http_codes",
     "test_subscriptions_per_connection_are_capped_at_max_watch_topics",
 ]
 
-for _name in PICKED:
-    globals()[_name] = getattr(test_ws_contract, _name)
+# the admission tests of `tests/ws/test_ws_admission.py`: keys and scopes on the module's
+# `authed` app, the caps, the permits, not serving, and the drain
+ADMISSION = [
+    "test_upgrade_without_a_valid_key_is_401",
+    "test_any_valid_key_connects_and_scopes_are_checked_per_command",
+    "test_publish_with_config_needs_admin",
+    "test_prefix_allowlist_applies_to_every_named_topic",
+    "test_connections_count_against_the_sse_caps",
+    "test_per_key_cap_with_auth",
+    "test_upgrade_while_not_serving_is_503",
+    "test_drain_sends_server_shutting_down_then_closes",
+    "test_drain_closes_even_when_the_client_never_answers",
+    "test_publish_is_client_work_under_the_permits",
+]
 
-
-@pytest.mark.parametrize(
-    ("text", "code"), [('{"op": "subscribe", "topic": "missing"}', "topic_not_found")]
-)
-async def test_bad_commands_get_error_messages_and_the_socket_stays(
-    h: AppHarness, nursery: object, text: str, code: str
-) -> None:
-    # (the one case a backend answers: the contract test, with that case only)
-    await test_ws_contract.test_bad_commands_get_error_messages_and_the_socket_stays(
-        h, nursery, text, code
-    )
+take(globals(), test_ws_contract, PICKED)
+take(globals(), test_ws_admission, ADMISSION)

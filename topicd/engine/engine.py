@@ -400,7 +400,9 @@ class Engine:
             await trio.lowlevel.checkpoint()
             return None
         cap = self.cfg.limits.max_topics
-        if cap and len(self.topics) + len(self._creating) >= cap:
+        # (with a forwarder, other processes create and delete topics too: the shared
+        # storage counts them, when the mutation is made durable)
+        if cap and self.forward is None and len(self.topics) + len(self._creating) >= cap:
             raise Throttled.limit("max_topics", cap)
         self.check_open()
         done = self._creating[name] = trio.Event()

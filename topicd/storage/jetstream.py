@@ -587,6 +587,21 @@ class JetStreamStore:
         entry finds none."""
         return {int(k) for k in await self.keys_under("topic.") if k.isdigit()}
 
+    async def count_keys(self, prefix: str) -> int:
+        """How many registry keys start with `prefix` (the total of `keys_under`'s
+        listing, from its first page: listed by the bucket stream's leader)."""
+        assert self.nc is not None
+        msg = await self.nc.request(
+            f"$JS.API.STREAM.INFO.KV_{self.bucket}",
+            orjson.dumps({"subjects_filter": f"$KV.{self.bucket}.{prefix}*"}),
+            timeout=self.timeout,
+        )
+        resp = orjson.loads(msg.data)
+        if "error" in resp:
+            raise RuntimeError(f"counting the registry keys {prefix}*: {resp['error']}")
+        subjects = resp.get("state", {}).get("subjects") or {}
+        return max(int(resp.get("total") or 0), len(subjects))
+
     async def keys_under(self, prefix: str) -> list[str]:
         """The rest of every registry key starting with `prefix`: the bucket stream's
         subjects, listed by its leader (a key listing through a consumer may be a
@@ -1623,6 +1638,9 @@ class JetStreamBackend:
                 abandoned()
             raise
 
+    async def _topic_keys(self) -> int:
+        return await self.store.count_keys("topic.")
+
     async def _control(self, topic: Topic, frame: bytes | None, apply: Callable[[], _T]) -> _T:
         if frame is None:
             await trio.lowlevel.checkpoint()
@@ -1633,6 +1651,15 @@ class JetStreamBackend:
         body = parsed.control()
         tid = topic.topic_id
         if ftype == frames.TOPIC_CREATE:
+            cap = self.cfg.limits.max_topics
+            # other fronts create and delete topics too, and this front learns of
+            # theirs only once their notices arrive: the deployment's count is the
+            # registry's entries, read here (`Engine._create` leaves the cap to this).
+            # A create racing one on another owner may still pass with it; creates one
+            # after another, through any fronts, never do
+            forwards = self.engine is not None and self.engine.forward is not None
+            if cap and forwards and await self._call(self._topic_keys) >= cap:
+                raise Throttled.limit("max_topics", cap)
             config = topic.config.to_wire()
             memory = config.get("durability") == "ephemeral"
             # the id comes from the registry (the engine's guess is its lower bound): the
