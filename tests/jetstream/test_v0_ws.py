@@ -17,10 +17,11 @@ on each backend.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -28,6 +29,7 @@ from tests.jetstream.conftest import FrontsHarness, SpreadClient, fronts_of, ope
 from tests.ws import test_ws_admission, test_ws_contract
 from tests.ws.test_ws_admission import authed  # noqa: F401 (a fixture of its tests)
 from topicd.config import Config
+from topicd.http.app import Gate, gate_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -43,12 +45,34 @@ pytestmark = pytest.mark.slow
 JETSTREAM_CACHE_BYTES = Config().storage.payload_cache_bytes
 
 
+def sticky_gate(socket_front: AppHarness, hs: Sequence[AppHarness]) -> Gate:
+    """The socket front's gate, except that a watch stream's `GET /v0/watch/:wid` goes
+    to the front that created the session (sessions live there: `StickyWatchApp`)."""
+    base = gate_of(socket_front.app)
+
+    class Sticky(type(base)):  # type: ignore[misc]
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            path = str(scope.get("path", ""))
+            if path.startswith("/v0/watch/"):
+                wid = path.split("/")[3]
+                for h in hs:
+                    if wid in h.engine.watch.sessions:
+                        await h.app.asgi_app(scope, receive, send)
+                        return
+            await base(scope, receive, send)
+
+    gate = copy.copy(base)
+    gate.__class__ = Sticky
+    return gate
+
+
 class SocketFrontApp:
     """`h.app` for the `fronts` backend: its ASGI entry (the gate a socket upgrades
-    through) is one front's; its test client sends each request to the next front."""
+    through) is one front's, but a watch stream opens on its session's front; its test
+    client sends each request to the next front."""
 
     def __init__(self, socket_front: AppHarness, hs: Sequence[AppHarness]) -> None:
-        self.asgi_app = socket_front.app.asgi_app
+        self.asgi_app = sticky_gate(socket_front, hs)
         self._hs = list(hs)
 
     def test_client(self) -> SpreadClient:
