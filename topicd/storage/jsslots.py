@@ -44,7 +44,6 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Final
@@ -248,7 +247,7 @@ class JsSlots:
         self._contended_until = 0.0
         self._renew_at = 0.0  # Trio time of the next renewal while holding slots
         # Trio time by which ended requests are written if no round writes them first
-        self._flush_at = math.inf
+        self._flush_at: float | None = None
         self._last_error = ""
         self.closed = False  # (the front is shutting down: its record is taken out)
         self.writes = 0  # records written (tests)
@@ -296,7 +295,8 @@ class JsSlots:
             self._gen += 1
             # (no round of its own: the next round writes the whole record, an admission
             # of this front's next request included; at the latest `RELEASE_FLUSH_S` on)
-            self._flush_at = min(self._flush_at, trio.current_time() + RELEASE_FLUSH_S)
+            if self._flush_at is None:
+                self._flush_at = trio.current_time() + RELEASE_FLUSH_S
 
     async def _round_for(self, slot: Slot) -> Slot:
         """`slot` taken by the writer's next round (or its refusal raised)."""
@@ -355,7 +355,8 @@ class JsSlots:
         while True:
             if not self.mine.empty() or self._gen != self._written_gen or self._forget:
                 # (the renewal, the retry, or ended requests to write)
-                with trio.move_on_at(min(self._renew_at, self._flush_at)):
+                flush = self._renew_at if self._flush_at is None else self._flush_at
+                with trio.move_on_at(min(self._renew_at, flush)):
                     await self._wake.wait()
             else:
                 await self._wake.wait()
@@ -368,7 +369,7 @@ class JsSlots:
         reached), and a failed write is retried at the next round."""
         asks = [a for a in self._asks if not a.abandoned]
         self._asks.clear()
-        self._flush_at = math.inf  # (this round writes the requests ended so far)
+        self._flush_at = None  # (this round writes the requests ended so far)
         gen = self._gen
         try:
             await self._settle(asks)
