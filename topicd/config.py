@@ -362,7 +362,8 @@ class LimitsConfig:
     )
     max_watch_sessions: int = key(
         10000,
-        "Live watch sessions; 0 = unlimited.",
+        "Live watch sessions (with several jetstream fronts, of all of them together, "
+        "at a registry round trip per create); 0 = unlimited.",
         env=_env2("MAX_WATCH_SESSIONS"),
         min=0,
     )

@@ -17,7 +17,9 @@ surviving front polled (bounded) until it admits. A NATS failure is a failing cl
 call at the registry (`read_table`/`write_table`). The in-flight cap's request slots are
 tested the same way: long-polls of one key on two fronts fill it for the third; a
 request ended on a front whose writer is held up (its record still counts it) leaves
-the others admitting exactly what one process admits.
+the others admitting exactly what one process admits. The session cap: a create at it
+on one front has the front holding an idle-expired session reclaim it (its last use
+moved back past the TTL), never a session with its stream open.
 """
 
 from __future__ import annotations
@@ -480,7 +482,7 @@ async def test_a_request_ended_on_a_front_whose_write_lags_is_not_counted_elsewh
         monkeypatch.setattr(desk(a), "round", no_round)
         desk(a).release_request(held[0])
         desk(a).release_request(held[0])  # (idempotent)
-        assert desk(a).live(["key"]) == {"key": 1}
+        assert desk(a).live(["key"], False) == {"r": {"key": 1}, "w": 0}
         table, _ = await desk(a).backend.bridge.call(partial(read_table, desk(a).store))
         assert table[desk(a).front_id][0].reqs == {"key": 2}  # (its record lags)
         mine = await desk(c).acquire_request("key")
@@ -504,3 +506,41 @@ async def test_a_request_ended_on_a_front_whose_write_lags_is_not_counted_elsewh
             desk(b).release_request(slot)
         monkeypatch.undo()
         stuck.set()
+
+
+async def test_a_create_at_the_session_cap_reclaims_idle_sessions_on_other_fronts(cluster, nursery):
+    """`limits.max_watch_sessions = 2`, one session created on each of two fronts: a
+    create on the third is refused with the embedded `429`. Once the first front's
+    session has been idle past `watch.session_ttl_ms` (its last use moved back), a create
+    on the third front has the first reclaim it (as one process reclaims idle sessions
+    on a create) and is served; the second front's session, idle as long but with its
+    stream open, is never reclaimed: the next create is refused."""
+    async with open_fronts(config(cluster, limits={"max_watch_sessions": 2})) as (a, b, c):
+        await a.app.test_client().put("/v0/topics/q", json={})
+        body = {"topics": {"q": {}}}
+        for h in (a, b):
+            assert (await h.app.test_client().post("/v0/watch", json=body)).status_code == 200
+        assert [desk(h).mine.w for h in (a, b, c)] == [1, 1, 0]
+        r = await c.app.test_client().post("/v0/watch", json=body)
+        assert r.status_code == 429
+        assert r.headers["Retry-After"] == "1"
+        cap = {"limit": "max_watch_sessions", "max": 2}
+        assert (await r.get_json())["error"]["detail"] == cap
+        assert desk(c).live_asks == 1
+        assert len(c.engine.watch.sessions) == 0  # (the refused session is not kept)
+        ttl = a.engine.cfg.watch.session_ttl_ms / 1000
+        (idle,) = a.engine.watch.sessions.values()
+        idle.last_used -= ttl + 0.001
+        (kept,) = b.engine.watch.sessions.values()
+        s = await open_stream(nursery, b.app.asgi_app, kept.wid)
+        assert s.status == 200, s.body
+        kept.last_used -= ttl + 0.001
+        r = await c.app.test_client().post("/v0/watch", json=body)
+        assert r.status_code == 200, await r.get_data()
+        assert a.engine.watch.sessions == {}
+        assert a.engine.watch.stats.sessions_reclaimed == 1
+        assert [desk(h).mine.w for h in (a, b, c)] == [0, 1, 1]
+        r = await a.app.test_client().post("/v0/watch", json=body)
+        assert r.status_code == 429
+        assert kept.wid in b.engine.watch.sessions
+        s.disconnect()

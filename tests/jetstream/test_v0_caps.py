@@ -19,7 +19,7 @@ import pytest
 
 from tests.http import test_contract_auth, test_contract_dashboard
 from tests.jetstream.conftest import own_apps
-from tests.watch import test_contract_watch_open
+from tests.watch import test_contract_watch_create, test_contract_watch_open
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,7 @@ def _own_apps(
         test_contract_watch_open,
         test_contract_dashboard,
         test_contract_auth,
+        test_contract_watch_create,
     )
 
 
@@ -46,6 +47,11 @@ PICKED = {
         "test_per_key_cap_not_applied_in_dev_mode",
         "test_refused_stream_429_retry_after",
         "test_takeover_at_the_connection_cap",
+        "test_session_with_open_stream_is_never_reclaimed",
+    ],
+    test_contract_watch_create: [
+        "test_session_cap_edge_and_order",
+        "test_reclaimed_sessions_free_their_slot",
     ],
     test_contract_dashboard: [
         "test_max_viewers_refuses_with_429_limit",

@@ -19,6 +19,9 @@ when it ends, however it ends. Nothing is counted per frame.
 every authenticated request that is not a stream takes a *request slot* of its key
 (`acquire_request`) while it runs, and gives it back without waiting
 (`release_request`). On the embedded backend the gate's own count decides, as before.
+So is `limits.max_watch_sessions`: a stored watch session holds a *session slot*
+(`acquire_session` at its creation, after the creation's other checks) until it is
+reclaimed (`release_session`); the registry's `reclaim_idle` gives it back.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Final, Protocol
 MAX_SSE_LIMIT: Final = "max_sse_connections"
 PER_KEY_LIMIT: Final = "max_sse_connections_per_key"
 INFLIGHT_LIMIT: Final = "max_inflight_per_key"
+SESSIONS_LIMIT: Final = "max_watch_sessions"
 MAX_VIEWERS_LIMIT: Final = "dashboard.max_viewers"  # the `detail.limit` of the viewer cap
 
 
@@ -41,6 +45,7 @@ class Slot:
     counted: bool = True  # False: no cap applies to it, nothing was counted
     released: bool = False
     request: bool = False  # a request's slot under `max_inflight_per_key` (not a stream)
+    session: bool = False  # a watch session's slot under `max_watch_sessions`
 
 
 class ConnectionSlots(Protocol):
@@ -70,4 +75,16 @@ class ConnectionSlots(Protocol):
     def release_request(self, slot: Slot) -> None:
         """Give a request slot back at once (idempotent; never raises, never waits); the
         deployment's count follows (implementation's docstring)."""
+        ...
+
+    async def acquire_session(self) -> Slot:
+        """Take a watch session's slot under `limits.max_watch_sessions` (which the
+        caller checked is on), after the caller reclaimed this process's idle sessions.
+        At the cap, the processes holding sessions reclaim their idle-expired ones first,
+        as one process does on a create. Raises `Throttled` (`429 {limit, max}`) at the
+        cap, `StorageUnavailable` (`503`) when the count cannot be reached."""
+        ...
+
+    def release_session(self, slot: Slot) -> None:
+        """Give a session's slot back (it was reclaimed); as `release_request`."""
         ...

@@ -471,7 +471,8 @@ class Fronts:
             keys = head.get("keys") or []
             assert slots is not None
             assert isinstance(keys, list)
-            return orjson.dumps({"ok": slots.live([str(k) for k in keys])})
+            sessions = bool(head.get("sessions"))
+            return orjson.dumps({"ok": slots.live([str(k) for k in keys], sessions)})
         routers = self.engine.routers
         assert isinstance(routers, JsRouters)
         if op == "router_totals":

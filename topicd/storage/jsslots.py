@@ -56,12 +56,15 @@ from topicd.engine.slots import (
     MAX_SSE_LIMIT,
     MAX_VIEWERS_LIMIT,
     PER_KEY_LIMIT,
+    SESSIONS_LIMIT,
     Slot,
 )
 from topicd.errors import StorageUnavailable, Throttled
 from topicd.storage.jetstream import _WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_KV
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.errors import JsonValue, TopicdError
@@ -80,18 +83,24 @@ RELEASE_FLUSH_S: Final = 0.05
 
 @dataclass
 class Tally:
-    """Slots held: every stream (`n`), dashboard feeds (`v`), per key id (`keys`), and
-    requests running per key id (`reqs`, `limits.max_inflight_per_key`)."""
+    """Slots held: every stream (`n`), dashboard feeds (`v`), per key id (`keys`),
+    requests running per key id (`reqs`, `limits.max_inflight_per_key`) and watch
+    sessions stored (`w`, `limits.max_watch_sessions`)."""
 
     n: int = 0
     v: int = 0
     keys: dict[str, int] = field(default_factory=dict)
     reqs: dict[str, int] = field(default_factory=dict)
+    w: int = 0
 
     def empty(self) -> bool:
-        return not self.n and not self.reqs
+        return not self.n and not self.reqs and not self.w
 
     def add(self, slot: Slot, sign: int = 1) -> None:
+        if slot.session:
+            self.w += sign
+            assert self.w >= 0
+            return
         if slot.request:
             assert slot.key is not None
             _count(self.reqs, slot.key, sign)
@@ -111,9 +120,10 @@ class Tally:
             self.keys[key] = self.keys.get(key, 0) + count
         for key, count in other.reqs.items():
             self.reqs[key] = self.reqs.get(key, 0) + count
+        self.w += other.w
 
     def copy(self) -> Tally:
-        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs))
+        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w)
 
     def wire(self, until_ms: int) -> dict[str, JsonValue]:
         keys: dict[str, JsonValue] = dict(self.keys)
@@ -121,6 +131,8 @@ class Tally:
         if self.reqs:
             reqs: dict[str, JsonValue] = dict(self.reqs)
             out["r"] = reqs
+        if self.w:
+            out["w"] = self.w
         return out
 
     @staticmethod
@@ -128,13 +140,14 @@ class Tally:
         """(the tally, its `until_ms`) of one front's record; malformed: nothing, expired."""
         if not isinstance(obj, dict):
             return Tally(), 0
-        n, v, until = obj.get("n"), obj.get("v"), obj.get("until_ms")
+        n, v, w, until = obj.get("n"), obj.get("v"), obj.get("w"), obj.get("until_ms")
         return (
             Tally(
                 n if isinstance(n, int) else 0,
                 v if isinstance(v, int) else 0,
                 _counts(obj.get("k")),
                 _counts(obj.get("r")),
+                w if isinstance(w, int) else 0,
             ),
             until if isinstance(until, int) else 0,
         )
@@ -232,6 +245,9 @@ class JsSlots:
         # slot then comes back with the writer's next successful write)
         self.release_wait_s = js.request_timeout_ms / 1000
         self.max_inflight = limits.max_inflight_per_key
+        self.max_sessions = limits.max_watch_sessions
+        # reclaims this front's idle-expired watch sessions (set by the engine's opener)
+        self.reclaim: Callable[[], object] | None = None
         self.mine = Tally()  # the slots this front's streams (and requests) hold
         self._granting = Tally()  # the grants of the write in flight
         self._asks: list[_Ask] = []
@@ -282,6 +298,22 @@ class JsSlots:
             await trio.lowlevel.checkpoint()
             raise Throttled.limit(INFLIGHT_LIMIT, self.max_inflight)
         return await self._round_for(Slot(key, False, request=True))
+
+    async def acquire_session(self) -> Slot:
+        """`ConnectionSlots.acquire_session`: as `acquire_request`, for a watch session
+        (the caller has reclaimed this front's idle sessions first); at the cap, the
+        other fronts holding sessions are asked to reclaim theirs (`_ask_live`)."""
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        if self.mine.w >= self.max_sessions:
+            await trio.lowlevel.checkpoint()
+            raise Throttled.limit(SESSIONS_LIMIT, self.max_sessions)
+        return await self._round_for(Slot(None, False, session=True))
+
+    def release_session(self, slot: Slot) -> None:
+        """`ConnectionSlots.release_session`: as `release_request`."""
+        self.release_request(slot)
 
     def release_request(self, slot: Slot) -> None:
         """`ConnectionSlots.release_request`: the slot leaves this front's count at once
@@ -397,7 +429,7 @@ class JsSlots:
         call = self.backend.bridge.call
         me = self.front_id
         again: tuple[Table, int] | None = None  # decide once more on this entry
-        live: dict[str, dict[str, int]] = {}  # fronts' own request counts, asked at...
+        live: dict[str, Tally] = {}  # fronts' own counts (requests, sessions), asked at...
         live_rev = -1  # ... this revision of the entry (after reading it)
         for _ in range(ATTEMPTS):
             if again is not None:
@@ -418,11 +450,14 @@ class JsSlots:
             total = self.mine.copy()
             for front, (tally, _) in others.items():
                 if live_rev == rev and front in live:
-                    # (what it holds now: its record may still count requests ended)
+                    # (what it holds now: its record may still count requests ended and
+                    # sessions reclaimed)
                     tally = tally.copy()
-                    for key, count in live[front].items():
+                    now_held = live[front]
+                    for key, count in now_held.reqs.items():
                         if count < tally.reqs.get(key, 0):
                             _count(tally.reqs, key, count - tally.reqs[key])
+                    tally.w = min(tally.w, now_held.w)
                 total.merge(tally)
             granted: list[_Ask] = []
             refused: list[tuple[_Ask, Throttled]] = []
@@ -441,11 +476,17 @@ class JsSlots:
             if refused and live_rev != rev:
                 # a request refused on other fronts' records: those count requests that
                 # have ended there until their next write (a request's end does not wait
-                # for it), so ask those fronts what they hold now, and decide again
+                # for it), so ask those fronts what they hold now, and decide again; a
+                # session refused: ask the fronts holding sessions to reclaim their idle
+                # ones first (as one process reclaims on a create)
                 keys = {a.slot.key for a, _ in refused if a.slot.request}
-                holders = [f for f, (t, _) in others.items() if keys & t.reqs.keys()]
+                sessions = any(a.slot.session for a, _ in refused)
+                holders = [
+                    f for f, (t, _) in others.items() if keys & t.reqs.keys() or (sessions and t.w)
+                ]
                 if holders:
-                    live = await self._ask_live(holders, {k for k in keys if k is not None})
+                    asked = {k for k in keys if k is not None}
+                    live = await self._ask_live(holders, asked, sessions)
                     live_rev = rev
                     again = (table, rev)
                     continue
@@ -488,35 +529,54 @@ class JsSlots:
             return
         raise RuntimeError(f"{ATTEMPTS} conflicting writes in a row")
 
-    async def _ask_live(self, fronts: list[str], keys: set[str]) -> dict[str, dict[str, int]]:
-        """The request counts of `keys` that `fronts` hold now (`live`), asked in
-        parallel, `LIVE_WAIT_S` at most; a front that does not answer is left out (its
-        record counts)."""
+    async def _ask_live(
+        self, fronts: list[str], keys: set[str], sessions: bool
+    ) -> dict[str, Tally]:
+        """What `fronts` hold now (`live`): their requests of `keys` and, with
+        `sessions`, their watch sessions once they reclaimed the idle-expired ones;
+        asked in parallel, `LIVE_WAIT_S` at most. A front that does not answer is left
+        out (its record counts)."""
         self.live_asks += 1
-        head = orjson.dumps({"op": "slots", "keys": sorted(keys)}) + b"\n"
+        head = orjson.dumps({"op": "slots", "keys": sorted(keys), "sessions": sessions}) + b"\n"
         requests = {f"{self.store.prefix}.fwd.{front}": head for front in fronts}
         got: dict[str, bytes | None] = {}
         with trio.move_on_after(2 * LIVE_WAIT_S):
             got = await self.backend.bridge.call(partial(self.store.ask_all, requests, LIVE_WAIT_S))
-        out: dict[str, dict[str, int]] = {}
+        out: dict[str, Tally] = {}
         for front in fronts:
             raw = got.get(f"{self.store.prefix}.fwd.{front}")
             try:
                 ok = orjson.loads(raw)["ok"] if raw else None
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 ok = None
-            if isinstance(ok, dict) and all(isinstance(ok.get(k), int) for k in keys):
-                out[front] = {k: int(ok[k]) for k in keys}
+            if not isinstance(ok, dict):
+                continue
+            reqs, w = ok.get("r"), ok.get("w")
+            if (
+                isinstance(reqs, dict)
+                and all(isinstance(reqs.get(k), int) for k in keys)
+                and isinstance(w, int)
+            ):
+                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w)
         return out
 
-    def live(self, keys: list[str]) -> dict[str, int]:
-        """The requests of `keys` this front holds now: granted and not ended, those of
-        a write in flight included (another front's `_ask_live`)."""
+    def live(self, keys: list[str], sessions: bool) -> dict[str, JsonValue]:
+        """What this front holds now, granted and not given back, those of a write in
+        flight included (another front's `_ask_live`): its requests of `keys` (`r`) and
+        its watch sessions (`w`), with `sessions` after reclaiming its idle-expired ones
+        (which gives their slots back)."""
+        if sessions and self.reclaim is not None:
+            self.reclaim()
         mine, granting = self.mine.reqs, self._granting.reqs
-        return {k: mine.get(k, 0) + granting.get(k, 0) for k in keys}
+        reqs: dict[str, JsonValue] = {k: mine.get(k, 0) + granting.get(k, 0) for k in keys}
+        return {"r": reqs, "w": self.mine.w + self._granting.w}
 
     def _refusal(self, total: Tally, slot: Slot) -> Throttled | None:
         """The cap one more `slot` would pass, in the embedded backend's order."""
+        if slot.session:
+            if total.w >= self.max_sessions:
+                return Throttled.limit(SESSIONS_LIMIT, self.max_sessions)
+            return None
         if slot.request:
             assert slot.key is not None
             if total.reqs.get(slot.key, 0) >= self.max_inflight:
