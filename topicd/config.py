@@ -362,7 +362,8 @@ class LimitsConfig:
     )
     max_watch_sessions: int = key(
         10000,
-        "Live watch sessions; 0 = unlimited.",
+        "Live watch sessions (with several jetstream fronts, of all of them together, "
+        "at a registry round trip per create); 0 = unlimited.",
         env=_env2("MAX_WATCH_SESSIONS"),
         min=0,
     )
@@ -382,7 +383,9 @@ class LimitsConfig:
     )
     max_inflight_per_key: int = key(
         1000,
-        "Concurrent non-streaming requests per key (auth on only); 0 = unlimited.",
+        "Concurrent non-streaming requests per key (auth on only; with several jetstream "
+        "fronts, of all of them together, at a registry round trip per request); "
+        "0 = unlimited.",
         env=_env2("MAX_INFLIGHT_PER_KEY"),
         min=0,
     )

@@ -456,18 +456,6 @@ FRONTS_UNFIXED: dict[str, Delta] = {
         "limits.max_total_bytes counts the bytes of the topics the writing owner knows "
         "(another front's writes and deletes reach it with their notices)"
     ),
-    "test_contract_auth::test_max_inflight_per_key": (
-        "limits.max_inflight_per_key counts the requests in flight on one front"
-    ),
-    "test_contract_watch_create::test_session_cap_edge_and_order": (
-        "limits.max_watch_sessions counts the sessions of one front (sessions live there)"
-    ),
-    "test_contract_watch_create::test_reclaimed_sessions_free_their_slot": (
-        "limits.max_watch_sessions counts the sessions of one front (sessions live there)"
-    ),
-    "test_contract_watch_open::test_session_with_open_stream_is_never_reclaimed": (
-        "limits.max_watch_sessions counts the sessions of one front (sessions live there)"
-    ),
 }
 
 # ... and these may fail with several fronts, depending on timing (not strict; none at

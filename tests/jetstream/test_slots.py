@@ -14,7 +14,12 @@ A dead front is one whose record nobody renews or removes: in process, a front w
 writer never runs again while its streams stay open, then the wall clock moved past its
 term; as a process, `topicd serve` killed with SIGKILL while it holds streams, the
 surviving front polled (bounded) until it admits. A NATS failure is a failing client
-call at the registry (`read_table`/`write_table`).
+call at the registry (`read_table`/`write_table`). The in-flight cap's request slots are
+tested the same way: long-polls of one key on two fronts fill it for the third; a
+request ended on a front whose writer is held up (its record still counts it) leaves
+the others admitting exactly what one process admits. The session cap: a create at it
+on one front has the front holding an idle-expired session reclaim it (its last use
+moved back past the TTL), never a session with its stream open.
 """
 
 from __future__ import annotations
@@ -404,3 +409,138 @@ async def test_kill9_of_a_front_holding_streams_frees_its_slots(cluster, tmp_pat
     finally:
         with trio.CancelScope(shield=True):
             await server.close()
+
+
+INFLIGHT = {"limit": "max_inflight_per_key", "max": 2}
+
+
+async def test_a_keys_requests_on_three_fronts_fill_its_inflight_cap(cluster, nursery):
+    """`limits.max_inflight_per_key = 2` with keys on: two long-polls of one key, on two
+    fronts, fill its cap; a request of that key on the third front gets the embedded
+    `429`, another key's is served; once a long-poll ends, the key's next request on
+    the third front is served, and the registry counts the requests running."""
+    cfg = config(cluster, auth={"api_keys": ("k1", "k2")}, limits={"max_inflight_per_key": 2})
+    async with open_fronts(cfg) as (a, b, c):
+        r = await a.app.test_client().put("/v0/topics/q", json={}, headers=bearer("k1"))
+        assert r.status_code == 201
+        polls: dict[str, int] = {}
+
+        async def poll(h: AppHarness, name: str) -> None:
+            got = await h.app.test_client().post(
+                "/v0/topics/q/diff", json={"wait_ms": 30_000}, headers=bearer("k1")
+            )
+            polls[name] = got.status_code
+
+        nursery.start_soon(poll, a, "a")
+        nursery.start_soon(poll, b, "b")
+        with trio.fail_after(10):
+            while not (desk(a).mine.reqs and desk(b).mine.reqs):
+                await trio.sleep(0.01)  # (the polls' admission round trips, bounded)
+        key = next(iter(desk(a).mine.reqs))
+        table, _ = await desk(c).backend.bridge.call(partial(read_table, desk(c).store))
+        assert sorted(t.reqs.get(key, 0) for t, _ in table.values()) == [1, 1]
+        r = await c.app.test_client().get("/v0/topics", headers=bearer("k1"))
+        assert r.status_code == 429
+        assert r.headers["Retry-After"] == "1"
+        assert (await r.get_json())["error"]["detail"] == INFLIGHT
+        assert (
+            await c.app.test_client().get("/v0/topics", headers=bearer("k2"))
+        ).status_code == 200
+        # a write (by the other key) ends both long-polls
+        w = await c.app.test_client().post(
+            "/v0/topics/q", json={"records": [{"data": 1}]}, headers=bearer("k2")
+        )
+        assert w.status_code == 200
+        with trio.fail_after(10):
+            while len(polls) < 2:
+                await trio.sleep(0.01)
+        assert polls == {"a": 200, "b": 200}
+        assert (
+            await c.app.test_client().get("/v0/topics", headers=bearer("k1"))
+        ).status_code == 200
+        assert [desk(h).mine.reqs for h in (a, b, c)] == [{}, {}, {}]
+
+
+async def test_a_request_ended_on_a_front_whose_write_lags_is_not_counted_elsewhere(
+    cluster, monkeypatch
+):
+    """A request's end does not wait for its front's write. Cap 2: the first front holds
+    two requests of a key, and its writer is held up, so its record still counts both
+    after one ends. The third front, refused on that record, asks the first what it
+    holds now (one), and admits; the second front, refused on the records (the first's
+    two and the third's one), asks both (one and one) and refuses. A request ended on
+    the third front frees its slot for the second at once, though its record still
+    counts it."""
+    cfg = config(cluster, limits={"max_inflight_per_key": 2})
+    async with open_fronts(cfg) as (a, b, c):
+        held = [await desk(a).acquire_request("key") for _ in range(2)]
+        stuck = trio.Event()
+
+        async def no_round() -> None:
+            await stuck.wait()
+
+        monkeypatch.setattr(desk(a), "round", no_round)
+        desk(a).release_request(held[0])
+        desk(a).release_request(held[0])  # (idempotent)
+        assert desk(a).live(["key"], False) == {"r": {"key": 1}, "w": 0}
+        table, _ = await desk(a).backend.bridge.call(partial(read_table, desk(a).store))
+        assert table[desk(a).front_id][0].reqs == {"key": 2}  # (its record lags)
+        mine = await desk(c).acquire_request("key")
+        assert desk(c).live_asks == 1
+        with pytest.raises(Throttled) as refused:
+            await desk(b).acquire_request("key")
+        assert refused.value.detail == INFLIGHT
+        assert desk(b).live_asks == 1
+        monkeypatch.setattr(desk(c), "round", no_round)
+        desk(c).release_request(mine)
+        again = await desk(b).acquire_request("key")
+        assert desk(b).live_asks == 2
+        desk(b).release_request(again)
+        # a front's own requests at the cap refuse at once, with no round trip
+        own = [await desk(b).acquire_request("other") for _ in range(2)]
+        writes = desk(b).writes
+        with pytest.raises(Throttled):
+            await desk(b).acquire_request("other")
+        assert desk(b).writes == writes
+        for slot in own:
+            desk(b).release_request(slot)
+        monkeypatch.undo()
+        stuck.set()
+
+
+async def test_a_create_at_the_session_cap_reclaims_idle_sessions_on_other_fronts(cluster, nursery):
+    """`limits.max_watch_sessions = 2`, one session created on each of two fronts: a
+    create on the third is refused with the embedded `429`. Once the first front's
+    session has been idle past `watch.session_ttl_ms` (its last use moved back), a create
+    on the third front has the first reclaim it (as one process reclaims idle sessions
+    on a create) and is served; the second front's session, idle as long but with its
+    stream open, is never reclaimed: the next create is refused."""
+    async with open_fronts(config(cluster, limits={"max_watch_sessions": 2})) as (a, b, c):
+        await a.app.test_client().put("/v0/topics/q", json={})
+        body = {"topics": {"q": {}}}
+        for h in (a, b):
+            assert (await h.app.test_client().post("/v0/watch", json=body)).status_code == 200
+        assert [desk(h).mine.w for h in (a, b, c)] == [1, 1, 0]
+        r = await c.app.test_client().post("/v0/watch", json=body)
+        assert r.status_code == 429
+        assert r.headers["Retry-After"] == "1"
+        cap = {"limit": "max_watch_sessions", "max": 2}
+        assert (await r.get_json())["error"]["detail"] == cap
+        assert desk(c).live_asks == 1
+        assert len(c.engine.watch.sessions) == 0  # (the refused session is not kept)
+        ttl = a.engine.cfg.watch.session_ttl_ms / 1000
+        (idle,) = a.engine.watch.sessions.values()
+        idle.last_used -= ttl + 0.001
+        (kept,) = b.engine.watch.sessions.values()
+        s = await open_stream(nursery, b.app.asgi_app, kept.wid)
+        assert s.status == 200, s.body
+        kept.last_used -= ttl + 0.001
+        r = await c.app.test_client().post("/v0/watch", json=body)
+        assert r.status_code == 200, await r.get_data()
+        assert a.engine.watch.sessions == {}
+        assert a.engine.watch.stats.sessions_reclaimed == 1
+        assert [desk(h).mine.w for h in (a, b, c)] == [0, 1, 1]
+        r = await a.app.test_client().post("/v0/watch", json=body)
+        assert r.status_code == 429
+        assert kept.wid in b.engine.watch.sessions
+        s.disconnect()

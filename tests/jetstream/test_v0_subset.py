@@ -317,8 +317,6 @@ PICKED = {
         "test_prefix_key_keeps_its_scopes",
         "test_other_methods_on_topic_paths_need_write",
         "test_query_token_is_not_accepted_on_topic_routes",
-        "test_max_inflight_per_key",
-        "test_dev_mode_has_no_per_key_inflight_cap",
     ],
     # (these move virtual time, as `test_v0_timed.py`'s do; here, with the 0-byte cache,
     # every live record's bytes are loaded back from the stream before a watch stream

@@ -141,7 +141,6 @@ PICKED = {
         "test_session_exactly_ttl_old_is_not_reclaimed",
         "test_unacceptable_accept_is_406",
         "test_acceptable_accept",
-        "test_session_with_open_stream_is_never_reclaimed",
         "test_wrong_method_on_the_stream_path_is_405",
         "test_wrong_method_on_the_create_path_is_405",
         # (these use the module's `authed` app, or open one of their own config)

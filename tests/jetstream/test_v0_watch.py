@@ -43,8 +43,6 @@ PICKED = {
         "test_wrong_types_are_400",
         "test_malformed_json_is_400",
         # (these use the module's `authed` app, or open one of their own config)
-        "test_session_cap_edge_and_order",
-        "test_reclaimed_sessions_free_their_slot",
         "test_auth_no_key_or_bad_key_is_401",
         "test_auth_key_without_read_is_403",
         "test_auth_read_keys_may_create",

@@ -14,6 +14,14 @@ count must be the deployment's: `WatchRegistry.slots` is then a `ConnectionSlots
 (`topicd.storage.jsslots`), which the HTTP layer awaits once when a stream opens
 (after every other establishment check, so the refusal order is unchanged) and once
 when it ends, however it ends. Nothing is counted per frame.
+
+`limits.max_inflight_per_key` (auth on) is counted through the same seam when it is on:
+every authenticated request that is not a stream takes a *request slot* of its key
+(`acquire_request`) while it runs, and gives it back without waiting
+(`release_request`). On the embedded backend the gate's own count decides, as before.
+So is `limits.max_watch_sessions`: a stored watch session holds a *session slot*
+(`acquire_session` at its creation, after the creation's other checks) until it is
+reclaimed (`release_session`); the registry's `reclaim_idle` gives it back.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from typing import Final, Protocol
 
 MAX_SSE_LIMIT: Final = "max_sse_connections"
 PER_KEY_LIMIT: Final = "max_sse_connections_per_key"
+INFLIGHT_LIMIT: Final = "max_inflight_per_key"
+SESSIONS_LIMIT: Final = "max_watch_sessions"
 MAX_VIEWERS_LIMIT: Final = "dashboard.max_viewers"  # the `detail.limit` of the viewer cap
 
 
@@ -34,6 +44,8 @@ class Slot:
     viewer: bool  # a dashboard feed (counts against `dashboard.max_viewers` too)
     counted: bool = True  # False: no cap applies to it, nothing was counted
     released: bool = False
+    request: bool = False  # a request's slot under `max_inflight_per_key` (not a stream)
+    session: bool = False  # a watch session's slot under `max_watch_sessions`
 
 
 class ConnectionSlots(Protocol):
@@ -51,4 +63,28 @@ class ConnectionSlots(Protocol):
         completes in a `finally` of a cancelled task; the count is the deployment's again
         when it returns, unless the count could not be reached within the bound: then
         the slot comes back later without anyone's help (implementation's docstring)."""
+        ...
+
+    async def acquire_request(self, key: str) -> Slot:
+        """Take a request slot of `key` under `limits.max_inflight_per_key` (which the
+        caller checked is on). Raises `Throttled` (`429 {limit, max}`) at the cap,
+        `StorageUnavailable` (`503`) when the count cannot be reached. Cancelled, it
+        takes nothing."""
+        ...
+
+    def release_request(self, slot: Slot) -> None:
+        """Give a request slot back at once (idempotent; never raises, never waits); the
+        deployment's count follows (implementation's docstring)."""
+        ...
+
+    async def acquire_session(self) -> Slot:
+        """Take a watch session's slot under `limits.max_watch_sessions` (which the
+        caller checked is on), after the caller reclaimed this process's idle sessions.
+        At the cap, the processes holding sessions reclaim their idle-expired ones first,
+        as one process does on a create. Raises `Throttled` (`429 {limit, max}`) at the
+        cap, `StorageUnavailable` (`503`) when the count cannot be reached."""
+        ...
+
+    def release_session(self, slot: Slot) -> None:
+        """Give a session's slot back (it was reclaimed); as `release_request`."""
         ...

@@ -591,6 +591,8 @@ class Session:
     stats: WatchStats
     conn: Conn | None = None
     streams: int = 0
+    # its hold on the deployment-wide `max_watch_sessions` (`WatchRegistry.slots`)
+    slot: Slot | None = None
 
     def registry_lagged(self) -> None:
         self.stats.lagged += 1
@@ -648,14 +650,33 @@ class WatchRegistry:
             wid for wid, s in self.sessions.items() if s.conn is None and now - s.last_used > ttl
         ]
         for wid in stale:
-            del self.sessions[wid]
+            slot = self.sessions.pop(wid).slot
+            if slot is not None and self.slots is not None:
+                self.slots.release_session(slot)
         self.stats.sessions_reclaimed += len(stale)
         return len(stale)
 
     def check_session_cap(self) -> None:
+        """`429 {limit}` at `max_watch_sessions` (with deployment-wide `slots`, the
+        count is theirs: `count_session`)."""
         cap = self.cfg.limits.max_watch_sessions
-        if cap and len(self.sessions) >= cap:
+        if cap and self.slots is None and len(self.sessions) >= cap:
             raise Throttled.limit("max_watch_sessions", cap)
+
+    async def count_session(self, session: Session) -> None:
+        """With deployment-wide `slots` and the cap on, `session` (just stored) takes its
+        slot there; refused (`429`, `503`) or cancelled, it is dropped again."""
+        if self.slots is None or not self.cfg.limits.max_watch_sessions:
+            await trio.lowlevel.checkpoint()
+            return  # (this process's own count decided: `check_session_cap`)
+        counted = False
+        try:
+            session.slot = await self.slots.acquire_session()
+            counted = True
+        finally:
+            if not counted:
+                self.sessions.pop(session.wid, None)
+                self.stats.sessions_created -= 1
 
     def create(
         self,

@@ -8,7 +8,8 @@ error body, and `Gate`, a small ASGI middleware that runs before Quart for every
    `503 not_ready`; while draining, `503 shutting_down` (api-ops §2, §6.2);
 2. authentication: resolves the bearer key to a `Principal` (`401` when auth is on and
    the key is missing or unknown; probes are exempt unless `probe_auth`);
-3. per-key in-flight cap (`429 {limit:"max_inflight_per_key"}`, auth on only);
+3. per-key in-flight cap (`429 {limit:"max_inflight_per_key"}`, auth on only; with
+   several jetstream fronts, the deployment's count: `request_slots`, `topicd.engine.slots`);
 4. stamps `X-Topicd-Pressure` on every response (README §6);
 5. counts in-flight requests for the graceful drain and writes the optional access log.
 
@@ -61,6 +62,7 @@ from topicd.wire import check_topic_name
 if TYPE_CHECKING:
     from topicd.config import Config
     from topicd.engine.engine import Engine
+    from topicd.engine.slots import ConnectionSlots, Slot
     from topicd.http.dashboard import DashboardHub
     from topicd.http.idle import IdleConnections
     from topicd.http.watch import WatchStreams
@@ -382,6 +384,9 @@ class Gate:
         self.access = config.logging.access_log
         self.pressure = pressure
         self._inflight: dict[str, int] = {}
+        # the deployment's in-flight count when several processes serve it (the engine's
+        # `watch.slots`, auth on and the cap on; set by `create_app`): None, this gate's
+        self.request_slots: ConnectionSlots | None = None
         # `GET /v0/ws` upgrades on the direct socket path (`topicd.http.ws`); set by
         # `create_app`
         self.ws_upgrade: Upgrade | None = None
@@ -484,6 +489,7 @@ class Gate:
         lifecycle = self.lifecycle
         lifecycle.request_started()
         key_id: str | None = None
+        slot: Slot | None = None
         permit: Permit | None = None
         wid = None if self.streams is None else self.streams.wid_of(scope)
         queue = None if self.work is None else self.work.topic_of(scope)
@@ -546,7 +552,10 @@ class Gate:
                 await self._answer_probe(path, t0, send_stamped)
                 return
             if err is None:
-                key_id, err = self._take_key(scope, path)
+                if self.request_slots is None:
+                    key_id, err = self._take_key(scope, path)
+                else:
+                    slot, err = await self._take_request_slot(scope, path)
             if err is None:
                 permit, err = await self._take_permit(path)
             if err is not None:
@@ -584,7 +593,7 @@ class Gate:
             log.exception("unhandled error on %s %s", scope.get("method"), path_template(path))
             await send_error(send_stamped, Internal("internal error (a bug; see the server log)"))
         finally:
-            self._release(permit, key_id)
+            self._release(permit, key_id, slot)
             lifecycle.request_finished()
             if self.access:
                 self._log_access(scope, path, status_box[0], t0)
@@ -608,12 +617,16 @@ class Gate:
         lifecycle = self.lifecycle
         lifecycle.request_started()
         key_id: str | None = None
+        slot: Slot | None = None
         permit: Permit | None = None
         answer: Answer | None
         try:
             err = self._admit(scope, path)
             if err is None:
-                key_id, err = self._take_key(scope, path)
+                if self.request_slots is None:
+                    key_id, err = self._take_key(scope, path)
+                else:
+                    slot, err = await self._take_request_slot(scope, path)
             if err is None:
                 permit, err = await self._take_permit(path)
             if err is not None:
@@ -637,7 +650,7 @@ class Gate:
             log.exception("unhandled error on %s %s", scope.get("method"), path_template(path))
             answer = error_answer(Internal("internal error (a bug; see the server log)"))
         finally:
-            self._release(permit, key_id)
+            self._release(permit, key_id, slot)
             lifecycle.request_finished()
         status, headers, out = answer
         head_at = scope.get("topicd.head_at")
@@ -668,6 +681,24 @@ class Gate:
         self._inflight[p.key_id] = count + 1
         return p.key_id, None
 
+    async def _take_request_slot(
+        self, scope: Scope, path: str
+    ) -> tuple[Slot | None, TopicdError | None]:
+        """`_take_key` when the deployment's count decides (`request_slots`): (the
+        request's slot, or None; the `429` at the key's cap, or `503` when the count
+        cannot be reached)."""
+        slots = self.request_slots
+        assert slots is not None
+        if path in PROBE_PATHS:
+            await trio.lowlevel.checkpoint()
+            return None, None
+        p = scope["topicd.principal"]
+        assert isinstance(p, Principal)
+        try:
+            return await slots.acquire_request(p.key_id), None
+        except TopicdError as err:
+            return None, err
+
     async def _take_permit(self, path: str) -> tuple[Permit | None, TopicdError | None]:
         """A client permit for client work (scheduler spec R1; control work takes none):
         (the permit, or None; the `429 client_waiters` when every permit and waiter slot
@@ -679,10 +710,13 @@ class Gate:
             return None, permits.refusal()
         return await permits.admit(), None
 
-    def _release(self, permit: Permit | None, key_id: str | None) -> None:
-        """Give back what `_take_permit` and `_take_key` took."""
+    def _release(self, permit: Permit | None, key_id: str | None, slot: Slot | None) -> None:
+        """Give back what `_take_permit` and `_take_key` (or `_take_request_slot`) took."""
         if permit is not None:
             permit.release()
+        if slot is not None:
+            assert self.request_slots is not None
+            self.request_slots.release_request(slot)
         if key_id is not None:
             left = self._inflight[key_id] - 1
             if left:
@@ -1078,6 +1112,14 @@ def create_app(
         on_sojourn=lambda head_at, now: ref.engine.sojourns.record(head_at, now),
     )
     gate = gate_of(app)
+    if keys.enabled and config.limits.max_inflight_per_key:
+
+        def count_requests(engine: Engine) -> None:
+            # (the jetstream backend's deployment-wide count; None: the gate's own)
+            gate.request_slots = engine.watch.slots
+
+        count_requests(ref.engine)
+        ref.on_engine.append(count_requests)
     endpoint = ws.WsEndpoint(
         ref,
         config,

@@ -90,6 +90,9 @@ def register(app: QuartTrio, ref: EngineRef, config: Config, keys: KeyStore) -> 
         for name in req.topics:
             await engine.sync_topic(name)
         session, topics = engine.create_watch(who.key_id if keys.enabled else None, req, lenient)
+        if engine.watch.slots is not None:
+            # (several processes serve the deployment: the session cap is theirs together)
+            await engine.watch.count_session(session)
         out = {
             t.name: {
                 "from_seq": session.cursors[t.name],

@@ -2486,6 +2486,7 @@ async def open_jetstream_engine(
             backend.fronts = fronts = Fronts(engine, backend, clock, front_id)
             # the connection caps count the deployment's streams (`front.slots`)
             backend.slots = engine.watch.slots = slots = JsSlots(cfg, backend, clock, front_id)
+            slots.reclaim = engine.watch.reclaim_idle  # (asked at another front's cap)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()

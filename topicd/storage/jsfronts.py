@@ -465,6 +465,14 @@ class Fronts:
             return await self._serve_reads(head)
         if op == "metrics":
             return await self._serve_metrics(head)
+        if op == "slots":  # another front's refusal asks what this one holds now
+            await trio.lowlevel.checkpoint()
+            slots = self.backend.slots
+            keys = head.get("keys") or []
+            assert slots is not None
+            assert isinstance(keys, list)
+            sessions = bool(head.get("sessions"))
+            return orjson.dumps({"ok": slots.live([str(k) for k in keys], sessions)})
         routers = self.engine.routers
         assert isinstance(routers, JsRouters)
         if op == "router_totals":

@@ -7,8 +7,9 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
 
 * **The entry.** The registry key `front.slots` holds, per front, the slots it holds
   and the end of the term that keeps them counted:
-  `{front id: {"until_ms", "n", "v", "k": {key id: n}}}` (`n` every stream, `v`
-  dashboard feeds, `k` per key id, a digest prefix, when the per-key cap is on). Every
+  `{front id: {"until_ms", "n", "v", "k": {key id: n}, "r": {key id: n}}}` (`n` every
+  stream, `v` dashboard feeds, `k` per key id, a digest prefix, when the per-key cap is
+  on; `r` the requests running per key id, `limits.max_inflight_per_key`). Every
   change is a compare-and-set on the key's revision, so two fronts admitting the last
   slot at once cannot both succeed: the second's write fails, it reads the entry again
   and refuses.
@@ -24,6 +25,12 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
   gives its slot back at once there) and every write of the record writes it whole; a
   write that fails or is lost (NATS unreachable, the call cancelled after it was sent)
   is made good by the next one, which comes at the latest at the next renewal.
+* **Requests end without a write.** A request slot's release only lowers `mine`; the
+  record follows with the writer's next round (the next admission writes it whole) or
+  `RELEASE_FLUSH_S` later. A front about to refuse a request slot on a fresh read asks
+  the fronts whose records count that key for their own counts (`live`) and decides
+  again on the same revision, taking the lower of record and answer: every increase is
+  a write of the entry, so the compare-and-set still catches any admission since.
 * **Liveness.** A record counts while its `until_ms` lies ahead (by the reading front's
   wall clock): the writer renews it every third of `storage.jetstream.lease_ms` while
   the front holds slots, as a front renews its membership and leases. A front killed
@@ -44,11 +51,20 @@ from typing import TYPE_CHECKING, Final
 import orjson
 import trio
 
-from topicd.engine.slots import MAX_SSE_LIMIT, MAX_VIEWERS_LIMIT, PER_KEY_LIMIT, Slot
+from topicd.engine.slots import (
+    INFLIGHT_LIMIT,
+    MAX_SSE_LIMIT,
+    MAX_VIEWERS_LIMIT,
+    PER_KEY_LIMIT,
+    SESSIONS_LIMIT,
+    Slot,
+)
 from topicd.errors import StorageUnavailable, Throttled
 from topicd.storage.jetstream import _WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_KV
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.errors import JsonValue, TopicdError
@@ -59,26 +75,41 @@ log = logging.getLogger("topicd.storage.jsslots")
 SLOTS_KEY: Final = "front.slots"
 # compare-and-set rounds for one batch of opens and closes before it fails (`503`)
 ATTEMPTS: Final = 32
+# how long a request refused on other fronts' records waits for their own counts
+LIVE_WAIT_S: Final = 0.5
+# how long ended requests may stay in this front's record when no round writes it
+RELEASE_FLUSH_S: Final = 0.05
 
 
 @dataclass
 class Tally:
-    """Slots held: every stream (`n`), dashboard feeds (`v`), per key id (`keys`)."""
+    """Slots held: every stream (`n`), dashboard feeds (`v`), per key id (`keys`),
+    requests running per key id (`reqs`, `limits.max_inflight_per_key`) and watch
+    sessions stored (`w`, `limits.max_watch_sessions`)."""
 
     n: int = 0
     v: int = 0
     keys: dict[str, int] = field(default_factory=dict)
+    reqs: dict[str, int] = field(default_factory=dict)
+    w: int = 0
+
+    def empty(self) -> bool:
+        return not self.n and not self.reqs and not self.w
 
     def add(self, slot: Slot, sign: int = 1) -> None:
+        if slot.session:
+            self.w += sign
+            assert self.w >= 0
+            return
+        if slot.request:
+            assert slot.key is not None
+            _count(self.reqs, slot.key, sign)
+            return
         self.n += sign
         if slot.viewer:
             self.v += sign
         if slot.key is not None:
-            left = self.keys.get(slot.key, 0) + sign
-            if left > 0:
-                self.keys[slot.key] = left
-            else:
-                self.keys.pop(slot.key, None)
+            _count(self.keys, slot.key, sign)
         assert self.n >= 0
         assert self.v >= 0
 
@@ -87,30 +118,54 @@ class Tally:
         self.v += other.v
         for key, count in other.keys.items():
             self.keys[key] = self.keys.get(key, 0) + count
+        for key, count in other.reqs.items():
+            self.reqs[key] = self.reqs.get(key, 0) + count
+        self.w += other.w
 
     def copy(self) -> Tally:
-        return Tally(self.n, self.v, dict(self.keys))
+        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w)
 
     def wire(self, until_ms: int) -> dict[str, JsonValue]:
         keys: dict[str, JsonValue] = dict(self.keys)
-        return {"until_ms": until_ms, "n": self.n, "v": self.v, "k": keys}
+        out: dict[str, JsonValue] = {"until_ms": until_ms, "n": self.n, "v": self.v, "k": keys}
+        if self.reqs:
+            reqs: dict[str, JsonValue] = dict(self.reqs)
+            out["r"] = reqs
+        if self.w:
+            out["w"] = self.w
+        return out
 
     @staticmethod
     def parse(obj: object) -> tuple[Tally, int]:
         """(the tally, its `until_ms`) of one front's record; malformed: nothing, expired."""
         if not isinstance(obj, dict):
             return Tally(), 0
-        keys = obj.get("k")
-        counts = (
-            {str(k): int(c) for k, c in keys.items() if isinstance(c, int) and c > 0}
-            if isinstance(keys, dict)
-            else {}
-        )
-        n, v, until = obj.get("n"), obj.get("v"), obj.get("until_ms")
+        n, v, w, until = obj.get("n"), obj.get("v"), obj.get("w"), obj.get("until_ms")
         return (
-            Tally(n if isinstance(n, int) else 0, v if isinstance(v, int) else 0, counts),
+            Tally(
+                n if isinstance(n, int) else 0,
+                v if isinstance(v, int) else 0,
+                _counts(obj.get("k")),
+                _counts(obj.get("r")),
+                w if isinstance(w, int) else 0,
+            ),
             until if isinstance(until, int) else 0,
         )
+
+
+def _count(counts: dict[str, int], key: str, sign: int) -> None:
+    left = counts.get(key, 0) + sign
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+
+
+def _counts(obj: object) -> dict[str, int]:
+    """A record's `{key id: count}` (malformed entries left out)."""
+    if not isinstance(obj, dict):
+        return {}
+    return {str(k): c for k, c in obj.items() if isinstance(c, int) and c > 0}
 
 
 Table = dict[str, tuple[Tally, int]]  # front id -> (its slots, until_ms)
@@ -189,7 +244,12 @@ class JsSlots:
         # how long a close waits for its write before the stream's task goes on (the
         # slot then comes back with the writer's next successful write)
         self.release_wait_s = js.request_timeout_ms / 1000
-        self.mine = Tally()  # the slots this front's streams hold
+        self.max_inflight = limits.max_inflight_per_key
+        self.max_sessions = limits.max_watch_sessions
+        # reclaims this front's idle-expired watch sessions (set by the engine's opener)
+        self.reclaim: Callable[[], object] | None = None
+        self.mine = Tally()  # the slots this front's streams (and requests) hold
+        self._granting = Tally()  # the grants of the write in flight
         self._asks: list[_Ask] = []
         self._forget: set[str] = set()  # fronts found gone: their records go
         self._wake = trio.Event()
@@ -202,10 +262,13 @@ class JsSlots:
         # lately, so it is likely stale (a write from it would fail and cost a round trip)
         self._contended_until = 0.0
         self._renew_at = 0.0  # Trio time of the next renewal while holding slots
+        # Trio time by which ended requests are written if no round writes them first
+        self._flush_at: float | None = None
         self._last_error = ""
         self.closed = False  # (the front is shutting down: its record is taken out)
         self.writes = 0  # records written (tests)
         self.conflicts = 0  # writes another front's write beat (tests)
+        self.live_asks = 0  # refusals that asked other fronts' own counts (tests)
 
     # ---- the streams' side -------------------------------------------------------------
 
@@ -222,7 +285,54 @@ class JsSlots:
         if not self._applies(key, viewer):
             await trio.lowlevel.checkpoint()
             return Slot(key, viewer, counted=False)
-        ask = _Ask(Slot(key, viewer))
+        return await self._round_for(Slot(key, viewer))
+
+    async def acquire_request(self, key: str) -> Slot:
+        """`ConnectionSlots.acquire_request`: one round of the writer, shared by the
+        requests waiting meanwhile; refused at once, with no round trip, when this
+        front's own requests of `key` fill the cap."""
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        if self.mine.reqs.get(key, 0) >= self.max_inflight:
+            await trio.lowlevel.checkpoint()
+            raise Throttled.limit(INFLIGHT_LIMIT, self.max_inflight)
+        return await self._round_for(Slot(key, False, request=True))
+
+    async def acquire_session(self) -> Slot:
+        """`ConnectionSlots.acquire_session`: as `acquire_request`, for a watch session
+        (the caller has reclaimed this front's idle sessions first); at the cap, the
+        other fronts holding sessions are asked to reclaim theirs (`_ask_live`)."""
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        if self.mine.w >= self.max_sessions:
+            await trio.lowlevel.checkpoint()
+            raise Throttled.limit(SESSIONS_LIMIT, self.max_sessions)
+        return await self._round_for(Slot(None, False, session=True))
+
+    def release_session(self, slot: Slot) -> None:
+        """`ConnectionSlots.release_session`: as `release_request`."""
+        self.release_request(slot)
+
+    def release_request(self, slot: Slot) -> None:
+        """`ConnectionSlots.release_request`: the slot leaves this front's count at once
+        and the writer writes the record in its next round; nobody waits for that write.
+        Until it lands, another front's refusal on this front's record asks this front
+        what it holds now (`live`), so a request ended here never makes another front
+        refuse."""
+        if slot.counted and not slot.released:
+            slot.released = True
+            self.mine.add(slot, -1)
+            self._gen += 1
+            # (no round of its own: the next round writes the whole record, an admission
+            # of this front's next request included; at the latest `RELEASE_FLUSH_S` on)
+            if self._flush_at is None:
+                self._flush_at = trio.current_time() + RELEASE_FLUSH_S
+
+    async def _round_for(self, slot: Slot) -> Slot:
+        """`slot` taken by the writer's next round (or its refusal raised)."""
+        ask = _Ask(slot)
         self._asks.append(ask)
         self._wake.set()
         answered = False
@@ -275,8 +385,10 @@ class JsSlots:
         """The writer: a round whenever an open or a close waits, and the renewal."""
         task_status.started()
         while True:
-            if self.mine.n > 0 or self._gen != self._written_gen or self._forget:
-                with trio.move_on_at(self._renew_at):  # (the renewal, or the retry)
+            if not self.mine.empty() or self._gen != self._written_gen or self._forget:
+                # (the renewal, the retry, or ended requests to write)
+                flush = self._renew_at if self._flush_at is None else self._flush_at
+                with trio.move_on_at(min(self._renew_at, flush)):
                     await self._wake.wait()
             else:
                 await self._wake.wait()
@@ -289,6 +401,7 @@ class JsSlots:
         reached), and a failed write is retried at the next round."""
         asks = [a for a in self._asks if not a.abandoned]
         self._asks.clear()
+        self._flush_at = None  # (this round writes the requests ended so far)
         gen = self._gen
         try:
             await self._settle(asks)
@@ -315,21 +428,36 @@ class JsSlots:
     async def _settle(self, asks: list[_Ask]) -> None:
         call = self.backend.bridge.call
         me = self.front_id
+        again: tuple[Table, int] | None = None  # decide once more on this entry
+        live: dict[str, Tally] = {}  # fronts' own counts (requests, sessions), asked at...
+        live_rev = -1  # ... this revision of the entry (after reading it)
         for _ in range(ATTEMPTS):
-            if trio.current_time() < self._contended_until:
-                self._cache = None
-            fresh = self._cache is None
-            if self._cache is None:
-                table, rev = await call(partial(read_table, self.store))
+            if again is not None:
+                (table, rev), fresh, again = again, True, None
             else:
-                table, rev = self._cache
+                if trio.current_time() < self._contended_until:
+                    self._cache = None
+                fresh = self._cache is None
+                if self._cache is None:
+                    table, rev = await call(partial(read_table, self.store))
+                else:
+                    table, rev = self._cache
             now = self.clock.now_ms()
             forget = set(self._forget)
             others = {
                 f: rec for f, rec in table.items() if f != me and f not in forget and rec[1] > now
             }
             total = self.mine.copy()
-            for tally, _ in others.values():
+            for front, (tally, _) in others.items():
+                if live_rev == rev and front in live:
+                    # (what it holds now: its record may still count requests ended and
+                    # sessions reclaimed)
+                    tally = tally.copy()
+                    now_held = live[front]
+                    for key, count in now_held.reqs.items():
+                        if count < tally.reqs.get(key, 0):
+                            _count(tally.reqs, key, count - tally.reqs[key])
+                    tally.w = min(tally.w, now_held.w)
                 total.merge(tally)
             granted: list[_Ask] = []
             refused: list[tuple[_Ask, Throttled]] = []
@@ -345,17 +473,40 @@ class JsSlots:
             if refused and not fresh:
                 self._cache = None  # (a refusal is decided on the entry as it is now)
                 continue
+            if refused and live_rev != rev:
+                # a request refused on other fronts' records: those count requests that
+                # have ended there until their next write (a request's end does not wait
+                # for it), so ask those fronts what they hold now, and decide again; a
+                # session refused: ask the fronts holding sessions to reclaim their idle
+                # ones first (as one process reclaims on a create)
+                keys = {a.slot.key for a, _ in refused if a.slot.request}
+                sessions = any(a.slot.session for a, _ in refused)
+                holders = [
+                    f for f, (t, _) in others.items() if keys & t.reqs.keys() or (sessions and t.w)
+                ]
+                if holders:
+                    asked = {k for k in keys if k is not None}
+                    live = await self._ask_live(holders, asked, sessions)
+                    live_rev = rev
+                    again = (table, rev)
+                    continue
             gen = self._gen
             record = Tally() if self.closed else self.mine.copy()
+            granting = Tally()
             for a in granted:
                 record.add(a.slot)
-            renew = self.mine.n > 0 and trio.current_time() >= self._renew_at
+                granting.add(a.slot)
+            renew = not self.mine.empty() and trio.current_time() >= self._renew_at
             had, _ = table.get(me, (Tally(), 0))
             if granted or renew or forget & table.keys() or had != record:
                 new = dict(others)
-                if record.n:
+                if not record.empty():
                     new[me] = (record, now + self.lease_ms)
-                got = await call(partial(write_table, self.store, new, rev))
+                self._granting = granting  # (counted by `live` while the write runs)
+                try:
+                    got = await call(partial(write_table, self.store, new, rev))
+                finally:
+                    self._granting = Tally()
                 if got is None:
                     self.conflicts += 1
                     self._cache = None
@@ -378,8 +529,59 @@ class JsSlots:
             return
         raise RuntimeError(f"{ATTEMPTS} conflicting writes in a row")
 
+    async def _ask_live(
+        self, fronts: list[str], keys: set[str], sessions: bool
+    ) -> dict[str, Tally]:
+        """What `fronts` hold now (`live`): their requests of `keys` and, with
+        `sessions`, their watch sessions once they reclaimed the idle-expired ones;
+        asked in parallel, `LIVE_WAIT_S` at most. A front that does not answer is left
+        out (its record counts)."""
+        self.live_asks += 1
+        head = orjson.dumps({"op": "slots", "keys": sorted(keys), "sessions": sessions}) + b"\n"
+        requests = {f"{self.store.prefix}.fwd.{front}": head for front in fronts}
+        got: dict[str, bytes | None] = {}
+        with trio.move_on_after(2 * LIVE_WAIT_S):
+            got = await self.backend.bridge.call(partial(self.store.ask_all, requests, LIVE_WAIT_S))
+        out: dict[str, Tally] = {}
+        for front in fronts:
+            raw = got.get(f"{self.store.prefix}.fwd.{front}")
+            try:
+                ok = orjson.loads(raw)["ok"] if raw else None
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                ok = None
+            if not isinstance(ok, dict):
+                continue
+            reqs, w = ok.get("r"), ok.get("w")
+            if (
+                isinstance(reqs, dict)
+                and all(isinstance(reqs.get(k), int) for k in keys)
+                and isinstance(w, int)
+            ):
+                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w)
+        return out
+
+    def live(self, keys: list[str], sessions: bool) -> dict[str, JsonValue]:
+        """What this front holds now, granted and not given back, those of a write in
+        flight included (another front's `_ask_live`): its requests of `keys` (`r`) and
+        its watch sessions (`w`), with `sessions` after reclaiming its idle-expired ones
+        (which gives their slots back)."""
+        if sessions and self.reclaim is not None:
+            self.reclaim()
+        mine, granting = self.mine.reqs, self._granting.reqs
+        reqs: dict[str, JsonValue] = {k: mine.get(k, 0) + granting.get(k, 0) for k in keys}
+        return {"r": reqs, "w": self.mine.w + self._granting.w}
+
     def _refusal(self, total: Tally, slot: Slot) -> Throttled | None:
         """The cap one more `slot` would pass, in the embedded backend's order."""
+        if slot.session:
+            if total.w >= self.max_sessions:
+                return Throttled.limit(SESSIONS_LIMIT, self.max_sessions)
+            return None
+        if slot.request:
+            assert slot.key is not None
+            if total.reqs.get(slot.key, 0) >= self.max_inflight:
+                return Throttled.limit(INFLIGHT_LIMIT, self.max_inflight)
+            return None
         if slot.viewer and total.v >= self.max_viewers:
             return Throttled.limit(MAX_VIEWERS_LIMIT, self.max_viewers)
         if self.max_total and total.n >= self.max_total:
@@ -397,5 +599,5 @@ class JsSlots:
         left behind expires with its term). Streams still open end with the front; their
         closes only count down here."""
         self.closed = True
-        if self.mine.n or self._gen != self._written_gen:
+        if not self.mine.empty() or self._gen != self._written_gen:
             await self.round()
