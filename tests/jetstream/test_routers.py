@@ -293,6 +293,140 @@ async def test_a_takeover_attaches_the_routers_and_copies_each_record_once(clust
             assert (state["forwarded_total"], state["cursor_lag"]) == (6, 0)
 
 
+def _hold_copying(h) -> None:
+    """The runner on front `h` copies only while a read has it catch a destination up
+    (`freshen`: its own read, a follower's, a forwarded `GET`), never in the background:
+    until a read asks, the destination's stream lacks the copies of source records
+    acknowledged since."""
+    routers = h.engine.routers
+    real_forward, real_freshen = routers.forward, routers.freshen
+    reading = 0
+
+    def forward(dst, limit: int, now: int | None = None) -> int:
+        return real_forward(dst, limit, now) if reading else 0
+
+    async def freshen(dest, depth: int = 0) -> None:
+        nonlocal reading
+        reading += 1
+        try:
+            await real_freshen(dest, depth)
+        finally:
+            reading -= 1
+
+    routers.forward = forward
+    routers.freshen = freshen
+
+
+async def test_a_followers_read_after_a_takeover_asks_the_runner_the_lease_names(cluster):
+    """The race of the `SIGKILL` test below, made deterministic. Three fronts, one shard
+    each; a router between two of them, created through the third, whose runner copies
+    only when a read asks (`_hold_copying`). Both followers still name a gone front as
+    the destination's owner (nobody listens on its subject: the owner was killed and its
+    shard taken over before their next lease check). A read of the destination through
+    either (one that knows the router, one that does not) finds the runner through the
+    lease, and answers after the runner's copies are stored; `GET` agrees. With the
+    lease naming the gone front too (no front owns the shard yet), both answer `503
+    storage_unavailable`, never fewer records than the router has copied."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+
+    names = _names_by_shard(3)
+    src, dst = names[1], names[2]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        runner = next(i for i, f in enumerate(fr) if f.owns(dst))
+        feeder = next(i for i, f in enumerate(fr) if f.owns(src))
+        third = 3 - runner - feeder
+        cs = [h.app.test_client() for h in hs]
+        r = await cs[third].put("/v0/routers/r", json={"source": src, "dest": dst})
+        await _json(r, 201)
+        _hold_copying(hs[runner])
+        for i in range(3):
+            await _write(cs[feeder], src, {"data": i})
+        k = fr[runner].shard_of(dst)
+        gone = f"{fr[runner].store.prefix}.fwd.gone"
+        tid = hs[runner].engine.topics[dst].topic_id
+        known = [{b.get("dest_id") for b in h.engine.routers.known.values()} for h in hs]
+        assert tid in known[third] and tid not in known[feeder]
+
+        fr[third].owner_subjects[k] = fr[feeder].owner_subjects[k] = gone
+        assert [x[1] for x in await _records(cs[third], dst)] == [0, 1, 2]
+        await _write(cs[feeder], src, {"data": 3})
+        assert [x[1] for x in await _records(cs[feeder], dst)] == [0, 1, 2, 3]
+        assert fr[third].owner_subjects[k] == fr[feeder].owner_subjects[k] == fr[runner].subject
+        fr[third].owner_subjects[k] = fr[feeder].owner_subjects[k] = gone
+        for i in (third, feeder):
+            state = await _json(await cs[i].get("/v0/routers/r"), 200)
+            assert (state["forwarded_total"], state["cursor_lag"]) == (4, 0)
+
+        # the lease names the gone front as well: no front runs the router now
+        store, bridge = fr[runner].store, fr[runner].backend.bridge
+        _, rev = await bridge.call(partial(store.lease, k))
+        ghost = {"front": "gone", "subject": gone, "until_ms": 2**53}
+        assert await bridge.call(partial(store.write_lease, ghost, rev, k)) is not None
+        fr[third].owner_subjects[k] = fr[feeder].owner_subjects[k] = gone
+        await _write(cs[feeder], src, {"data": 4})
+        for i in (third, feeder):
+            r = await cs[i].post(f"/v0/topics/{dst}/diff", json={"from_seq": 0})
+            assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+            assert r.headers["Retry-After"] == "1"
+            r = await cs[i].get("/v0/routers/r")
+            assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        del hs[runner].engine.routers.forward  # (copying let go: the runner's own read)
+        assert [x[1] for x in await _records(cs[runner], dst)] == [0, 1, 2, 3, 4]
+
+
+async def test_a_front_taking_a_shard_over_answers_reads_once_its_routers_run(cluster):
+    """A front taking over the shard of a router's destination attaches the router
+    before it owns the shard: held between its catch-up and the router's attach, it
+    does not answer a follower's read of the destination as the owner, so the read
+    answers `503 storage_unavailable` rather than the records the stream holds before
+    the copies; once it owns the shard, the read answers every copy."""
+    from tests.jetstream.conftest import fronts_of, open_fronts
+
+    names = _names_by_shard(3)
+    src, dst = names[1], names[2]
+    async with open_fronts(jetstream_config(cluster)) as hs:
+        fr = [fronts_of(h) for h in hs]
+        old = next(i for i, f in enumerate(fr) if f.owns(dst))
+        feeder = next(i for i, f in enumerate(fr) if f.owns(src))
+        third = 3 - old - feeder
+        cs = [h.app.test_client() for h in hs]
+        r = await cs[third].put("/v0/routers/r", json={"source": src, "dest": dst})
+        await _json(r, 201)
+        await _write(cs[feeder], src, {"data": 0})
+        assert [x[1] for x in await _records(cs[third], dst)] == [0]
+        k = fr[old].shard_of(dst)
+        await fr[old]._give_up(k, "the test hands it over")
+        await _write(cs[feeder], src, {"data": 1}, {"data": 2})  # (nobody copies them)
+
+        # the feeder takes the shard over, held just before its routers are attached
+        taker = hs[feeder].engine.routers
+        _hold_copying(hs[feeder])
+        real_rebuild, held, go = taker.rebuild, trio.Event(), trio.Event()
+
+        async def rebuild(**kw) -> int:
+            held.set()
+            await go.wait()
+            return await real_rebuild(**kw)
+
+        taker.rebuild = rebuild
+        async with trio.open_nursery() as n:
+
+            async def take() -> None:
+                assert await fr[feeder]._check_shard(k, may_take=True)
+                await fr[feeder]._promote(k)
+
+            n.start_soon(take)
+            await held.wait()
+            r = await cs[third].post(f"/v0/topics/{dst}/diff", json={"from_seq": 0})
+            assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+            go.set()
+        assert fr[feeder].owns(dst) and "r" in taker.routers
+        assert [x[1] for x in await _records(cs[third], dst)] == [0, 1, 2]
+        state = await _json(await cs[third].get("/v0/routers/r"), 200)
+        assert (state["forwarded_total"], state["cursor_lag"]) == (3, 0)
+
+
 async def test_kill9_of_the_destinations_owner_among_three_fronts(cluster, tmp_path):
     """Three `topicd serve` fronts, three shards: the first front keeps the
     destination's shard (the others take the rest as they join), the source is another
@@ -325,7 +459,10 @@ async def test_kill9_of_the_destinations_owner_among_three_fronts(cluster, tmp_p
             owner, others = servers[0], servers[1:]
             with trio.fail_after(30):  # (the lease checks of other processes)
                 for f in others:
-                    assert await f.run.wait_line("took the owner lease")
+                    # a shard the first front gave up before this one started is taken
+                    # at start ("owner of shards [2] of 3"), else at a lease check
+                    if f.run.has_line("owner of shards [] of"):
+                        assert await f.run.wait_line("took the owner lease")
             async with http_client(others[0]) as hc:
                 r = await hc.put("/v0/routers/s->d", json={"source": src, "dest": dst})
                 assert r.status_code == 201, r.text

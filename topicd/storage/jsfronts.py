@@ -78,7 +78,7 @@ from topicd.storage.jetstream import (
     _install,
     _load_topic,
 )
-from topicd.storage.jsrouters import JsRouters, merge_feed
+from topicd.storage.jsrouters import JsRouters, merge_feed, router_graph
 from topicd.storage.recovery import config_from_wire
 from topicd.wire import CONFIG_DECODER, DELETE_DECODER, decode_write
 
@@ -410,13 +410,15 @@ class Fronts:
             return
         self.lease_revs[k] = got
         self.lease_until[k] = int(str(value["until_ms"]))
-        self.owned.add(k)
-        self._set_role()
         routers = self.engine.routers
         if isinstance(routers, JsRouters):
             # the routers into the shard's topics run here from now on, at the cursors
-            # the catch-up found in their streams (copies the last owner stored)
-            await routers.rebuild(repair=False)
+            # the catch-up found in their streams (copies the last owner stored):
+            # attached before the shard is owned, so a read its owner answers (a
+            # follower's, a forwarded `GET` of a router) always finds them
+            await routers.rebuild(repair=False, taking=k)
+        self.owned.add(k)
+        self._set_role()
         self.promoted.set()
         log.warning("front %s: took the owner lease of shard %d", self.front_id, k)
 
@@ -534,15 +536,15 @@ class Fronts:
         depth = head.get("depth")
         for key in list(reads):
             topic = engine.by_id.get(int(key))
-            if (
-                isinstance(depth, int)
-                and topic is not None
-                and isinstance(routers, JsRouters)
-                and routers.feed(topic)
-            ):
-                with contextlib.suppress(TopicdError):
+            if not isinstance(depth, int) or topic is None or not self.owns(topic.name):
+                continue
+            if isinstance(routers, JsRouters) and routers.feed(topic):
+                try:
                     await routers.freshen(topic, depth)
-                heads[key] = topic.head_seq
+                except TopicdError as exc:  # (no head: the asker's read answers 503)
+                    log.warning("topic %r not brought up to date for a read: %s", topic.name, exc)
+                    continue
+            heads[key] = topic.head_seq  # (as its owner: every topic of its own)
         await trio.lowlevel.checkpoint()
         for key, ts in reads.items():
             topic = engine.by_id.get(int(key))
@@ -647,6 +649,8 @@ class Fronts:
         import nats.errors
 
         head: dict[str, JsonValue] = {"op": op, "topic": topic, "router": router}
+        k = self.shard_of(topic)
+        tried = self.owner_subjects.get(k)
         try:
             return await self._forward(head, body)
         except StorageUnavailable as exc:
@@ -655,12 +659,14 @@ class Fronts:
         # the owner this front knew is gone (killed): another front may have taken the
         # shard since, before this front's next lease check. Router calls are idempotent
         # (a PUT of the same definition, a DELETE, a read): ask the lease, send it there
-        k = self.shard_of(topic)
+        # (unless it names the front just found gone; this front's lease check may have
+        # learned the new owner meanwhile)
+        tried = tried or self.owner_subjects.get(k)
         value, _ = await self.backend._call(partial(self.store.lease, k))
         if (
             value is None
             or value.get("front") == self.front_id
-            or str(value.get("subject")) == self.owner_subjects.get(k)
+            or str(value.get("subject")) == tried
             or int(str(value.get("until_ms", 0))) <= self.clock.now_ms()
         ):
             raise StorageUnavailable(
@@ -871,13 +877,24 @@ class Fronts:
     # ---- following ---------------------------------------------------------------------
 
     async def refresh(
-        self, topic: Topic, *, reads: bool = False, touch: bool = False, depth: int | None = None
+        self,
+        topic: Topic,
+        *,
+        reads: bool = False,
+        touch: bool = False,
+        depth: int | None = None,
+        routed: bool = False,
     ) -> Topic | None:
         """Bring `topic` up to its registry entry and stream; None when it is gone.
         `reads`: also its read time up to the owner's; `touch`: this front's read of it
         now reaches the owner first (both in the same round trip); `depth`: the owner
         also brings it up to date as a router destination first (the read-path
-        catch-up of a router chain `depth` hops from the read)."""
+        catch-up of a router chain `depth` hops from the read); `routed`: `topic` is a
+        router destination (found after its owner did not answer a client's read).
+
+        A client's read of a router destination answers only after the front running
+        its routers did (`_ask_runner`), or fails with `503`: the copies of source
+        records already acknowledged may not be in the stream yet."""
         client = reads or touch  # (a client's read: router copies it must see first)
         reads = reads or depth is not None
         backend = self.backend
@@ -886,21 +903,15 @@ class Fronts:
             lane.read_pending = max(lane.read_pending or 0, self.clock.now_ms())
         ticket = lane.syncs_begun
         tid = topic.topic_id
-        early = self._owner_of(topic)
         asked = False
         sent = early_answer = None
-        if early is not None and (
-            depth is not None
-            or (client and any(b.get("dest_id") == tid for b in self._routers_known()))
-        ):
+        if depth is not None or (client and (routed or self._dest_known(tid))):
             # a router destination: its owner copies into it and stores the copies
             # first, and answers its head. Asked before the catch-up, not while holding
             # the lane (on a cycle of routers, that owner asks this front back)
             asked, sent = True, lane.read_pending
             payload = self._reads_request({tid: sent}, depth=depth or 0)
-            early_answer = await backend._call(
-                partial(self.store.ask, early, payload, self.store.timeout)
-            )
+            early_answer = await self._ask_runner(topic, payload)
         async with lane.resync_lock:
             if topic.deleted:
                 await trio.lowlevel.checkpoint()
@@ -957,13 +968,72 @@ class Fronts:
                 lane.read_sent = max(lane.read_sent, pending)
             self._take_reads(answer)
             lane.syncs_done = number
-            if exchange:
+            # (a client's read its owner did not answer as the owner: not shared with
+            # the reads waiting here, each finds out whether it needs the runner)
+            unanswered = client and not asked and not _answered(answer, tid)
+            if exchange and not unanswered:
                 lane.reads_done = number
-            return topic
+        if unanswered and await self._routed(topic):
+            # a router destination this front did not know of: its runner first, as for
+            # one it knows (and the catch-up again, up to the head it answers)
+            return await self.refresh(topic, reads=True, routed=True)
+        return topic
 
     def _routers_known(self) -> list[dict[str, object]]:
         routers = self.engine.routers
         return list(routers.known.values()) if isinstance(routers, JsRouters) else []
+
+    def _dest_known(self, tid: int) -> bool:
+        """Whether topic `tid` is a router's destination, by the routers' entries as
+        this front last read them."""
+        return any(b.get("dest_id") == tid for b in self._routers_known())
+
+    async def _routed(self, topic: Topic) -> bool:
+        """Whether `topic` is a router's destination: by the entries this front last
+        read, else by the router graph (one registry round trip; a router created
+        through another front since)."""
+        if self._dest_known(topic.topic_id):
+            await trio.lowlevel.checkpoint()
+            return True
+        graph, _ = await self.backend._call(partial(router_graph, self.store))
+        return any(len(m) > 1 and m[1] == topic.name for m in graph.values())
+
+    async def _ask_runner(self, topic: Topic, payload: bytes) -> bytes | None:
+        """Send `topic`'s owner the read-time request `payload`, which has it bring
+        `topic` up to date as a router destination and answer its head; the answer.
+
+        The owner this front knows may not answer as the owner: killed, its shard taken
+        over since this front's last lease check (no responders, at once), or still
+        taking it over. For a router destination the read needs that answer (the
+        copies of acknowledged source records may not be stored yet), so the lease is
+        read and the front it names asked; with no answer from a front owning `topic`
+        within the request timeout, `503 storage_unavailable` (retryable). Another
+        topic's read goes on without the answer (None), as it always could."""
+        tid = topic.topic_id
+        subject = self._owner_of(topic)
+        raw = None
+        if subject is not None:
+            raw = await self.backend._call(
+                partial(self.store.ask, subject, payload, self.store.timeout)
+            )
+        if _answered(raw, tid) or not await self._routed(topic):
+            return raw
+        k = self.shard_of(topic.name)
+        value, _ = await self.backend._call(partial(self.store.lease, k))
+        holder = None if value is None else str(value.get("subject"))
+        if value is not None and value.get("front") != self.front_id and holder != subject:
+            assert holder is not None
+            self.owner_subjects[k] = holder  # (as this front's next lease check would)
+            raw = await self.backend._call(
+                partial(self.store.ask, holder, payload, self.store.timeout)
+            )
+            if _answered(raw, tid):
+                return raw
+        raise StorageUnavailable(
+            f"the front running the routers into topic {topic.name!r} did not answer "
+            "(its owner is gone or taking over); retry",
+            {"backend": "jetstream", "topic": topic.name},
+        )
 
     async def _remove(self, topic: Topic) -> None:
         """Drop a topic whose registry entry is gone (not while a catch-up loads it)."""
@@ -1407,6 +1477,17 @@ def _live_seqs(topic: Topic, upto: int) -> list[int]:
 
 def _gone(topic: Topic) -> bool:
     return topic.deleted
+
+
+def _answered(raw: bytes | None, tid: int) -> bool:
+    """Whether an answer to a `reads` request with a depth came from topic `tid`'s owner
+    (which answers the head of every topic of its own asked about, a router destination
+    brought up to date first)."""
+    if raw is None:
+        return False
+    ok = orjson.loads(raw).get("ok")
+    heads = ok.get("heads") if isinstance(ok, dict) else None
+    return isinstance(heads, dict) and str(tid) in heads
 
 
 def _answered_head(raw: bytes | None, tid: int) -> int:

@@ -904,12 +904,13 @@ class JsRouters(RouterService):
                 self._detach(r)
                 self.defs.pop(name, None)
 
-    async def rebuild(self, *, repair: bool) -> int:
+    async def rebuild(self, *, repair: bool, taking: int | None = None) -> int:
         """Attach every router of the registry whose topics exist, whose destination's
-        shard this front owns and that is not attached yet, at its stored cursor (see the
-        module docstring): at start, and when a front takes a shard over. With `repair`
-        (a front owning every shard), remove the entries of routers whose topic is gone.
-        Returns how many were attached."""
+        shard this front owns (or is taking over: shard `taking`) and that is not
+        attached yet, at its stored cursor (see the module docstring): at start, and
+        when a front takes a shard over. With `repair` (a front owning every shard),
+        remove the entries of routers whose topic is gone. Returns how many were
+        attached."""
         engine = self.engine
         entries = await self.backend._call(partial(router_entries, self.backend.store))
         self.known = entries
@@ -929,7 +930,10 @@ class JsRouters(RouterService):
                 if repair:
                     await self.backend._call(partial(delete_router, self.backend.store, name))
                 continue
-            if not self.runs(dst.name):
+            fronts = self.backend.fronts
+            if not self.runs(dst.name) and (
+                taking is None or fronts is None or fronts.shard_of(dst.name) != taking
+            ):
                 continue
             at, done = int(str(cursor)), int(str(total))
             got = self.backend.lane(dst).feed.get(name)
