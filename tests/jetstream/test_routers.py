@@ -326,7 +326,8 @@ async def test_a_followers_read_after_a_takeover_asks_the_runner_the_lease_names
     either (one that knows the router, one that does not) finds the runner through the
     lease, and answers after the runner's copies are stored; `GET` agrees. With the
     lease naming the gone front too (no front owns the shard yet), both answer `503
-    storage_unavailable`, never fewer records than the router has copied."""
+    storage_unavailable`, never fewer records than the router has copied; once the
+    destination is deleted, a `404`."""
     from tests.jetstream.conftest import fronts_of, open_fronts
 
     names = _names_by_shard(3)
@@ -373,6 +374,14 @@ async def test_a_followers_read_after_a_takeover_asks_the_runner_the_lease_names
             assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
         del hs[runner].engine.routers.forward  # (copying let go: the runner's own read)
         assert [x[1] for x in await _records(cs[runner], dst)] == [0, 1, 2, 3, 4]
+        # a destination deleted meanwhile (`third` still lists the router): a 404
+        for i in (third, feeder):
+            fr[i].store.ignore_notices = True  # (they still hold the topic)
+        await _json(await cs[runner].delete(f"/v0/topics/{dst}"), 200)
+        assert tid in {b.get("dest_id") for b in hs[third].engine.routers.known.values()}
+        for i in (third, feeder):
+            r = await cs[i].post(f"/v0/topics/{dst}/diff", json={"from_seq": 0})
+            assert (await _json(r, 404))["error"]["code"] == "topic_not_found"
 
 
 async def test_a_front_taking_a_shard_over_answers_reads_once_its_routers_run(cluster):

@@ -1007,7 +1007,8 @@ class Fronts:
         taking it over. For a router destination the read needs that answer (the
         copies of acknowledged source records may not be stored yet), so the lease is
         read and the front it names asked; with no answer from a front owning `topic`
-        within the request timeout, `503 storage_unavailable` (retryable). Another
+        within the request timeout, `503 storage_unavailable` (retryable), unless the
+        topic's registry entry is gone (deleted: its owner no longer knows it). Another
         topic's read goes on without the answer (None), as it always could."""
         tid = topic.topic_id
         subject = self._owner_of(topic)
@@ -1029,6 +1030,9 @@ class Fronts:
             )
             if _answered(raw, tid):
                 return raw
+        entry, _ = await self.backend._call(partial(self.store.entry, tid))
+        if entry is None:
+            return raw  # (the topic was deleted: the catch-up drops it, the read is a 404)
         raise StorageUnavailable(
             f"the front running the routers into topic {topic.name!r} did not answer "
             "(its owner is gone or taking over); retry",
