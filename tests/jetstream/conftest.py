@@ -451,12 +451,7 @@ FRONTS_DELTAS: dict[str, Delta] = {}
 # itself, so N fronts admit up to N times the limit (docs/jetstream.md, "Across several
 # fronts"). Bugs not fixed yet, marked (strict) so the suite says which; each needs a
 # deployment-wide count (or the decision to allow the difference).
-FRONTS_UNFIXED: dict[str, Delta] = {
-    "test_contract_writes::test_max_total_bytes": (
-        "limits.max_total_bytes counts the bytes of the topics the writing owner knows "
-        "(another front's writes and deletes reach it with their notices)"
-    ),
-}
+FRONTS_UNFIXED: dict[str, Delta] = {}
 
 # ... and these may fail with several fronts, depending on timing (not strict; none at
 # present: live frames of topics with different owners follow the acknowledgement

@@ -22,6 +22,13 @@ every authenticated request that is not a stream takes a *request slot* of its k
 So is `limits.max_watch_sessions`: a stored watch session holds a *session slot*
 (`acquire_session` at its creation, after the creation's other checks) until it is
 reclaimed (`release_session`); the registry's `reclaim_idle` gives it back.
+
+`limits.max_total_bytes` goes through `BytesBudget` when it is on: on the embedded
+backend `Engine.bytes_budget` is None and the engine's own byte count decides. On the
+jetstream backend each owner front holds a *share* of the limit (the shares' sum never
+passes it): a write that fits in this front's share is admitted with no round trip
+(`fits`); one that does not waits for a larger share (`grow`), which asks the other
+fronts to give back what they do not use before it refuses.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class Slot:
     released: bool = False
     request: bool = False  # a request's slot under `max_inflight_per_key` (not a stream)
     session: bool = False  # a watch session's slot under `max_watch_sessions`
+    grow: int = 0  # a larger share of `max_total_bytes` by this many bytes (`BytesBudget`)
 
 
 class ConnectionSlots(Protocol):
@@ -87,4 +95,20 @@ class ConnectionSlots(Protocol):
 
     def release_session(self, slot: Slot) -> None:
         """Give a session's slot back (it was reclaimed); as `release_request`."""
+        ...
+
+
+class BytesBudget(Protocol):
+    """This process's share of `limits.max_total_bytes` (see the module docstring)."""
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a write of `nbytes` more fits in this process's share now (counted
+        against it when it does); synchronous, no round trip."""
+        ...
+
+    async def grow(self, nbytes: int) -> None:
+        """Take a share that fits `nbytes` more than this process holds now. Raises
+        `Throttled` (`429 {limit: "max_total_bytes", max}`) when the deployment's bytes
+        and `nbytes` pass the limit, `StorageUnavailable` (`503`) when the shares cannot
+        be reached."""
         ...

@@ -2487,6 +2487,11 @@ async def open_jetstream_engine(
             # the connection caps count the deployment's streams (`front.slots`)
             backend.slots = engine.watch.slots = slots = JsSlots(cfg, backend, clock, front_id)
             slots.reclaim = engine.watch.reclaim_idle  # (asked at another front's cap)
+            if cfg.limits.max_total_bytes:
+                # `max_total_bytes` is the deployment's: this front's share covers the
+                # bytes of the topics it owns
+                engine.bytes_budget = slots
+                slots.used_bytes = partial(_owned_bytes, engine, fronts)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
@@ -2542,3 +2547,9 @@ async def open_jetstream_engine(
                 await bridge.call(store.close)
             if own_bridge:
                 await trio.to_thread.run_sync(bridge.close)
+
+
+def _owned_bytes(engine: Engine, fronts: Fronts) -> int:
+    """The bytes of the topics this front owns, those being written included (what its
+    share of `limits.max_total_bytes` covers)."""
+    return sum(t.bytes + t.pending_bytes for t in engine.topics.values() if fronts.owns(t.name))

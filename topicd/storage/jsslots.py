@@ -79,6 +79,9 @@ ATTEMPTS: Final = 32
 LIVE_WAIT_S: Final = 0.5
 # how long ended requests may stay in this front's record when no round writes it
 RELEASE_FLUSH_S: Final = 0.05
+BYTES_LIMIT: Final = "max_total_bytes"
+# a share of `max_total_bytes` grows by what the write needs and this part of the limit
+SHARE_SLACK: Final = 8
 
 
 @dataclass
@@ -92,11 +95,14 @@ class Tally:
     keys: dict[str, int] = field(default_factory=dict)
     reqs: dict[str, int] = field(default_factory=dict)
     w: int = 0
+    b: int = 0  # this front's share of `limits.max_total_bytes`
 
     def empty(self) -> bool:
-        return not self.n and not self.reqs and not self.w
+        return not self.n and not self.reqs and not self.w and not self.b
 
     def add(self, slot: Slot, sign: int = 1) -> None:
+        if slot.grow:  # (a share's size is set by the round that grants it)
+            return
         if slot.session:
             self.w += sign
             assert self.w >= 0
@@ -121,9 +127,10 @@ class Tally:
         for key, count in other.reqs.items():
             self.reqs[key] = self.reqs.get(key, 0) + count
         self.w += other.w
+        self.b += other.b
 
     def copy(self) -> Tally:
-        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w)
+        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w, self.b)
 
     def wire(self, until_ms: int) -> dict[str, JsonValue]:
         keys: dict[str, JsonValue] = dict(self.keys)
@@ -133,6 +140,8 @@ class Tally:
             out["r"] = reqs
         if self.w:
             out["w"] = self.w
+        if self.b:
+            out["b"] = self.b
         return out
 
     @staticmethod
@@ -141,6 +150,7 @@ class Tally:
         if not isinstance(obj, dict):
             return Tally(), 0
         n, v, w, until = obj.get("n"), obj.get("v"), obj.get("w"), obj.get("until_ms")
+        b = obj.get("b")
         return (
             Tally(
                 n if isinstance(n, int) else 0,
@@ -148,6 +158,7 @@ class Tally:
                 _counts(obj.get("k")),
                 _counts(obj.get("r")),
                 w if isinstance(w, int) else 0,
+                b if isinstance(b, int) and b > 0 else 0,
             ),
             until if isinstance(until, int) else 0,
         )
@@ -267,6 +278,12 @@ class JsSlots:
         self._last_error = ""
         self.closed = False  # (the front is shutting down: its record is taken out)
         self.writes = 0  # records written (tests)
+        self.max_bytes = limits.max_total_bytes
+        # the bytes of the topics this front owns, those being written included (set by
+        # the engine's opener): what its share of `max_total_bytes` must cover
+        self.used_bytes: Callable[[], int] = lambda: 0
+        self.spent = 0  # at least the bytes this front's share covers now (`fits`)
+        self.grows = 0  # rounds that decided a larger share (tests, bench)
         self.conflicts = 0  # writes another front's write beat (tests)
         self.live_asks = 0  # refusals that asked other fronts' own counts (tests)
 
@@ -310,6 +327,32 @@ class JsSlots:
             await trio.lowlevel.checkpoint()
             raise Throttled.limit(SESSIONS_LIMIT, self.max_sessions)
         return await self._round_for(Slot(None, False, session=True))
+
+    def fits(self, nbytes: int) -> bool:
+        """`BytesBudget.fits`: `nbytes` more within this front's share of
+        `max_total_bytes`. `spent` bounds what the share covers from above (every write
+        admitted adds to it; deletes, caps and TTL do not take from it), so most writes
+        decide on it alone; when it says no, the owned topics' bytes are summed again
+        (bytes freed meanwhile go back to the share)."""
+        if self.spent + nbytes <= self.mine.b:
+            self.spent += nbytes
+            return True
+        self.spent = self.used_bytes()
+        if self.spent + nbytes <= self.mine.b:
+            self.spent += nbytes
+            return True
+        return False
+
+    async def grow(self, nbytes: int) -> None:
+        """`BytesBudget.grow`: one round of the writer (shared with the opens waiting)
+        takes a share covering this front's bytes and `nbytes`, from the part of the
+        limit no front holds; short of it, the fronts holding shares give back what they
+        do not use (`live`) and the round decides again on the same revision, refusing
+        only when the deployment's bytes and `nbytes` pass the limit."""
+        if self.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        await self._round_for(Slot(None, False, counted=False, grow=nbytes))
 
     def release_session(self, slot: Slot) -> None:
         """`ConnectionSlots.release_session`: as `release_request`."""
@@ -444,9 +487,16 @@ class JsSlots:
                     table, rev = self._cache
             now = self.clock.now_ms()
             forget = set(self._forget)
-            others = {
-                f: rec for f, rec in table.items() if f != me and f not in forget and rec[1] > now
-            }
+            others: Table = {}
+            for f, (tally, until) in table.items():
+                if f == me or f in forget:
+                    continue
+                if until > now:
+                    others[f] = (tally, until)
+                elif tally.b and now < until + self.lease_ms:
+                    # a front whose term ended keeps its share for one term more: its
+                    # topics' bytes count there until their new owner counts them
+                    others[f] = (Tally(b=tally.b), until)
             total = self.mine.copy()
             for front, (tally, _) in others.items():
                 if live_rev == rev and front in live:
@@ -458,11 +508,23 @@ class JsSlots:
                         if count < tally.reqs.get(key, 0):
                             _count(tally.reqs, key, count - tally.reqs[key])
                     tally.w = min(tally.w, now_held.w)
+                    tally.b = min(tally.b, now_held.b)
                 total.merge(tally)
+            others_b = total.b - self.mine.b  # the shares other fronts hold
+            growing = any(a.slot.grow for a in asks)
+            used = self.used_bytes() if growing else 0  # (exact, at this decision)
+            grown = 0
             granted: list[_Ask] = []
             refused: list[tuple[_Ask, Throttled]] = []
             for a in asks:
                 if a.abandoned:
+                    continue
+                if a.slot.grow:
+                    if others_b + used + grown + a.slot.grow > self.max_bytes:
+                        refused.append((a, Throttled.limit(BYTES_LIMIT, self.max_bytes)))
+                    else:
+                        grown += a.slot.grow
+                        granted.append(a)
                     continue
                 err = self._refusal(total, a.slot)
                 if err is None:
@@ -479,14 +541,19 @@ class JsSlots:
                 # for it), so ask those fronts what they hold now, and decide again; a
                 # session refused: ask the fronts holding sessions to reclaim their idle
                 # ones first (as one process reclaims on a create)
+                # a share of bytes refused: ask the fronts holding shares to give back
+                # what they do not use
                 keys = {a.slot.key for a, _ in refused if a.slot.request}
                 sessions = any(a.slot.session for a, _ in refused)
+                shares = any(a.slot.grow for a, _ in refused)
                 holders = [
-                    f for f, (t, _) in others.items() if keys & t.reqs.keys() or (sessions and t.w)
+                    f
+                    for f, (t, _) in others.items()
+                    if keys & t.reqs.keys() or (sessions and t.w) or (shares and t.b)
                 ]
                 if holders:
                     asked = {k for k in keys if k is not None}
-                    live = await self._ask_live(holders, asked, sessions)
+                    live = await self._ask_live(holders, asked, sessions, shares)
                     live_rev = rev
                     again = (table, rev)
                     continue
@@ -496,10 +563,25 @@ class JsSlots:
             for a in granted:
                 record.add(a.slot)
                 granting.add(a.slot)
+            if grown and not self.closed:
+                # what the writes need, and a part of what no front holds (so the next
+                # writes need no round), never less than the share held now
+                room = self.max_bytes - others_b
+                want = used + grown + max(1, self.max_bytes // SHARE_SLACK)
+                record.b = max(self.mine.b, min(room, want))
+                self.spent = used
             renew = not self.mine.empty() and trio.current_time() >= self._renew_at
             had, _ = table.get(me, (Tally(), 0))
             if granted or renew or forget & table.keys() or had != record:
                 new = dict(others)
+                if live_rev == rev:
+                    # the shares the fronts asked gave back (they hold no more now)
+                    for front, now_held in live.items():
+                        if front in new and now_held.b < new[front][0].b:
+                            tally, until = new[front]
+                            tally = tally.copy()
+                            tally.b = now_held.b
+                            new[front] = (tally, until)
                 if not record.empty():
                     new[me] = (record, now + self.lease_ms)
                 self._granting = granting  # (counted by `live` while the write runs)
@@ -513,6 +595,9 @@ class JsSlots:
                     self._contended_until = trio.current_time() + self.renew_s
                     continue
                 self.writes += 1
+                if grown and not self.closed:
+                    self.grows += 1
+                    self.mine.b = record.b
                 self._cache = (new, got)
                 self._renew_at = trio.current_time() + self.renew_s
             self._forget -= forget  # (their records are out of the entry now)
@@ -530,14 +615,20 @@ class JsSlots:
         raise RuntimeError(f"{ATTEMPTS} conflicting writes in a row")
 
     async def _ask_live(
-        self, fronts: list[str], keys: set[str], sessions: bool
+        self, fronts: list[str], keys: set[str], sessions: bool, shares: bool = False
     ) -> dict[str, Tally]:
-        """What `fronts` hold now (`live`): their requests of `keys` and, with
-        `sessions`, their watch sessions once they reclaimed the idle-expired ones;
+        """What `fronts` hold now (`live`): their requests of `keys`, with `sessions`
+        their watch sessions once they reclaimed the idle-expired ones, and their share
+        of `max_total_bytes`, with `shares` once they gave back what they do not use;
         asked in parallel, `LIVE_WAIT_S` at most. A front that does not answer is left
         out (its record counts)."""
         self.live_asks += 1
-        head = orjson.dumps({"op": "slots", "keys": sorted(keys), "sessions": sessions}) + b"\n"
+        head = (
+            orjson.dumps(
+                {"op": "slots", "keys": sorted(keys), "sessions": sessions, "shares": shares}
+            )
+            + b"\n"
+        )
         requests = {f"{self.store.prefix}.fwd.{front}": head for front in fronts}
         got: dict[str, bytes | None] = {}
         with trio.move_on_after(2 * LIVE_WAIT_S):
@@ -551,25 +642,33 @@ class JsSlots:
                 ok = None
             if not isinstance(ok, dict):
                 continue
-            reqs, w = ok.get("r"), ok.get("w")
+            reqs, w, b = ok.get("r"), ok.get("w"), ok.get("b")
             if (
                 isinstance(reqs, dict)
                 and all(isinstance(reqs.get(k), int) for k in keys)
                 and isinstance(w, int)
+                and isinstance(b, int)
             ):
-                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w)
+                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w, b=b)
         return out
 
-    def live(self, keys: list[str], sessions: bool) -> dict[str, JsonValue]:
+    def live(self, keys: list[str], sessions: bool, shares: bool = False) -> dict[str, JsonValue]:
         """What this front holds now, granted and not given back, those of a write in
-        flight included (another front's `_ask_live`): its requests of `keys` (`r`) and
-        its watch sessions (`w`), with `sessions` after reclaiming its idle-expired ones
-        (which gives their slots back)."""
+        flight included (another front's `_ask_live`): its requests of `keys` (`r`), its
+        watch sessions (`w`), with `sessions` after reclaiming its idle-expired ones
+        (which gives their slots back), and its share of `max_total_bytes` (`b`), with
+        `shares` after giving back what its owned topics do not use: from here on its
+        writes past that need a round (`grow`), whose compare-and-set the asker's
+        decision on the same revision excludes."""
         if sessions and self.reclaim is not None:
             self.reclaim()
+        if shares and not self.closed:
+            self.spent = self.used_bytes()
+            if self.spent < self.mine.b:
+                self.mine.b = self.spent
         mine, granting = self.mine.reqs, self._granting.reqs
         reqs: dict[str, JsonValue] = {k: mine.get(k, 0) + granting.get(k, 0) for k in keys}
-        return {"r": reqs, "w": self.mine.w + self._granting.w}
+        return {"r": reqs, "w": self.mine.w + self._granting.w, "b": self.mine.b}
 
     def _refusal(self, total: Tally, slot: Slot) -> Throttled | None:
         """The cap one more `slot` would pass, in the embedded backend's order."""
