@@ -450,7 +450,8 @@ FRONTS_DELTAS: dict[str, Delta] = {}
 # allows: each front counts these instance-wide limits over what it knows or serves
 # itself, so N fronts admit up to N times the limit (docs/jetstream.md, "Across several
 # fronts"). Bugs not fixed yet, marked (strict) so the suite says which; each needs a
-# deployment-wide count (or the decision to allow the difference).
+# deployment-wide count (or the decision to allow the difference). None at present:
+# `limits.max_total_bytes` is the deployment's (shares in `front.slots`, `test_budget.py`)
 FRONTS_UNFIXED: dict[str, Delta] = {}
 
 # ... and these may fail with several fronts, depending on timing (not strict; none at

@@ -39,6 +39,17 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
   write removes its record. A
   front cut off from NATS longer than its term is not counted meanwhile (as it loses
   its leases), and is counted again from its next renewal.
+* **Shares of `limits.max_total_bytes`** (`b`, when the limit is on): each owner front's
+  record holds a share of the limit that covers the bytes of the topics it owns; the
+  shares' sum never passes the limit (every change is the entry's compare-and-set). A
+  write within the share is admitted with no round trip (`fits`); past it, the writer
+  takes a larger share from the part no front holds (`grow`: what the owned bytes and
+  the writes waiting need, plus `1/SHARE_SLACK` of the limit), and when that part is
+  short asks the holders to give back what they do not use (`live` with `shares`)
+  before deciding again on the same revision: a write is refused only when every
+  front's bytes and the write pass the limit. A front whose term ended keeps its share
+  counted one term more (its topics' bytes stay counted until a new owner counts them);
+  a front found gone is forgotten at once, as its shards are taken.
 """
 
 from __future__ import annotations
