@@ -177,3 +177,37 @@ async def test_a_dead_fronts_share_goes_back_and_its_bytes_still_count(cluster):
         assert desk(c).front_id not in await shares(a)
         assert await put(b, owned_by(b, "db"), 1) == 429  # its 20 bytes still count
         assert await put(a, ta, 1) == 429
+
+
+async def keyed(h: AppHarness, topic: str, key: str) -> tuple[int, dict]:
+    r = await h.app.test_client().post(
+        f"/v0/topics/{topic}",
+        json={"records": [{"data": 1}], "idempotency_key": key},
+    )
+    return (200 if r.status_code == 201 else r.status_code), await r.get_json()
+
+
+async def test_idempotency_entries_fill_one_limit_across_fronts(cluster):
+    """`max_idempotency_entries = 3`: one keyed write on a topic of each front fills it;
+    then a keyed write is refused on every front with the embedded `429`, while writes
+    without a key and dedupe hits go on; a topic deleted on one front frees its entry
+    for a keyed write on another (whose owner takes that front's share)."""
+    cfg = jetstream_config(cluster, make_config(limits={"max_idempotency_entries": 3}))
+    entries = {"limit": "max_idempotency_entries", "max": 3}
+    async with open_fronts(cfg) as (a, b, c):
+        ta, tb, tc = owned_by(a, "ia"), owned_by(b, "ib"), owned_by(c, "ic")
+        for h, t in ((a, ta), (b, tb), (c, tc)):
+            assert (await keyed(h, t, "k"))[0] == 200
+        for h, t in ((a, ta), (b, tb), (c, tc), (a, tc), (c, tb)):
+            status, body = await keyed(h, t, "k2")
+            assert status == 429, body
+            assert body["error"]["detail"] == entries
+        assert await put(b, tb, 1) == 200  # no key: no entry
+        status, body = await keyed(c, ta, "k")  # (forwarded to its owner)
+        assert (status, body["deduped"]) == (200, True)
+        assert (await b.app.test_client().delete(f"/v0/topics/{tb}")).status_code == 200
+        assert (await keyed(a, ta, "k2"))[0] == 200
+        assert desk(a).live_asks >= 1
+        assert (await keyed(c, tc, "k2"))[0] == 429
+        table, _ = await desk(a).backend.bridge.call(partial(read_table, desk(a).store))
+        assert sum(t.e for t, _ in table.values()) <= 3

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.forward import Figures, Forwarder, Peers
-    from topicd.engine.slots import BytesBudget
+    from topicd.engine.slots import ShareBudget
 
 log = logging.getLogger("topicd.engine")
 
@@ -120,7 +120,9 @@ class Engine:
         self.total_bytes = 0
         self.pending_bytes = 0
         # `limits.max_total_bytes` counted across processes (None: `total_bytes` decides)
-        self.bytes_budget: BytesBudget | None = None
+        self.bytes_budget: ShareBudget | None = None
+        # `limits.max_idempotency_entries` counted across processes (None: `idem` decides)
+        self.entry_budget: ShareBudget | None = None
         self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
         self.payloads = PayloadCache(config.storage.payload_cache_bytes)
         # topics whose snapshot entry changed since the last checkpoint captured them, and
@@ -941,6 +943,10 @@ class Engine:
                 # placed when those publish, then the writes behind the gate go on
                 await gate.wait()
                 continue
+            budget = self.entry_budget
+            if key is not None and budget is not None and not budget.fits(1):
+                await budget.grow(1)  # (its 429 at the limit)
+                continue  # state may have changed while waiting: run every check again
             batch = self._stage(topic, prepared, now)
             break
         if not batch.completion.resolved:

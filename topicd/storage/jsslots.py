@@ -39,8 +39,9 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
   write removes its record. A
   front cut off from NATS longer than its term is not counted meanwhile (as it loses
   its leases), and is counted again from its next renewal.
-* **Shares of `limits.max_total_bytes`** (`b`, when the limit is on): each owner front's
-  record holds a share of the limit that covers the bytes of the topics it owns; the
+* **Shares of `limits.max_total_bytes`** (`b`) **and `limits.max_idempotency_entries`**
+  (`e`), when each is on (`Share`): each owner front's record holds a share of the
+  limit that covers the bytes (live entries) of the topics it owns; the
   shares' sum never passes the limit (every change is the entry's compare-and-set). A
   write within the share is admitted with no round trip (`fits`); past it, the writer
   takes a larger share from the part no front holds (`grow`: what the owned bytes and
@@ -91,8 +92,10 @@ LIVE_WAIT_S: Final = 0.5
 # how long ended requests may stay in this front's record when no round writes it
 RELEASE_FLUSH_S: Final = 0.05
 BYTES_LIMIT: Final = "max_total_bytes"
-# a share of `max_total_bytes` grows by what the write needs and this part of the limit
+ENTRIES_LIMIT: Final = "max_idempotency_entries"
+# a share grows by what the writes need and this part of the limit
 SHARE_SLACK: Final = 8
+SHARES: Final = ("b", "e")  # the fields of a record's shares (`Tally`)
 
 
 @dataclass
@@ -107,9 +110,10 @@ class Tally:
     reqs: dict[str, int] = field(default_factory=dict)
     w: int = 0
     b: int = 0  # this front's share of `limits.max_total_bytes`
+    e: int = 0  # this front's share of `limits.max_idempotency_entries`
 
     def empty(self) -> bool:
-        return not self.n and not self.reqs and not self.w and not self.b
+        return not self.n and not self.reqs and not self.w and not self.b and not self.e
 
     def add(self, slot: Slot, sign: int = 1) -> None:
         if slot.grow:  # (a share's size is set by the round that grants it)
@@ -139,9 +143,10 @@ class Tally:
             self.reqs[key] = self.reqs.get(key, 0) + count
         self.w += other.w
         self.b += other.b
+        self.e += other.e
 
     def copy(self) -> Tally:
-        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w, self.b)
+        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w, self.b, self.e)
 
     def wire(self, until_ms: int) -> dict[str, JsonValue]:
         keys: dict[str, JsonValue] = dict(self.keys)
@@ -153,6 +158,8 @@ class Tally:
             out["w"] = self.w
         if self.b:
             out["b"] = self.b
+        if self.e:
+            out["e"] = self.e
         return out
 
     @staticmethod
@@ -161,7 +168,7 @@ class Tally:
         if not isinstance(obj, dict):
             return Tally(), 0
         n, v, w, until = obj.get("n"), obj.get("v"), obj.get("w"), obj.get("until_ms")
-        b = obj.get("b")
+        b, e = obj.get("b"), obj.get("e")
         return (
             Tally(
                 n if isinstance(n, int) else 0,
@@ -170,6 +177,7 @@ class Tally:
                 _counts(obj.get("r")),
                 w if isinstance(w, int) else 0,
                 b if isinstance(b, int) and b > 0 else 0,
+                e if isinstance(e, int) and e > 0 else 0,
             ),
             until if isinstance(until, int) else 0,
         )
@@ -289,11 +297,13 @@ class JsSlots:
         self._last_error = ""
         self.closed = False  # (the front is shutting down: its record is taken out)
         self.writes = 0  # records written (tests)
-        self.max_bytes = limits.max_total_bytes
-        # the bytes of the topics this front owns, those being written included (set by
-        # the engine's opener): what its share of `max_total_bytes` must cover
-        self.used_bytes: Callable[[], int] = lambda: 0
-        self.spent = 0  # at least the bytes this front's share covers now (`fits`)
+        # this front's shares of the limits that are on (`Share`; the engine's opener
+        # sets what each must cover)
+        self.shares: dict[str, Share] = {}
+        if limits.max_total_bytes:
+            self.shares["b"] = Share(self, "b", BYTES_LIMIT, limits.max_total_bytes)
+        if limits.max_idempotency_entries:
+            self.shares["e"] = Share(self, "e", ENTRIES_LIMIT, limits.max_idempotency_entries)
         self.grows = 0  # rounds that decided a larger share (tests, bench)
         self.conflicts = 0  # writes another front's write beat (tests)
         self.live_asks = 0  # refusals that asked other fronts' own counts (tests)
@@ -338,32 +348,6 @@ class JsSlots:
             await trio.lowlevel.checkpoint()
             raise Throttled.limit(SESSIONS_LIMIT, self.max_sessions)
         return await self._round_for(Slot(None, False, session=True))
-
-    def fits(self, nbytes: int) -> bool:
-        """`BytesBudget.fits`: `nbytes` more within this front's share of
-        `max_total_bytes`. `spent` bounds what the share covers from above (every write
-        admitted adds to it; deletes, caps and TTL do not take from it), so most writes
-        decide on it alone; when it says no, the owned topics' bytes are summed again
-        (bytes freed meanwhile go back to the share)."""
-        if self.spent + nbytes <= self.mine.b:
-            self.spent += nbytes
-            return True
-        self.spent = self.used_bytes()
-        if self.spent + nbytes <= self.mine.b:
-            self.spent += nbytes
-            return True
-        return False
-
-    async def grow(self, nbytes: int) -> None:
-        """`BytesBudget.grow`: one round of the writer (shared with the opens waiting)
-        takes a share covering this front's bytes and `nbytes`, from the part of the
-        limit no front holds; short of it, the fronts holding shares give back what they
-        do not use (`live`) and the round decides again on the same revision, refusing
-        only when the deployment's bytes and `nbytes` pass the limit."""
-        if self.closed:
-            await trio.lowlevel.checkpoint()
-            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
-        await self._round_for(Slot(None, False, counted=False, grow=nbytes))
 
     def release_session(self, slot: Slot) -> None:
         """`ConnectionSlots.release_session`: as `release_request`."""
@@ -504,10 +488,10 @@ class JsSlots:
                     continue
                 if until > now:
                     others[f] = (tally, until)
-                elif tally.b and now < until + self.lease_ms:
-                    # a front whose term ended keeps its share for one term more: its
-                    # topics' bytes count there until their new owner counts them
-                    others[f] = (Tally(b=tally.b), until)
+                elif (tally.b or tally.e) and now < until + self.lease_ms:
+                    # a front whose term ended keeps its shares for one term more: its
+                    # topics' bytes and entries count there until their new owner's do
+                    others[f] = (Tally(b=tally.b, e=tally.e), until)
             total = self.mine.copy()
             for front, (tally, _) in others.items():
                 if live_rev == rev and front in live:
@@ -520,21 +504,26 @@ class JsSlots:
                             _count(tally.reqs, key, count - tally.reqs[key])
                     tally.w = min(tally.w, now_held.w)
                     tally.b = min(tally.b, now_held.b)
+                    tally.e = min(tally.e, now_held.e)
                 total.merge(tally)
-            others_b = total.b - self.mine.b  # the shares other fronts hold
-            growing = any(a.slot.grow for a in asks)
-            used = self.used_bytes() if growing else 0  # (exact, at this decision)
-            grown = 0
+            # the shares other fronts hold; what this front's share must cover now
+            # (exact, at this decision), for the shares asked for; how much more
+            held = {f: getattr(total, f) - getattr(self.mine, f) for f in SHARES}
+            used = {
+                f: s.used() for f, s in self.shares.items() if any(a.slot.share == f for a in asks)
+            }
+            grown = dict.fromkeys(SHARES, 0)
             granted: list[_Ask] = []
             refused: list[tuple[_Ask, Throttled]] = []
             for a in asks:
                 if a.abandoned:
                     continue
                 if a.slot.grow:
-                    if others_b + used + grown + a.slot.grow > self.max_bytes:
-                        refused.append((a, Throttled.limit(BYTES_LIMIT, self.max_bytes)))
+                    f, share = a.slot.share, self.shares[a.slot.share]
+                    if held[f] + used[f] + grown[f] + a.slot.grow > share.limit:
+                        refused.append((a, Throttled.limit(share.name, share.limit)))
                     else:
-                        grown += a.slot.grow
+                        grown[f] += a.slot.grow
                         granted.append(a)
                     continue
                 err = self._refusal(total, a.slot)
@@ -560,7 +549,7 @@ class JsSlots:
                 holders = [
                     f
                     for f, (t, _) in others.items()
-                    if keys & t.reqs.keys() or (sessions and t.w) or (shares and t.b)
+                    if keys & t.reqs.keys() or (sessions and t.w) or (shares and (t.b or t.e))
                 ]
                 if holders:
                     asked = {k for k in keys if k is not None}
@@ -574,13 +563,15 @@ class JsSlots:
             for a in granted:
                 record.add(a.slot)
                 granting.add(a.slot)
-            if grown and not self.closed:
-                # what the writes need, and a part of what no front holds (so the next
-                # writes need no round), never less than the share held now
-                room = self.max_bytes - others_b
-                want = used + grown + max(1, self.max_bytes // SHARE_SLACK)
-                record.b = max(self.mine.b, min(room, want))
-                self.spent = used
+            for f, more in grown.items():
+                if more and not self.closed:
+                    # what the writes need, and a part of what no front holds (so the
+                    # next writes need no round), never less than the share held now
+                    share = self.shares[f]
+                    room = share.limit - held[f]
+                    want = used[f] + more + max(1, share.limit // SHARE_SLACK)
+                    setattr(record, f, max(getattr(self.mine, f), min(room, want)))
+                    share.spent = used[f]
             renew = not self.mine.empty() and trio.current_time() >= self._renew_at
             had, _ = table.get(me, (Tally(), 0))
             if granted or renew or forget & table.keys() or had != record:
@@ -588,10 +579,12 @@ class JsSlots:
                 if live_rev == rev:
                     # the shares the fronts asked gave back (they hold no more now)
                     for front, now_held in live.items():
-                        if front in new and now_held.b < new[front][0].b:
-                            tally, until = new[front]
+                        if front not in new:
+                            continue
+                        tally, until = new[front]
+                        if now_held.b < tally.b or now_held.e < tally.e:
                             tally = tally.copy()
-                            tally.b = now_held.b
+                            tally.b, tally.e = min(tally.b, now_held.b), min(tally.e, now_held.e)
                             new[front] = (tally, until)
                 if not record.empty():
                     new[me] = (record, now + self.lease_ms)
@@ -606,9 +599,11 @@ class JsSlots:
                     self._contended_until = trio.current_time() + self.renew_s
                     continue
                 self.writes += 1
-                if grown and not self.closed:
+                if any(grown.values()) and not self.closed:
                     self.grows += 1
-                    self.mine.b = record.b
+                    for f in SHARES:
+                        if grown[f]:
+                            setattr(self.mine, f, getattr(record, f))
                 self._cache = (new, got)
                 self._renew_at = trio.current_time() + self.renew_s
             self._forget -= forget  # (their records are out of the entry now)
@@ -653,14 +648,15 @@ class JsSlots:
                 ok = None
             if not isinstance(ok, dict):
                 continue
-            reqs, w, b = ok.get("r"), ok.get("w"), ok.get("b")
+            reqs, w, b, e = ok.get("r"), ok.get("w"), ok.get("b"), ok.get("e")
             if (
                 isinstance(reqs, dict)
                 and all(isinstance(reqs.get(k), int) for k in keys)
                 and isinstance(w, int)
                 and isinstance(b, int)
+                and isinstance(e, int)
             ):
-                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w, b=b)
+                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w, b=b, e=e)
         return out
 
     def live(self, keys: list[str], sessions: bool, shares: bool = False) -> dict[str, JsonValue]:
@@ -674,12 +670,13 @@ class JsSlots:
         if sessions and self.reclaim is not None:
             self.reclaim()
         if shares and not self.closed:
-            self.spent = self.used_bytes()
-            if self.spent < self.mine.b:
-                self.mine.b = self.spent
+            for f, share in self.shares.items():
+                share.spent = share.used()
+                if share.spent < getattr(self.mine, f):
+                    setattr(self.mine, f, share.spent)
         mine, granting = self.mine.reqs, self._granting.reqs
         reqs: dict[str, JsonValue] = {k: mine.get(k, 0) + granting.get(k, 0) for k in keys}
-        return {"r": reqs, "w": self.mine.w + self._granting.w, "b": self.mine.b}
+        return {"r": reqs, "w": self.mine.w + self._granting.w, "b": self.mine.b, "e": self.mine.e}
 
     def _refusal(self, total: Tally, slot: Slot) -> Throttled | None:
         """The cap one more `slot` would pass, in the embedded backend's order."""
@@ -711,3 +708,46 @@ class JsSlots:
         self.closed = True
         if not self.mine.empty() or self._gen != self._written_gen:
             await self.round()
+
+
+@dataclass(eq=False)
+class Share:
+    """This front's share of one deployment-wide limit (`ShareBudget`): `limits.max_total_bytes`
+    (`b`, in bytes) or `limits.max_idempotency_entries` (`e`, in entries); its size is
+    the field of this front's record (`JsSlots.mine`)."""
+
+    desk: JsSlots
+    field: str  # "b" or "e" (`SHARES`)
+    name: str  # the limit's name in a refusal's `detail`
+    limit: int
+    # what the share must cover: the bytes (entries) of the topics this front owns,
+    # those being written included (set by the engine's opener)
+    used: Callable[[], int] = lambda: 0
+    spent: int = 0  # at least what the share covers now (`fits`)
+
+    def fits(self, n: int) -> bool:
+        """`ShareBudget.fits`: `n` more within the share. `spent` bounds what the share
+        covers from above (every write admitted adds to it; deletes, caps, TTL and
+        expiry do not take from it), so most writes decide on it alone; when it says
+        no, what the owned topics hold is counted again (freed bytes and expired
+        entries go back to the share)."""
+        held = getattr(self.desk.mine, self.field)
+        if self.spent + n <= held:
+            self.spent += n
+            return True
+        self.spent = self.used()
+        if self.spent + n <= held:
+            self.spent += n
+            return True
+        return False
+
+    async def grow(self, n: int) -> None:
+        """`ShareBudget.grow`: one round of the writer (shared with the opens waiting)
+        takes a share covering what this front holds and `n`, from the part of the limit
+        no front holds; short of it, the fronts holding shares give back what they do
+        not use (`JsSlots.live`) and the round decides again on the same revision,
+        refusing only when the deployment's count and `n` pass the limit."""
+        if self.desk.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        await self.desk._round_for(Slot(None, False, counted=False, grow=n, share=self.field))
