@@ -48,8 +48,9 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
   the writes waiting need, plus `1/SHARE_SLACK` of the limit), and when that part is
   short asks the holders to give back what they do not use (`live` with `shares`)
   before deciding again on the same revision: a write is refused only when every
-  front's bytes and the write pass the limit. A front whose term ended keeps its share
-  counted one term more (its topics' bytes stay counted until a new owner counts them);
+  front's count (bytes, entries) and the write's pass the limit. A front whose term
+  ended keeps its shares counted one term more (its topics' bytes and entries stay
+  counted until a new owner counts them);
   a front found gone is forgotten at once, as its shards are taken.
 """
 
