@@ -7,8 +7,9 @@ write on another front is forwarded to the owner, which admits it). Each test ch
 the deployment's bytes against the limit with the embedded backend's `429` and
 `detail`, and the shares in the registry (`front.slots`, `b`): their sum never passes
 the limit. Races are exact: writes started together on every front, counted after.
-A dead front is one whose NATS connection closed (as when its process is killed); the
-other front's next lease check finds it gone.
+A dead front is one whose NATS connection closed (as when its process is killed): the
+other front's next lease check finds it gone, or, with no lease check, its record
+counts until the shared wall clock passes its term and one more.
 """
 
 from __future__ import annotations
@@ -211,3 +212,29 @@ async def test_idempotency_entries_fill_one_limit_across_fronts(cluster):
         assert (await keyed(c, tc, "k2"))[0] == 429
         table, _ = await desk(a).backend.bridge.call(partial(read_table, desk(a).store))
         assert sum(t.e for t, _ in table.values()) <= 3
+
+
+async def test_a_silent_fronts_share_counts_until_its_term_and_one_more_end(cluster):
+    """The third front took a share, then its records went (its bytes are 0) and its
+    connection closed, with no lease check to find it gone: the first front, short of
+    room, asks it to give back, gets no answer, and refuses, for as long as the silent
+    front's record counts (its term and one more, so a dead owner's bytes are never
+    uncounted before its shards move). Past that, its share is free."""
+    async with open_fronts(config(cluster, LIMIT)) as (a, _b, c):
+        tc, ta = owned_by(c, "sc"), owned_by(a, "sa")
+        assert await put(c, tc, TEN) == 200
+        r = await c.app.test_client().post(f"/v0/topics/{tc}/delete", json={"before_seq": 2})
+        assert r.status_code == 200
+        held = desk(c).mine.b
+        assert held > 10
+        nc = fronts_of(c).store.nc
+        assert nc is not None
+        await fronts_of(c).backend.bridge.call(nc.close)
+        big = "x" * (LIMIT - held + 1 - 2)  # one byte more than the room c's share leaves
+        assert await put(a, ta, big) == 429
+        lease = a.engine.cfg.storage.jetstream.lease_ms
+        a.clock.jump(2 * lease - 10_000)  # (its term has ended, the one more has not)
+        assert await put(a, ta, big) == 429
+        a.clock.jump(10_001)
+        assert await put(a, ta, big) == 200
+        assert desk(c).front_id not in await shares(a)
