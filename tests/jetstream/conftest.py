@@ -450,24 +450,15 @@ FRONTS_DELTAS: dict[str, Delta] = {}
 # allows: each front counts these instance-wide limits over what it knows or serves
 # itself, so N fronts admit up to N times the limit (docs/jetstream.md, "Across several
 # fronts"). Bugs not fixed yet, marked (strict) so the suite says which; each needs a
-# deployment-wide count (or the decision to allow the difference).
-FRONTS_UNFIXED: dict[str, Delta] = {
-    "test_contract_writes::test_max_total_bytes": (
-        "limits.max_total_bytes counts the bytes of the topics the writing owner knows "
-        "(another front's writes and deletes reach it with their notices)"
-    ),
-}
+# deployment-wide count (or the decision to allow the difference). None at present:
+# `limits.max_total_bytes` and `limits.max_idempotency_entries` are the deployment's
+# (shares in `front.slots`, `test_budget.py`)
+FRONTS_UNFIXED: dict[str, Delta] = {}
 
 # ... and these may fail with several fronts, depending on timing (not strict; none at
 # present: live frames of topics with different owners follow the acknowledgement
 # order, `Fronts.hold`)
-FRONTS_RACES: dict[str, Delta] = {
-    # (not an allowed difference either: as `FRONTS_UNFIXED`'s)
-    "test_contract_writes::test_max_idempotency_entries_is_instance_wide": (
-        "limits.max_idempotency_entries counts the entries of the topics the writing "
-        "owner knows: it holds when another owner's entries reached it in time"
-    ),
-}
+FRONTS_RACES: dict[str, Delta] = {}
 
 
 def take(namespace: dict[str, object], module: ModuleType, names: Sequence[str]) -> None:

@@ -482,7 +482,7 @@ async def test_a_request_ended_on_a_front_whose_write_lags_is_not_counted_elsewh
         monkeypatch.setattr(desk(a), "round", no_round)
         desk(a).release_request(held[0])
         desk(a).release_request(held[0])  # (idempotent)
-        assert desk(a).live(["key"], False) == {"r": {"key": 1}, "w": 0}
+        assert desk(a).live(["key"], False) == {"r": {"key": 1}, "w": 0, "b": 0, "e": 0}
         table, _ = await desk(a).backend.bridge.call(partial(read_table, desk(a).store))
         assert table[desk(a).front_id][0].reqs == {"key": 2}  # (its record lags)
         mine = await desk(c).acquire_request("key")

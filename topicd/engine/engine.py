@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from topicd.clock import WallClock
     from topicd.config import Config
     from topicd.engine.forward import Figures, Forwarder, Peers
+    from topicd.engine.slots import ShareBudget
 
 log = logging.getLogger("topicd.engine")
 
@@ -118,6 +119,10 @@ class Engine:
         self._ttl_topics: set[Topic] = set()
         self.total_bytes = 0
         self.pending_bytes = 0
+        # `limits.max_total_bytes` counted across processes (None: `total_bytes` decides)
+        self.bytes_budget: ShareBudget | None = None
+        # `limits.max_idempotency_entries` counted across processes (None: `idem` decides)
+        self.entry_budget: ShareBudget | None = None
         self.idem = IdempotencyStore(config.limits.max_idempotency_entries)
         self.payloads = PayloadCache(config.storage.payload_cache_bytes)
         # topics whose snapshot entry changed since the last checkpoint captured them, and
@@ -913,7 +918,10 @@ class Engine:
                     return WriteResult(
                         name, entry.first_seq, entry.count, entry.head_seq, False, True, 0.0
                     )
-            self._admit(topic, prepared, now)
+            if self._admit(topic, prepared, now):
+                assert self.bytes_budget is not None
+                await self.bytes_budget.grow(prepared.nbytes)  # (its 429 at the limit)
+                continue  # state may have changed while waiting: run every check again
             bypass = req.disable_backpressure and self.cfg.backpressure.allow_bypass
             if topic.queue is not None and self.queues.check_depth(topic, bypass):
                 give_back()
@@ -935,6 +943,10 @@ class Engine:
                 # placed when those publish, then the writes behind the gate go on
                 await gate.wait()
                 continue
+            budget = self.entry_budget
+            if key is not None and budget is not None and not budget.fits(1):
+                await budget.grow(1)  # (its 429 at the limit)
+                continue  # state may have changed while waiting: run every check again
             batch = self._stage(topic, prepared, now)
             break
         if not batch.completion.resolved:
@@ -989,8 +1001,9 @@ class Engine:
             config = self.resolve_config(name, None)
         return await self._create(name, config)
 
-    def _admit(self, topic: Topic, prepared: PreparedWrite, now: int) -> None:
-        """Steps 7-8 of api-topics §6.2 (synchronous)."""
+    def _admit(self, topic: Topic, prepared: PreparedWrite, now: int) -> bool:
+        """Steps 7-8 of api-topics §6.2 (synchronous). True: every check passed but
+        `max_total_bytes` needs a larger share of this process (`bytes_budget.grow`)."""
         self._enforce(topic, now)
         cfg = topic.config
         n = prepared.count
@@ -1022,8 +1035,12 @@ class Engine:
                     },
                 )
         quota = self.cfg.limits.max_total_bytes
-        if quota and self.total_bytes + self.pending_bytes + nbytes > quota:
-            raise Throttled.limit("max_total_bytes", quota)
+        if quota:
+            if self.bytes_budget is not None:
+                return not self.bytes_budget.fits(nbytes)
+            if self.total_bytes + self.pending_bytes + nbytes > quota:
+                raise Throttled.limit("max_total_bytes", quota)
+        return False
 
     def _stage(self, topic: Topic, prepared: PreparedWrite, now: int) -> AppendBatch:
         """Step 11's synchronous part: reserve seqs, encode, hand to the commit path."""

@@ -57,6 +57,11 @@ class IdempotencyStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries_of(self, topic_id: int) -> int:
+        """How many entries topic `topic_id` holds (pending ones included)."""
+        keys = self._by_topic.get(topic_id)
+        return 0 if keys is None else len(keys)
+
     def lookup(self, topic_id: int, key: str, now_ms: int) -> IdemEntry | None:
         entry = self._entries.get((topic_id, key))
         if entry is None:

@@ -22,6 +22,14 @@ every authenticated request that is not a stream takes a *request slot* of its k
 So is `limits.max_watch_sessions`: a stored watch session holds a *session slot*
 (`acquire_session` at its creation, after the creation's other checks) until it is
 reclaimed (`release_session`); the registry's `reclaim_idle` gives it back.
+
+`limits.max_total_bytes` and `limits.max_idempotency_entries` go through a
+`ShareBudget` each when they are on: on the embedded backend `Engine.bytes_budget` and
+`Engine.entry_budget` are None and the engine's own counts decide. On the jetstream
+backend each owner front holds a *share* of each limit (the shares' sum never passes
+it): a write that fits in this front's share is admitted with no round trip (`fits`);
+one that does not waits for a larger share (`grow`), which asks the other fronts to
+give back what they do not use before it refuses.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ class Slot:
     released: bool = False
     request: bool = False  # a request's slot under `max_inflight_per_key` (not a stream)
     session: bool = False  # a watch session's slot under `max_watch_sessions`
+    grow: int = 0  # a larger share of a limit by this much (`ShareBudget`)
+    share: str = ""  # ... of which limit: "b" `max_total_bytes`, "e" `max_idempotency_entries`
 
 
 class ConnectionSlots(Protocol):
@@ -87,4 +97,20 @@ class ConnectionSlots(Protocol):
 
     def release_session(self, slot: Slot) -> None:
         """Give a session's slot back (it was reclaimed); as `release_request`."""
+        ...
+
+
+class ShareBudget(Protocol):
+    """This process's share of `limits.max_total_bytes` (bytes) or of
+    `limits.max_idempotency_entries` (entries; see the module docstring)."""
+
+    def fits(self, n: int) -> bool:
+        """Whether `n` more (bytes, entries) fit in this process's share now (counted
+        against it when they do); synchronous, no round trip."""
+        ...
+
+    async def grow(self, n: int) -> None:
+        """Take a share that fits `n` more than this process holds now. Raises
+        `Throttled` (`429 {limit, max}`) when the deployment's count and `n` pass the
+        limit, `StorageUnavailable` (`503`) when the shares cannot be reached."""
         ...

@@ -2437,6 +2437,7 @@ async def open_jetstream_engine(
 ) -> AsyncIterator[Engine]:
     """Connect to JetStream, rebuild the engine from it, run it; drain on exit."""
     from topicd.config import record_frame_bound
+    from topicd.engine.idempotency import IdempotencyStore
     from topicd.storage.jsfronts import Fronts
     from topicd.storage.jsrouters import JsRouters
     from topicd.storage.jsslots import JsSlots
@@ -2487,6 +2488,15 @@ async def open_jetstream_engine(
             # the connection caps count the deployment's streams (`front.slots`)
             backend.slots = engine.watch.slots = slots = JsSlots(cfg, backend, clock, front_id)
             slots.reclaim = engine.watch.reclaim_idle  # (asked at another front's cap)
+            # `max_total_bytes` and `max_idempotency_entries` are the deployment's: this
+            # front's shares cover the bytes and entries of the topics it owns
+            if "b" in slots.shares:
+                engine.bytes_budget = share = slots.shares["b"]
+                share.used = partial(_owned_bytes, engine, fronts)
+            if "e" in slots.shares:
+                engine.idem = IdempotencyStore(0)  # (the share counts: copies unbounded)
+                engine.entry_budget = share = slots.shares["e"]
+                share.used = partial(_owned_entries, engine, fronts, clock)
             try:
                 await bridge.call(store.open_registry)
                 owner = await fronts.start()
@@ -2542,3 +2552,19 @@ async def open_jetstream_engine(
                 await bridge.call(store.close)
             if own_bridge:
                 await trio.to_thread.run_sync(bridge.close)
+
+
+def _owned_bytes(engine: Engine, fronts: Fronts) -> int:
+    """The bytes of the topics this front owns, those being written included (what its
+    share of `limits.max_total_bytes` covers)."""
+    return sum(t.bytes + t.pending_bytes for t in engine.topics.values() if fronts.owns(t.name))
+
+
+def _owned_entries(engine: Engine, fronts: Fronts, clock: WallClock) -> int:
+    """The live idempotency entries of the topics this front owns, those of writes in
+    flight included (what its share of `limits.max_idempotency_entries` covers); the
+    expired ones are dropped first, as one process drops them at its limit."""
+    engine.idem.prune(clock.now_ms())
+    return sum(
+        engine.idem.entries_of(t.topic_id) for t in engine.topics.values() if fronts.owns(t.name)
+    )

@@ -473,8 +473,8 @@ class Fronts:
             keys = head.get("keys") or []
             assert slots is not None
             assert isinstance(keys, list)
-            sessions = bool(head.get("sessions"))
-            return orjson.dumps({"ok": slots.live([str(k) for k in keys], sessions)})
+            sessions, shares = bool(head.get("sessions")), bool(head.get("shares"))
+            return orjson.dumps({"ok": slots.live([str(k) for k in keys], sessions, shares)})
         routers = self.engine.routers
         assert isinstance(routers, JsRouters)
         if op == "router_totals":

@@ -39,6 +39,19 @@ any front takes a slot from one count (`topicd.engine.slots`; docs/jetstream.md,
   write removes its record. A
   front cut off from NATS longer than its term is not counted meanwhile (as it loses
   its leases), and is counted again from its next renewal.
+* **Shares of `limits.max_total_bytes`** (`b`) **and `limits.max_idempotency_entries`**
+  (`e`), when each is on (`Share`): each owner front's record holds a share of the
+  limit that covers the bytes (live entries) of the topics it owns; the
+  shares' sum never passes the limit (every change is the entry's compare-and-set). A
+  write within the share is admitted with no round trip (`fits`); past it, the writer
+  takes a larger share from the part no front holds (`grow`: what the owned bytes and
+  the writes waiting need, plus `1/SHARE_SLACK` of the limit), and when that part is
+  short asks the holders to give back what they do not use (`live` with `shares`)
+  before deciding again on the same revision: a write is refused only when every
+  front's count (bytes, entries) and the write's pass the limit. A front whose term
+  ended keeps its shares counted one term more (its topics' bytes and entries stay
+  counted until a new owner counts them);
+  a front found gone is forgotten at once, as its shards are taken.
 """
 
 from __future__ import annotations
@@ -79,6 +92,11 @@ ATTEMPTS: Final = 32
 LIVE_WAIT_S: Final = 0.5
 # how long ended requests may stay in this front's record when no round writes it
 RELEASE_FLUSH_S: Final = 0.05
+BYTES_LIMIT: Final = "max_total_bytes"
+ENTRIES_LIMIT: Final = "max_idempotency_entries"
+# a share grows by what the writes need and this part of the limit
+SHARE_SLACK: Final = 8
+SHARES: Final = ("b", "e")  # the fields of a record's shares (`Tally`)
 
 
 @dataclass
@@ -92,11 +110,15 @@ class Tally:
     keys: dict[str, int] = field(default_factory=dict)
     reqs: dict[str, int] = field(default_factory=dict)
     w: int = 0
+    b: int = 0  # this front's share of `limits.max_total_bytes`
+    e: int = 0  # this front's share of `limits.max_idempotency_entries`
 
     def empty(self) -> bool:
-        return not self.n and not self.reqs and not self.w
+        return not self.n and not self.reqs and not self.w and not self.b and not self.e
 
     def add(self, slot: Slot, sign: int = 1) -> None:
+        if slot.grow:  # (a share's size is set by the round that grants it)
+            return
         if slot.session:
             self.w += sign
             assert self.w >= 0
@@ -121,9 +143,11 @@ class Tally:
         for key, count in other.reqs.items():
             self.reqs[key] = self.reqs.get(key, 0) + count
         self.w += other.w
+        self.b += other.b
+        self.e += other.e
 
     def copy(self) -> Tally:
-        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w)
+        return Tally(self.n, self.v, dict(self.keys), dict(self.reqs), self.w, self.b, self.e)
 
     def wire(self, until_ms: int) -> dict[str, JsonValue]:
         keys: dict[str, JsonValue] = dict(self.keys)
@@ -133,6 +157,10 @@ class Tally:
             out["r"] = reqs
         if self.w:
             out["w"] = self.w
+        if self.b:
+            out["b"] = self.b
+        if self.e:
+            out["e"] = self.e
         return out
 
     @staticmethod
@@ -141,6 +169,7 @@ class Tally:
         if not isinstance(obj, dict):
             return Tally(), 0
         n, v, w, until = obj.get("n"), obj.get("v"), obj.get("w"), obj.get("until_ms")
+        b, e = obj.get("b"), obj.get("e")
         return (
             Tally(
                 n if isinstance(n, int) else 0,
@@ -148,6 +177,8 @@ class Tally:
                 _counts(obj.get("k")),
                 _counts(obj.get("r")),
                 w if isinstance(w, int) else 0,
+                b if isinstance(b, int) and b > 0 else 0,
+                e if isinstance(e, int) and e > 0 else 0,
             ),
             until if isinstance(until, int) else 0,
         )
@@ -267,6 +298,14 @@ class JsSlots:
         self._last_error = ""
         self.closed = False  # (the front is shutting down: its record is taken out)
         self.writes = 0  # records written (tests)
+        # this front's shares of the limits that are on (`Share`; the engine's opener
+        # sets what each must cover)
+        self.shares: dict[str, Share] = {}
+        if limits.max_total_bytes:
+            self.shares["b"] = Share(self, "b", BYTES_LIMIT, limits.max_total_bytes)
+        if limits.max_idempotency_entries:
+            self.shares["e"] = Share(self, "e", ENTRIES_LIMIT, limits.max_idempotency_entries)
+        self.grows = 0  # rounds that decided a larger share (tests, bench)
         self.conflicts = 0  # writes another front's write beat (tests)
         self.live_asks = 0  # refusals that asked other fronts' own counts (tests)
 
@@ -444,9 +483,16 @@ class JsSlots:
                     table, rev = self._cache
             now = self.clock.now_ms()
             forget = set(self._forget)
-            others = {
-                f: rec for f, rec in table.items() if f != me and f not in forget and rec[1] > now
-            }
+            others: Table = {}
+            for f, (tally, until) in table.items():
+                if f == me or f in forget:
+                    continue
+                if until > now:
+                    others[f] = (tally, until)
+                elif (tally.b or tally.e) and now < until + self.lease_ms:
+                    # a front whose term ended keeps its shares for one term more: its
+                    # topics' bytes and entries count there until their new owner's do
+                    others[f] = (Tally(b=tally.b, e=tally.e), until)
             total = self.mine.copy()
             for front, (tally, _) in others.items():
                 if live_rev == rev and front in live:
@@ -458,11 +504,28 @@ class JsSlots:
                         if count < tally.reqs.get(key, 0):
                             _count(tally.reqs, key, count - tally.reqs[key])
                     tally.w = min(tally.w, now_held.w)
+                    tally.b = min(tally.b, now_held.b)
+                    tally.e = min(tally.e, now_held.e)
                 total.merge(tally)
+            # the shares other fronts hold; what this front's share must cover now
+            # (exact, at this decision), for the shares asked for; how much more
+            held = {f: getattr(total, f) - getattr(self.mine, f) for f in SHARES}
+            used = {
+                f: s.used() for f, s in self.shares.items() if any(a.slot.share == f for a in asks)
+            }
+            grown = dict.fromkeys(SHARES, 0)
             granted: list[_Ask] = []
             refused: list[tuple[_Ask, Throttled]] = []
             for a in asks:
                 if a.abandoned:
+                    continue
+                if a.slot.grow:
+                    f, share = a.slot.share, self.shares[a.slot.share]
+                    if held[f] + used[f] + grown[f] + a.slot.grow > share.limit:
+                        refused.append((a, Throttled.limit(share.name, share.limit)))
+                    else:
+                        grown[f] += a.slot.grow
+                        granted.append(a)
                     continue
                 err = self._refusal(total, a.slot)
                 if err is None:
@@ -479,14 +542,19 @@ class JsSlots:
                 # for it), so ask those fronts what they hold now, and decide again; a
                 # session refused: ask the fronts holding sessions to reclaim their idle
                 # ones first (as one process reclaims on a create)
+                # a share of bytes refused: ask the fronts holding shares to give back
+                # what they do not use
                 keys = {a.slot.key for a, _ in refused if a.slot.request}
                 sessions = any(a.slot.session for a, _ in refused)
+                shares = any(a.slot.grow for a, _ in refused)
                 holders = [
-                    f for f, (t, _) in others.items() if keys & t.reqs.keys() or (sessions and t.w)
+                    f
+                    for f, (t, _) in others.items()
+                    if keys & t.reqs.keys() or (sessions and t.w) or (shares and (t.b or t.e))
                 ]
                 if holders:
                     asked = {k for k in keys if k is not None}
-                    live = await self._ask_live(holders, asked, sessions)
+                    live = await self._ask_live(holders, asked, sessions, shares)
                     live_rev = rev
                     again = (table, rev)
                     continue
@@ -496,10 +564,29 @@ class JsSlots:
             for a in granted:
                 record.add(a.slot)
                 granting.add(a.slot)
+            for f, more in grown.items():
+                if more and not self.closed:
+                    # what the writes need, and a part of what no front holds (so the
+                    # next writes need no round), never less than the share held now
+                    share = self.shares[f]
+                    room = share.limit - held[f]
+                    want = used[f] + more + max(1, share.limit // SHARE_SLACK)
+                    setattr(record, f, max(getattr(self.mine, f), min(room, want)))
+                    share.spent = used[f]
             renew = not self.mine.empty() and trio.current_time() >= self._renew_at
             had, _ = table.get(me, (Tally(), 0))
             if granted or renew or forget & table.keys() or had != record:
                 new = dict(others)
+                if live_rev == rev:
+                    # the shares the fronts asked gave back (they hold no more now)
+                    for front, now_held in live.items():
+                        if front not in new:
+                            continue
+                        tally, until = new[front]
+                        if now_held.b < tally.b or now_held.e < tally.e:
+                            tally = tally.copy()
+                            tally.b, tally.e = min(tally.b, now_held.b), min(tally.e, now_held.e)
+                            new[front] = (tally, until)
                 if not record.empty():
                     new[me] = (record, now + self.lease_ms)
                 self._granting = granting  # (counted by `live` while the write runs)
@@ -513,6 +600,11 @@ class JsSlots:
                     self._contended_until = trio.current_time() + self.renew_s
                     continue
                 self.writes += 1
+                if any(grown.values()) and not self.closed:
+                    self.grows += 1
+                    for f in SHARES:
+                        if grown[f]:
+                            setattr(self.mine, f, getattr(record, f))
                 self._cache = (new, got)
                 self._renew_at = trio.current_time() + self.renew_s
             self._forget -= forget  # (their records are out of the entry now)
@@ -530,14 +622,20 @@ class JsSlots:
         raise RuntimeError(f"{ATTEMPTS} conflicting writes in a row")
 
     async def _ask_live(
-        self, fronts: list[str], keys: set[str], sessions: bool
+        self, fronts: list[str], keys: set[str], sessions: bool, shares: bool = False
     ) -> dict[str, Tally]:
-        """What `fronts` hold now (`live`): their requests of `keys` and, with
-        `sessions`, their watch sessions once they reclaimed the idle-expired ones;
+        """What `fronts` hold now (`live`): their requests of `keys`, with `sessions`
+        their watch sessions once they reclaimed the idle-expired ones, and their share
+        of `max_total_bytes`, with `shares` once they gave back what they do not use;
         asked in parallel, `LIVE_WAIT_S` at most. A front that does not answer is left
         out (its record counts)."""
         self.live_asks += 1
-        head = orjson.dumps({"op": "slots", "keys": sorted(keys), "sessions": sessions}) + b"\n"
+        head = (
+            orjson.dumps(
+                {"op": "slots", "keys": sorted(keys), "sessions": sessions, "shares": shares}
+            )
+            + b"\n"
+        )
         requests = {f"{self.store.prefix}.fwd.{front}": head for front in fronts}
         got: dict[str, bytes | None] = {}
         with trio.move_on_after(2 * LIVE_WAIT_S):
@@ -551,25 +649,35 @@ class JsSlots:
                 ok = None
             if not isinstance(ok, dict):
                 continue
-            reqs, w = ok.get("r"), ok.get("w")
+            reqs, w, b, e = ok.get("r"), ok.get("w"), ok.get("b"), ok.get("e")
             if (
                 isinstance(reqs, dict)
                 and all(isinstance(reqs.get(k), int) for k in keys)
                 and isinstance(w, int)
+                and isinstance(b, int)
+                and isinstance(e, int)
             ):
-                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w)
+                out[front] = Tally(reqs={k: int(reqs[k]) for k in keys}, w=w, b=b, e=e)
         return out
 
-    def live(self, keys: list[str], sessions: bool) -> dict[str, JsonValue]:
+    def live(self, keys: list[str], sessions: bool, shares: bool = False) -> dict[str, JsonValue]:
         """What this front holds now, granted and not given back, those of a write in
-        flight included (another front's `_ask_live`): its requests of `keys` (`r`) and
-        its watch sessions (`w`), with `sessions` after reclaiming its idle-expired ones
-        (which gives their slots back)."""
+        flight included (another front's `_ask_live`): its requests of `keys` (`r`), its
+        watch sessions (`w`), with `sessions` after reclaiming its idle-expired ones
+        (which gives their slots back), and its share of `max_total_bytes` (`b`), with
+        `shares` after giving back what its owned topics do not use: from here on its
+        writes past that need a round (`grow`), whose compare-and-set the asker's
+        decision on the same revision excludes."""
         if sessions and self.reclaim is not None:
             self.reclaim()
+        if shares and not self.closed:
+            for f, share in self.shares.items():
+                share.spent = share.used()
+                if share.spent < getattr(self.mine, f):
+                    setattr(self.mine, f, share.spent)
         mine, granting = self.mine.reqs, self._granting.reqs
         reqs: dict[str, JsonValue] = {k: mine.get(k, 0) + granting.get(k, 0) for k in keys}
-        return {"r": reqs, "w": self.mine.w + self._granting.w}
+        return {"r": reqs, "w": self.mine.w + self._granting.w, "b": self.mine.b, "e": self.mine.e}
 
     def _refusal(self, total: Tally, slot: Slot) -> Throttled | None:
         """The cap one more `slot` would pass, in the embedded backend's order."""
@@ -601,3 +709,46 @@ class JsSlots:
         self.closed = True
         if not self.mine.empty() or self._gen != self._written_gen:
             await self.round()
+
+
+@dataclass(eq=False)
+class Share:
+    """This front's share of one deployment-wide limit (`ShareBudget`): `limits.max_total_bytes`
+    (`b`, in bytes) or `limits.max_idempotency_entries` (`e`, in entries); its size is
+    the field of this front's record (`JsSlots.mine`)."""
+
+    desk: JsSlots
+    field: str  # "b" or "e" (`SHARES`)
+    name: str  # the limit's name in a refusal's `detail`
+    limit: int
+    # what the share must cover: the bytes (entries) of the topics this front owns,
+    # those being written included (set by the engine's opener)
+    used: Callable[[], int] = lambda: 0
+    spent: int = 0  # at least what the share covers now (`fits`)
+
+    def fits(self, n: int) -> bool:
+        """`ShareBudget.fits`: `n` more within the share. `spent` bounds what the share
+        covers from above (every write admitted adds to it; deletes, caps, TTL and
+        expiry do not take from it), so most writes decide on it alone; when it says
+        no, what the owned topics hold is counted again (freed bytes and expired
+        entries go back to the share)."""
+        held = getattr(self.desk.mine, self.field)
+        if self.spent + n <= held:
+            self.spent += n
+            return True
+        self.spent = self.used()
+        if self.spent + n <= held:
+            self.spent += n
+            return True
+        return False
+
+    async def grow(self, n: int) -> None:
+        """`ShareBudget.grow`: one round of the writer (shared with the opens waiting)
+        takes a share covering what this front holds and `n`, from the part of the limit
+        no front holds; short of it, the fronts holding shares give back what they do
+        not use (`JsSlots.live`) and the round decides again on the same revision,
+        refusing only when the deployment's count and `n` pass the limit."""
+        if self.desk.closed:
+            await trio.lowlevel.checkpoint()
+            raise StorageUnavailable("this front is shutting down", {"backend": "jetstream"})
+        await self.desk._round_for(Slot(None, False, counted=False, grow=n, share=self.field))
