@@ -712,14 +712,18 @@ class JetStreamStore:
     ) -> int | None:
         """Compare-and-set a shard's lease (`last` 0: create it); its new revision, or
         None when someone else changed it first."""
+        return await self.cas_key(f"{LEASE_KEY}.{shard}", orjson.dumps(value), last)
+
+    async def cas_key(self, key: str, value: bytes, last: int) -> int | None:
+        """Compare-and-set `key` at revision `last` (0: create it); its new revision, or
+        None when someone else changed it first."""
         import nats.js.errors
 
         assert self.kv is not None
-        key = f"{LEASE_KEY}.{shard}"
         try:
             if last == 0:
-                return int(await self.create_key(key, orjson.dumps(value)))
-            return int(await self.kv.update(key, orjson.dumps(value), last=last))
+                return await self.create_key(key, value)
+            return int(await self.kv.update(key, value, last=last))
         except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
             return None
         except nats.js.errors.APIError as exc:

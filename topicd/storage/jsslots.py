@@ -73,7 +73,6 @@ from topicd.engine.slots import (
     Slot,
 )
 from topicd.errors import StorageUnavailable, Throttled
-from topicd.storage.jetstream import _WRONG_LAST_SEQUENCE, _WRONG_LAST_SEQUENCE_KV
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -228,20 +227,7 @@ async def read_table(store: JetStreamStore) -> tuple[Table, int]:
 async def write_table(store: JetStreamStore, table: Table, last: int) -> int | None:
     """Compare-and-set the entry (`last` 0: create it); its new revision, or None when
     another front changed it first. On the asyncio loop."""
-    import nats.js.errors
-
-    assert store.kv is not None
-    value = _encode(table)
-    try:
-        if last == 0:
-            return await store.create_key(SLOTS_KEY, value)
-        return int(await store.kv.update(SLOTS_KEY, value, last=last))
-    except (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyValueError):
-        return None
-    except nats.js.errors.APIError as exc:
-        if exc.err_code in (_WRONG_LAST_SEQUENCE_KV, _WRONG_LAST_SEQUENCE):
-            return None
-        raise
+    return await store.cas_key(SLOTS_KEY, _encode(table), last)
 
 
 @dataclass(eq=False)
