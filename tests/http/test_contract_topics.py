@@ -5,9 +5,7 @@ asserts only what the spec promises (api-topics §2-§5, README §5-§8 and §10
 codes, `error.code` and `detail`, the fully resolved config object, clamps, watermarks,
 omit-when-absent keys, list ordering and the opaque cursor. Nothing here imports the
 engine; configs that change limits are built with `make_config` and served by `open_app`.
-Timed cases run under `autojump_clock` and move virtual time with `autojump_clock.jump`
-(or with `trio.sleep`, which the clock turns into a jump, where timers due on the way
-must fire in order).
+Timed cases run under `autojump_clock` and move virtual time with `autojump_clock.jump`.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-
-import trio
 
 from tests.watch.helpers import each_bounded
 from topicd.testing.harness import make_config, open_app
@@ -546,7 +542,7 @@ async def test_effective_priority_manual_and_auto_decay(client, autojump_clock):
     await state(client, "st.auto")  # touch: read recency = now
     seen = []
     for step in (0, 15, 15, 30, 60, 180):
-        await trio.sleep(step)
+        autojump_clock.jump(step)
         seen.append((await state(client, "st.auto", touch="false"))["effective_priority"])
     assert seen == [500, 354, 250, 125, 31, 0]
     items = {t["topic"]: t for t in (await listing(client))["topics"]}
@@ -725,7 +721,7 @@ async def test_list_bad_cursor_is_400(client):
 
 async def test_list_enforces_retention(client, autojump_clock):
     await write(client, "lr", {"data": 1}, {"data": 2}, config={"ttl_ms": 1000})
-    await trio.sleep(1.5)
+    autojump_clock.jump(1.5)
     (item,) = (await listing(client))["topics"]
     assert (item["count"], item["bytes"], item["earliest_seq"], item["head_seq"]) == (0, 0, 3, 2)
 
@@ -798,7 +794,7 @@ async def test_delete_if_empty_counts_live_records_only(client):
 
 async def test_delete_if_empty_enforces_ttl_first(client, autojump_clock):
     await write(client, "del.ttl", {"data": 1}, config={"ttl_ms": 1000})
-    await trio.sleep(1.5)
+    autojump_clock.jump(1.5)
     r = await client.delete("/v0/topics/del.ttl", query_string={"if_empty": "true"})
     assert (await ok(r))["deleted"] is True
 

@@ -610,10 +610,10 @@ async def test_idempotency_window_expiry(client, autojump_clock):
     await write(
         client, "w.win", {"data": 1}, idempotency_key="k", config={"idempotency_window_ms": 1000}
     )
-    await trio.sleep(0.5)
+    autojump_clock.jump(0.5)
     body = await write(client, "w.win", {"data": 1}, idempotency_key="k")
     assert body["deduped"] is True
-    await trio.sleep(1.0)
+    autojump_clock.jump(1.0)
     body = await write(client, "w.win", {"data": 1}, idempotency_key="k")
     assert body["deduped"] is False
     assert body["seqs"] == [2]
@@ -708,7 +708,7 @@ async def test_reject_room_freed_by_ttl(client, autojump_clock):
     )
     await write(client, "w.rejttl", *n_records(2))
     await fail(await post(client, "w.rejttl", {"records": [{"data": 9}]}), 422, "topic_full")
-    await trio.sleep(1.5)
+    autojump_clock.jump(1.5)
     assert (await write(client, "w.rejttl", *n_records(2)))["seqs"] == [3, 4]
 
 
@@ -766,7 +766,7 @@ async def test_max_idempotency_entries(autojump_clock):
         await write(client, "ie", {"data": 4})
         assert (await write(client, "ie", {"data": 1}, idempotency_key="k1"))["deduped"] is True
         # expired entries are pruned first
-        await trio.sleep(1.5)
+        autojump_clock.jump(1.5)
         body = await write(client, "ie", {"data": 3}, idempotency_key="k3")
         assert body["deduped"] is False
 
@@ -778,7 +778,7 @@ async def test_max_total_bytes_counts_live_bytes_only(autojump_clock):
         await fail(
             await post(client, "tb.ttl", {"records": [{"data": "x" * 13}]}), 429, "throttled"
         )
-        await trio.sleep(1.5)  # the first record expires: its bytes are no longer live
+        autojump_clock.jump(1.5)  # the first record expires: its bytes are no longer live
         await write(client, "tb.ttl", {"data": "x" * 13})
 
 
