@@ -40,7 +40,7 @@ signals into `pressure ∈ [0, 1]`:
   permits, and producers pacing on the header slow down as the waiting room fills, not
   as soon as the server is merely busy (topicd decision, docs/decisions.md). Each answer's
   header also reads the room as it is when the answer is made
-  (`topicd.http.app.client_pressure`): a sample every 100 ms is too slow for a burst;
+  (`Engine.pressure`, `Engine.admission_now`): a sample every 100 ms is too slow for a burst;
 * **s5 backlog** (topicd) — the WAL's queue in time: the longest a shard's oldest
   accepted, uncommitted write has waited (queued or in the batch being written) ÷
   `storage.wal.max_pending_ms` (part of the shard's ingest fill, so pressure admission
