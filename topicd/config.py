@@ -773,12 +773,21 @@ class GovernorConfig:
     admission_refuse_fill: float = key(
         0.6,
         "Share of the client waiter slots (classes.client_waiters) taken at which s4 "
-        "reads 1.0. Above 0, admission_waiters_per_permit per permit reads "
-        "latency_signal_max (saturated: the client's soft threshold) and s4 rises from "
-        "there to 1.0 at this fill, ahead of the 429 client_waiters (0 = 1.0 at "
-        "admission_waiters_per_permit per permit).",
+        "reads 1.0. Above 0, s4 reads latency_signal_max (the client's soft threshold) "
+        "at admission_soft_per_permit waiting per permit and rises from there to 1.0 at "
+        "this fill, ahead of the 429 client_waiters (0, or a fill at or below "
+        "admission_waiters_per_permit per permit = 1.0 at admission_waiters_per_permit "
+        "per permit).",
         min=0,
         max=1,
+    )
+    admission_soft_per_permit: float = key(
+        4.0,
+        "With admission_refuse_fill above 0: client requests waiting per permit at "
+        "which s4 reads latency_signal_max, the producers' soft threshold (at most half "
+        "the refuse fill, at least admission_waiters_per_permit). A queue this deep keeps "
+        "the group commit full while producers pace on the header.",
+        min=0,
     )
     coalesce_above: float = key(0.2, "Pressure above which frames coalesce.", min=0, max=1)
     coalesce_max_ms: float = key(20.0, "Coalescing window at pressure 1.0 (ms).", min=0, max=1000)

@@ -142,18 +142,30 @@ def admission_signal(waiting: float, permits: int, slots: int, cfg: GovernorConf
     """s4 for `waiting` client requests (mean over the interval) held for one of
     `permits`, with `slots` waiter slots before the `429 client_waiters`.
 
-    With `admission_refuse_fill` 0: 1.0 at `admission_waiters_per_permit` per permit
-    (proportional below). Otherwise that many per permit read `latency_signal_max` (a
-    saturated server: the client's soft threshold), and the signal rises from there to
-    1.0 when `admission_refuse_fill` of the slots are taken, ahead of the refusal."""
-    sat = max(permits, 1) * cfg.admission_waiters_per_permit
+    The saturation scale (`admission_refuse_fill` 0, or a room whose refuse fill is at
+    or below `admission_waiters_per_permit` per permit): 1.0 at that many per permit,
+    proportional below. Otherwise two points: the soft point (`soft_point`) reads
+    `latency_signal_max` (the client's soft threshold), proportional below it, and the
+    signal rises from there to 1.0 when `admission_refuse_fill` of the slots are taken,
+    ahead of the refusal."""
+    p = max(permits, 1)
+    sat = p * cfg.admission_waiters_per_permit
     refuse = cfg.admission_refuse_fill * slots
     if refuse <= sat:
         return min(1.0, waiting / sat)
+    soft = soft_point(p, refuse, cfg)
     cap = cfg.latency_signal_max
-    if waiting <= sat:
-        return cap * waiting / sat
-    return min(1.0, cap + (1 - cap) * (waiting - sat) / (refuse - sat))
+    if waiting <= soft:
+        return cap * waiting / soft
+    return min(1.0, cap + (1 - cap) * (waiting - soft) / (refuse - soft))
+
+
+def soft_point(permits: int, refuse: float, cfg: GovernorConfig) -> float:
+    """The requests waiting at which s4 reads the client's soft threshold:
+    `admission_soft_per_permit` per permit, at most half of the refuse fill (so the
+    rise to 1.0 keeps room), never below `admission_waiters_per_permit` per permit."""
+    sat = permits * cfg.admission_waiters_per_permit
+    return max(sat, min(permits * cfg.admission_soft_per_permit, refuse / 2))
 
 
 def retry_after_ms(pressure: float, cfg: BackpressureConfig, drain_ms: float = 0.0) -> float:
