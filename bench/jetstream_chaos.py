@@ -112,16 +112,20 @@ class Writes:
         self.acked: dict[str, tuple[str, int, int, float, float]] = {}
         self.retries = 0
         self.refusals: dict[int, int] = {}
+        # key -> its attempts: (front, outcome, sent at, seconds to the outcome)
+        self.trails: dict[str, list[tuple[str, str, float, float]]] = {}
 
     def write(self, fronts: list[Front], topic: str, key: str, n: int, start: int) -> None:
         records = [{"data": {"k": key, "j": j}} for j in range(n)]
         first_sent = time.perf_counter()
         attempt = start
+        trail = self.trails.setdefault(key, [])
         while True:
             front = fronts[attempt % len(fronts)]
             attempt += 1
             if front.proc.poll() is not None:
                 continue  # (a killed front: the client tries another)
+            sent = time.perf_counter()
             try:
                 status, body = post(
                     front.port,
@@ -129,11 +133,13 @@ class Writes:
                     {"records": records},
                     {"Idempotency-Key": key},
                 )
-            except OSError:
+            except OSError as exc:
+                trail.append((front.dir.name, type(exc).__name__, sent, time.perf_counter() - sent))
                 with self.lock:
                     self.retries += 1
                 time.sleep(0.05)  # the retry's pace, not a wait for a condition
                 continue
+            trail.append((front.dir.name, str(status), sent, time.perf_counter() - sent))
             if status in (503, 429):
                 with self.lock:
                     self.retries += 1
@@ -243,6 +249,17 @@ async def _placement(urls: list[str], prefix: str, topic: str) -> tuple[str, str
         await nc.close()
 
 
+def front_env(args: argparse.Namespace) -> dict[str, str]:
+    """The fronts' settings given with `--env NAME=VALUE`."""
+    out = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("TOPICD_"):
+            raise SystemExit(f"--env wants TOPICD_NAME=VALUE, not {item!r}")
+        out[name] = value
+    return out
+
+
 def one_run(
     k: int, root: Path, binary: str, servers: list[NatsServer], args: argparse.Namespace
 ) -> dict[str, object]:
@@ -256,6 +273,7 @@ def one_run(
         "TOPICD_STORAGE_JETSTREAM_LEASE_MS": str(args.lease_ms),
         "TOPICD_STORAGE_JETSTREAM_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms),
         "TOPICD_JETSTREAM_PREFIX": prefix,
+        **front_env(args),
     }
     fronts: list[Front] = []
     run_root = root / f"run{k}"
@@ -300,8 +318,13 @@ def one_run(
             result["killed_front"] = owner.dir.name
         for t in threads:
             t.join()
-        after = [v[4] for v in w.acked.values() if v[0] == target and v[3] >= t_fault]
-        result["failover_s"] = (min(after) - t_fault) if after else None
+        after = [(v[4], k) for k, v in w.acked.items() if v[0] == target and v[3] >= t_fault]
+        result["failover_s"] = (min(after)[0] - t_fault) if after else None
+        # the writes acknowledged first after the fault: their attempts, timed from it
+        result["trails"] = [
+            (k, [(f, o, round(t - t_fault, 2), round(d, 2)) for f, o, t, d in w.trails[k]])
+            for _, k in sorted(after)[:2]
+        ]
         result["acked"] = len(w.acked)
         result["retries"] = w.retries
         result["refusals"] = dict(w.refusals)
@@ -419,6 +442,7 @@ def jobs_run(
         "TOPICD_STORAGE_JETSTREAM_LEASE_MS": str(args.lease_ms),
         "TOPICD_STORAGE_JETSTREAM_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms),
         "TOPICD_JETSTREAM_PREFIX": prefix,
+        **front_env(args),
     }
     fronts: list[Front] = []
     result: dict[str, object] = {}
@@ -563,6 +587,19 @@ def main() -> None:
     p.add_argument(
         "--request-timeout-ms", type=int, default=5000, help="the fronts' request timeout"
     )
+    p.add_argument(
+        "--slow-s",
+        type=float,
+        default=15.0,
+        help="a failover longer than this prints its writes' attempts and keeps the logs",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of every front (repeatable), e.g. TOPICD_MAX_IDEMPOTENCY_ENTRIES=0",
+    )
     args = p.parse_args()
     binary, why = nats_server_binary()
     if binary is None:
@@ -571,6 +608,7 @@ def main() -> None:
     servers = start_cluster(binary, root)
     times = []
     ok = False
+    keep = False  # (a run's failover took longer than --slow-s)
     try:
         wait_placeable([s.url for s in servers], 3)
         for k in range(args.runs):
@@ -594,11 +632,20 @@ def main() -> None:
                     f"{res['refusals']}, heads {res['heads']}; checks passed",
                     flush=True,
                 )
+                if fo > args.slow_s:
+                    # why: the attempts of the first writes acknowledged after the fault
+                    # (front, outcome, sent at and its duration, in s from the fault);
+                    # the run's logs are kept
+                    keep = True
+                    for key, trail in res["trails"]:  # type: ignore[attr-defined]
+                        print(f"  {key}: {trail}", flush=True)
         ok = True
     finally:
         stop_all(servers)
-        if ok:
+        if ok and not keep:
             shutil.rmtree(root, ignore_errors=True)
+        elif ok:
+            print(f"the fronts' and servers' logs of the slow runs are in {root}", flush=True)
         else:
             print(f"failed: the fronts' and servers' logs are in {root}", flush=True)
     what = "ack of a job claimed after it" if args.scenario == "jobs" else "acknowledged write"

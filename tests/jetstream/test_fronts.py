@@ -772,3 +772,37 @@ async def test_a_call_the_owner_holds_past_the_request_timeout_is_answered(clust
         body = await _json(r, 200)
         assert trio.current_time() - t0 >= 3.0  # the window ran out on the owner
         assert [j["$seq"] for j in body["claimed"]] == [1]
+
+
+async def test_a_write_the_owner_is_stuck_on_answers_503_after_the_request_timeout(cluster):
+    # an owner stuck on a write (its stream's leader gone: the publish, then the read
+    # of its outcome, each wait out the request timeout) holds a follower's client no
+    # longer than the follower's request timeout: only a call the owner holds on
+    # purpose (a bypassing write, a claim's window) waits longer
+    cfg = _sharded(cluster, 1)
+    js = dataclasses.replace(cfg.storage.jetstream, request_timeout_ms=1500)
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
+        assert (_fronts(a).owner, _fronts(b).owner) == (True, False)
+        ca, cb = a.app.test_client(), b.app.test_client()
+        await _write(ca, "t", {"data": 0})
+        append = a.engine.append
+
+        async def stuck(*args, **kwargs):
+            await trio.sleep(4.0)  # (the owner's stuck publish, simulated)
+            return await append(*args, **kwargs)
+
+        a.engine.append = stuck  # type: ignore[method-assign]
+        t0 = trio.current_time()
+        r = await cb.post("/v0/topics/t", json={"records": [{"data": 1}]})
+        assert (await _json(r, 503))["error"]["code"] == "storage_unavailable"
+        assert trio.current_time() - t0 < 3.5
+        t0 = trio.current_time()
+        r = await cb.post(
+            "/v0/topics/t", json={"records": [{"data": 2}], "disable_backpressure": True}
+        )
+        assert r.status_code == 200, await r.get_data()
+        assert trio.current_time() - t0 >= 4.0
+        a.engine.append = append  # type: ignore[method-assign]
+        # the write answered 503 landed on the owner meanwhile (its outcome was unknown)
+        assert sorted(await _data(ca, "t")) == [0, 1, 2]

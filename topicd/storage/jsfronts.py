@@ -132,14 +132,16 @@ class Fronts:
         js_cfg = backend.cfg.storage.jetstream
         self.lease_ms = js_cfg.lease_ms
         self.shards = js_cfg.shards
-        # the longest an owner holds a forwarded call on purpose (a `disable_backpressure`
-        # write waits out a full queue and a full ingest, at most `bypass_wait_ms` each;
-        # a claim waits out its coalescing window): a follower waits that long on top of
-        # the request timeout before it answers `503` (a gone owner is found sooner)
+        # how long an owner may hold a forwarded call on purpose (`hold_s`): a
+        # `disable_backpressure` write waits out a full queue and a full ingest, at most
+        # `bypass_wait_ms` each; a claim waits out its queue's coalescing window. Only such
+        # a call waits that long on top of the request timeout before a follower answers
+        # `503`; any other call answers `503` after the request timeout, so an owner stuck
+        # on a stream whose leader is gone does not hold its followers' clients longer
+        # than it holds its own
         cfg = backend.cfg
-        self.owner_wait_s = (
-            2 * cfg.backpressure.bypass_wait_ms + cfg.queue.max_claim_jitter_ms
-        ) / 1000
+        self.bypass_hold_s = 2 * cfg.backpressure.bypass_wait_ms / 1000
+        self.max_claim_hold_s = cfg.queue.max_claim_jitter_ms / 1000
         self.owned: set[int] = set()  # the shards this front owns
         self.lease_revs: dict[int, int] = {}
         # shard -> the end of the term this front last wrote into its lease (its own
@@ -724,7 +726,9 @@ class Fronts:
     async def queue_op(self, name: str, op: str, args: dict[str, object]) -> dict[str, object]:
         head: dict[str, JsonValue] = {"op": "queue", "topic": name, "qop": op}
         head["args"] = args  # type: ignore[assignment]
-        ok = await self._forward(head, b"")
+        # (a claim and a `/work` refill wait out the queue's coalescing window there)
+        hold_s = self.claim_hold_s(name) if op in ("claim", "work") else 0.0
+        ok = await self._forward(head, b"", hold_s)
         counts = ok.get("counts")
         if isinstance(counts, list):
             self._take_counts(name, counts)
@@ -789,7 +793,20 @@ class Fronts:
 
     # ---- the follower: Forwarder -------------------------------------------------------
 
-    async def _forward(self, head: dict[str, JsonValue], body: bytes) -> dict[str, object]:
+    def claim_hold_s(self, name: str) -> float:
+        """How long the owner may hold a claim of queue `name` on purpose: its coalescing
+        window (`claim_jitter_ms`) as this front knows it, or the clamp of any window."""
+        topic = self.engine.topics.get(name)
+        if topic is None:
+            return self.max_claim_hold_s
+        return min(topic.config.claim_jitter_ms / 1000, self.max_claim_hold_s)
+
+    async def _forward(
+        self, head: dict[str, JsonValue], body: bytes, hold_s: float = 0.0
+    ) -> dict[str, object]:
+        """`head` and `body` run by the owner of `head["topic"]`'s shard; its answer, or
+        `503` when no owner answers within the request timeout plus `hold_s` (how long
+        the owner may hold this call on purpose)."""
         k = self.shard_of(str(head["topic"]))
         subject = self.owner_subjects.get(k)
         if subject is None or subject == self.subject:
@@ -810,7 +827,7 @@ class Fronts:
         self.forwarded += 1
         try:
             raw = await self.backend.bridge.call(
-                partial(self.store.forward, subject, payload, self.owner_wait_s)
+                partial(self.store.forward, subject, payload, hold_s)
             )
         except Exception as exc:
             raise StorageUnavailable(
@@ -838,6 +855,7 @@ class Fronts:
         ok = await self._forward(
             {"op": "append", "topic": name, "key": header_key, "admin": can_admin},
             msgspec.json.encode(req),
+            self.bypass_hold_s if req.disable_backpressure else 0.0,
         )
         return msgspec.convert(ok, WriteResult)
 
