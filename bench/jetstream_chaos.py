@@ -92,6 +92,16 @@ def post(port: int, path: str, body: dict, headers: dict[str, str] | None = None
         conn.close()
 
 
+def get(port: int, path: str) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
 def put(port: int, path: str, body: dict) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
     try:
@@ -139,7 +149,12 @@ class Writes:
                     self.retries += 1
                 time.sleep(0.05)  # the retry's pace, not a wait for a condition
                 continue
-            trail.append((front.dir.name, str(status), sent, time.perf_counter() - sent))
+            outcome = str(status)
+            if status >= 400:  # (the refusal's message, shortened: why it was refused)
+                err = body.get("error") if isinstance(body, dict) else None
+                if isinstance(err, dict):
+                    outcome += f" {str(err.get('message', ''))[:48]}"
+            trail.append((front.dir.name, outcome, sent, time.perf_counter() - sent))
             if status in (503, 429):
                 with self.lock:
                     self.retries += 1
@@ -176,43 +191,71 @@ def check(w: Writes, fronts: list[Front], cap: int) -> dict[str, int]:
         for front in fronts:
             if front.proc.poll() is not None:
                 continue
-            records, tomb = read_all(front.port, topic)
-            seqs = [r["$seq"] for r in records]
-            by_seq = {r["$seq"]: r["data"] for r in records}
-            top = seqs[-1] if seqs else 0
-            # every seq from the earliest kept to the top is there (no deletes here)
-            assert seqs == list(range(top - len(seqs) + 1, top + 1)), f"{topic}: gaps"
-            assert len(seqs) == min(cap, top), (topic, len(seqs), top)
-            # each key's records are contiguous, in order, at the acknowledged seqs
-            keys_at: dict[str, list[int]] = {}
-            for seq, data in by_seq.items():
-                keys_at.setdefault(data["k"], []).append(seq)
-            for k, at in keys_at.items():
-                assert k in mine, f"{topic}: {k} stored but never acknowledged"
-                _, first, n, _, _ = mine[k]
-                assert at == [s for s in range(first, first + n) if s in by_seq], (k, at, first)
-                assert [by_seq[s]["j"] for s in at] == [s - first for s in at]
-            for k, (_, first, n, _, _) in mine.items():
-                if first + n - 1 >= top - cap + 1:  # (not wholly evicted)
-                    assert k in keys_at, f"{topic}: acknowledged write {k} lost"
-            # the stored seqs are exactly the acknowledged writes' (none reused, no duplicate)
-            covered = sum(n for _, (_, _, n, _, _) in mine.items())
-            assert covered == top, f"{topic}: {covered} records acknowledged, head {top}"
-            if top > cap:
-                assert tomb is not None, topic
-                assert tomb["reason"] == "cap", (topic, tomb)
-                assert (tomb["gap_from"], tomb["gap_to"]) == (1, top - cap), (topic, tomb)
-            else:
-                assert tomb is None, (topic, tomb)
-            seen_views.append((top, seqs[0] if seqs else None, json.dumps(tomb, sort_keys=True)))
+            pages: list[tuple[int, int, int]] = []
+            records, tomb = read_all(front.port, topic, pages)
+            try:
+                seen_views.append(check_view(topic, records, tomb, mine, cap))
+            except AssertionError as exc:
+                # what the front answered, and what it answers now: a stale view or a
+                # short page
+                _, info = get(front.port, f"/v0/topics/{topic}")
+                time.sleep(2)
+                again, _ = read_all(front.port, topic)
+                raise AssertionError(
+                    f"{front.dir.name}: {exc}; its pages (from, records, next) {pages}, "
+                    f"its topic {info}; 2 s later it reads {len(again)} records up to "
+                    f"{again[-1]['$seq'] if again else None}"
+                ) from exc
         assert seen_views, "no front is alive"
         assert len(set(seen_views)) == 1, f"{topic}: fronts disagree: {seen_views}"
         heads[topic] = seen_views[0][0]
     return heads
 
 
-def read_all(port: int, topic: str) -> tuple[list[dict], dict | None]:
-    """Every record of `topic` from seq 0 (paged), and the first page's tombstone."""
+def check_view(
+    topic: str,
+    records: list[dict],
+    tomb: dict | None,
+    mine: dict[str, tuple[str, int, int, float, float]],
+    cap: int,
+) -> tuple[int, int | None, str]:
+    """One front's view of `topic` checked against the acknowledged writes `mine`: its
+    (head, earliest seq, tombstone)."""
+    seqs = [r["$seq"] for r in records]
+    by_seq = {r["$seq"]: r["data"] for r in records}
+    top = seqs[-1] if seqs else 0
+    # every seq from the earliest kept to the top is there (no deletes here)
+    assert seqs == list(range(top - len(seqs) + 1, top + 1)), f"{topic}: gaps"
+    assert len(seqs) == min(cap, top), (topic, len(seqs), top)
+    # each key's records are contiguous, in order, at the acknowledged seqs
+    keys_at: dict[str, list[int]] = {}
+    for seq, data in by_seq.items():
+        keys_at.setdefault(data["k"], []).append(seq)
+    for k, at in keys_at.items():
+        assert k in mine, f"{topic}: {k} stored but never acknowledged"
+        _, first, n, _, _ = mine[k]
+        assert at == [s for s in range(first, first + n) if s in by_seq], (k, at, first)
+        assert [by_seq[s]["j"] for s in at] == [s - first for s in at]
+    for k, (_, first, n, _, _) in mine.items():
+        if first + n - 1 >= top - cap + 1:  # (not wholly evicted)
+            assert k in keys_at, f"{topic}: acknowledged write {k} lost"
+    # the stored seqs are exactly the acknowledged writes' (none reused, no duplicate)
+    covered = sum(n for _, (_, _, n, _, _) in mine.items())
+    assert covered == top, f"{topic}: {covered} records acknowledged, head {top}"
+    if top > cap:
+        assert tomb is not None, topic
+        assert tomb["reason"] == "cap", (topic, tomb)
+        assert (tomb["gap_from"], tomb["gap_to"]) == (1, top - cap), (topic, tomb)
+    else:
+        assert tomb is None, (topic, tomb)
+    return (top, seqs[0] if seqs else None, json.dumps(tomb, sort_keys=True))
+
+
+def read_all(
+    port: int, topic: str, pages: list[tuple[int, int, int]] | None = None
+) -> tuple[list[dict], dict | None]:
+    """Every record of `topic` from seq 0 (paged), and the first page's tombstone; each
+    page's (cursor, records, next_from_seq) is added to `pages`."""
     records: list[dict] = []
     tomb = None
     cursor = 0
@@ -225,6 +268,8 @@ def read_all(port: int, topic: str) -> tuple[list[dict], dict | None]:
         assert status == 200, body
         if cursor == 0:
             tomb = body.get("tombstone")
+        if pages is not None:
+            pages.append((cursor, len(body["records"]), int(body["next_from_seq"])))
         records += body["records"]
         if not body["records"]:
             return records, tomb
@@ -247,6 +292,31 @@ async def _placement(urls: list[str], prefix: str, topic: str) -> tuple[str, str
         return info.cluster.leader or "", str(lease["front"])
     finally:
         await nc.close()
+
+
+def squeeze(trail: list[tuple[str, str, float, float]], t0: float) -> list[str]:
+    """A write's attempts for a report, in s from `t0`: `front outcome @sent+took`, the
+    quick alike ones in a row (under 0.5 s each, the same outcome) as one line `n×`."""
+    out: list[str] = []
+    run: list[tuple[str, str, float, float]] = []
+
+    def flush() -> None:
+        if len(run) > 1:
+            _, o, t, _ = run[0]
+            out.append(f"{len(run)}× {o} @{t - t0:.2f}..{run[-1][2] - t0:.2f}")
+        elif run:
+            f, o, t, d = run[0]
+            out.append(f"{f} {o} @{t - t0:.2f}+{d:.2f}")
+        run.clear()
+
+    for step in trail:
+        if run and (step[3] >= 0.5 or step[1] != run[-1][1]):
+            flush()
+        run.append(step)
+        if step[3] >= 0.5:
+            flush()
+    flush()
+    return out
 
 
 def front_env(args: argparse.Namespace) -> dict[str, str]:
@@ -321,10 +391,7 @@ def one_run(
         after = [(v[4], k) for k, v in w.acked.items() if v[0] == target and v[3] >= t_fault]
         result["failover_s"] = (min(after)[0] - t_fault) if after else None
         # the writes acknowledged first after the fault: their attempts, timed from it
-        result["trails"] = [
-            (k, [(f, o, round(t - t_fault, 2), round(d, 2)) for f, o, t, d in w.trails[k]])
-            for _, k in sorted(after)[:2]
-        ]
+        result["trails"] = [(k, squeeze(w.trails[k], t_fault)) for _, k in sorted(after)[:2]]
         result["acked"] = len(w.acked)
         result["retries"] = w.retries
         result["refusals"] = dict(w.refusals)

@@ -39,7 +39,7 @@ from topicd.storage.jetstream import (
     JetStreamStore,
     JetStreamUnavailable,
 )
-from topicd.storage.jsfronts import Fronts
+from topicd.storage.jsfronts import BALANCE_HOLD_TERMS, Fronts
 from topicd.testing.fake_clock import FakeWallClock
 
 pytestmark = pytest.mark.slow
@@ -806,3 +806,117 @@ async def test_a_write_the_owner_is_stuck_on_answers_503_after_the_request_timeo
         a.engine.append = append  # type: ignore[method-assign]
         # the write answered 503 landed on the owner meanwhile (its outcome was unknown)
         assert sorted(await _data(ca, "t")) == [0, 1, 2]
+
+
+async def test_a_shard_taken_over_after_a_failover_is_kept_a_while_before_balance(cluster):
+    """A front whose term ran out (cut off from NATS) loses its shard to another; when it
+    is back, the other gives no shard up for an even share until `BALANCE_HOLD_TERMS`
+    terms after the takeover: a handover right after a failover costs the shard's
+    topics the new owner's catch-up while the cluster recovers (the chaos runs' `stop`
+    fault)."""
+    cfg = _sharded(cluster, 2)
+    lease_ms = cfg.storage.jetstream.lease_ms
+    clock = FakeWallClock()
+    async with open_jetstream_app(cfg, clock) as a, open_jetstream_app(cfg, clock) as b:
+        fa, fb = _fronts(a), _fronts(b)
+        await _balance(a, b)  # (`a` hands a shard over: no hold)
+        assert len(fa.owned) == len(fb.owned) == 1
+        fa._tend_lease = trio.lowlevel.checkpoint  # `a` is cut off: nothing renewed
+        clock.jump(lease_ms + 1)
+        await fb._tend_lease()  # `a`'s term and membership ran out: `b` takes its shard
+        assert fb.owned == {0, 1}
+        del fa._tend_lease  # `a` is back
+        await fa._tend_lease()  # a member again; its renewal fails: it follows
+        assert not fa.owned
+        await fb._tend_lease()  # `b` counts `a` again: over its share, it keeps both
+        assert fb.live == 2 and fb.owned == {0, 1}
+        clock.jump(BALANCE_HOLD_TERMS * lease_ms)
+        await fb._tend_lease()  # (renewed; `a`'s membership ran out meanwhile)
+        await fa._tend_lease()
+        await fb._tend_lease()  # the hold is over: `b` gives one shard up
+        assert len(fb.owned) == 1
+        await fa._tend_lease()  # `a` takes it
+        assert len(fa.owned) == 1 and fa.owned | fb.owned == {0, 1}
+        for j, h in enumerate((a, b)):
+            w = await _write(h.app.test_client(), "after", {"data": j})
+            assert w["first_seq"] == j + 1
+
+
+async def test_a_lone_owner_whose_member_count_is_stale_steps_down_at_its_term(cluster):
+    """An owner that counted itself alone (the others' memberships lapsed: cut off) and
+    whose lease check is then stuck (a server that stopped answering) steps down when its
+    term runs out: the others may be back and take the shard by expiry, and as an owner
+    it would answer reads from memory without their writes (a chaos run's `stop` fault:
+    two owners for 2.6 s)."""
+    cfg = _sharded(cluster, 1)
+    lease_ms = cfg.storage.jetstream.lease_ms
+    clock = FakeWallClock()
+    async with open_jetstream_app(cfg, clock) as a, open_jetstream_app(cfg, clock) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        fa, fb = _fronts(a), _fronts(b)
+        await _write(ca, "s", {"data": 1})
+        fb._tend_lease = trio.lowlevel.checkpoint  # `b` is cut off: no renewals
+        clock.jump(lease_ms + 1)
+        await fa._tend_lease()  # `b`'s membership ran out: `a` counts itself alone
+        assert fa.owner and fa.live == 1
+        fa.check_terms()  # within its term
+        assert fa.owner
+        fa._tend_lease = trio.lowlevel.checkpoint  # `a`'s lease check is stuck from now on
+        fa.members_at -= 3 * lease_ms / 1000  # (its count of the members grew that old)
+        clock.jump(lease_ms + 1)
+        fa.check_terms()  # term over, alone by a stale count: it steps down
+        assert not fa.owner
+        del fb._tend_lease  # `b` is back: it takes the lease by expiry and writes
+        await fb._tend_lease()
+        assert fb.owner
+        w = await _write(cb, "s", {"data": 2})
+        assert w["first_seq"] == 2
+        assert await _data(ca, "s") == [1, 2]  # `a` catches up: no stale read
+
+
+async def test_a_read_on_a_deposed_owner_still_publishing_waits_for_its_writes(cluster):
+    """A front that stepped down while a write it took as the owner is still being
+    published answers a read only after that write settled, with the new owner's writes
+    read in: not from memory while its lane is busy (a stale read, the chaos runs'
+    short read after a `stop` fault)."""
+    import asyncio
+
+    cfg = _sharded(cluster, 1)
+    lease_ms = cfg.storage.jetstream.lease_ms
+    clock = FakeWallClock()
+    async with open_jetstream_app(cfg, clock) as a, open_jetstream_app(cfg, clock) as b:
+        ca, cb = a.app.test_client(), b.app.test_client()
+        fa, fb = _fronts(a), _fronts(b)
+        await _write(ca, "s", {"data": 1})
+        store = fa.store
+        publish = store.publish
+
+        async def slow(*args, **kwargs):
+            await asyncio.sleep(3.0)  # (a publish waiting on a stopped leader, simulated)
+            return await publish(*args, **kwargs)
+
+        store.publish = slow  # type: ignore[method-assign]
+        statuses: list[int] = []
+
+        async def late_write() -> None:
+            r = await ca.post("/v0/topics/s", json={"records": [{"data": "late"}]})
+            statuses.append(r.status_code)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(late_write)
+            await trio.sleep(0.5)  # (real time: the write reaches the publish)
+            assert fa.backend.lane(a.engine.topics["s"]).busy
+            await fa._tend_lease()  # (`a` counts `b` among the members)
+            assert fa.live == 2
+            fa._tend_lease = trio.lowlevel.checkpoint  # `a`'s lease check is stuck
+            clock.jump(lease_ms + 1)
+            fa.check_terms()  # `a`'s term ran out: it steps down
+            assert not fa.owner
+            await fb._tend_lease()  # `b` takes the lease by expiry and writes
+            assert fb.owner
+            w = await _write(cb, "s", {"data": 2})
+            assert w["first_seq"] == 2
+            # `a`'s late write is still in its lane: the read waits for it to settle
+            assert await _data(ca, "s") == [1, 2]
+        assert statuses == [503]  # (fenced out: `b` wrote seq 2 first)
+        store.publish = publish  # type: ignore[method-assign]

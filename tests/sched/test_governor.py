@@ -27,9 +27,9 @@ from topicd.sched.governor import (
     Governor,
     Sources,
     admission_signal,
-    soft_point,
     coalesce_ms,
     commit_window_ms,
+    soft_point,
     sojourn_signal,
 )
 from topicd.testing.fake_clock import advance

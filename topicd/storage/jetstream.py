@@ -209,6 +209,7 @@ class _Lane:
     accepted: int = 0
     accepted_bytes: int = 0
     room: trio.Event | None = None  # set when a write leaves (`wait_for_room`)
+    idle: trio.Event | None = None  # set when the lane stops publishing (`wait_idle`)
 
     def full(self, nbytes: int, max_count: int, max_bytes: int) -> bool:
         return self.accepted >= max_count or (
@@ -1415,9 +1416,23 @@ class JetStreamBackend:
                         await self._publish_next(lane, hooks)
         finally:
             lane.busy = False
+            if lane.idle is not None:
+                lane.idle.set()
+                lane.idle = None
             self._busy -= 1
             if not self._busy and self._idle is not None:
                 self._idle.set()
+
+    async def wait_idle(self, lane: _Lane, wait_s: float) -> bool:
+        """Wait until `lane` publishes nothing (its writes settled), `wait_s` at most;
+        whether it is idle."""
+        with trio.move_on_after(wait_s):
+            while lane.busy or lane.pending:
+                if lane.idle is None:
+                    lane.idle = trio.Event()
+                await lane.idle.wait()
+        await trio.lowlevel.checkpoint()
+        return not (lane.busy or lane.pending)
 
     async def _publish_next(self, lane: _Lane, hooks: CommitHooks) -> None:
         """Publish the next batch of router copies, or the next writes (as many as one

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import zlib
 from functools import partial
 from typing import TYPE_CHECKING, Final
@@ -114,6 +115,11 @@ RECONCILE_ATTEMPTS: Final = 8
 # an owner steps down from a shard whose term has less than this share of `lease_ms`
 # left (its lease check, every third of it, is then two checks late)
 LAPSE_MARGIN: Final = 0.1
+# after this front took a shard over from a term that ran out (a failover, not a
+# handover), it gives no shard up for an even share for this many terms: a handover costs
+# the shard's topics the new owner's catch-up, slow while the cluster recovers, and the
+# fronts cut off rejoin one at a time
+BALANCE_HOLD_TERMS: Final = 5
 
 
 class Fronts:
@@ -147,8 +153,11 @@ class Fronts:
         # shard -> the end of the term this front last wrote into its lease (its own
         # clock): past it (less `LAPSE_MARGIN`), another front may hold the shard
         self.lease_until: dict[int, int] = {}
+        # until when (this front's clock) it gives no shard up for balance
+        self.hold_until = 0
         self.owner_subjects: dict[int, str] = {}  # shard -> its owner's request subject
         self.live = 1  # fronts alive (the membership table), this one included
+        self.members_at = -math.inf  # (Trio time) when `live` was last read
         self.promoted = trio.Event()  # set when this front takes a lease over
         self.forwarded = 0  # mutations this front forwarded (tests, metrics)
         self.served = 0  # forwarded mutations this front ran as the owner
@@ -211,6 +220,7 @@ class Fronts:
         self.live = await self.backend.bridge.call(
             partial(self.store.members, self.front_id, now + self.lease_ms, now, drop)
         )
+        self.members_at = trio.current_time()
         self.store.notify = bool(self.owned) and self.live > 1
         return self.live
 
@@ -252,6 +262,9 @@ class Fronts:
         self.lease_revs[k] = got
         self.lease_until[k] = int(str(term["until_ms"]))
         self.owner_subjects[k] = self.subject
+        if value is not None and int(str(value.get("until_ms", 0))) > 0:
+            # (a term that ran out or whose holder is gone, not one given up: a failover)
+            self.hold_until = now + BALANCE_HOLD_TERMS * self.lease_ms
         return True
 
     async def start(self) -> bool:
@@ -324,7 +337,8 @@ class Fronts:
                 self.lease_until[k] = int(str(value["until_ms"]))
             else:
                 self._step_down(k, "another front holds its lease")
-        while len(self.owned) > self.quota():
+        while len(self.owned) > self.quota() and self.clock.now_ms() >= self.hold_until:
+            # (not soon after a failover: `BALANCE_HOLD_TERMS`)
             await self._give_up(max(self.owned), f"{self.live} fronts share the shards")
         for k in self._shard_order():
             if k in self.owned:
@@ -349,9 +363,12 @@ class Fronts:
         check takes the shard back (a full takeover) if nobody else did. A front alone
         among the members keeps its shards while it is connected (its renewals then fail
         only for the cluster's want, when no other front could take them either, or its
-        wall clock stepped forward); cut off from NATS past its term, it steps down too:
-        a front may have joined meanwhile and taken them, unseen by this one."""
-        if self.live <= 1 and self.store.is_connected():
+        wall clock stepped forward), as long as its count of the members is fresh (read
+        within two lease checks); cut off from NATS past its term, or with a count that
+        old (its lease check stuck on a server that stopped answering), it steps down
+        too: a front may have joined meanwhile and taken them, unseen by this one."""
+        fresh = trio.current_time() - self.members_at <= 2 * self.lease_ms / 3000
+        if self.live <= 1 and fresh and self.store.is_connected():
             return
         now = self.clock.now_ms()
         margin = self.lease_ms * LAPSE_MARGIN
@@ -970,6 +987,19 @@ class Fronts:
                 if _gone(topic):
                     return None
             newer = newer or _answered_head(answer, tid) > topic.head_seq
+            if newer and (lane.busy or lane.pending) and not self.owns(topic.name):
+                # writes this front took as the shard's owner are still being published
+                # (it stepped down since): their records may be among the newer ones, so
+                # wait for them to settle, then read the rest in, rather than answer
+                # from memory without the new owner's writes
+                if not await backend.wait_idle(lane, 2 * self.store.timeout):
+                    raise StorageUnavailable(
+                        f"topic {topic.name!r}: this front is still settling writes it "
+                        "took as the owner; retry",
+                        {"topic": topic.name, "backend": "jetstream"},
+                    )
+                if _gone(topic):
+                    return None
             if newer and not lane.busy and not lane.pending:
                 engine = self.engine
                 await _load_topic(engine, backend, topic, engine.clock.now_ms, topic.head_seq + 1)
