@@ -39,7 +39,7 @@ from topicd.storage.jetstream import (
     JetStreamStore,
     JetStreamUnavailable,
 )
-from topicd.storage.jsfronts import BALANCE_HOLD_TERMS, Fronts
+from topicd.storage.jsfronts import ALONE_AFTER_TERMS, BALANCE_HOLD_TERMS, Fronts
 from topicd.testing.fake_clock import FakeWallClock
 
 pytestmark = pytest.mark.slow
@@ -842,12 +842,13 @@ async def test_a_shard_taken_over_after_a_failover_is_kept_a_while_before_balanc
             assert w["first_seq"] == j + 1
 
 
-async def test_a_lone_owner_whose_member_count_is_stale_steps_down_at_its_term(cluster):
-    """An owner that counted itself alone (the others' memberships lapsed: cut off) and
-    whose lease check is then stuck (a server that stopped answering) steps down when its
-    term runs out: the others may be back and take the shard by expiry, and as an owner
-    it would answer reads from memory without their writes (a chaos run's `stop` fault:
-    two owners for 2.6 s)."""
+async def test_an_owner_alone_only_lately_steps_down_at_its_term(cluster):
+    """An owner that counts itself alone only lately (the others' memberships lapsed:
+    cut off) and whose lease check is then stuck (a server that stopped answering) steps
+    down when its term runs out: the others may be back and take the shard by expiry,
+    and as an owner it would answer reads from memory without their writes (a chaos
+    run's `stop` fault: two owners for 2.6 s). Alone for `ALONE_AFTER_TERMS` terms, it
+    keeps the shard (a one-front deployment)."""
     cfg = _sharded(cluster, 1)
     lease_ms = cfg.storage.jetstream.lease_ms
     clock = FakeWallClock()
@@ -855,6 +856,8 @@ async def test_a_lone_owner_whose_member_count_is_stale_steps_down_at_its_term(c
         ca, cb = a.app.test_client(), b.app.test_client()
         fa, fb = _fronts(a), _fronts(b)
         await _write(ca, "s", {"data": 1})
+        await fa._tend_lease()  # (`a` counts `b` among the members)
+        assert fa.live == 2
         fb._tend_lease = trio.lowlevel.checkpoint  # `b` is cut off: no renewals
         clock.jump(lease_ms + 1)
         await fa._tend_lease()  # `b`'s membership ran out: `a` counts itself alone
@@ -862,9 +865,8 @@ async def test_a_lone_owner_whose_member_count_is_stale_steps_down_at_its_term(c
         fa.check_terms()  # within its term
         assert fa.owner
         fa._tend_lease = trio.lowlevel.checkpoint  # `a`'s lease check is stuck from now on
-        fa.members_at -= 3 * lease_ms / 1000  # (its count of the members grew that old)
         clock.jump(lease_ms + 1)
-        fa.check_terms()  # term over, alone by a stale count: it steps down
+        fa.check_terms()  # term over, alone only lately: it steps down
         assert not fa.owner
         del fb._tend_lease  # `b` is back: it takes the lease by expiry and writes
         await fb._tend_lease()
@@ -872,6 +874,14 @@ async def test_a_lone_owner_whose_member_count_is_stale_steps_down_at_its_term(c
         w = await _write(cb, "s", {"data": 2})
         assert w["first_seq"] == 2
         assert await _data(ca, "s") == [1, 2]  # `a` catches up: no stale read
+        # `a` stays cut off: ten terms on, `b` is alone and keeps its shard past a term
+        clock.jump(ALONE_AFTER_TERMS * lease_ms)
+        await fb._tend_lease()
+        assert fb.live == 1
+        fb._tend_lease = trio.lowlevel.checkpoint
+        clock.jump(lease_ms + 1)
+        fb.check_terms()
+        assert fb.owner
 
 
 async def test_a_read_on_a_deposed_owner_still_publishing_waits_for_its_writes(cluster):

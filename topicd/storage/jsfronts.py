@@ -120,6 +120,9 @@ LAPSE_MARGIN: Final = 0.1
 # the shard's topics the new owner's catch-up, slow while the cluster recovers, and the
 # fronts cut off rejoin one at a time
 BALANCE_HOLD_TERMS: Final = 5
+# a front that has counted no other member for this many terms is alone: it keeps its
+# shards past an unrenewed term while connected (`check_terms`)
+ALONE_AFTER_TERMS: Final = 10
 
 
 class Fronts:
@@ -157,7 +160,8 @@ class Fronts:
         self.hold_until = 0
         self.owner_subjects: dict[int, str] = {}  # shard -> its owner's request subject
         self.live = 1  # fronts alive (the membership table), this one included
-        self.members_at = -math.inf  # (Trio time) when `live` was last read
+        # when this front last counted another member (its wall clock, ms)
+        self.others_seen_ms = -math.inf
         self.promoted = trio.Event()  # set when this front takes a lease over
         self.forwarded = 0  # mutations this front forwarded (tests, metrics)
         self.served = 0  # forwarded mutations this front ran as the owner
@@ -220,7 +224,8 @@ class Fronts:
         self.live = await self.backend.bridge.call(
             partial(self.store.members, self.front_id, now + self.lease_ms, now, drop)
         )
-        self.members_at = trio.current_time()
+        if self.live > 1:
+            self.others_seen_ms = now
         self.store.notify = bool(self.owned) and self.live > 1
         return self.live
 
@@ -363,14 +368,16 @@ class Fronts:
         check takes the shard back (a full takeover) if nobody else did. A front alone
         among the members keeps its shards while it is connected (its renewals then fail
         only for the cluster's want, when no other front could take them either, or its
-        wall clock stepped forward), as long as its count of the members is fresh (read
-        within two lease checks); cut off from NATS past its term, or with a count that
-        old (its lease check stuck on a server that stopped answering), it steps down
-        too: a front may have joined meanwhile and taken them, unseen by this one."""
-        fresh = trio.current_time() - self.members_at <= 2 * self.lease_ms / 3000
-        if self.live <= 1 and fresh and self.store.is_connected():
-            return
+        wall clock stepped forward), once it has counted no other member for
+        `ALONE_AFTER_TERMS` terms; cut off from NATS past its term, or alone only lately
+        (the others' memberships lapsed while they were cut off: they may be back and
+        take its shards by expiry while its own lease check hangs on a server that
+        stopped answering), it steps down too: a front may have joined meanwhile and
+        taken them, unseen by this one."""
         now = self.clock.now_ms()
+        alone = now - self.others_seen_ms >= ALONE_AFTER_TERMS * self.lease_ms
+        if self.live <= 1 and alone and self.store.is_connected():
+            return
         margin = self.lease_ms * LAPSE_MARGIN
         for k in sorted(self.owned):
             if now >= self.lease_until.get(k, 0) - margin:
