@@ -782,11 +782,11 @@ class GovernorConfig:
         max=1,
     )
     admission_soft_per_permit: float = key(
-        4.0,
+        1.0,
         "With admission_refuse_fill above 0: client requests waiting per permit at "
         "which s4 reads latency_signal_max, the producers' soft threshold (at most half "
-        "the refuse fill, at least admission_waiters_per_permit). A queue this deep keeps "
-        "the group commit full while producers pace on the header.",
+        "the refuse fill, at least admission_waiters_per_permit). Deeper lets law-on "
+        "producers keep more writes queued at the gate.",
         min=0,
     )
     coalesce_above: float = key(0.2, "Pressure above which frames coalesce.", min=0, max=1)

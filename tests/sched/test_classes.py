@@ -138,9 +138,8 @@ async def test_an_ack_waiting_for_its_sync_holds_no_permit(autojump_clock):
 async def test_the_pressure_header_reads_the_waiting_room_as_it_is(autojump_clock):
     """With `governor.admission_refuse_fill`, the server's pressure (each answer's
     `X-Topicd-Pressure`, `topicd_pressure`) is at least the waiting room's fill as it is
-    read (s4's scale): the room's soft point (here half the refuse fill, as the room is
-    short of four per permit) reads the client's soft threshold, and the pressure
-    reaches 1.0 at the fill, ahead of the
+    read (s4's scale): a saturated server (one request waiting per permit) reads the
+    client's soft threshold, and the pressure reaches 1.0 at the fill, ahead of the
     `429 client_waiters`. The governor's sampled value, which drives its ladder, is not
     changed by it."""
     cfg = make_config(
@@ -159,7 +158,7 @@ async def test_the_pressure_header_reads_the_waiting_room_as_it_is(autojump_cloc
 
         assert await header() == 0.0  # a permit taken, nobody waiting
         waiters: list[trio.CancelScope] = []
-        expected = {1: 0.3, 2: 0.6, 3: 0.8, 4: 1.0, 5: 1.0}
+        expected = {1: 0.6, 2: 0.6 + 0.4 / 3, 3: 0.6 + 0.8 / 3, 4: 1.0, 5: 1.0}
         for n, want in expected.items():
             scope = trio.CancelScope()
             waiters.append(scope)

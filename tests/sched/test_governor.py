@@ -169,10 +169,9 @@ def test_a_saturated_loop_alone_stays_at_the_client_soft_threshold():
     assert g.pressure == pytest.approx(0.6, abs=1e-6)
     assert not g.defer_active
     assert g.coalesce_ms == pytest.approx(10.0) and g.commit_window_ms > 0.5
-    # the room's 0.6 is 288 waiting, its soft point four per permit (128): 0.875 at 238
-    fake.slots = 480
-    for _ in range(30):  # 238 waiting throughout: s4 = 0.6 + 0.4 × 110 / 160 = 0.875
-        fake.wait_area += 238 * 0.1
+    fake.slots = 480  # the room's 0.6 is 288 waiting: 0.875 at 208 (past one per permit)
+    for _ in range(30):  # 208 waiting throughout: s4 = 0.6 + 0.4 × 176 / 256 = 0.875
+        fake.wait_area += 208 * 0.1
         t += 0.1
         g.sample(t, lag_ms=20.0)
     assert g.signals["admission"] == pytest.approx(0.875)
@@ -228,15 +227,14 @@ def test_admission_is_the_mean_wait_queue_per_permit_or_1_after_a_refusal():
     ("waiting", "expected"),
     [
         (0, 0.0),
-        (32, 0.15),  # one per permit (saturated): proportional up to the soft point
-        (64, 0.3),
-        (128, 0.6),  # four per permit: the client's soft threshold
-        (128 + 1472, 0.8),  # halfway from the soft point to the refuse fill (0.75 × 4096)
+        (16, 0.3),  # half the saturation point: proportional up to the cap
+        (32, 0.6),  # one per permit: saturated, the client's soft threshold
+        (32 + 1520, 0.8),  # halfway from saturation to the refuse fill (0.75 × 4096)
         (3072, 1.0),
         (4000, 1.0),
     ],
 )
-def test_with_a_refuse_fill_admission_reads_soft_at_four_per_permit_and_1_at_the_fill(
+def test_with_a_refuse_fill_admission_reads_soft_at_saturation_and_1_at_the_fill(
     waiting: int, expected: float
 ) -> None:
     cfg = make_config(governor={"admission_refuse_fill": 0.75}).governor
@@ -268,20 +266,20 @@ def test_a_refuse_fill_at_or_below_saturation_falls_back_to_the_saturation_scale
 def test_the_soft_point_is_four_per_permit_within_half_the_fill(
     slots: int, soft: float, points: dict[float, float]
 ) -> None:
-    cfg = make_config(governor={"admission_refuse_fill": 0.6}).governor
+    four = {"admission_refuse_fill": 0.6, "admission_soft_per_permit": 4.0}
+    cfg = make_config(governor=four).governor
     assert soft_point(4, 0.6 * slots, cfg) == pytest.approx(soft)
     for waiting, expected in points.items():
         assert admission_signal(waiting, 4, slots, cfg) == pytest.approx(expected), waiting
-    # the soft point set to one per permit is the saturation point
-    one = make_config(governor={"admission_soft_per_permit": 1.0}).governor
-    assert soft_point(4, 0.6 * slots, one) == 4.0
+    # the default, one per permit, is the saturation point, whatever the room
+    assert soft_point(4, 0.6 * slots, CFG) == 4.0
 
 
 def test_the_governor_samples_admission_on_the_refuse_fill_scale() -> None:
     fake = FakeSources()
     g = governor(fake, admission_refuse_fill=0.75)
     g.sample(0.1)
-    fake.wait_area += 1600 * 0.1  # 1600 requests waited through the interval
+    fake.wait_area += 1552 * 0.1  # 1552 requests waited through the interval
     g.sample(0.2)
     assert g.signals["admission"] == pytest.approx(0.8)
     fake.refused += 1  # a refusal still reads 1.0 whatever the queue
@@ -310,8 +308,8 @@ async def ten_samples(clock: trio.testing.MockClock) -> None:
 
 
 async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autojump_clock):
-    # 2 permits, 8 waiter slots: s4 reads 1.0 at 4.8 waiting (`admission_refuse_fill` 0.6
-    # of the slots) and 0.6 at 2.4 (half that: the room is short of four per permit)
+    # 2 permits, 8 waiter slots: s4 reads 0.6 at 2 waiting (one per permit), 1.0 at 4.8
+    # (`admission_refuse_fill` 0.6 of the slots)
     cfg = make_config(classes={"client_permits": 2, "client_waiters": 8})
     async with open_app(cfg) as h:
         permits = gate_of(h.app).permits
@@ -325,8 +323,8 @@ async def test_clients_queued_at_admission_raise_pressure_in_a_running_app(autoj
             for p in held:
                 p.release()  # two of the five waiters are admitted (and keep their permits)
             await ten_samples(autojump_clock)
-            # 3 waiting: 0.6 + 0.4 x (3 - 2.4) / (4.8 - 2.4)
-            assert h.engine.governor.signals["admission"] == pytest.approx(0.7)
+            # 3 waiting: 0.6 + 0.4 x (3 - 2) / (4.8 - 2)
+            assert h.engine.governor.signals["admission"] == pytest.approx(0.6 + 0.4 / 2.8)
             nursery.cancel_scope.cancel()
         assert permits.stats.waiting == 0
         await ten_samples(autojump_clock)
@@ -361,9 +359,9 @@ async def test_a_saturated_loop_does_not_slow_clients_a_queue_at_the_permits_doe
         permits = gate_of(h.app).permits
         held = [await permits.admit() for _ in range(4)]
         async with trio.open_nursery() as nursery:
-            # 18 waiting for 4 permits, 40 slots (s4: 0.6 at 12 waiting, half the refuse
-            # fill, which is short of four per permit; 1.0 at 24): 0.6 + 0.4 x 6 / 12 = 0.8
-            for _ in range(18):
+            # 14 waiting for 4 permits, 40 slots (s4: 0.6 at 4 waiting, 1.0 at 24):
+            # 0.6 + 0.4 x 10 / 20 = 0.8
+            for _ in range(14):
                 nursery.start_soon(permits.admit)
             for _ in range(3):
                 await ten_samples(autojump_clock)
