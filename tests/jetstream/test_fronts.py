@@ -84,6 +84,12 @@ def _fronts(h) -> Fronts:
     return backend.fronts
 
 
+def _timeout(cfg, request_timeout_ms: int):
+    """`cfg` with the fronts' request timeout set to `request_timeout_ms`."""
+    js = dataclasses.replace(cfg.storage.jetstream, request_timeout_ms=request_timeout_ms)
+    return dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+
+
 def _sharded(cluster: Deployment, shards: int):
     cfg = jetstream_config(cluster)
     # a long lease: the background checks stay out of the way; the test drives them
@@ -758,9 +764,7 @@ async def test_a_call_the_owner_holds_past_the_request_timeout_is_answered(clust
     # a claim waits out its queue's coalescing window on the owner (as a bypassing
     # write waits out a full queue): a follower forwarding it waits that long on top of
     # `request_timeout_ms`, instead of answering `503` while the owner is still at it
-    cfg = _sharded(cluster, 1)
-    js = dataclasses.replace(cfg.storage.jetstream, request_timeout_ms=1500)
-    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    cfg = _timeout(_sharded(cluster, 1), 1500)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         assert (_fronts(a).owner, _fronts(b).owner) == (True, False)
         cb = b.app.test_client()
@@ -779,9 +783,7 @@ async def test_a_write_the_owner_is_stuck_on_answers_503_after_the_request_timeo
     # of its outcome, each wait out the request timeout) holds a follower's client no
     # longer than the follower's request timeout: only a call the owner holds on
     # purpose (a bypassing write, a claim's window) waits longer
-    cfg = _sharded(cluster, 1)
-    js = dataclasses.replace(cfg.storage.jetstream, request_timeout_ms=1500)
-    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, jetstream=js))
+    cfg = _timeout(_sharded(cluster, 1), 1500)
     async with open_jetstream_app(cfg) as a, open_jetstream_app(cfg) as b:
         assert (_fronts(a).owner, _fronts(b).owner) == (True, False)
         ca, cb = a.app.test_client(), b.app.test_client()
