@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import zlib
 from functools import partial
 from typing import TYPE_CHECKING, Final
@@ -161,7 +160,7 @@ class Fronts:
         self.owner_subjects: dict[int, str] = {}  # shard -> its owner's request subject
         self.live = 1  # fronts alive (the membership table), this one included
         # when this front last counted another member (its wall clock, ms)
-        self.others_seen_ms = -math.inf
+        self.others_seen_ms: int | None = None
         self.promoted = trio.Event()  # set when this front takes a lease over
         self.forwarded = 0  # mutations this front forwarded (tests, metrics)
         self.served = 0  # forwarded mutations this front ran as the owner
@@ -375,7 +374,8 @@ class Fronts:
         stopped answering), it steps down too: a front may have joined meanwhile and
         taken them, unseen by this one."""
         now = self.clock.now_ms()
-        alone = now - self.others_seen_ms >= ALONE_AFTER_TERMS * self.lease_ms
+        seen = self.others_seen_ms
+        alone = seen is None or now - seen >= ALONE_AFTER_TERMS * self.lease_ms
         if self.live <= 1 and alone and self.store.is_connected():
             return
         margin = self.lease_ms * LAPSE_MARGIN
