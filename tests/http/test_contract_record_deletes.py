@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-import trio
+from topicd.testing.fake_clock import advance
 
 JSON_CT = {"Content-Type": "application/json"}
 PRESSURE = re.compile(r"0\.\d{3}|1\.000")
@@ -254,7 +254,7 @@ async def test_only_live_records_count_as_deleted(client, autojump_clock):
     body = await ok(await delete(client, "rd.live", {"match": "a", "before_seq": 3}))
     assert body["deleted"] == 1
     assert (body["count"], body["earliest_seq"]) == (1, 3)
-    await trio.sleep(1.5)  # seq 3 expires
+    await advance(autojump_clock, 1.5)  # seq 3 expires (virtual time)
     body = await ok(await delete(client, "rd.live", {"before_seq": 10}))
     assert body["deleted"] == 0
     assert (body["count"], body["bytes"], body["earliest_seq"], body["head_seq"]) == (0, 0, 4, 3)

@@ -11,6 +11,7 @@ import re
 
 import trio
 
+from topicd.testing.fake_clock import advance
 from topicd.testing.fake_fs import FakeDisk
 from topicd.testing.harness import durable_config, make_config, open_app, open_durable_app
 
@@ -111,7 +112,6 @@ async def test_wal_series_when_durable():
 
 
 async def test_watch_and_scheduler_series(autojump_clock, nursery):
-    import trio
 
     from topicd.testing.sse import open_stream
 
@@ -127,7 +127,7 @@ async def test_watch_and_scheduler_series(autojump_clock, nursery):
         await s.read_frames(3)  # then never reads: it lags
         for i in range(10):
             await c.post("/v0/topics/w", json={"records": [{"data": i}]})
-            await trio.sleep(0.001)
+            await advance(autojump_clock, 0.001)  # (virtual time: the drain runs)
         text = (await (await c.get("/v0/metrics")).get_data()).decode()
         fam = families(text)
         assert fam["topicd_sse_lagged_total"] == "counter"
