@@ -299,10 +299,26 @@ def _masked(raw: bytes) -> bytes:
     return raw
 
 
-async def _hot_answers(cfg) -> tuple[list[bytes], int]:
-    """The raw answers to hot-endpoint requests (writes, diffs, queue verbs, their errors)
-    and to one other request, pipelined on one connection; and how many of them ran an
-    ASGI exchange."""
+def _hot_requests(auth: bytes) -> list[bytes]:
+    return [
+        post("/v0/topics/h", {"records": [{"data": 1}]}, auth),  # 201
+        post("/v0/topics/h", {"records": [{"data": {"n": 2}}, {"data": 3}]}, auth),
+        post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
+        post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
+        post("/v0/topics/h", {"records": "nope"}, auth),  # 400
+        post("/v0/topics/h", {"records": []}, auth + b"Content-Encoding: br\r\n"),  # 415
+        post("/v0/topics/h", {"records": [{"data": 1}]}),  # 401: the gate refuses
+        post("/v0/topics/h/diff", {"from_seq": 1, "limit": 2}, auth),
+        post("/v0/topics/none/diff", {}, auth),  # 404
+        post("/v0/topics/q/claim", {"node": "w", "max": 2}, auth),  # 404: no queue
+        post("/v0/topics/h", {"records": [{"data": 5}]}, auth + b"Connection: close\r\n"),
+    ]
+
+
+async def _hot_answers(cfg, requests_of=_hot_requests) -> tuple[list[bytes], int]:
+    """The raw answers to hot-endpoint requests (writes, diffs, queue verbs, their errors;
+    `requests_of(auth)`) and to one other request, pipelined on one connection; and how
+    many of them ran an ASGI exchange."""
     exchanges = 0
     real_run = DirectExchange.run
 
@@ -316,19 +332,7 @@ async def _hot_answers(cfg) -> tuple[list[bytes], int]:
         async with served(cfg) as (_engine, _app, host, port):
             stream = await trio.open_tcp_stream(host, port)
             auth = b"Authorization: Bearer k1\r\n"
-            requests = [
-                post("/v0/topics/h", {"records": [{"data": 1}]}, auth),  # 201
-                post("/v0/topics/h", {"records": [{"data": {"n": 2}}, {"data": 3}]}, auth),
-                post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
-                post("/v0/topics/h", {"records": [{"data": 4}]}, auth + b"Idempotency-Key: k\r\n"),
-                post("/v0/topics/h", {"records": "nope"}, auth),  # 400
-                post("/v0/topics/h", {"records": []}, auth + b"Content-Encoding: br\r\n"),  # 415
-                post("/v0/topics/h", {"records": [{"data": 1}]}),  # 401: the gate refuses
-                post("/v0/topics/h/diff", {"from_seq": 1, "limit": 2}, auth),
-                post("/v0/topics/none/diff", {}, auth),  # 404
-                post("/v0/topics/q/claim", {"node": "w", "max": 2}, auth),  # 404: no queue
-                post("/v0/topics/h", {"records": [{"data": 5}]}, auth + b"Connection: close\r\n"),
-            ]
+            requests = requests_of(auth)
             await stream.send_all(b"".join(requests))
             r = Reader(stream)
             answers = []
@@ -364,6 +368,41 @@ async def test_hot_endpoints_are_answered_without_an_exchange_and_alike(monkeypa
 
     monkeypatch.setattr(Gate, "serve_direct", not_hot)  # every request takes the exchange
     via_exchange, exchanges = await _hot_answers(cfg)
+    assert exchanges == len(via_exchange) + 1
+    assert direct == via_exchange
+
+
+def _seqs_requests(auth: bytes) -> list[bytes]:
+    one = {"records": [{"data": 1}, {"data": 2}]}
+    return [
+        post("/v0/topics/h?return_seqs=false", one, auth),  # the client library's write
+        post("/v0/topics/h?return_seqs=1", one, auth),
+        post("/v0/topics/h?return_seqs=nope", one, auth),  # 400, from Quart
+        post("/v0/topics/h?return_seqs=false&x=1", one, auth),  # another query: Quart
+        post("/v0/topics/h?return_seqs=FALSE", one, auth),  # (Quart folds the case)
+        post("/v0/topics/h/diff?return_seqs=false", {}, auth),  # Quart (unknown: ignored)
+        post("/v0/topics/h?return_seqs=0", one, auth + b"Connection: close\r\n"),
+    ]
+
+
+async def test_a_write_with_return_seqs_alone_is_hot_and_answered_alike(monkeypatch):
+    """The client library writes with `?return_seqs=false`: that query alone keeps a
+    write on the gate's fast path (any other query, or that one on a diff, takes the
+    exchange), and the answers are the exchange's byte for byte."""
+    cfg = make_config(server={"port": 0}, auth={"api_keys": ("k1:rw",)})
+    direct, exchanges = await _hot_answers(cfg, _seqs_requests)
+    assert exchanges == 5  # =nope, the two-parameter query, =FALSE, the diff, the GET
+    statuses = [int(a[9:12]) for a in direct]
+    assert statuses == [201, 200, 400, 200, 200, 200, 200]
+    assert b'"seqs"' not in direct[0] and b'"first_seq":1,"last_seq":2' in direct[0]
+    assert b'"seqs":[3,4]' in direct[1]
+    assert b'"seqs"' not in direct[-1]
+
+    async def not_hot(self, scope, body):
+        return None
+
+    monkeypatch.setattr(Gate, "serve_direct", not_hot)
+    via_exchange, exchanges = await _hot_answers(cfg, _seqs_requests)
     assert exchanges == len(via_exchange) + 1
     assert direct == via_exchange
 

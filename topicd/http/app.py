@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Final, TypeVar, cast
 from urllib.parse import unquote
 
@@ -169,11 +169,20 @@ async def quart_body() -> bytes:
     return data
 
 
-def topic_post(scope: Scope) -> tuple[str, str] | None:
-    """(topic, verb) of a `POST /v0/topics/:topic[/verb]` without a query string (`verb`
-    "" for the topic itself), the shape every fast route has; None for anything else
-    (one with a query goes through Quart, whose query parsing is the contract)."""
-    if scope.get("method") != "POST" or scope.get("query_string"):
+_NO_QUERIES: Final[Mapping[bytes, object]] = {}
+
+
+def topic_post(
+    scope: Scope, queries: Mapping[bytes, object] = _NO_QUERIES
+) -> tuple[str, str] | None:
+    """(topic, verb) of a `POST /v0/topics/:topic[/verb]` without a query string, or
+    with one of `queries` exactly (`verb` "" for the topic itself), the shape every fast
+    route has; None for anything else (another query goes through Quart, whose query
+    parsing is the contract)."""
+    if scope.get("method") != "POST":
+        return None
+    qs = scope.get("query_string")
+    if qs and qs not in queries:
         return None
     path = cast("str", scope["path"])
     if not path.startswith("/v0/topics/"):

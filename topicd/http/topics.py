@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import msgspec
 import orjson
@@ -175,18 +175,38 @@ def _no_query(name: str, default: bool) -> bool:
     return default
 
 
+def _seqs_query(returned: bool) -> Callable[[str, bool], bool]:
+    def query(name: str, default: bool) -> bool:
+        return returned if name == "return_seqs" else default
+
+    return query
+
+
+# the query strings a write may carry on the fast path: `return_seqs` alone, as the
+# client library sends it (`?return_seqs=false`); any other goes through Quart
+_WRITE_QUERIES: Final = {
+    **{b"return_seqs=" + v: True for v in (b"true", b"1")},
+    **{b"return_seqs=" + v: False for v in (b"false", b"0")},
+}
+_RETURN_SEQS: Final = {v: _seqs_query(v) for v in (True, False)}
+
+
 def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
     """The `/v0/topics` endpoints the gate serves without the framework: `POST
-    /v0/topics/:topic` and `POST /v0/topics/:topic/diff` without a query string (one
-    with a query goes through Quart, whose query parsing is the contract)."""
+    /v0/topics/:topic` without a query string or with `return_seqs` alone (what the
+    client library sends), and `POST /v0/topics/:topic/diff` without a query string.
+    Any other query goes through Quart, whose query parsing is the contract."""
     max_body = config.limits.max_body_bytes
 
     def route(scope: Scope) -> FastHandler | None:
-        target = topic_post(scope)
+        target = topic_post(scope, _WRITE_QUERIES)
         if target is None or target[1] not in ("", "diff"):
             return None
         topic, verb = target
+        qs = cast("bytes", scope.get("query_string") or b"")
         if verb:
+            if qs:
+                return None
 
             async def diff(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
                 return await read_diff(ref, topic, scope, read, scope_header(scope), max_body)
@@ -196,9 +216,11 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
         # a write: the gate records its sojourn (governor s6; diffs may long-poll)
         scope["topicd.sojourn"] = True
 
+        query = _RETURN_SEQS[_WRITE_QUERIES[qs]] if qs else _no_query
+
         async def write(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
             header = scope_header(scope)
-            return await write_records(ref, topic, scope, read, header, _no_query, max_body)
+            return await write_records(ref, topic, scope, read, header, query, max_body)
 
         return write
 
