@@ -65,6 +65,9 @@ async def test_the_client_under_asyncio():
             out = await trio.to_thread.run_sync(lambda: asyncio.run(main()))
     assert out["diff"] == [1, 2, 3]
     assert out["watch"] == [1, 2, 3]
-    assert out["delay_s"] >= 0.24
+    # the 250 ms delay is waited on asyncio's clock until the reading is 100 ms old; the
+    # re-read then finds the real server calm, which ends the wait
+    assert 0.09 <= out["delay_s"] < 0.24
+    assert any(z.zone == "amber" and z.delay_ms == pytest.approx(250) for z in zones)
     assert any(z.zone == "amber" and z.delay_ms == pytest.approx(250) for z in zones)
     assert out["handled"] == [(1, 1), (2, 1), (3, 1)] and out["acked"] == 3

@@ -116,11 +116,15 @@ async def test_the_larger_of_the_two_signals_applies(autojump_clock):
 async def test_stale_signal_counts_as_absent(autojump_clock):
     signals, bp = _gate()
     signals.observe_pressure("0.85")
-    await trio.sleep(10.0)  # exactly the TTL old: still a signal
+    await trio.sleep(9.0)
     t0 = trio.current_time()
     await bp.wait("t")
     assert trio.current_time() - t0 == pytest.approx(500 * 0.25 / 0.3 / 1000)
-    await trio.sleep(10.0 - (trio.current_time() - t0) + 0.001)  # just older than the TTL
+    await trio.sleep(10.0 - (trio.current_time() - t0) - 9.0)  # exactly the TTL old
+    assert bp.decide("t")[0] == pytest.approx(500 * 0.25 / 0.3)  # still a signal
+    # going stale while a batch waits on it ends the wait at the next re-read
+    t0 = trio.current_time()
+    assert await bp.wait("t") == pytest.approx(100)
     t1 = trio.current_time()
     assert await bp.wait("t") == 0
     assert trio.current_time() == t1
@@ -149,25 +153,27 @@ async def test_pause_rereads_every_hard_poll_until_the_signal_drops(autojump_clo
 
 async def test_a_pause_that_ends_in_the_amber_band_still_waits_its_delay(autojump_clock):
     """Paused producers read the drop below hard at the same poll; the law's delay for
-    the value they read still applies, so they do not all send at once."""
+    the value they read still applies (the time paused counts toward it), so they do
+    not all send at once."""
     reports = []
     polls = []
     signals = None
 
     async def refresh(topic):
         polls.append(trio.current_time())
-        signals.observe_pressure("0.95" if len(polls) < 2 else "0.75")  # 250 ms
+        signals.observe_pressure("0.95" if len(polls) < 2 else "0.84")  # 400 ms
         await trio.lowlevel.checkpoint()
 
     signals, bp = _gate(refresh=refresh, reports=reports)
     signals.observe_pressure("1.0")
     t0 = trio.current_time()
     waited = await bp.wait("t")
+    # paused 200 ms, then the rest of the 400 ms
     assert [round(p - t0, 6) for p in polls] == [0.1, 0.2]
-    assert trio.current_time() - t0 == pytest.approx(0.2 + 0.25)
-    assert waited == pytest.approx(450)
+    assert trio.current_time() - t0 == pytest.approx(0.4)
+    assert waited == pytest.approx(400)
     assert [r.zone for r in reports] == ["red", "red", "amber"]
-    assert reports[-1].delay_ms == pytest.approx(250)
+    assert reports[-1].delay_ms == pytest.approx(400)
 
 
 async def test_pause_ends_when_the_signal_goes_stale(autojump_clock):
@@ -245,7 +251,7 @@ async def test_concurrent_batches_of_one_client_take_their_delays_in_turn(autoju
         signals.observe_pressure("0.5")  # green now: the queued batches need no delay
         nursery.start_soon(batch, 3)
     times = sorted(t for _, t, _ in sent)
-    assert times == [0.25, 0.25, 0.25, 0.25]  # the first slept 250 ms; the rest read green
+    assert times == [0, 0, 0, 0]  # the green reading ends the first's wait too
     signals.observe_pressure("0.750")
     t0 = trio.current_time()
     sent.clear()
@@ -321,16 +327,21 @@ async def test_an_amber_reading_hard_poll_old_is_re_read_before_deciding(autojum
     await bp.wait("t")
     assert [round(p - t0, 6) for p in probes] == [0.0, 0.1]  # the re-read, one pause poll
     assert [r.zone for r in reports] == ["red", "amber"]
-    assert trio.current_time() - t0 == pytest.approx(0.1 + 500 * 0.1 / 0.3 / 1000)
+    # (the 100 ms paused count toward the 167 ms delay of the reading it ended on)
+    assert trio.current_time() - t0 == pytest.approx(500 * 0.1 / 0.3 / 1000)
 
 
 async def test_fresh_amber_and_old_green_readings_are_not_re_read(autojump_clock):
-    signals, bp, probes = _probed_gate(["0.99"])
+    """A fresh amber reading is decided on as it is; while the batch waits its delay,
+    the reading is re-read each time it gets `hard_poll_ms` old."""
+    signals, bp, probes = _probed_gate(["0.750"])
     signals.observe_pressure("0.750")
     await trio.sleep(0.099)  # younger than hard_poll_ms
     t0 = trio.current_time()
     await bp.wait("t")
-    assert probes == [] and trio.current_time() - t0 == pytest.approx(0.25)
+    assert [round(p - t0, 6) for p in probes] == [0.1, 0.2]
+    assert trio.current_time() - t0 == pytest.approx(0.25)
+    probes.clear()
     signals.observe_pressure("0.600")  # at soft: green
     await trio.sleep(5)
     t0 = trio.current_time()
@@ -355,7 +366,7 @@ async def test_an_old_green_reading_is_re_read_while_a_write_is_unanswered(autoj
     await bp.wait("t")
     assert [round(p - t0, 6) for p in probes] == [0.0, 0.1]  # the re-read, one pause poll
     assert [r.zone for r in reports] == ["green", "red", "amber"]
-    assert trio.current_time() - t0 == pytest.approx(0.1 + 500 * 0.1 / 0.3 / 1000)
+    assert trio.current_time() - t0 == pytest.approx(500 * 0.1 / 0.3 / 1000)
 
 
 async def test_an_old_green_reading_with_no_write_unanswered_is_not_re_read(autojump_clock):
@@ -369,3 +380,48 @@ async def test_an_old_green_reading_with_no_write_unanswered_is_not_re_read(auto
     signals.writes_unanswered = 1
     await trio.sleep(10.001)  # stale: no signal, so nothing to re-read
     assert await bp.wait("t") == 0 and probes == []
+
+
+async def test_a_delay_ends_early_when_the_pressure_falls_while_it_is_waited(autojump_clock):
+    """A 417 ms delay decided at 0.85 is not slept whole when an answer 50 ms later
+    reads 0.66 (100 ms): the batch goes at 100 ms. The server's queue drains in tens of
+    ms; a delay kept on the old reading would leave it idle."""
+    reports = []
+    signals, bp = _gate(reports=reports)
+    signals.observe_pressure("0.85")
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+
+        async def batch():
+            assert await bp.wait("t") == pytest.approx(100)
+
+        nursery.start_soon(batch)
+        await trio.sleep(0.05)
+        signals.observe_pressure("0.66")  # another write's answer
+    assert trio.current_time() - t0 == pytest.approx(0.1)
+    assert [(r.zone, round(r.delay_ms)) for r in reports] == [("amber", 417)]
+
+
+async def test_a_delay_turns_into_a_pause_when_the_pressure_reaches_hard(autojump_clock):
+    """The law follows the signal up too: an answer reading 0.95 during a 100 ms delay
+    pauses the batch until a re-read is below hard, then the delay for that reading
+    (from the batch's turn) applies."""
+    reports = []
+    polls = []
+    signals = None
+
+    async def refresh(topic):
+        polls.append(round(trio.current_time() - t0, 6))
+        signals.observe_pressure("0.7")  # 167 ms
+        await trio.lowlevel.checkpoint()
+
+    signals, bp = _gate(refresh=refresh, reports=reports)
+    signals.observe_pressure("0.66")  # 100 ms
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bp.wait, "t")
+        await trio.sleep(0.05)
+        signals.observe_pressure("0.95")
+    assert polls == [0.15]
+    assert trio.current_time() - t0 == pytest.approx(500 * 0.1 / 0.3 / 1000)
+    assert [r.zone for r in reports] == ["amber", "red", "amber"]

@@ -424,6 +424,8 @@ async def test_a_green_reading_is_re_read_while_the_clients_write_is_unanswered(
     assert [(round(t - t0, 6), m, p) for t, m, p in calls] == [
         (0.0, "POST", "/v0/topics/t"),
         (0.2, "GET", "/v0/health"),  # the re-read: 0.75, a 250 ms delay
+        (0.3, "GET", "/v0/health"),  # re-read as it gets 100 ms old while waited
+        (0.4, "GET", "/v0/health"),
         (0.45, "POST", "/v0/topics/t"),
     ]
 

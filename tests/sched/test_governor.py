@@ -47,6 +47,7 @@ class FakeSources:
         self.sched_ms = 0.0
         self.pools: list[tuple[str, float, int]] = []
         self.applied: list[tuple[float, float, float]] = []
+        self.published: list[float] = []
         self.defers: list[bool] = []
         self.workers = workers
         self.wait_area = 0.0  # request-seconds spent waiting for a client permit
@@ -68,6 +69,7 @@ class FakeSources:
             admission=lambda now: (self.wait_area, self.refused, self.permits, self.slots),
             apply=lambda p, c, w: self.applied.append((p, c, w)),
             set_defer=self.defers.append,
+            publish=self.published.append,
         )
 
 
@@ -111,6 +113,40 @@ def test_pressure_moves_30_percent_toward_the_raw_signal_per_sample():
         pytest.approx(coalesce_ms(seen[-1], CFG)),
         pytest.approx(commit_window_ms(seen[-1], CFG)),
     )
+
+
+def test_the_published_pressure_rises_smoothed_and_falls_with_the_signals():
+    """Producers read the published pressure: smoothed on the way up (as the ladder's),
+    but never above the signal of the same sample, so it falls as soon as the queue
+    behind it drains, while the ladder's pressure decays at its own pace."""
+    fake = FakeSources()
+    g = governor(fake)
+    fake.ripe = 64  # s1 = 1
+    for i in range(1, 4):
+        g.sample(i * 0.1)
+    assert fake.published == pytest.approx([0.3, 0.51, 0.657])  # the smoothed rise
+    fake.ripe = 16  # s1 = 0.25: the queue drained
+    g.sample(0.4)
+    assert g.pressure == pytest.approx(0.657 + 0.3 * (0.25 - 0.657))  # the ladder's
+    assert fake.published[-1] == pytest.approx(0.25)  # what producers read
+    assert fake.applied[-1][0] == pytest.approx(g.pressure)
+    fake.ripe = 64
+    g.sample(0.5)
+    assert fake.published[-1] == pytest.approx(g.pressure)  # smoothed again
+    assert g.pressure < 1.0
+
+
+async def test_answers_read_the_published_pressure(autojump_clock):
+    async with open_app() as h:
+        gov = h.engine.governor
+        gov.pressure, gov.raw = 0.8, 0.8
+        h.engine._publish(gov.published)
+        r = await h.app.test_client().get("/v0/health")
+        assert r.headers["X-Topicd-Pressure"] == "0.800"
+        gov.raw = 0.35  # the next sample's signals, the ladder's pressure still high
+        h.engine._publish(gov.published)
+        r = await h.app.test_client().get("/v0/health")
+        assert r.headers["X-Topicd-Pressure"] == "0.350"
 
 
 def test_depth_counts_ripe_topics_per_worker():

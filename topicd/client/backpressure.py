@@ -175,6 +175,21 @@ class Signals:
         self.in_flight: dict[str, Observation] = {}
         # writes of this client sent and not yet answered (the client counts them)
         self.writes_unanswered = 0
+        # set by the next observation (made when a batch first waits for one)
+        self._observed: anyio.Event | None = None
+
+    def _notify(self) -> None:
+        if self._observed is not None:
+            self._observed.set()
+            self._observed = None
+
+    async def changed(self, timeout_s: float) -> None:
+        """Wait until the next observation or for `timeout_s`, whichever comes first
+        (the event loop's clock, which every `Clock` follows)."""
+        if self._observed is None:
+            self._observed = anyio.Event()
+        with anyio.move_on_after(timeout_s):
+            await self._observed.wait()
 
     def observe_pressure(self, header: str | None) -> None:
         if header is None:
@@ -185,9 +200,11 @@ class Signals:
             return
         if math.isfinite(value):
             self.pressure = Observation(value, self.clock.now())
+            self._notify()
 
     def observe_in_flight(self, topic: str, value: float) -> None:
         self.in_flight[topic] = Observation(float(value), self.clock.now())
+        self._notify()
 
     def fresh(self, obs: Observation | None) -> float | None:
         """The value, or None when absent or older than the TTL."""
@@ -307,32 +324,43 @@ class Backpressure:
             await self.refresh_pressure()
 
     async def _wait_turn(self, topic: str, start: float) -> float:
-        """`wait` for a batch whose turn it is (the client's other batches wait)."""
+        """`wait` for a batch whose turn it is (the client's other batches wait).
+
+        The law is applied to the signals as they are while the batch waits, not only as
+        they were when it began: the batch is sent once the time since its turn came
+        reaches the delay for the latest fresh reading. Every new observation (an answer
+        to another write of this client, a probe) wakes it to decide again, and a reading
+        that gets `hard_poll_ms` old while it waits is re-read as before a decision. So a
+        delay decided on a high reading ends early when the pressure falls (the server's
+        queue drains in tens of ms; a 400 ms delay slept whole leaves it idle), grows
+        when it rises, and turns into a pause at `hard`; a pause that ends in the amber
+        band counts the time paused toward the delay."""
+        turn = self.clock.now()
+        poll_s = self.policy.hard_poll_ms / 1000
         await self._refresh_if_warned()
         d, pressure, in_flight = self.decide(topic)
-        if not isinstance(d, _Pause):
-            self._report(ZoneReport(topic, "green" if d == 0 else "amber", d, pressure, in_flight))
-            if d > 0:
-                await self.clock.sleep(d / 1000)
-            return (self.clock.now() - start) * 1000
-        poll_s = self.policy.hard_poll_ms / 1000
+        reported: Zone | None = None
         while True:
-            waited_ms = (self.clock.now() - start) * 1000
-            self._report(ZoneReport(topic, "red", waited_ms, pressure, in_flight))
-            if waited_ms >= self.policy.max_pause_ms:
-                raise BackpressureTimeout(
-                    f"paused {waited_ms:.0f} ms before writing to {topic!r} (pressure "
-                    f"{pressure}, in-flight {in_flight})"
-                )
-            await self.clock.sleep(min(poll_s, (self.policy.max_pause_ms - waited_ms) / 1000))
-            await self.refresh(topic)
-            d, pressure, in_flight = self.decide(topic)
-            if not isinstance(d, _Pause):
-                # below hard again: the law's delay for the signal as it reads now still
-                # applies (paused producers see the drop at the same poll, and would
-                # otherwise all send at once into a queue that is still filling)
+            now = self.clock.now()
+            if isinstance(d, _Pause):
+                waited_ms = (now - start) * 1000
+                reported = "red"
+                self._report(ZoneReport(topic, "red", waited_ms, pressure, in_flight))
+                if waited_ms >= self.policy.max_pause_ms:
+                    raise BackpressureTimeout(
+                        f"paused {waited_ms:.0f} ms before writing to {topic!r} (pressure "
+                        f"{pressure}, in-flight {in_flight})"
+                    )
+                await self.clock.sleep(min(poll_s, (self.policy.max_pause_ms - waited_ms) / 1000))
+                await self.refresh(topic)
+            else:
                 zone: Zone = "green" if d == 0 else "amber"
-                self._report(ZoneReport(topic, zone, d, pressure, in_flight))
-                if d > 0:
-                    await self.clock.sleep(d / 1000)
-                return (self.clock.now() - start) * 1000
+                if zone != reported:
+                    reported = zone
+                    self._report(ZoneReport(topic, zone, d, pressure, in_flight))
+                left_s = turn + d / 1000 - now
+                if left_s <= 0:
+                    return (now - start) * 1000
+                await self.signals.changed(min(left_s, poll_s))
+                await self._refresh_if_warned()
+            d, pressure, in_flight = self.decide(topic)

@@ -178,6 +178,7 @@ class Engine:
                 sojourn=self.sojourns.median_ms,
                 admission=lambda now: self.admission(now),
                 apply=self._govern,
+                publish=self._publish,
                 set_defer=self._set_defer,
                 on_sample=self._on_sample,
             ),
@@ -269,13 +270,19 @@ class Engine:
         self._pressure = value
 
     def _govern(self, pressure: float, coalesce_ms: float, window_ms: float) -> None:
-        """Publish pressure; move the coalescing and commit windows when they change."""
+        """Publish pressure; move the coalescing and commit windows when they change.
+        (The governor then publishes the pressure producers read: `_publish`.)"""
         self.pressure = pressure
         coalesce, window = self._applied
         if coalesce_ms != coalesce:
             self.sched.coalesce_s = coalesce_ms / 1000
         self._applied = (coalesce_ms, window_ms)
         self.commit.govern(pressure, window_ms if window_ms != window else None)
+
+    def _publish(self, pressure: float) -> None:
+        """The pressure answers and metrics read: `Governor.published`, the smoothed
+        pressure held no higher than the signals read now."""
+        self.pressure = pressure
 
     def retry_hint_ms(self) -> int:
         """`retry_after_ms` from pressure alone (scheduler spec B.5, no jitter)."""

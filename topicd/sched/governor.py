@@ -193,6 +193,7 @@ class Sources:
         apply: Callable[[float, float, float], None],
         set_defer: Callable[[bool], None],
         on_sample: Callable[[float], None] | None = None,
+        publish: Callable[[float], None] | None = None,
     ) -> None:
         self.workers = workers
         self.ripe = ripe
@@ -209,6 +210,8 @@ class Sources:
         # None when none was (`topicd.sched.sojourn.Sojourns.median_ms`)
         self.sojourn = sojourn
         self.apply = apply  # (pressure, coalesce_ms, commit_window_ms)
+        # the pressure producers read (`Governor.published`), after `apply`
+        self.publish = publish
         self.set_defer = set_defer
         self.on_sample = on_sample  # e.g. the saturation registry's peaks and levels
 
@@ -225,6 +228,7 @@ class Governor:
         self.cfg = cfg
         self.src = sources
         self.pressure = 0.0
+        self.raw = 0.0  # the largest signal at the last sample, before smoothing
         self.signals = {
             "depth": 0.0,
             "latency": 0.0,
@@ -246,6 +250,16 @@ class Governor:
         self._pools: dict[str, tuple[float, float]] = {}  # group -> (integral, at)
         self._admission: tuple[float, int, float] | None = None  # (area, refused, at)
         self.stats = GovernorStats()
+
+    @property
+    def published(self) -> float:
+        """The pressure producers pace on: the smoothed pressure, never above the raw
+        signal of the same sample. Smoothing suits the ladder (a burst must not swing
+        the commit window), and for a producer it delays a rise, which the live waiting
+        room covers (`Engine.pressure`); but a fall delayed by it tells producers to
+        wait for hundreds of ms after the queue behind the reading has drained, and the
+        server idles (docs/decisions.md)."""
+        return min(self.pressure, self.raw)
 
     def sample(self, now: float, lag_ms: float = 0.0) -> None:
         """One governor step at Trio time `now`; `lag_ms`: how late this tick fired."""
@@ -294,7 +308,7 @@ class Governor:
         self.sojourn_ms = median or 0.0
         sojourn = sojourn_signal(self.sojourn_ms, cfg)
         self.signals["sojourn"] = sojourn
-        raw = max(depth, latency, pool, admission, backlog, sojourn)
+        self.raw = raw = max(depth, latency, pool, admission, backlog, sojourn)
         p = self.pressure + cfg.ewma_alpha * (raw - self.pressure)
         self.pressure = p = min(1.0, max(0.0, p))
         self._held = self._held + 1 if p >= cfg.refuse_above else 0
@@ -311,6 +325,8 @@ class Governor:
         self.coalesce_ms = coalesce_ms(p, cfg)
         self.commit_window_ms = commit_window_ms(p, cfg)
         src.apply(p, self.coalesce_ms, self.commit_window_ms)
+        if src.publish is not None:
+            src.publish(self.published)
         self._above = self._above + 1 if p > cfg.defer_above else 0
         if not self.defer_active and self._above >= cfg.defer_sustain_samples:
             self.defer_active = True
