@@ -12,9 +12,12 @@ An observation older than `signal_ttl_ms` counts as no signal, and no signal mea
 delay: a dead worker must not also freeze its producers. Per signal `x` with thresholds
 `soft < hard`, `delay_ms(x)` is 0 up to `soft`, rises linearly to `soft_delay_max_ms` just
 below `hard`, and is `PAUSE` from `hard` on. The larger of the two delays applies once per
-batch, before it is sent. A pause re-reads the signals every `hard_poll_ms` until they drop
-below `hard` or go stale (then the delay for the value read applies, as before any batch),
-and gives up with `BackpressureTimeout` after `max_pause_ms`. A pressure reading that is
+batch, before it is sent, to the signals as they are while the batch waits: it is sent
+once the time since its turn reaches the delay for the latest fresh reading, and any new
+observation makes it decide again (`Backpressure._wait_turn`). A pause re-reads the
+signals every `hard_poll_ms` until they drop below `hard` or go stale (then the rest of the
+delay for the value read applies, the time paused counted), and gives up with
+`BackpressureTimeout` after `max_pause_ms`. A pressure reading that is
 `hard_poll_ms` old is re-read (the same probe) before a batch decides on it when it is
 above `soft`, or when one of the client's writes is still unanswered: answers, the only
 other source, are slow exactly when the server is loaded, so an old reading with a write
