@@ -86,9 +86,11 @@ sample, the ladder's controls (all lossless: latency, never correctness):
   sample finds otherwise. Producers that follow the header paused at the first of those
   samples and sent nothing since; the refusals are for those that did not.
 
-`pressure` is published as a float attribute (atomic under the GIL): the engine's
-`pressure` (`topicd_pressure`, and the `X-Topicd-Pressure` header with the waiting room
-read at the answer, above) and the WAL's.
+`pressure` is published as a float attribute (atomic under the GIL): the WAL's, for its
+admission and retry hints, and through it the ladder; and the engine's `pressure`
+(`topicd_pressure`, and the `X-Topicd-Pressure` header with the waiting room read at the
+answer, above), which is `Governor.published`: the smoothed pressure, never above the raw
+maximum of the same sample, so producers see it rise smoothed and fall with the signals.
 """
 
 from __future__ import annotations
