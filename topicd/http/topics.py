@@ -182,13 +182,13 @@ def _seqs_query(returned: bool) -> Callable[[str, bool], bool]:
     return query
 
 
-# the query strings a write may carry on the fast path: `return_seqs` alone, as the
-# client library sends it (`?return_seqs=false`); any other goes through Quart
+# the query strings a write may carry on the fast path, each with its `query` reader:
+# `return_seqs` alone, as the client library sends it (`?return_seqs=false`); any other
+# goes through Quart
 _WRITE_QUERIES: Final = {
-    **{b"return_seqs=" + v: True for v in (b"true", b"1")},
-    **{b"return_seqs=" + v: False for v in (b"false", b"0")},
+    **{b"return_seqs=" + v: _seqs_query(True) for v in (b"true", b"1")},
+    **{b"return_seqs=" + v: _seqs_query(False) for v in (b"false", b"0")},
 }
-_RETURN_SEQS: Final = {v: _seqs_query(v) for v in (True, False)}
 
 
 def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
@@ -216,7 +216,7 @@ def fast_routes(ref: EngineRef, config: Config) -> FastRoutes:
         # a write: the gate records its sojourn (governor s6; diffs may long-poll)
         scope["topicd.sojourn"] = True
 
-        query = _RETURN_SEQS[_WRITE_QUERIES[qs]] if qs else _no_query
+        query = _WRITE_QUERIES[qs] if qs else _no_query
 
         async def write(scope: Scope, read: ReadBody) -> tuple[int, bytes]:
             header = scope_header(scope)
