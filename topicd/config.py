@@ -747,7 +747,7 @@ class GovernorConfig:
     )
     sojourn_overload_ms: float = key(
         50.0,
-        "Median sojourn of client writes (head read to answer ready, ms) at which the "
+        "Median sojourn of client writes (request read to answer ready, ms) at which the "
         "sojourn signal (s6) reads latency_signal_max (proportional below); above it the "
         "signal rises linearly to 1.0 at sojourn_refuse_ms.",
         min=0,

@@ -92,6 +92,27 @@ async def test_a_body_split_across_segments_is_assembled(server):
     await stream.aclose()
 
 
+async def test_a_write_sojourn_counts_from_its_body_in_hand_not_its_head(server):
+    """s6 reads the server's time: a client that sends a write's head, then its body
+    `gap` s later (a producer short of CPU), has a sojourn under `gap` (from its head it
+    would be at least `gap`)."""
+    engine, _app, host, port = server
+    gap = 0.5  # the client's own delay (the point of the test, not a wait for a state)
+    soj = engine.sojourns
+    stream = await trio.open_tcp_stream(host, port)
+    raw = post("/v0/topics/slow", {"records": [{"data": 1}]})
+    split = raw.index(b"\r\n\r\n") + 4
+    await stream.send_all(raw[:split])  # the head alone
+    await trio.sleep(gap)
+    await stream.send_all(raw[split:])
+    status, _, doc = await Reader(stream).response()
+    assert status == 201 and doc["seqs"] == [1]
+    assert soj.recorded == 1
+    ((_at, took),) = list(soj._done)
+    assert took < gap
+    await stream.aclose()
+
+
 async def test_a_client_gone_mid_body_applies_nothing(server):
     engine, _app, host, port = server
     stream = await trio.open_tcp_stream(host, port)

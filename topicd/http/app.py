@@ -662,14 +662,14 @@ class Gate:
             self._release(permit, key_id, slot)
             lifecycle.request_finished()
         status, headers, out = answer
-        head_at = scope.get("topicd.head_at")
+        in_hand_at = scope.get("topicd.in_hand_at")
         if (
             status < 300  # a write served (not one refused on its way in)
-            and head_at is not None
+            and in_hand_at is not None
             and self.on_sojourn is not None
             and scope.get("topicd.sojourn")
         ):
-            self.on_sojourn(cast("float", head_at), trio.current_time())
+            self.on_sojourn(cast("float", in_hand_at), trio.current_time())
         # (the pressure as the answer is made, as `__call__`'s `send_stamped` stamps it)
         headers.append((b"x-topicd-pressure", self.pressure_header()))
         if self.access:
@@ -1118,7 +1118,7 @@ def create_app(
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
         compressor=compressor,
         dashboard=hub,
-        on_sojourn=lambda head_at, now: ref.engine.sojourns.record(head_at, now),
+        on_sojourn=lambda in_hand_at, now: ref.engine.sojourns.record(in_hand_at, now),
     )
     gate = gate_of(app)
     if keys.enabled and config.limits.max_inflight_per_key:

@@ -446,8 +446,8 @@ class _Collector:
         )
         yield gauge_of(
             "topicd_write_sojourn_ms",
-            "Median time from a client write's head read to its answer, over the writes "
-            "answered in the last governor.sojourn_window_ms (ms; 0 when none was).",
+            "Median time from a client write's whole request read to its answer, over the "
+            "writes answered in the last governor.sojourn_window_ms (ms; 0 when none was).",
             gov.sojourn_ms,
         )
         dropped = CounterMetricFamily(

@@ -743,8 +743,6 @@ class Listener:
             if parsed.handoff or not (self.all_http1 or sniff(head)):
                 break  # (an upgrade, `Transfer-Encoding`, `Expect`, another 1.x version)
             scope = head_scope(parsed, addrs)
-            # the head is in hand: a write's sojourn (governor s6) counts from here
-            scope["topicd.head_at"] = trio.current_time()
             bodiless_get = parsed.method == b"GET" and parsed.length is None
             keep = parsed.version == b"1.1" and not parsed.close
             if bodiless_get and cast("str", scope["path"]) in PROBE_PATHS:
@@ -827,6 +825,10 @@ class Listener:
         if len(data) < end + length:  # gone or too slow: nothing to answer
             await close_quietly(stream)
             return True, b""
+        # the whole request is in hand: a write's sojourn (governor s6) counts from here,
+        # not from its head, so a client slow to send its body (a producer short of CPU)
+        # does not read as the server's pressure
+        scope["topicd.in_hand_at"] = trio.current_time()
         keep = parsed.version == b"1.1" and not parsed.close
         body = data[end : end + length]
         answer = None if self.fast is None else await self.fast(scope, body)

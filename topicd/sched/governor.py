@@ -48,15 +48,16 @@ signals into `pressure ∈ [0, 1]`:
   commit wait for the same `fdatasync` however many they are, so the concurrency a group
   commit absorbs reads as about one commit's time; a queue of batches behind the disk
   reads as the time it holds them, and rises before the refusal;
-* **s6 sojourn** (topicd) — the median time from a client write's request head in hand
-  to its answer ready, over the writes answered in the last `sojourn_window_ms` (300;
+* **s6 sojourn** (topicd) — the median time from a client write's whole request in hand
+  (head and body: a client slow to send its body is not the server's pressure) to its
+  answer ready, over the writes answered in the last `sojourn_window_ms` (300;
   `topicd.sched.sojourn`): proportional up to `latency_signal_max` at
   `sojourn_overload_ms` (50), then linear to 1.0 at `sojourn_refuse_ms` (200). What each
-  write actually waited, whichever queue held it: loop turns reading its body, a permit,
-  its commit. s2 and s5 read one queue each at the instant of a sample; a flood of large
-  writes spreads its wait over both and swings from one sample to the next, while its
-  writes wait a steady few hundred ms. Writers sharing a group commit (four times the
-  peak concurrency of one-record writes) wait about 15 ms.
+  write actually waited, whichever queue held it: a permit, its parse, its commit. s2 and
+  s5 read one queue each at the instant of a sample; a flood of large writes spreads its
+  wait over both and swings from one sample to the next, while its writes wait a steady
+  few hundred ms. Writers sharing a group commit (four times the peak concurrency of
+  one-record writes) wait about 15 ms.
 
 `raw = max(s1, s2, s3, s4, s5, s6)`; `pressure += ewma_alpha · (raw − pressure)`. From it, each
 sample, the ladder's controls (all lossless: latency, never correctness):

@@ -1,8 +1,12 @@
 """How long client writes wait in the server: the governor's sojourn signal (s6).
 
-A write's *sojourn* is the time from its complete request head in the server's hands to
-its answer being ready: the loop turns spent reading its body, any wait for a client
-permit, the parse, the wait for its WAL commit. Every other pressure signal reads one
+A write's *sojourn* is the time from its whole request (head and body) in the server's
+hands to its answer being ready: any wait for a client permit, the parse, the wait for
+its WAL commit. It does not count from the head: a body that comes in slowly is the
+client's time, not the server's (a producer short of CPU sends a 100 KB body in pieces,
+tens of ms apart, and counted from the head it read as pressure on a server whose loop
+was a third idle, docs/decisions.md); the loop turns a body takes to read on a
+saturated server are s2's. Every other pressure signal reads one
 queue at the instant of a sample (a loop batch, the WAL's oldest write, the permit
 waiters); a request that went through several of them, or through one that swings from
 one sample to the next, is seen by none of them. The sojourn is what each request
@@ -12,7 +16,7 @@ length of a queue).
 `Sojourns` keeps the sojourns of the writes answered lately, at most `SAMPLES_MAX`, and
 the governor reads their median over the last `window_s` at each sample. The median
 rather than the minimum: under a real overload some writes still pass quickly (one
-whose head arrives just before its batch runs), and a single one should not clear the
+whose request arrives just before its batch runs), and a single one should not clear the
 signal; rather than the maximum: one slow commit should not raise it. Long-polls and
 streams are not writes and are never recorded (they wait on purpose).
 
@@ -37,9 +41,9 @@ class Sojourns:
         self._done: deque[tuple[float, float]] = deque(maxlen=SAMPLES_MAX)  # (at, seconds)
         self.recorded = 0  # writes recorded since start
 
-    def record(self, head_at: float, now: float) -> None:
-        """A write whose head was complete at `head_at` is answered at `now`."""
-        self._done.append((now, max(0.0, now - head_at)))
+    def record(self, in_hand_at: float, now: float) -> None:
+        """A write whose request was whole in hand at `in_hand_at` is answered at `now`."""
+        self._done.append((now, max(0.0, now - in_hand_at)))
         self.recorded += 1
 
     def median_ms(self, now: float) -> float | None:
