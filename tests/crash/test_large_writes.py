@@ -71,6 +71,20 @@ async def read_digests(c, topic: str) -> list[tuple[int, str]]:
             return out
 
 
+async def post_acked(c, path: str, body: bytes):
+    """POST `body` as a client would: a `429` is waited out as its `retry_after_ms` says
+    and sent again (a refused write was not applied). Right after a 63 MiB write has held
+    the loop for a second, a slow machine's governor may find itself overloaded and
+    refuse the next write; what this test checks is that every acknowledged record
+    survives, not that none is refused. Any other answer is returned."""
+    for _ in range(20):
+        r = await c.post(path, content=body, headers=JSON)
+        if r.status_code != 429:
+            return r
+        await trio.sleep(r.json()["error"]["detail"]["retry_after_ms"] / 1000)
+    return r
+
+
 @pytest.mark.parametrize("durability", ["memory", "disk", "fsync"])
 async def test_writes_up_to_the_body_limit_survive_kill9(tmp_path, durability):
     topic = f"big-{durability}"
@@ -82,7 +96,7 @@ async def test_writes_up_to_the_body_limit_survive_kill9(tmp_path, durability):
                 assert r.status_code in (200, 201), r.text
                 for mib in (15, 20, 40, 63):
                     body, datas = big_body(mib, f"{durability}{mib}")
-                    r = await c.post(f"/v0/topics/{topic}", content=body, headers=JSON)
+                    r = await post_acked(c, f"/v0/topics/{topic}", body)
                     assert r.status_code in (200, 201), r.text[:500]
                     ack = r.json()
                     assert ack["count"] == len(datas)
@@ -91,10 +105,8 @@ async def test_writes_up_to_the_body_limit_survive_kill9(tmp_path, durability):
                         (first + i, hashlib.sha256(d).hexdigest()) for i, d in enumerate(datas)
                     ]
                     small = b'{"after":%d}' % mib
-                    r = await c.post(
-                        f"/v0/topics/{topic}",
-                        content=b'{"records":[{"data":%b}]}' % small,
-                        headers=JSON,
+                    r = await post_acked(
+                        c, f"/v0/topics/{topic}", b'{"records":[{"data":%b}]}' % small
                     )
                     assert r.status_code in (200, 201), r.text
                     expected.append((r.json()["first_seq"], hashlib.sha256(small).hexdigest()))
