@@ -760,8 +760,9 @@ class GovernorConfig:
     )
     sojourn_window_ms: float = key(
         300.0,
-        "The writes answered in this last span (ms) make the median of s6 (at most the "
-        "newest 1024).",
+        "The writes answered in this last span (ms) that met another write in the server "
+        "make the median of s6 (at most the newest 1024; a write alone, with no other in "
+        "hand when it came and none before its answer, is left out).",
         min=1,
     )
     admission_waiters_per_permit: float = key(

@@ -110,9 +110,41 @@ async def test_a_write_sojourn_counts_from_its_body_in_hand_not_its_head(server)
     status, _, doc = await Reader(stream).response()
     assert status == 201 and doc["seqs"] == [1]
     assert soj.recorded == 1
-    ((answered_at, took),) = list(soj._done)
+    ((answered_at, took, _met),) = list(soj._done)
     assert answered_at - took >= body_sent_at - 1e-9  # stamped once the body was in hand
     await stream.aclose()
+
+
+async def test_only_writes_that_met_another_make_the_sojourn_median():
+    """A write alone in the server (no other write in hand when it came, none came before
+    its answer) waited for no one's write: s6 keeps it out of its median, so one client
+    writing batch after batch never raises it, whatever their size. Two writes held
+    together at a taken permit met each other: both count."""
+    cfg = make_config(server={"port": 0}, classes={"client_permits": 1, "client_waiters": 4})
+    async with served(cfg) as (engine, app, host, port):
+        soj = engine.sojourns
+        stream = await trio.open_tcp_stream(host, port)
+        r = Reader(stream)
+        for i in range(3):  # one after the other: each alone
+            await stream.send_all(post("/v0/topics/t", {"records": [{"data": i}]}))
+            status, _, _ = await r.response()
+            assert status in (200, 201)
+        assert (soj.recorded, soj.alone) == (3, 3)
+        assert soj.median_ms(trio.current_time()) is None
+        other = await trio.open_tcp_stream(host, port)
+        async with permits_taken(app):
+            await stream.send_all(post("/v0/topics/t", {"records": [{"data": 3}]}))
+            await trio.testing.wait_all_tasks_blocked()  # the first waits for the permit
+            await other.send_all(post("/v0/topics/t", {"records": [{"data": 4}]}))
+            await trio.testing.wait_all_tasks_blocked()  # and so does the second
+        for s in (stream, other):
+            status, _, _ = await Reader(s).response()
+            assert status == 200
+        assert (soj.recorded, soj.alone) == (5, 3)
+        median = soj.median_ms(trio.current_time())
+        assert median is not None and median > 0
+        await stream.aclose()
+        await other.aclose()
 
 
 async def test_a_client_gone_mid_body_applies_nothing(server):

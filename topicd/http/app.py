@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from topicd.http.idle import IdleConnections
     from topicd.http.watch import WatchStreams
     from topicd.http.work import WorkStreams
+    from topicd.sched.sojourn import Sojourns
 
 _T = TypeVar("_T")
 
@@ -365,11 +366,11 @@ class Gate:
         fast_routes: FastRoutes | None = None,
         compressor: Compressor | None = None,
         dashboard: DashboardHub | None = None,
-        on_sojourn: Callable[[float, float], None] | None = None,
+        sojourns: Callable[[], Sojourns] | None = None,
     ) -> None:
         self.app = app
-        # (head complete at, answered at) of each write served directly (governor s6)
-        self.on_sojourn = on_sojourn
+        # the tracker each write served directly begins and ends in (governor s6)
+        self.sojourns = sojourns
         self.compressor = compressor
         self.work = work
         self.dashboard = dashboard
@@ -628,7 +629,14 @@ class Gate:
         key_id: str | None = None
         slot: Slot | None = None
         permit: Permit | None = None
-        answer: Answer | None
+        answer: Answer | None = None
+        in_hand_at = scope.get("topicd.in_hand_at")
+        soj = (
+            self.sojourns()
+            if self.sojourns is not None and in_hand_at is not None and scope.get("topicd.sojourn")
+            else None
+        )
+        ticket = soj.begin() if soj is not None else 0
         try:
             err = self._admit(scope, path)
             if err is None:
@@ -661,15 +669,12 @@ class Gate:
         finally:
             self._release(permit, key_id, slot)
             lifecycle.request_finished()
+            if soj is not None:
+                # (recorded when served, not refused on its way in)
+                served = answer is not None and answer[0] < 300
+                soj.end(ticket, cast("float", in_hand_at), trio.current_time(), served)
+        assert answer is not None
         status, headers, out = answer
-        in_hand_at = scope.get("topicd.in_hand_at")
-        if (
-            status < 300  # a write served (not one refused on its way in)
-            and in_hand_at is not None
-            and self.on_sojourn is not None
-            and scope.get("topicd.sojourn")
-        ):
-            self.on_sojourn(cast("float", in_hand_at), trio.current_time())
         # (the pressure as the answer is made, as `__call__`'s `send_stamped` stamps it)
         headers.append((b"x-topicd-pressure", self.pressure_header()))
         if self.access:
@@ -1118,7 +1123,7 @@ def create_app(
         fast_routes=any_route(topics.fast_routes(ref, config), queues.fast_routes(ref, config)),
         compressor=compressor,
         dashboard=hub,
-        on_sojourn=lambda in_hand_at, now: ref.engine.sojourns.record(in_hand_at, now),
+        sojourns=lambda: ref.engine.sojourns,
     )
     gate = gate_of(app)
     if keys.enabled and config.limits.max_inflight_per_key:

@@ -447,7 +447,8 @@ class _Collector:
         yield gauge_of(
             "topicd_write_sojourn_ms",
             "Median time from a client write's whole request read to its answer, over the "
-            "writes answered in the last governor.sojourn_window_ms (ms; 0 when none was).",
+            "writes answered in the last governor.sojourn_window_ms that met another write "
+            "in the server (ms; 0 when none did).",
             gov.sojourn_ms,
         )
         dropped = CounterMetricFamily(
