@@ -430,8 +430,8 @@ class SignalSampler(threading.Thread):
                         self.samples.append((time.time(), pressure, signals))
 
     def summary(self, wall: tuple[float, float]) -> dict[str, Any]:
-        """Per signal over the window: its mean, and in how many samples it was the
-        largest (the one pressure follows)."""
+        """Per signal over the window: its mean, in how many samples it was the largest
+        (the one pressure follows), and every sample (`series`)."""
         inside = [(p, sig) for at, p, sig in self.samples if wall[0] <= at < wall[1]]
         out: dict[str, Any] = {"samples": len(inside)}
         if not inside:
@@ -445,6 +445,12 @@ class SignalSampler(threading.Thread):
                 name = max(sig, key=lambda n: sig[n])
                 top[name] = top.get(name, 0) + 1
         out["largest"] = top
+        # every sample: (seconds since the window began, pressure, signals)
+        out["series"] = [
+            (round(at - wall[0], 3), p, sig)
+            for at, p, sig in self.samples
+            if wall[0] <= at < wall[1]
+        ]
         return out
 
 
