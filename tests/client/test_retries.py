@@ -11,6 +11,7 @@ rules is in `test_contract.py`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 
@@ -18,12 +19,14 @@ import httpx
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from topicd.client import (
     BackpressurePolicy,
     CapacityError,
     Client,
     ConnectionFailed,
+    LoopClock,
     NotReady,
     StorageUnavailable,
     Throttled,
@@ -436,3 +439,67 @@ async def test_a_write_that_fails_in_transport_is_no_longer_counted(autojump_clo
         await c.write("t", 1)
         assert c.signals.writes_unanswered == 0
     assert len(script.calls) == 2
+
+
+async def test_clients_of_one_loop_and_server_share_pressure_and_its_probes(autojump_clock):
+    """Twenty clients of the same server in one loop, paused together, read one board:
+    the answer one gets is every one's reading, and they probe `/v0/health` about once
+    per `hard_poll_ms` between them, not once each. A client of another URL, one with
+    `share_pressure=False` and one with its own clock keep their own readings."""
+    probes = []
+
+    def server(request):
+        if request.url.path == "/v0/health":
+            probes.append(trio.current_time())
+            pressure = "0.95" if len(probes) < 10 else "0.10"
+            return ok({"status": "ok"}, pressure=pressure)
+        return ok(WRITE_OK, pressure="0.10")
+
+    def make(url="http://topicd.test", **kw):
+        c = Client(url, transport=httpx.MockTransport(server), policy=BackpressurePolicy(), **kw)
+        c._kinds["t"] = "log"
+        return c
+
+    clients = [make() for _ in range(20)]
+    other, private = make("http://other.test"), make(share_pressure=False)
+    own_clock = make(clock=LoopClock())
+    async with contextlib.AsyncExitStack() as stack:
+        for c in [*clients, other, private, own_clock]:
+            await stack.enter_async_context(c)
+        clients[0].signals.observe_pressure("0.95")  # (read before its first request)
+        t0 = trio.current_time()
+        async with trio.open_nursery() as n:
+            for c in clients:
+                n.start_soon(c.write, "t", 1)
+        assert trio.current_time() - t0 == pytest.approx(1.0)
+        assert len(probes) == 10
+        assert [round(p - t0, 6) for p in probes] == [round(0.1 * i, 6) for i in range(1, 11)]
+        board = clients[0].signals.board
+        assert all(c.signals.board is board for c in clients)
+        for c in (other, private, own_clock):
+            await c.write("t", 1)  # green at once: none of them read the pause
+            assert c.signals.board is not board
+            assert c.signals.pressure is not None and c.signals.pressure.value == 0.10
+        assert len(probes) == 10
+        assert trio.current_time() - t0 == pytest.approx(1.0)
+
+
+def test_each_event_loop_starts_with_no_shared_reading():
+    """The board lives in the event loop's run (a new loop, as each test's, starts with
+    none): a reading left by one loop never reaches a client of the next (which would
+    pause on it and probe)."""
+    paths = []
+
+    async def once(pressure):
+        def server(request):
+            paths.append(request.url.path)
+            return ok(WRITE_OK if request.method == "POST" else {"status": "ok"}, pressure)
+
+        async with Client("http://topicd.test", transport=httpx.MockTransport(server)) as c:
+            c._kinds["t"] = "log"
+            await c.write("t", 1)
+            assert c.signals.pressure is not None and c.signals.pressure.value == float(pressure)
+
+    trio.run(once, "0.950", clock=trio.testing.MockClock(autojump_threshold=0))
+    trio.run(once, "0.100", clock=trio.testing.MockClock(autojump_threshold=0))
+    assert paths == ["/v0/topics/t", "/v0/topics/t"]  # no probe

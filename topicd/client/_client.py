@@ -37,6 +37,7 @@ from topicd.client.backpressure import (
     Observation,
     Signals,
     ZoneReport,
+    shared_board,
 )
 from topicd.client.errors import (
     CapacityError,
@@ -126,6 +127,9 @@ class Client:
         timeout: seconds for connect/write/pool; reads get `read_timeout` (longer than
             the longest long-poll, 30 s).
         transport: an httpx transport (tests inject one).
+        share_pressure: True (default) shares the server-pressure reading and its probes
+            with the other clients of the same event loop and base URL that keep the
+            loop's clock (`PressureBoard`); a client with its own `clock` never shares.
     """
 
     def __init__(
@@ -141,6 +145,7 @@ class Client:
         read_timeout: float = 60.0,
         max_connections: int = 16,
         transport: httpx.AsyncBaseTransport | None = None,
+        share_pressure: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.policy = policy or BackpressurePolicy()
@@ -168,7 +173,10 @@ class Client:
             refresh_pressure=self._refresh_pressure,
         )
         self._kinds: dict[str, str] = {}  # topic -> "log" | "queue", learnt from its state
-        self._probe_lock = anyio.Lock()
+        self._probe_lock = anyio.Lock()  # one in-flight read at a time during a pause
+        # the loop's shared pressure board is looked up at the first request (inside the
+        # loop the client runs in)
+        self._board_due = share_pressure and clock is None
         self._state_locks: dict[str, anyio.Lock] = {}  # topic -> one state read at a time
         self._state_reads: dict[str, int] = {}  # topic -> state reads begun by writes
 
@@ -218,6 +226,8 @@ class Client:
         headers = {"content-type": "application/json"} if content is not None else None
         attempt = 0
         limit = self.policy.max_retries if retries else 0
+        if self._board_due:
+            self._share_board()
         while True:
             try:
                 self.signals.writes_unanswered += counted
@@ -317,21 +327,20 @@ class Client:
 
     async def _refresh_signals(self, topic: str) -> None:
         """During a pause: a health probe for pressure, the state for in-flight. Shared by
-        every paused producer of this client: a value younger than `hard_poll_ms` (from
-        any answer) is not probed again, and one probe at a time runs, so N paused
-        producers cost one probe per poll interval, not N."""
-        poll_s = self.policy.hard_poll_ms / 1000
+        every paused producer of this client (and, for pressure, of the clients sharing
+        its board): a value younger than `hard_poll_ms` (from any answer) is not probed
+        again, and one probe at a time runs, so N paused producers cost one probe per
+        poll interval, not N."""
+        await self._refresh_pressure()
+        if self._kinds.get(topic) == "queue":
+            async with self._probe_lock:
+                if self._stale(self.signals.in_flight.get(topic)):
+                    await self._refresh_in_flight(topic)
 
-        def stale(obs: Observation | None) -> bool:
-            # (less a nanosecond: float error must not skip a whole poll interval)
-            return obs is None or self.clock.now() - obs.at >= poll_s - 1e-9
-
-        async with self._probe_lock:
-            if stale(self.signals.pressure):
-                with contextlib.suppress(ClientError):
-                    await self._request("GET", "/v0/health", safe=True, retries=False)
-            if self._kinds.get(topic) == "queue" and stale(self.signals.in_flight.get(topic)):
-                await self._refresh_in_flight(topic)
+    def _stale(self, obs: Observation | None) -> bool:
+        """Absent, or `hard_poll_ms` old (less a nanosecond: float error must not skip a
+        whole poll interval)."""
+        return obs is None or self.clock.now() - obs.at >= self.policy.hard_poll_ms / 1000 - 1e-9
 
     def _in_flight_due(self, topic: str) -> bool:
         """Whether `topic`'s kind is unknown, or it is a queue whose in-flight count is
@@ -343,17 +352,24 @@ class Client:
 
     async def _refresh_pressure(self) -> None:
         """A health probe for pressure, shared as `_refresh_signals` shares it: one at a
-        time, and none when a reading younger than `hard_poll_ms` came meanwhile."""
-        poll_s = self.policy.hard_poll_ms / 1000
-        async with self._probe_lock:
-            obs = self.signals.pressure
-            if obs is None or self.clock.now() - obs.at >= poll_s - 1e-9:
+        time per board, and none when a reading younger than `hard_poll_ms` came
+        meanwhile."""
+        async with self.signals.board.probe_lock:
+            if self._stale(self.signals.pressure):
                 with contextlib.suppress(ClientError):
                     await self._request("GET", "/v0/health", safe=True, retries=False)
+
+    def _share_board(self) -> None:
+        """Read the pressure on the board this loop's clients of the same server share
+        (once, before this client's first decision or request, inside its loop)."""
+        self._board_due = False
+        self.signals.share(shared_board(self.url))
 
     async def _before_write(self, topic: str) -> None:
         if not self.policy.enabled:
             return
+        if self._board_due:
+            self._share_board()
         if self._in_flight_due(topic):
             # one read of the topic's state at a time per topic: the writes that find it
             # due together (a producer starting with N writes in flight) share it

@@ -32,6 +32,14 @@ shrink that gap N times (a producer keeping 8 writes in flight against a server 
 0.8 would still send 8 batches every 330 ms). A green batch does not queue behind
 anyone unless a delay is being waited. `max_pause_ms` counts from the batch's own start.
 
+The clients of one event loop that talk to the same server (the same base URL) and keep
+the loop's clock share what they hear of its pressure (`PressureBoard`): the pressure is
+the server's, not one client's, so a reading any of them gets is as fresh for all, and a
+probe one of them sends spares the others theirs (32 producers with a client each sent a
+probe every `hard_poll_ms` each, 12 % of their CPU and about half of the requests the
+loaded server answered). Each client still waits its own delays, counts its own writes
+unanswered and reads its own queues' in-flight counts.
+
 Time comes from a `Clock` (the event loop's clock by default, so Trio's `MockClock`
 drives every wait in tests); every wait is a checkpoint, so cancelling the producer stops
 it at once.
@@ -46,6 +54,7 @@ from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import anyio
 import anyio.lowlevel
+from anyio.lowlevel import RunVar
 
 from topicd.client.errors import BackpressureTimeout
 
@@ -168,18 +177,71 @@ class ZoneReport:
     in_flight: float | None
 
 
-class Signals:
-    """The latest observations, shared by every request of one client."""
+class PressureBoard:
+    """The latest pressure reading of one server, and the lock its probes take: shared by
+    the clients of one event loop that talk to it (module docstring), or one client's own.
+    """
 
-    def __init__(self, clock: Clock, ttl_ms: float) -> None:
+    __slots__ = ("_probe_lock", "pressure")
+
+    def __init__(self) -> None:
+        self.pressure: Observation | None = None
+        self._probe_lock: anyio.Lock | None = None
+
+    @property
+    def probe_lock(self) -> anyio.Lock:
+        """One probe at a time (made on first use, inside the event loop)."""
+        if self._probe_lock is None:
+            self._probe_lock = anyio.Lock()
+        return self._probe_lock
+
+
+_BOARDS: RunVar[dict[str, PressureBoard]] = RunVar("topicd_client_pressure_boards")
+
+
+def shared_board(url: str) -> PressureBoard:
+    """The pressure board of the server at `url` for the running event loop (a new loop,
+    as each test's, starts with none)."""
+    try:
+        boards = _BOARDS.get()
+    except LookupError:
+        boards = {}
+        _BOARDS.set(boards)
+    board = boards.get(url)
+    if board is None:
+        board = boards[url] = PressureBoard()
+    return board
+
+
+class Signals:
+    """The latest observations of one client; its pressure reading is on a
+    `PressureBoard` (the client's own, or the one its loop's clients share)."""
+
+    def __init__(self, clock: Clock, ttl_ms: float, board: PressureBoard | None = None) -> None:
         self.clock = clock
         self.ttl_s = ttl_ms / 1000
-        self.pressure: Observation | None = None
+        self.board = board or PressureBoard()
         self.in_flight: dict[str, Observation] = {}
         # writes of this client sent and not yet answered (the client counts them)
         self.writes_unanswered = 0
         # set by the next observation (made when a batch first waits for one)
         self._observed: anyio.Event | None = None
+
+    def share(self, board: PressureBoard) -> None:
+        """Read and write the pressure on `board` from now on (the newer of the two
+        readings is kept)."""
+        own, theirs = self.board.pressure, board.pressure
+        if own is not None and (theirs is None or own.at > theirs.at):
+            board.pressure = own
+        self.board = board
+
+    @property
+    def pressure(self) -> Observation | None:
+        return self.board.pressure
+
+    @pressure.setter
+    def pressure(self, obs: Observation | None) -> None:
+        self.board.pressure = obs
 
     def _notify(self) -> None:
         if self._observed is not None:
@@ -202,7 +264,7 @@ class Signals:
         except ValueError:
             return
         if math.isfinite(value):
-            self.pressure = Observation(value, self.clock.now())
+            self.board.pressure = Observation(value, self.clock.now())
             self._notify()
 
     def observe_in_flight(self, topic: str, value: float) -> None:
