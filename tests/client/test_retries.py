@@ -32,6 +32,7 @@ from topicd.client import (
     Throttled,
     TopicFull,
 )
+from topicd.client.backpressure import Observation, shared_board
 
 WRITE_OK = {
     "topic": "t",
@@ -466,7 +467,9 @@ async def test_clients_of_one_loop_and_server_share_pressure_and_its_probes(auto
     async with contextlib.AsyncExitStack() as stack:
         for c in [*clients, other, private, own_clock]:
             await stack.enter_async_context(c)
-        clients[0].signals.observe_pressure("0.95")  # (read before its first request)
+        # a reading on the loop's board for that URL (as one of them would have got)
+        board = shared_board("http://topicd.test")
+        board.pressure = Observation(0.95, trio.current_time())
         t0 = trio.current_time()
         async with trio.open_nursery() as n:
             for c in clients:
@@ -474,7 +477,6 @@ async def test_clients_of_one_loop_and_server_share_pressure_and_its_probes(auto
         assert trio.current_time() - t0 == pytest.approx(1.0)
         assert len(probes) == 10
         assert [round(p - t0, 6) for p in probes] == [round(0.1 * i, 6) for i in range(1, 11)]
-        board = clients[0].signals.board
         assert all(c.signals.board is board for c in clients)
         for c in (other, private, own_clock):
             await c.write("t", 1)  # green at once: none of them read the pause
