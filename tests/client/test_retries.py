@@ -302,10 +302,9 @@ async def test_disable_backpressure_skips_the_delay_law_and_tells_the_server(aut
     assert script.calls[0][3]["disable_backpressure"] is True
 
 
-async def test_paused_producers_share_one_probe_per_poll_interval(autojump_clock):
-    """Twenty producers paused together probe `/v0/health` about once per
-    `hard_poll_ms` between them, not twenty times."""
-    probes = []
+def paused_then_calm(probes):
+    """A server whose health probes read 0.95 nine times, then 0.10 (each probe's time
+    appended to `probes`); writes read 0.10."""
 
     def server(request):
         if request.url.path == "/v0/health":
@@ -313,6 +312,15 @@ async def test_paused_producers_share_one_probe_per_poll_interval(autojump_clock
             pressure = "0.95" if len(probes) < 10 else "0.10"
             return ok({"status": "ok"}, pressure=pressure)
         return ok(WRITE_OK, pressure="0.10")
+
+    return server
+
+
+async def test_paused_producers_share_one_probe_per_poll_interval(autojump_clock):
+    """Twenty producers paused together probe `/v0/health` about once per
+    `hard_poll_ms` between them, not twenty times."""
+    probes = []
+    server = paused_then_calm(probes)
 
     c = Client(
         "http://topicd.test",
@@ -448,13 +456,7 @@ async def test_clients_of_one_loop_and_server_share_pressure_and_its_probes(auto
     per `hard_poll_ms` between them, not once each. A client of another URL, one with
     `share_pressure=False` and one with its own clock keep their own readings."""
     probes = []
-
-    def server(request):
-        if request.url.path == "/v0/health":
-            probes.append(trio.current_time())
-            pressure = "0.95" if len(probes) < 10 else "0.10"
-            return ok({"status": "ok"}, pressure=pressure)
-        return ok(WRITE_OK, pressure="0.10")
+    server = paused_then_calm(probes)
 
     def make(url="http://topicd.test", **kw):
         c = Client(url, transport=httpx.MockTransport(server), policy=BackpressurePolicy(), **kw)
