@@ -10,7 +10,9 @@ overloaded server.
                                           [--json PATH [--trace]]
                                           [--chart PATH | --no-chart]
 
-Each window starts `python -m topicd serve --port 0` on a fresh data directory
+Each window starts `python -m topicd serve --port 0` on a fresh data directory, from
+`--server-tree` (default: the checkout this script is in, whose `topicd` that command
+imports ahead of `PYTHONPATH`; `PYTHONPATH` reaches only the producers' child)
 (bench/http_core.py's `Server`; no window pays for the data an earlier one left) and
 drives it from one child process running `topicd.client.Client` under Trio. With
 `--pin`, topicd runs on CPU 0, the producers and the prober on CPU 1.
