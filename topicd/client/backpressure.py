@@ -239,10 +239,6 @@ class Signals:
     def pressure(self) -> Observation | None:
         return self.board.pressure
 
-    @pressure.setter
-    def pressure(self, obs: Observation | None) -> None:
-        self.board.pressure = obs
-
     def _notify(self) -> None:
         if self._observed is not None:
             self._observed.set()
